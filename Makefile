@@ -1,0 +1,55 @@
+# qbroker: `make run` starts a local ZooKeeper and a broker; `make test` runs
+# everything CI runs. Both install what is missing first (`make deps`).
+
+GO       ?= go
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ZK_JAR   := /usr/share/java/zookeeper.jar
+GOBIN    := $(shell $(GO) env GOPATH)/bin
+export PATH := $(GOBIN):$(PATH)
+
+.PHONY: all deps test run build generate bench loadtest fmt vet clean
+
+all: build
+
+# deps installs ZooKeeper (Debian's package, with a Java runtime) unless it
+# or ZOOKEEPER_HOME is there. Idempotent and quiet when nothing is missing.
+deps:
+	@if [ -n "$$ZOOKEEPER_HOME" ] || { [ -f $(ZK_JAR) ] && command -v java >/dev/null; }; then :; else \
+		echo "installing ZooKeeper (apt-get install zookeeper)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends zookeeper default-jre-headless >/dev/null; \
+	fi
+	@$(GO) mod download
+
+build:
+	$(GO) build -o bin/qbroker ./cmd/qbroker
+	$(GO) build -o bin/loadtest ./loadtest
+
+test: deps
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+		if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) test -race -timeout 20m ./...
+
+run: deps
+	$(GO) run ./cmd/qbroker dev
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem ./zkqueue
+
+loadtest: deps build
+	./bin/loadtest --spawn-brokers 1
+
+# generate rebuilds api/queuepb from api/queue.proto (committed; only needed
+# after editing the .proto).
+generate:
+	@command -v protoc >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq protobuf-compiler >/dev/null; }
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.11
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
+	protoc --go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
+		api/queue.proto
+	mkdir -p api/queuepb && mv api/queue.pb.go api/queue_grpc.pb.go api/queuepb/
+
+clean:
+	rm -rf bin

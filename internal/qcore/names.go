@@ -1,0 +1,85 @@
+package qcore
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Node names. ZooKeeper appends a 10-digit signed sequence number to the
+// prefix of a PERSISTENT_SEQUENTIAL node: "qn-0000000042". After
+// 2,147,483,647 the counter wraps to "-2147483648", so the suffix is parsed
+// as a signed 32-bit integer and names are compared numerically.
+const (
+	// FIFOPrefix prefixes the messages of a FIFO queue.
+	FIFOPrefix = "qn-"
+	// MaxPriority is the largest (least urgent) priority; 0 is the most
+	// urgent.
+	MaxPriority = 255
+)
+
+// PriorityPrefix returns the name prefix of a message with priority p:
+// "p007-". The fixed width keeps names readable in zkCli listings; order
+// never depends on string comparison.
+func PriorityPrefix(p int) string { return fmt.Sprintf("p%03d-", p) }
+
+// Name is a parsed message node name.
+type Name struct {
+	Raw      string // the node name as stored
+	Priority int    // 0 for FIFO messages
+	Seq      int32  // the sequence suffix
+}
+
+// ParseName parses "qn-<seq>" and "pNNN-<seq>". ok is false for any other
+// name (foreign nodes, which queues skip).
+func ParseName(s string) (n Name, ok bool) {
+	var rest string
+	switch {
+	case strings.HasPrefix(s, FIFOPrefix):
+		rest = s[len(FIFOPrefix):]
+	case len(s) > 5 && s[0] == 'p' && s[4] == '-':
+		p, err := strconv.Atoi(s[1:4])
+		if err != nil || p < 0 || p > MaxPriority || s[1] == '+' || s[1] == '-' {
+			return Name{}, false
+		}
+		n.Priority, rest = p, s[5:]
+	default:
+		return Name{}, false
+	}
+	// ZooKeeper writes %010d: at least 10 characters, a sign only when
+	// negative.
+	if len(rest) < 10 || rest[0] == '+' {
+		return Name{}, false
+	}
+	seq, err := strconv.ParseInt(rest, 10, 32)
+	if err != nil {
+		return Name{}, false
+	}
+	n.Raw, n.Seq = s, int32(seq)
+	return n, true
+}
+
+// Compare orders names by (priority, sequence), numerically.
+func Compare(a, b Name) int {
+	if c := cmp.Compare(a.Priority, b.Priority); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Seq, b.Seq)
+}
+
+// SortNames parses children, drops the names that do not parse (returned as
+// foreign) and returns the rest in delivery order.
+func SortNames(children []string) (names []Name, foreign []string) {
+	names = make([]Name, 0, len(children))
+	for _, c := range children {
+		if n, ok := ParseName(c); ok {
+			names = append(names, n)
+		} else {
+			foreign = append(foreign, c)
+		}
+	}
+	slices.SortFunc(names, Compare)
+	return names, foreign
+}

@@ -1,0 +1,119 @@
+package qcore
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestParseName(t *testing.T) {
+	tests := []struct {
+		in   string
+		ok   bool
+		prio int
+		seq  int32
+	}{
+		{"qn-0000000000", true, 0, 0},
+		{"qn-0000000042", true, 0, 42},
+		{"qn-2147483647", true, 0, 2147483647},
+		{"qn--2147483648", true, 0, -2147483648},
+		{"qn--0000000001", true, 0, -1},
+		{"p007-0000000012", true, 7, 12},
+		{"p255-0000000001", true, 255, 1},
+		{"p000--0000000005", true, 0, -5},
+		{"p256-0000000001", false, 0, 0},
+		{"p-01-0000000001", false, 0, 0},
+		{"p7-0000000001", false, 0, 0},
+		{"qn-42", false, 0, 0},
+		{"qn-+000000042", false, 0, 0},
+		{"qn-2147483648", false, 0, 0},
+		{"qn-00000000x1", false, 0, 0},
+		{"leases", false, 0, 0},
+		{"", false, 0, 0},
+		{"qn-", false, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			n, ok := ParseName(tt.in)
+			if ok != tt.ok {
+				t.Fatalf("ParseName(%q) ok = %v, want %v", tt.in, ok, tt.ok)
+			}
+			if ok && (n.Priority != tt.prio || n.Seq != tt.seq || n.Raw != tt.in) {
+				t.Fatalf("ParseName(%q) = %+v, want priority %d seq %d", tt.in, n, tt.prio, tt.seq)
+			}
+		})
+	}
+}
+
+func TestSortNamesNumeric(t *testing.T) {
+	in := []string{
+		"qn-0000000010", "qn-0000000009", "foreign", "qn--2147483648",
+		"qn-0000000100", "qn--0000000001", "qn-1000000000",
+	}
+	names, foreign := SortNames(in)
+	var got []string
+	for _, n := range names {
+		got = append(got, n.Raw)
+	}
+	want := []string{
+		"qn--2147483648", "qn--0000000001", "qn-0000000009", "qn-0000000010",
+		"qn-0000000100", "qn-1000000000",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if !slices.Equal(foreign, []string{"foreign"}) {
+		t.Errorf("foreign = %v, want [foreign]", foreign)
+	}
+}
+
+func TestSortNamesPriority(t *testing.T) {
+	in := []string{"p010-0000000001", "p002-0000000009", "p002-0000000003", "p000-0000000100"}
+	names, _ := SortNames(in)
+	var got []string
+	for _, n := range names {
+		got = append(got, n.Raw)
+	}
+	want := []string{"p000-0000000100", "p002-0000000003", "p002-0000000009", "p010-0000000001"}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+func TestDataRoundTrip(t *testing.T) {
+	pub := time.Unix(1700000000, 123456789)
+	for _, payload := range [][]byte{nil, []byte("hello"), make([]byte, 1<<16)} {
+		data := EncodeData(payload, pub, 3)
+		p, gotPub, d, err := DecodeData(data, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(p, payload) && !(len(p) == 0 && len(payload) == 0) {
+			t.Errorf("payload len %d, want %d", len(p), len(payload))
+		}
+		if !gotPub.Equal(pub) || d != 3 {
+			t.Errorf("got (%v, %d), want (%v, 3)", gotPub, d, pub)
+		}
+	}
+	// A bare payload from another client of the recipe.
+	ctime := time.Unix(5, 0)
+	p, gotPub, d, err := DecodeData([]byte("raw"), ctime)
+	if err != nil || string(p) != "raw" || !gotPub.Equal(ctime) || d != 0 {
+		t.Errorf("bare payload: got (%q, %v, %d, %v)", p, gotPub, d, err)
+	}
+	// A header of an unknown version is corrupt, not a payload.
+	if _, _, _, err := DecodeData([]byte{0xCB, 0x51, 9, 1}, ctime); err == nil {
+		t.Error("unknown header version: got nil error")
+	}
+	if _, _, _, err := DecodeData([]byte{0xCB, 0x51, 1, 0x80}, ctime); err == nil {
+		t.Error("truncated header: got nil error")
+	}
+}
+
+func FuzzDecodeData(f *testing.F) {
+	f.Add(EncodeData([]byte("x"), time.Unix(1, 0), 1))
+	f.Add([]byte{0xCB, 0x51, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _, _, _ = DecodeData(data, time.Time{})
+	})
+}

@@ -1,0 +1,466 @@
+// Package qcore is the engine shared by qbroker's queue recipes (zkqueue,
+// priority) and the broker: node names and their order, the message
+// encoding, the watch-driven head scan, claims, and leases for
+// acknowledged delivery. It knows nothing of gRPC, NATS or Prometheus.
+package qcore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Limits. A Multi request, like every ZooKeeper packet, must stay below
+// jute.maxbuffer (1 MiB by default).
+const (
+	DefaultMaxPayload    = 512 << 10
+	DefaultMaxBatchBytes = 900 << 10
+	DefaultMaxBatchCount = 1000
+	// HardMaxPayload bounds MaxPayload: one node's data plus its header
+	// and path must fit in one packet.
+	HardMaxPayload = zkutil.MaxBuffer - 16<<10
+	// opOverhead approximates a Multi op's framing, path and ACL bytes.
+	opOverhead = 96
+)
+
+// Config tunes a Store. Zero fields take the defaults above.
+type Config struct {
+	MaxPayload    int
+	MaxBatchBytes int
+	MaxBatchCount int
+	// Strict makes the scan drop its cached snapshot whenever the children
+	// changed, so a newly published message that sorts before the cached
+	// head is seen at the next claim (priority queues need this). A FIFO
+	// queue walks its snapshot to the end: new messages sort after it.
+	Strict bool
+	// ConflictHook, when set, is called once per lost race for a head
+	// message (NoNode or BadVersion while claiming).
+	ConflictHook func()
+	Logger       *slog.Logger
+}
+
+// Validate fills defaults and checks the limits.
+func (c *Config) Validate() error {
+	if c.MaxPayload == 0 {
+		c.MaxPayload = DefaultMaxPayload
+	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if c.MaxBatchCount == 0 {
+		c.MaxBatchCount = DefaultMaxBatchCount
+	}
+	if c.MaxPayload < 0 || c.MaxPayload > HardMaxPayload {
+		return fmt.Errorf("max payload %d out of range (0, %d]", c.MaxPayload, HardMaxPayload)
+	}
+	if c.MaxBatchBytes < 0 || c.MaxBatchBytes > HardMaxPayload {
+		return fmt.Errorf("max batch bytes %d out of range (0, %d]", c.MaxBatchBytes, HardMaxPayload)
+	}
+	if c.MaxBatchCount < 0 {
+		return fmt.Errorf("max batch count %d < 0", c.MaxBatchCount)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Store is the set of ready messages under one parent node. One Store per
+// queue per process serves any number of local consumers: they share one
+// sorted snapshot of the children and one children watch, take distinct
+// candidates from it, and so never race each other for the head. An idle
+// Store costs no ZooKeeper traffic: waiting consumers sleep on the watch.
+//
+// A Store is safe for concurrent use.
+type Store struct {
+	conn *zk.Conn
+	path string
+	cfg  Config
+
+	mu      sync.Mutex
+	pending []Name          // sorted candidates not yet handed out
+	watch   <-chan zk.Event // armed children watch of path; nil when none
+	foreign map[string]bool // foreign children already logged
+}
+
+// NewStore returns the Store of the messages under p, creating p and its
+// parents when missing.
+func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
+	if conn == nil {
+		return nil, errors.New("nil zk conn")
+	}
+	if p == "" || p[0] != '/' || path.Clean(p) != p || p == "/" {
+		return nil, fmt.Errorf("bad queue path %q", p)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := zkutil.EnsurePath(conn, p); err != nil {
+		return nil, err
+	}
+	return &Store{conn: conn, path: p, cfg: cfg, foreign: map[string]bool{}}, nil
+}
+
+// Path returns the parent node of the messages.
+func (s *Store) Path() string { return s.path }
+
+// Conn returns the store's ZooKeeper connection.
+func (s *Store) Conn() *zk.Conn { return s.conn }
+
+// Config returns the store's limits.
+func (s *Store) Config() Config { return s.cfg }
+
+// CheckPayload returns ErrTooLarge when payload exceeds the limit.
+func (s *Store) CheckPayload(payload []byte) error {
+	if len(payload) > s.cfg.MaxPayload {
+		return fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, len(payload), s.cfg.MaxPayload)
+	}
+	return nil
+}
+
+// Publish creates one message node named prefix+<sequence> and returns its
+// name.
+func (s *Store) Publish(ctx context.Context, prefix string, payload []byte) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	if err := s.CheckPayload(payload); err != nil {
+		return "", err
+	}
+	data := EncodeData(payload, time.Now(), 0)
+	p, err := s.conn.Create(s.path+"/"+prefix, data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	if err != nil {
+		return "", fmt.Errorf("create in %s: %w", s.path, err)
+	}
+	return path.Base(p), nil
+}
+
+// PublishBatch creates all messages in one Multi transaction: all or none.
+// prefixes[i] names payloads[i]. A batch over the count or byte limits is
+// rejected before anything is written.
+func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads [][]byte) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(payloads) == 0 {
+		return nil, ErrEmptyBatch
+	}
+	if len(prefixes) != len(payloads) {
+		return nil, fmt.Errorf("%d prefixes for %d payloads", len(prefixes), len(payloads))
+	}
+	if len(payloads) > s.cfg.MaxBatchCount {
+		return nil, fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(payloads), s.cfg.MaxBatchCount)
+	}
+	total := 0
+	for _, p := range payloads {
+		if err := s.CheckPayload(p); err != nil {
+			return nil, err
+		}
+		total += len(p) + HeaderMax + len(s.path) + 16 + opOverhead
+	}
+	if total > s.cfg.MaxBatchBytes {
+		return nil, fmt.Errorf("%w: %d bytes > %d", ErrBatchTooLarge, total, s.cfg.MaxBatchBytes)
+	}
+	now := time.Now()
+	ops := make([]any, len(payloads))
+	for i, p := range payloads {
+		ops[i] = &zk.CreateRequest{
+			Path:  s.path + "/" + prefixes[i],
+			Data:  EncodeData(p, now, 0),
+			Acl:   zk.WorldACL(zk.PermAll),
+			Flags: zk.FlagSequence,
+		}
+	}
+	res, err := s.conn.Multi(ops...)
+	if err != nil {
+		return nil, fmt.Errorf("multi create in %s: %w", s.path, firstMultiError(res, err))
+	}
+	ids := make([]string, len(res))
+	for i, r := range res {
+		ids[i] = path.Base(r.String)
+	}
+	return ids, nil
+}
+
+// firstMultiError returns the error of the failing op of a Multi, which is
+// more telling than the transaction's.
+func firstMultiError(res []zk.MultiResponse, err error) error {
+	for _, r := range res {
+		if r.Error != nil && !errors.Is(r.Error, zk.ErrAPIError) {
+			return r.Error
+		}
+	}
+	return err
+}
+
+// scan reads the sorted children. It arms a children watch unless one is
+// armed already and has not fired: that watch was registered before this
+// read, so it fires for any change after it.
+func (s *Store) scanLocked() error {
+	var children []string
+	var err error
+	if s.watch != nil {
+		children, _, err = s.conn.Children(s.path)
+	} else {
+		var w <-chan zk.Event
+		children, _, w, err = s.conn.ChildrenW(s.path)
+		if err == nil {
+			s.watch = w
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("children %s: %w", s.path, err)
+	}
+	names, foreign := SortNames(children)
+	for _, f := range foreign {
+		if !s.foreign[f] && len(s.foreign) < 1000 {
+			s.foreign[f] = true
+			s.cfg.Logger.Warn("skipping foreign node in queue", "znode", s.path+"/"+f)
+		}
+	}
+	s.pending = names
+	return nil
+}
+
+// watchFiredLocked reports whether the armed watch has fired, disarming it.
+// Fired watch channels are closed by the client, so every waiter holding
+// the same channel still wakes.
+func (s *Store) watchFiredLocked() bool {
+	if s.watch == nil {
+		return true
+	}
+	select {
+	case <-s.watch:
+		s.watch = nil
+		return true
+	default:
+		return false
+	}
+}
+
+// Next hands out the next candidate message name. When there is none it
+// returns ok == false and a channel that fires on the next change of the
+// children. Candidates are handed out once per snapshot, so concurrent
+// callers in this process never get the same name from one snapshot.
+func (s *Store) Next() (n Name, ok bool, wait <-chan zk.Event, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fired := s.watchFiredLocked()
+	if fired && s.cfg.Strict {
+		s.pending = nil
+	}
+	if len(s.pending) == 0 && fired {
+		// Something changed since the last scan (or there was none).
+		if err := s.scanLocked(); err != nil {
+			return Name{}, false, nil, err
+		}
+	}
+	if len(s.pending) == 0 {
+		// The watch is armed and unfired: the children are exactly what
+		// the last scan saw, all of them handed out.
+		return Name{}, false, s.watch, nil
+	}
+	n = s.pending[0]
+	s.pending = s.pending[1:]
+	return n, true, nil, nil
+}
+
+// Reset drops the cached snapshot so the next call scans again; callers use
+// it after an error left the snapshot in doubt.
+func (s *Store) Reset() {
+	s.mu.Lock()
+	s.pending = nil
+	s.watch = nil
+	s.mu.Unlock()
+}
+
+// ClaimFunc claims one candidate. It returns zk.ErrNoNode or
+// zk.ErrBadVersion when another consumer won the race.
+type ClaimFunc[T any] func(ctx context.Context, n Name) (T, error)
+
+// Take walks the candidates, claiming with claim until one succeeds. Lost
+// races move on to the next candidate; the snapshot is re-scanned only when
+// used up. With block it waits on the children watch for new messages
+// until ctx ends; without, it returns ErrEmpty.
+func Take[T any](ctx context.Context, s *Store, block bool, claim ClaimFunc[T]) (T, error) {
+	var zero T
+	for {
+		if err := ctx.Err(); err != nil {
+			return zero, err
+		}
+		n, ok, wait, err := s.Next()
+		if err != nil {
+			return zero, err
+		}
+		if !ok {
+			if !block {
+				return zero, ErrEmpty
+			}
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return zero, ctx.Err()
+			}
+		}
+		v, err := claim(ctx, n)
+		switch {
+		case err == nil:
+			return v, nil
+		case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
+			if s.cfg.ConflictHook != nil {
+				s.cfg.ConflictHook()
+			}
+			continue
+		default:
+			s.Reset()
+			return zero, err
+		}
+	}
+}
+
+// ClaimDelete is the at-most-once claim: getData, then delete at the read
+// version. Whoever deletes the node owns the message. If the delete's
+// outcome is unknown (connection lost), the message is not returned: it
+// may be lost, never delivered twice.
+func (s *Store) ClaimDelete(ctx context.Context, n Name) (Message, error) {
+	p := s.path + "/" + n.Raw
+	data, stat, err := s.conn.Get(p)
+	if err != nil {
+		return Message{}, fmt.Errorf("get %s: %w", p, err)
+	}
+	if err := s.conn.Delete(p, stat.Version); err != nil {
+		return Message{}, fmt.Errorf("delete %s: %w", p, err)
+	}
+	return decodeMessage(n, data, stat, 1)
+}
+
+func decodeMessage(n Name, data []byte, stat *zk.Stat, addDeliveries int) (Message, error) {
+	payload, pub, deliveries, err := DecodeData(data, time.UnixMilli(stat.Ctime))
+	if err != nil {
+		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
+	}
+	return Message{ID: n.Raw, Payload: payload, Priority: n.Priority, Published: pub, Deliveries: deliveries + addDeliveries}, nil
+}
+
+// TryDequeue claims the head message (at-most-once) or returns ErrEmpty.
+func (s *Store) TryDequeue(ctx context.Context) (Message, error) {
+	return Take(ctx, s, false, s.ClaimDelete)
+}
+
+// Dequeue claims the head message (at-most-once), waiting for one until
+// ctx ends.
+func (s *Store) Dequeue(ctx context.Context) (Message, error) {
+	return Take(ctx, s, true, s.ClaimDelete)
+}
+
+// Peek returns the head message without claiming it, or ErrEmpty. It always
+// reads a fresh child list.
+func (s *Store) Peek(ctx context.Context) (Message, error) {
+	children, _, err := s.conn.Children(s.path)
+	if err != nil {
+		return Message{}, fmt.Errorf("children %s: %w", s.path, err)
+	}
+	names, _ := SortNames(children)
+	for _, n := range names {
+		if err := ctx.Err(); err != nil {
+			return Message{}, err
+		}
+		data, stat, err := s.conn.Get(s.path + "/" + n.Raw)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return Message{}, fmt.Errorf("get %s/%s: %w", s.path, n.Raw, err)
+		}
+		return decodeMessage(n, data, stat, 0)
+	}
+	return Message{}, ErrEmpty
+}
+
+// Len returns the number of children from the parent's Stat, without
+// listing them. Foreign children, if any, are counted too.
+func (s *Store) Len(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	_, stat, err := s.conn.Exists(s.path)
+	if err != nil {
+		return 0, fmt.Errorf("exists %s: %w", s.path, err)
+	}
+	if stat == nil {
+		return 0, nil
+	}
+	return int(stat.NumChildren), nil
+}
+
+// OldestAge returns the age of the head message (0 when empty), from the
+// head node's Stat.
+func (s *Store) OldestAge(ctx context.Context) (time.Duration, error) {
+	m, err := s.Peek(ctx)
+	if errors.Is(err, ErrEmpty) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return time.Since(m.Published), nil
+}
+
+// Purge deletes every message present when it starts and returns how many
+// it deleted. Messages claimed concurrently are not counted.
+func (s *Store) Purge(ctx context.Context) (int, error) {
+	children, _, err := s.conn.Children(s.path)
+	if err != nil {
+		return 0, fmt.Errorf("children %s: %w", s.path, err)
+	}
+	names, _ := SortNames(children)
+	raw := make([]string, len(names))
+	for i, n := range names {
+		raw[i] = s.path + "/" + n.Raw
+	}
+	return DeleteNodes(ctx, s.conn, raw)
+}
+
+// DeleteNodes deletes the given nodes, 500 to a Multi; a chunk that fails
+// because a node vanished is retried node by node. It returns the count
+// it deleted.
+func DeleteNodes(ctx context.Context, conn *zk.Conn, paths []string) (int, error) {
+	deleted := 0
+	for len(paths) > 0 {
+		if err := ctx.Err(); err != nil {
+			return deleted, err
+		}
+		chunk := paths[:min(500, len(paths))]
+		paths = paths[len(chunk):]
+		ops := make([]any, len(chunk))
+		for i, p := range chunk {
+			ops[i] = &zk.DeleteRequest{Path: p, Version: -1}
+		}
+		if _, err := conn.Multi(ops...); err == nil {
+			deleted += len(chunk)
+			continue
+		} else if zkutil.IsUnavailable(err) {
+			return deleted, err
+		}
+		for _, p := range chunk {
+			err := conn.Delete(p, -1)
+			switch {
+			case err == nil:
+				deleted++
+			case errors.Is(err, zk.ErrNoNode):
+			default:
+				return deleted, fmt.Errorf("delete %s: %w", p, err)
+			}
+		}
+	}
+	return deleted, nil
+}

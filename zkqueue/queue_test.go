@@ -1,0 +1,346 @@
+package zkqueue_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"go.uber.org/goleak"
+
+	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
+)
+
+func newQueue(t *testing.T, conn *zk.Conn, path string, opts ...zkqueue.Option) *zkqueue.Queue {
+	t.Helper()
+	q, err := zkqueue.New(conn, path, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// Eight producers and eight consumers, each with its own session (as if
+// in separate processes), exchange 20,000 messages: each is delivered
+// exactly once, none is lost, and every producer's order holds at each
+// consumer.
+func TestConcurrentProducersConsumers(t *testing.T) {
+	const producers, consumers, perProducer = 8, 8, 2500
+	const total = producers * perProducer
+	path := zktest.Root(t) + "/q"
+	newQueue(t, zktest.Conn(t), path)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	errc := make(chan error, producers+consumers)
+	for p := 0; p < producers; p++ {
+		q := newQueue(t, zktest.Conn(t), path)
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			for i := 0; i < perProducer; {
+				// Mix single publishes and small atomic batches.
+				if i%10 == 0 && i+5 <= perProducer {
+					batch := make([][]byte, 5)
+					for j := range batch {
+						batch[j] = []byte(fmt.Sprintf("%d:%d", p, i+j))
+					}
+					if _, err := q.PublishBatch(ctx, batch); err != nil {
+						errc <- err
+						return
+					}
+					i += 5
+					continue
+				}
+				if _, err := q.Publish(ctx, []byte(fmt.Sprintf("%d:%d", p, i))); err != nil {
+					errc <- err
+					return
+				}
+				i++
+			}
+		}(p)
+	}
+
+	var mu sync.Mutex
+	seen := make(map[string]string, total) // payload -> message id
+	received := 0
+	done := make(chan struct{})
+	for c := 0; c < consumers; c++ {
+		q := newQueue(t, zktest.Conn(t), path)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			last := make([]int, producers) // per producer, last index seen here
+			for i := range last {
+				last[i] = -1
+			}
+			for {
+				m, err := q.Dequeue(ctx)
+				if err != nil {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					errc <- err
+					return
+				}
+				ps, is, _ := strings.Cut(string(m.Payload), ":")
+				p, _ := strconv.Atoi(ps)
+				i, _ := strconv.Atoi(is)
+				if i <= last[p] {
+					errc <- fmt.Errorf("producer %d: got %d after %d", p, i, last[p])
+					return
+				}
+				last[p] = i
+				mu.Lock()
+				if prev, dup := seen[string(m.Payload)]; dup {
+					mu.Unlock()
+					errc <- fmt.Errorf("%q delivered twice (%s, %s)", m.Payload, prev, m.ID)
+					return
+				}
+				seen[string(m.Payload)] = m.ID
+				received++
+				if received == total {
+					close(done)
+					cancel() // wakes the other consumers
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+	if len(seen) != total {
+		t.Fatalf("received %d distinct messages, want %d", len(seen), total)
+	}
+	for p := 0; p < producers; p++ {
+		for i := 0; i < perProducer; i++ {
+			if _, ok := seen[fmt.Sprintf("%d:%d", p, i)]; !ok {
+				t.Fatalf("message %d:%d lost", p, i)
+			}
+		}
+	}
+	if n, err := newQueue(t, zktest.Conn(t), path).Len(context.Background()); err != nil || n != 0 {
+		t.Errorf("Len after drain = %d, %v; want 0", n, err)
+	}
+}
+
+func TestFIFOOrderAndPeek(t *testing.T) {
+	ctx := context.Background()
+	q := newQueue(t, zktest.Conn(t), zktest.Root(t)+"/a/b/q")
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
+		t.Fatalf("TryDequeue on empty queue: got %v, want ErrEmpty", err)
+	}
+	if _, err := q.Peek(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
+		t.Fatalf("Peek on empty queue: got %v, want ErrEmpty", err)
+	}
+	ids, err := q.PublishBatch(ctx, [][]byte{[]byte("0"), []byte("1"), []byte("2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 3; i < 12; i++ {
+		if _, err := q.Publish(ctx, []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := q.Len(ctx); err != nil || n != 12 {
+		t.Fatalf("Len = %d, %v; want 12", n, err)
+	}
+	m, err := q.Peek(ctx)
+	if err != nil || m.ID != ids[0] || string(m.Payload) != "0" {
+		t.Fatalf("Peek = %+v, %v; want %s with payload 0", m, err, ids[0])
+	}
+	for i := 0; i < 6; i++ {
+		m, err := q.TryDequeue(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := string(m.Payload), strconv.Itoa(i); got != want {
+			t.Fatalf("dequeued %q, want %q", got, want)
+		}
+		if m.Deliveries != 1 || time.Since(m.Published) > time.Minute {
+			t.Errorf("message %s: deliveries %d, published %v", m.ID, m.Deliveries, m.Published)
+		}
+	}
+	n, err := q.Purge(ctx)
+	if err != nil || n != 6 {
+		t.Fatalf("Purge = %d, %v; want 6", n, err)
+	}
+	if n, err := q.Len(ctx); err != nil || n != 0 {
+		t.Fatalf("Len after purge = %d, %v; want 0", n, err)
+	}
+}
+
+func TestDequeueWakesOnPublish(t *testing.T) {
+	path := zktest.Root(t) + "/q"
+	consumer := newQueue(t, zktest.Conn(t), path)
+	producer := newQueue(t, zktest.Conn(t), path)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	got := make(chan zkqueue.Message, 1)
+	errc := make(chan error, 1)
+	go func() {
+		m, err := consumer.Dequeue(ctx)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- m
+	}()
+	// Give the consumer time to block on its watch; the test is correct
+	// either way, this only makes it exercise the wake-up path.
+	time.Sleep(200 * time.Millisecond)
+	if _, err := producer.Publish(ctx, []byte("wake")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if string(m.Payload) != "wake" {
+			t.Fatalf("got %q, want wake", m.Payload)
+		}
+	case err := <-errc:
+		t.Fatal(err)
+	case <-ctx.Done():
+		t.Fatal("blocked Dequeue did not wake on publish")
+	}
+}
+
+func TestDequeueCancelLeavesNoGoroutine(t *testing.T) {
+	q := newQueue(t, zktest.Conn(t), zktest.Root(t)+"/q")
+	ignore := goleak.IgnoreCurrent()
+	for i := 0; i < 20; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := q.Dequeue(ctx)
+			errc <- err
+		}()
+		time.Sleep(5 * time.Millisecond)
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Dequeue returned %v, want context.Canceled", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := q.Dequeue(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Dequeue past deadline returned %v, want DeadlineExceeded", err)
+	}
+	goleak.VerifyNone(t, ignore)
+}
+
+func TestLimitsWriteNothing(t *testing.T) {
+	ctx := context.Background()
+	q := newQueue(t, zktest.Conn(t), zktest.Root(t)+"/q",
+		zkqueue.WithMaxPayload(1024), zkqueue.WithMaxBatchCount(10), zkqueue.WithMaxBatchBytes(8<<10))
+
+	if _, err := q.Publish(ctx, make([]byte, 1025)); !errors.Is(err, zkqueue.ErrTooLarge) {
+		t.Errorf("oversized payload: got %v, want ErrTooLarge", err)
+	}
+	if _, err := q.Publish(ctx, make([]byte, 1024)); err != nil {
+		t.Errorf("payload at the limit: %v", err)
+	}
+	tooMany := make([][]byte, 11)
+	for i := range tooMany {
+		tooMany[i] = []byte("x")
+	}
+	if _, err := q.PublishBatch(ctx, tooMany); !errors.Is(err, zkqueue.ErrBatchTooLarge) {
+		t.Errorf("batch over count: got %v, want ErrBatchTooLarge", err)
+	}
+	tooBig := [][]byte{make([]byte, 1000), make([]byte, 1000), make([]byte, 1000), make([]byte, 1000),
+		make([]byte, 1000), make([]byte, 1000), make([]byte, 1000), make([]byte, 1000)}
+	if _, err := q.PublishBatch(ctx, tooBig); !errors.Is(err, zkqueue.ErrBatchTooLarge) {
+		t.Errorf("batch over bytes: got %v, want ErrBatchTooLarge", err)
+	}
+	mixed := [][]byte{[]byte("ok"), make([]byte, 2000)}
+	if _, err := q.PublishBatch(ctx, mixed); !errors.Is(err, zkqueue.ErrTooLarge) {
+		t.Errorf("batch with one oversized payload: got %v, want ErrTooLarge", err)
+	}
+	if _, err := q.PublishBatch(ctx, nil); !errors.Is(err, zkqueue.ErrEmptyBatch) {
+		t.Errorf("empty batch: got %v, want ErrEmptyBatch", err)
+	}
+	if n, err := q.Len(ctx); err != nil || n != 1 {
+		t.Fatalf("Len = %d, %v; want 1 (only the payload at the limit)", n, err)
+	}
+	if _, err := zkqueue.New(zktest.Conn(t), zktest.Root(t), zkqueue.WithMaxPayload(2<<20)); err == nil {
+		t.Error("New with a 2 MiB payload limit: got nil error")
+	}
+	if _, err := zkqueue.New(zktest.Conn(t), "relative/path"); err == nil {
+		t.Error("New with a relative path: got nil error")
+	}
+}
+
+// A batch that ZooKeeper rejects half way writes nothing: the Multi is
+// atomic.
+func TestBatchAtomicOnServerError(t *testing.T) {
+	ctx := context.Background()
+	conn := zktest.Conn(t)
+	path := zktest.Root(t) + "/q"
+	q := newQueue(t, conn, path)
+	// Make the queue node ephemeral-free but remove it under the queue's
+	// feet: every create of the batch fails with NoNode.
+	if err := conn.Delete(path, -1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.PublishBatch(ctx, [][]byte{[]byte("a"), []byte("b")}); !errors.Is(err, zk.ErrNoNode) {
+		t.Fatalf("batch into a deleted queue: got %v, want ErrNoNode", err)
+	}
+	if ok, _, _ := conn.Exists(path); ok {
+		t.Fatal("queue node reappeared")
+	}
+}
+
+func TestForeignChildSkipped(t *testing.T) {
+	ctx := context.Background()
+	conn := zktest.Conn(t)
+	path := zktest.Root(t) + "/q"
+	q := newQueue(t, conn, path)
+	for _, name := range []string{"zz-foreign", "qn-notanumber", "lock"} {
+		if _, err := conn.Create(path+"/"+name, []byte("?"), 0, zk.WorldACL(zk.PermAll)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := q.Publish(ctx, []byte("real")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := q.TryDequeue(ctx)
+	if err != nil || string(m.Payload) != "real" {
+		t.Fatalf("TryDequeue = %q, %v; want real", m.Payload, err)
+	}
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
+		t.Fatalf("second TryDequeue: got %v, want ErrEmpty", err)
+	}
+	if n, _ := q.Purge(ctx); n != 0 {
+		t.Errorf("Purge deleted %d foreign nodes, want 0", n)
+	}
+}
+
+// A message written by another client of the seed recipe (bare payload,
+// no header) is delivered as is.
+func TestBarePayloadInterop(t *testing.T) {
+	ctx := context.Background()
+	conn := zktest.Conn(t)
+	path := zktest.Root(t) + "/q"
+	q := newQueue(t, conn, path)
+	if _, err := conn.Create(path+"/qn-", []byte("from-java"), zk.FlagSequence, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := q.TryDequeue(ctx)
+	if err != nil || !bytes.Equal(m.Payload, []byte("from-java")) {
+		t.Fatalf("got %q, %v; want from-java", m.Payload, err)
+	}
+}
