@@ -1,0 +1,74 @@
+// Package events defines the queue events a broker emits (published,
+// delivered, acked, ...) and the sink interface that carries them out of
+// the process, such as the NATS bridge.
+package events
+
+import (
+	"fmt"
+	"time"
+)
+
+// Kind is what happened to a message or a group.
+type Kind string
+
+// Event kinds. Each is the last token of the NATS subject
+// <prefix>.<queue>.<kind>.
+const (
+	Published    Kind = "published"
+	Delivered    Kind = "delivered"
+	Acked        Kind = "acked"
+	Nacked       Kind = "nacked"
+	DeadLettered Kind = "dead_lettered"
+	SyncJoined   Kind = "sync_joined"
+	SyncOpened   Kind = "sync_opened"
+)
+
+// Event is one queue event. Its JSON form is the body of a NATS message.
+type Event struct {
+	// ID identifies the event independently of the broker that emitted it:
+	// the same event re-sent (by any broker) has the same ID, which
+	// JetStream uses to deduplicate (Nats-Msg-Id).
+	ID string `json:"id"`
+	// Kind is what happened.
+	Kind Kind `json:"event"`
+	// Queue is the queue name.
+	Queue string `json:"queue"`
+	// MessageID is the message's znode name; empty for group events.
+	MessageID string `json:"message_id,omitempty"`
+	// Priority of the message (priority queues).
+	Priority int `json:"priority"`
+	// Size is the payload size in bytes.
+	Size int `json:"size"`
+	// DeliveryCount is the message's deliveries so far.
+	DeliveryCount int `json:"delivery_count"`
+	// Member is the member id of sync events.
+	Member string `json:"member,omitempty"`
+	// Broker is the id of the emitting broker.
+	Broker string `json:"broker"`
+	// Time is when it happened.
+	Time time.Time `json:"time"`
+	// Payload is the message body, when the sink asked for payloads and it
+	// is within the sink's cap.
+	Payload []byte `json:"payload,omitempty"`
+}
+
+// MakeID returns the broker-independent id of an event: the same message,
+// kind and delivery count always give the same id.
+func MakeID(queue, messageID string, kind Kind, deliveryCount int, member string) string {
+	if member != "" {
+		return fmt.Sprintf("%s/%s/%s", queue, kind, member)
+	}
+	return fmt.Sprintf("%s/%s/%s/%d", queue, messageID, kind, deliveryCount)
+}
+
+// Sink receives events. Emit must never block nor fail the caller: a sink
+// that cannot keep up drops events and counts them.
+type Sink interface {
+	Emit(Event)
+}
+
+// Discard is a Sink that drops every event.
+type Discard struct{}
+
+// Emit drops e.
+func (Discard) Emit(Event) {}
