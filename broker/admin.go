@@ -1,0 +1,144 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+)
+
+func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
+
+// Limits on queue configuration.
+const (
+	minVisibility  = 100 * time.Millisecond
+	maxVisibility  = 12 * time.Hour
+	maxSyncMembers = 1000
+)
+
+// CreateQueue implements pb.QueueServer.
+func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*pb.QueueInfo, error) {
+	if err := validName("queue name", req.GetName()); err != nil {
+		return nil, b.fail(err)
+	}
+	kind, err := kindFromPB(req.GetKind())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	members := int(req.GetSyncMembers())
+	switch {
+	case kind == kindSync && (members < 2 || members > maxSyncMembers):
+		return nil, b.fail(invalidf("sync_members %d out of range [2, %d]", members, maxSyncMembers))
+	case kind != kindSync && members != 0:
+		return nil, b.fail(invalidf("sync_members is only for SYNC queues"))
+	}
+	vis, err := clampDuration(req.GetVisibilityTimeout().AsDuration(), b.cfg.DefaultVisibility, minVisibility, maxVisibility)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	m := queueMeta{
+		V: metaVersion, Kind: kind, SyncMembers: members, VisibilityMS: vis.Milliseconds(),
+		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
+		Created: time.Now().UTC().Truncate(time.Millisecond),
+	}
+	m, err = b.createQueue(ctx, req.GetName(), m)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	return m.info(req.GetName()), nil
+}
+
+// GetQueue implements pb.QueueServer.
+func (b *Broker) GetQueue(ctx context.Context, req *pb.GetQueueRequest) (*pb.QueueInfo, error) {
+	q, err := b.queue(ctx, req.GetName())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	return q.meta.info(q.name), nil
+}
+
+// ListQueues implements pb.QueueServer.
+func (b *Broker) ListQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb.ListQueuesResponse, error) {
+	names, err := b.listQueues(req.GetPrefix())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	resp := &pb.ListQueuesResponse{}
+	for _, n := range names {
+		if ctx.Err() != nil {
+			return nil, b.fail(ctx.Err())
+		}
+		q, err := b.queue(ctx, n)
+		if err != nil {
+			continue // deleted meanwhile, or half-created
+		}
+		resp.Queues = append(resp.Queues, q.meta.info(n))
+	}
+	return resp, nil
+}
+
+// DeleteQueue implements pb.QueueServer.
+func (b *Broker) DeleteQueue(ctx context.Context, req *pb.DeleteQueueRequest) (*pb.DeleteQueueResponse, error) {
+	if err := validName("queue name", req.GetName()); err != nil {
+		return nil, b.fail(err)
+	}
+	if err := b.deleteQueue(ctx, req.GetName()); err != nil {
+		return nil, b.fail(err)
+	}
+	return &pb.DeleteQueueResponse{}, nil
+}
+
+// Purge implements pb.QueueServer.
+func (b *Broker) Purge(ctx context.Context, req *pb.PurgeRequest) (*pb.PurgeResponse, error) {
+	q, err := b.queue(ctx, req.GetName())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	n, err := q.items.Purge(ctx)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	return &pb.PurgeResponse{Purged: uint64(n)}, nil
+}
+
+// Stats implements pb.QueueServer.
+func (b *Broker) Stats(ctx context.Context, req *pb.StatsRequest) (*pb.QueueStats, error) {
+	q, err := b.queue(ctx, req.GetName())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	st := &pb.QueueStats{Name: q.name}
+	ready, err := q.items.Len(ctx)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	inFlight, err := q.leases.InFlight(ctx)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	dead, err := q.leases.DeadCount(ctx)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	age, err := q.items.OldestAge(ctx)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	consumers, err := b.countConsumers(q)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	st.Ready, st.InFlight, st.Dead, st.Consumers = uint64(ready), uint64(inFlight), uint64(dead), uint64(consumers)
+	st.OldestAge = durationpb.New(age)
+	if q.sync != nil {
+		joined, open, err := q.sync.state(ctx)
+		if err != nil {
+			return nil, b.fail(err)
+		}
+		st.SyncJoined, st.SyncOpen = uint32(joined), open
+	}
+	return st, nil
+}

@@ -1,0 +1,307 @@
+package broker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Config configures a Broker. Zero fields take the defaults noted.
+type Config struct {
+	// ZooKeeper is the list of ZooKeeper servers, host:port. Required.
+	ZooKeeper []string
+	// Root is the znode under which all state lives; default "/qbroker".
+	Root string
+	// ID names this broker in the registry and in events; default
+	// <hostname>-<random>.
+	ID string
+	// SessionTimeout of the ZooKeeper session; default 10s.
+	SessionTimeout time.Duration
+	// MaxPayload, MaxBatchBytes, MaxBatchCount: publish limits (defaults
+	// 512 KiB, 900 KiB, 1000).
+	MaxPayload    int
+	MaxBatchBytes int
+	MaxBatchCount int
+	// DefaultVisibility is the lease of queues created without one;
+	// default 30s.
+	DefaultVisibility time.Duration
+	// SweepInterval is how often the leader releases expired leases;
+	// default 1s. It bounds how late an expired lease is redelivered.
+	SweepInterval time.Duration
+	// StatsInterval is how often queue gauges are refreshed; default 10s.
+	StatsInterval time.Duration
+	// MaxQueueLabels caps the distinct queue label values; default 1000.
+	MaxQueueLabels int
+	// MaxStreams caps the Consume and JoinSync streams open on this
+	// broker; default 10000.
+	MaxStreams int
+	// Logger; default discards.
+	Logger *slog.Logger
+	// Registerer receives the broker's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Events receives queue events (the NATS bridge); nil discards.
+	Events events.Sink
+}
+
+func (c *Config) setDefaults() error {
+	if len(c.ZooKeeper) == 0 {
+		return errors.New("broker: no ZooKeeper servers configured")
+	}
+	if c.Root == "" {
+		c.Root = "/qbroker"
+	}
+	if c.Root[0] != '/' || path.Clean(c.Root) != c.Root || c.Root == "/" {
+		return fmt.Errorf("broker: bad root %q: want an absolute path such as /qbroker", c.Root)
+	}
+	if c.ID == "" {
+		host, _ := os.Hostname()
+		var b [3]byte
+		_, _ = rand.Read(b[:])
+		c.ID = host + "-" + hex.EncodeToString(b[:])
+	}
+	if err := validName("broker id", c.ID); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.SessionTimeout, 10*time.Second)
+	def(&c.DefaultVisibility, 30*time.Second)
+	def(&c.SweepInterval, time.Second)
+	def(&c.StatsInterval, 10*time.Second)
+	if c.MaxQueueLabels == 0 {
+		c.MaxQueueLabels = 1000
+	}
+	if c.MaxStreams == 0 {
+		c.MaxStreams = 10000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Events == nil {
+		c.Events = events.Discard{}
+	}
+	lim := qcore.Config{MaxPayload: c.MaxPayload, MaxBatchBytes: c.MaxBatchBytes, MaxBatchCount: c.MaxBatchCount}
+	if err := lim.Validate(); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	c.MaxPayload, c.MaxBatchBytes, c.MaxBatchCount = lim.MaxPayload, lim.MaxBatchBytes, lim.MaxBatchCount
+	return nil
+}
+
+// Broker serves the qbroker.v1.Queue gRPC service. It keeps no state of
+// its own: queues, messages, leases and group membership live in
+// ZooKeeper, so any number of brokers can serve the same queues.
+//
+// A Broker is safe for concurrent use.
+type Broker struct {
+	pb.UnimplementedQueueServer
+
+	cfg     Config
+	log     *slog.Logger
+	conn    *zk.Conn
+	metrics *metrics
+	health  *health.Server
+	events  events.Sink
+
+	ctx    context.Context // cancelled by Close: ends streams and loops
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background loops and open streams
+
+	queuesMu sync.Mutex
+	queues   map[string]*queue
+
+	streams    atomic.Int64
+	hasSession atomic.Bool
+	sessions   atomic.Int64  // sessions established so far
+	expired    chan struct{} // signalled when the session expired
+}
+
+var _ pb.QueueServer = (*Broker)(nil)
+
+// New connects to ZooKeeper, waits for a session (until ctx ends),
+// creates the root layout and registers the broker. Close releases
+// everything.
+func New(ctx context.Context, cfg Config) (*Broker, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	b := &Broker{
+		cfg:     cfg,
+		log:     cfg.Logger.With("broker", cfg.ID),
+		metrics: newMetrics(cfg.Registerer, cfg.MaxQueueLabels),
+		health:  health.NewServer(),
+		events:  cfg.Events,
+		queues:  make(map[string]*queue),
+		expired: make(chan struct{}, 1),
+	}
+	b.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+
+	conn, err := zkutil.Connect(cfg.ZooKeeper, cfg.SessionTimeout, b.log, b.onZKEvent)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	b.conn = conn
+	for !b.hasSession.Load() {
+		select {
+		case <-ctx.Done():
+			conn.Close()
+			return nil, fmt.Errorf("broker: waiting for a ZooKeeper session with %v: %w", cfg.ZooKeeper, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	for _, p := range []string{b.queuesPath(), b.brokersPath(), b.electionPath()} {
+		if err := zkutil.EnsurePath(conn, p); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.wg.Add(2)
+	go b.runMembership()
+	go b.runStats()
+	b.log.Info("broker started", "zookeeper", cfg.ZooKeeper, "root", cfg.Root)
+	return b, nil
+}
+
+// ID returns the broker's id.
+func (b *Broker) ID() string { return b.cfg.ID }
+
+// Health returns the broker's gRPC health server: SERVING while it has a
+// ZooKeeper session, NOT_SERVING otherwise and after Close.
+func (b *Broker) Health() *health.Server { return b.health }
+
+// onZKEvent tracks the session for health, metrics and re-registration.
+// It runs on the ZooKeeper client's goroutine and must not block.
+func (b *Broker) onZKEvent(ev zk.Event) {
+	if ev.Type != zk.EventSession {
+		return
+	}
+	switch ev.State {
+	case zk.StateHasSession:
+		if !b.hasSession.Swap(true) {
+			if b.sessions.Add(1) > 1 {
+				b.metrics.reconnects.Inc()
+			}
+			b.metrics.sessionState.Set(1)
+			b.setServing(true)
+			b.log.Info("zookeeper session established", "server", ev.Server)
+		}
+	case zk.StateDisconnected, zk.StateExpired, zk.StateConnecting, zk.StateAuthFailed:
+		if b.hasSession.Swap(false) {
+			b.metrics.sessionState.Set(0)
+			b.setServing(false)
+			b.log.Info("zookeeper session lost", "state", ev.State.String())
+		}
+		if ev.State == zk.StateExpired {
+			select {
+			case b.expired <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+func (b *Broker) setServing(ok bool) {
+	if b.ctx != nil && b.ctx.Err() != nil {
+		return // closing: stays NOT_SERVING
+	}
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	b.health.SetServingStatus("", st)
+	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, st)
+}
+
+// GRPCServer returns a gRPC server with the Queue service, health,
+// reflection and the broker's logging and metrics interceptors.
+func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	opts = append([]grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.unaryLog),
+		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.streamLog),
+		grpc.MaxRecvMsgSize(b.cfg.MaxBatchBytes + 64<<10),
+	}, opts...)
+	s := grpc.NewServer(opts...)
+	pb.RegisterQueueServer(s, b)
+	healthpb.RegisterHealthServer(s, b.health)
+	reflection.Register(s)
+	b.metrics.grpc.InitializeMetrics(s)
+	return s
+}
+
+// Close marks the broker NOT_SERVING, ends its streams (releasing their
+// unacknowledged leases for redelivery), stops its loops and closes the
+// ZooKeeper session. Call it after the gRPC server's GracefulStop (or
+// Stop) has returned or timed out.
+func (b *Broker) Close() error {
+	b.health.Shutdown()
+	b.cancel()
+	b.wg.Wait()
+	b.conn.Close()
+	b.log.Info("broker stopped")
+	return nil
+}
+
+// Paths.
+func (b *Broker) queuesPath() string            { return b.cfg.Root + "/queues" }
+func (b *Broker) brokersPath() string           { return b.cfg.Root + "/brokers" }
+func (b *Broker) electionPath() string          { return b.cfg.Root + "/election" }
+func (b *Broker) queuePath(name string) string  { return b.queuesPath() + "/" + name }
+
+// streamCtx joins a stream's context with the broker's, so Close ends it.
+func (b *Broker) streamCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(b.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// enterStream accounts for a long-lived stream; the returned func ends it.
+func (b *Broker) enterStream() (func(), error) {
+	if b.ctx.Err() != nil {
+		return nil, errClosing
+	}
+	if b.streams.Add(1) > int64(b.cfg.MaxStreams) {
+		b.streams.Add(-1)
+		return nil, fmt.Errorf("%w: %d streams open", errLimit, b.cfg.MaxStreams)
+	}
+	b.wg.Add(1)
+	return func() { b.streams.Add(-1); b.wg.Done() }, nil
+}
+
+func (b *Broker) unaryLog(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := h(ctx, req)
+	b.logCall(ctx, info.FullMethod, start, err)
+	return resp, err
+}
+
+func (b *Broker) streamLog(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	start := time.Now()
+	err := h(srv, ss)
+	b.logCall(ss.Context(), info.FullMethod, start, err)
+	return err
+}

@@ -1,0 +1,247 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+)
+
+const maxPrefetch = 1000
+
+// consumeState is one Consume stream's credit and unsettled leases.
+type consumeState struct {
+	mu     sync.Mutex
+	credit int
+	held   map[string]time.Time // lease token -> deadline
+	wake   chan struct{}        // signalled when credit grows
+}
+
+func (c *consumeState) addCredit(n int) {
+	if n <= 0 {
+		return
+	}
+	c.mu.Lock()
+	c.credit = min(c.credit+n, maxPrefetch)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// takeCredit waits for one credit.
+func (c *consumeState) takeCredit(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		if c.credit > 0 {
+			c.credit--
+			c.mu.Unlock()
+			return nil
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (c *consumeState) hold(token string, deadline time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	for t, d := range c.held {
+		if now.After(d) {
+			delete(c.held, t) // expired: the sweep owns it now
+		}
+	}
+	c.held[token] = deadline
+}
+
+func (c *consumeState) settled(token string) {
+	c.mu.Lock()
+	delete(c.held, token)
+	c.mu.Unlock()
+}
+
+func (c *consumeState) drain() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.held))
+	for t := range c.held {
+		out = append(out, t)
+	}
+	c.held = map[string]time.Time{}
+	return out
+}
+
+// Consume implements pb.QueueServer.
+func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
+	leave, err := b.enterStream()
+	if err != nil {
+		return b.fail(err)
+	}
+	defer leave()
+	ctx, cancel := b.streamCtx(stream.Context())
+	defer cancel()
+
+	first, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	sub := first.GetSubscribe()
+	if sub == nil {
+		return b.fail(invalidf("the first Consume request must carry subscribe"))
+	}
+	q, err := b.queue(ctx, sub.GetQueue())
+	if err != nil {
+		return b.fail(err)
+	}
+	d, err := b.deliverySettings(q, sub.GetMode(), sub.GetVisibilityTimeout().AsDuration())
+	if err != nil {
+		return b.fail(err)
+	}
+	if q.sync != nil {
+		if err := q.sync.checkOpen(ctx); err != nil {
+			return b.fail(err)
+		}
+	}
+	prefetch := int(sub.GetPrefetch())
+	if prefetch == 0 {
+		prefetch = 1
+	}
+	if prefetch > maxPrefetch {
+		return b.fail(invalidf("prefetch %d > %d", prefetch, maxPrefetch))
+	}
+	unregister := b.registerConsumer(q)
+	defer unregister()
+
+	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1)}
+	st.addCredit(prefetch + int(first.GetCredit()))
+	b.settle(ctx, st, first.GetSettle())
+	defer b.releaseHeld(q, st)
+
+	// The receiving side: credit and settlements. It ends when the
+	// stream does (Recv fails once the handler has returned).
+	go func() {
+		defer cancel()
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			st.addCredit(int(req.GetCredit()))
+			b.settle(ctx, st, req.GetSettle())
+		}
+	}()
+
+	for {
+		if err := st.takeCredit(ctx); err != nil {
+			return b.streamEnd(ctx)
+		}
+		m, err := b.take(ctx, q, d, true)
+		if err != nil {
+			if ctx.Err() != nil {
+				return b.streamEnd(ctx)
+			}
+			return b.fail(err)
+		}
+		if d.ack {
+			st.hold(tokenLease(m.GetAckToken()), m.GetLeaseDeadline().AsTime())
+		}
+		if err := stream.Send(&pb.Delivery{Message: m}); err != nil {
+			return nil // the client is gone; held leases are released
+		}
+	}
+}
+
+// streamEnd is the status of a stream that ended because the client
+// left (nil) or the broker is shutting down (Unavailable).
+func (b *Broker) streamEnd(ctx context.Context) error {
+	if b.ctx.Err() != nil {
+		return b.fail(errClosing)
+	}
+	return nil
+}
+
+func tokenLease(tok string) string {
+	_, lease, _ := parseToken(tok)
+	return lease
+}
+
+func (b *Broker) settle(ctx context.Context, st *consumeState, settles []*pb.Settle) {
+	for _, s := range settles {
+		var err error
+		if s.GetNack() {
+			err = b.nack(ctx, s.GetAckToken(), s.GetDelay().AsDuration())
+		} else {
+			err = b.ack(ctx, s.GetAckToken())
+		}
+		st.settled(tokenLease(s.GetAckToken()))
+		if err != nil {
+			b.log.Debug("settle on stream failed", "err", err)
+		}
+	}
+}
+
+// releaseHeld gives back the stream's unsettled leases for redelivery.
+// It runs when the stream ends, also during shutdown, so it uses its own
+// bounded context.
+func (b *Broker) releaseHeld(q *queue, st *consumeState) {
+	tokens := st.drain()
+	if len(tokens) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, t := range tokens {
+		m, out, ok, err := q.leases.Release(ctx, t, q.policy)
+		if err != nil {
+			// The lease stays; the sweep releases it at its deadline.
+			b.log.Warn("release on stream end failed", "queue", q.name, "err", err)
+			continue
+		}
+		if ok {
+			b.released(q, m, out)
+		}
+	}
+}
+
+// registerConsumer records an open stream as an ephemeral node, so Stats
+// counts consumers on all brokers. It returns the unregister func.
+func (b *Broker) registerConsumer(q *queue) func() {
+	g := b.metrics.consumers.WithLabelValues(q.label)
+	g.Inc()
+	p, err := b.conn.Create(q.path+"/consumers/"+b.cfg.ID+"-", nil, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	if err != nil {
+		b.log.Debug("consumer registration failed", "queue", q.name, "err", err)
+	}
+	return func() {
+		g.Dec()
+		if err == nil {
+			_ = b.conn.Delete(p, -1)
+		}
+	}
+}
+
+func (b *Broker) countConsumers(q *queue) (int, error) {
+	_, stat, err := b.conn.Exists(q.path + "/consumers")
+	if err != nil {
+		return 0, err
+	}
+	if stat == nil {
+		return 0, nil
+	}
+	return int(stat.NumChildren), nil
+}
+

@@ -1,0 +1,316 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/qcore"
+)
+
+// Request limits.
+const (
+	maxReceive    = 100
+	maxWait       = 60 * time.Second
+	maxNackDelay  = 12 * time.Hour
+	maxDeadLimit  = 1000
+	defaultDeadLn = 100
+)
+
+const (
+	modeAtMostOnce  = "at_most_once"
+	modeAtLeastOnce = "at_least_once"
+)
+
+func (b *Broker) emit(kind events.Kind, q *queue, m qcore.Message, member string) {
+	b.events.Emit(events.Event{
+		ID:        events.MakeID(q.name, m.ID, kind, m.Deliveries, member),
+		Kind:      kind,
+		Queue:     q.name,
+		MessageID: m.ID,
+		Priority:  m.Priority,
+		Size:      len(m.Payload),
+		// Events carry the payload; the sink decides whether to keep it.
+		Payload:       m.Payload,
+		DeliveryCount: m.Deliveries,
+		Member:        member,
+		Broker:        b.cfg.ID,
+		Time:          time.Now(),
+	})
+}
+
+// Publish implements pb.QueueServer.
+func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.PublishResponse, error) {
+	q, err := b.queue(ctx, req.GetQueue())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	msgs := req.GetMessages()
+	if len(msgs) == 0 {
+		return nil, b.fail(invalidf("no messages to publish"))
+	}
+	prefixes := make([]string, len(msgs))
+	payloads := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		p := int(m.GetPriority())
+		switch {
+		case q.meta.Kind != kindPriority && p != 0:
+			return nil, b.fail(wrongKind(q, "a priority needs a PRIORITY queue"))
+		case p > qcore.MaxPriority:
+			return nil, b.fail(invalidPriority(p))
+		case q.meta.Kind == kindPriority:
+			prefixes[i] = qcore.PriorityPrefix(p)
+		default:
+			prefixes[i] = qcore.FIFOPrefix
+		}
+		payloads[i] = m.GetPayload()
+	}
+	var ids []string
+	if len(msgs) == 1 {
+		var id string
+		id, err = q.items.Publish(ctx, prefixes[0], payloads[0])
+		ids = []string{id}
+	} else {
+		ids, err = q.items.PublishBatch(ctx, prefixes, payloads)
+	}
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	b.metrics.published.WithLabelValues(q.label).Add(float64(len(ids)))
+	for i, id := range ids {
+		b.emit(events.Published, q, qcore.Message{ID: id, Payload: payloads[i], Priority: int(msgs[i].GetPriority())}, "")
+	}
+	return &pb.PublishResponse{Ids: ids}, nil
+}
+
+// delivery settings of one consume or receive call.
+type delivery struct {
+	ack bool          // at-least-once
+	ttl time.Duration // lease
+}
+
+func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Duration) (delivery, error) {
+	switch mode {
+	case pb.DeliveryMode_DELIVERY_MODE_UNSPECIFIED, pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE:
+		return delivery{}, nil
+	case pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE:
+		ttl, err := clampDuration(vis, q.meta.visibility(), minVisibility, maxVisibility)
+		return delivery{ack: true, ttl: ttl}, err
+	}
+	return delivery{}, invalidf("unknown delivery mode %d", mode)
+}
+
+// take claims one message (waiting for one when block is set).
+func (b *Broker) take(ctx context.Context, q *queue, d delivery, block bool) (*pb.Message, error) {
+	if q.sync != nil {
+		if err := q.sync.checkOpen(ctx); err != nil {
+			return nil, err
+		}
+	}
+	var out *pb.Message
+	var m qcore.Message
+	mode := modeAtMostOnce
+	if d.ack {
+		mode = modeAtLeastOnce
+		l, err := q.leases.TakeLease(ctx, d.ttl, block)
+		if err != nil {
+			return nil, err
+		}
+		m, out = l.Message, toPB(q.name, l.Message, &l)
+	} else {
+		var err error
+		m, err = qcore.Take(ctx, q.items, block, q.items.ClaimDelete)
+		if err != nil {
+			return nil, err
+		}
+		out = toPB(q.name, m, nil)
+	}
+	b.metrics.delivered.WithLabelValues(q.label, mode).Inc()
+	if m.Deliveries > 1 {
+		b.metrics.redelivered.WithLabelValues(q.label).Inc()
+	}
+	b.emit(events.Delivered, q, m, "")
+	return out, nil
+}
+
+// Receive implements pb.QueueServer.
+func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.ReceiveResponse, error) {
+	q, err := b.queue(ctx, req.GetQueue())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	d, err := b.deliverySettings(q, req.GetMode(), req.GetVisibilityTimeout().AsDuration())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	max := int(req.GetMaxMessages())
+	if max == 0 {
+		max = 1
+	}
+	if max > maxReceive {
+		return nil, b.fail(invalidf("max_messages %d > %d", max, maxReceive))
+	}
+	wait := req.GetWait().AsDuration()
+	if wait < 0 || wait > maxWait {
+		return nil, b.fail(invalidf("wait %v out of range [0, %v]", wait, maxWait))
+	}
+	ctx, cancel := b.streamCtx(ctx)
+	defer cancel()
+	resp := &pb.ReceiveResponse{}
+	// The first message may be waited for; the rest are taken only if
+	// ready now.
+	first := ctx
+	if wait > 0 {
+		var c context.CancelFunc
+		first, c = context.WithTimeout(ctx, wait)
+		defer c()
+	}
+	m, err := b.take(first, q, d, wait > 0)
+	switch {
+	case errors.Is(err, qcore.ErrEmpty), wait > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return resp, nil
+	case err != nil:
+		return nil, b.fail(err)
+	}
+	resp.Messages = append(resp.Messages, m)
+	for len(resp.Messages) < max {
+		m, err := b.take(ctx, q, d, false)
+		if err != nil {
+			break // what we have is delivered; the rest stays for later
+		}
+		resp.Messages = append(resp.Messages, m)
+	}
+	return resp, nil
+}
+
+// leaseOf resolves an ack token to its queue.
+func (b *Broker) leaseOf(ctx context.Context, token string) (*queue, string, error) {
+	name, lease, err := parseToken(token)
+	if err != nil {
+		return nil, "", err
+	}
+	q, err := b.queue(ctx, name)
+	if err != nil {
+		return nil, "", err
+	}
+	return q, lease, nil
+}
+
+func (b *Broker) ack(ctx context.Context, token string) error {
+	q, lease, err := b.leaseOf(ctx, token)
+	if err != nil {
+		return err
+	}
+	m, err := q.leases.Ack(ctx, lease)
+	if err != nil {
+		return err
+	}
+	b.metrics.acked.WithLabelValues(q.label).Inc()
+	b.emit(events.Acked, q, m, "")
+	return nil
+}
+
+func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) error {
+	if delay < 0 || delay > maxNackDelay {
+		return invalidf("delay %v out of range [0, %v]", delay, maxNackDelay)
+	}
+	q, lease, err := b.leaseOf(ctx, token)
+	if err != nil {
+		return err
+	}
+	m, out, err := q.leases.Nack(ctx, lease, delay, q.policy)
+	if err != nil {
+		return err
+	}
+	b.metrics.nacked.WithLabelValues(q.label).Inc()
+	b.emit(events.Nacked, q, m, "")
+	b.released(q, m, out)
+	return nil
+}
+
+// released accounts for a message given back by nack, stream end or expiry.
+func (b *Broker) released(q *queue, m qcore.Message, out qcore.Outcome) {
+	if out == qcore.DeadLettered || out == qcore.Dropped {
+		b.metrics.deadLettered.WithLabelValues(q.label).Inc()
+		b.emit(events.DeadLettered, q, m, "")
+	}
+}
+
+// Ack implements pb.QueueServer.
+func (b *Broker) Ack(ctx context.Context, req *pb.AckRequest) (*pb.AckResponse, error) {
+	if err := b.ack(ctx, req.GetAckToken()); err != nil {
+		return nil, b.fail(err)
+	}
+	return &pb.AckResponse{}, nil
+}
+
+// Nack implements pb.QueueServer.
+func (b *Broker) Nack(ctx context.Context, req *pb.NackRequest) (*pb.NackResponse, error) {
+	if err := b.nack(ctx, req.GetAckToken(), req.GetDelay().AsDuration()); err != nil {
+		return nil, b.fail(err)
+	}
+	return &pb.NackResponse{}, nil
+}
+
+// ExtendLease implements pb.QueueServer.
+func (b *Broker) ExtendLease(ctx context.Context, req *pb.ExtendLeaseRequest) (*pb.ExtendLeaseResponse, error) {
+	q, lease, err := b.leaseOf(ctx, req.GetAckToken())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	ttl, err := clampDuration(req.GetVisibilityTimeout().AsDuration(), q.meta.visibility(), minVisibility, maxVisibility)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	deadline, err := q.leases.Extend(ctx, lease, ttl)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	return &pb.ExtendLeaseResponse{LeaseDeadline: timestamppb.New(deadline)}, nil
+}
+
+// ListDeadLetters implements pb.QueueServer.
+func (b *Broker) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersRequest) (*pb.ListDeadLettersResponse, error) {
+	q, err := b.queue(ctx, req.GetQueue())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	limit := int(req.GetLimit())
+	if limit == 0 {
+		limit = defaultDeadLn
+	}
+	if limit > maxDeadLimit {
+		return nil, b.fail(invalidf("limit %d > %d", limit, maxDeadLimit))
+	}
+	ms, err := q.leases.DeadLetters(ctx, limit)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	resp := &pb.ListDeadLettersResponse{}
+	for _, m := range ms {
+		resp.Messages = append(resp.Messages, toPB(q.name, m, nil))
+	}
+	return resp, nil
+}
+
+// Redrive implements pb.QueueServer.
+func (b *Broker) Redrive(ctx context.Context, req *pb.RedriveRequest) (*pb.RedriveResponse, error) {
+	q, err := b.queue(ctx, req.GetQueue())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	for _, id := range req.GetIds() {
+		if _, ok := qcore.ParseName(id); !ok {
+			return nil, b.fail(invalidf("malformed message id %q", printable(id)))
+		}
+	}
+	n, err := q.leases.Redrive(ctx, req.GetIds())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	return &pb.RedriveResponse{Redriven: uint64(n)}, nil
+}

@@ -1,0 +1,114 @@
+package broker
+
+import (
+	"runtime/debug"
+	"sync"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the broker's Prometheus series (listed in doc.go and the
+// README). Queue-labelled series are bounded by labels: beyond its cap,
+// queues share the label "_other".
+type metrics struct {
+	labels *queueLabels
+
+	published    *prometheus.CounterVec
+	delivered    *prometheus.CounterVec
+	acked        *prometheus.CounterVec
+	nacked       *prometheus.CounterVec
+	redelivered  *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	conflicts    *prometheus.CounterVec
+	zkDuration   *prometheus.HistogramVec
+	sessionState prometheus.Gauge
+	reconnects   prometheus.Counter
+	depth        *prometheus.GaugeVec
+	inFlight     *prometheus.GaugeVec
+	oldestAge    *prometheus.GaugeVec
+	consumers    *prometheus.GaugeVec
+	leader       prometheus.Gauge
+	grpc         *grpcprom.ServerMetrics
+}
+
+func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
+	qv := func(name, help string, extra ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append([]string{"queue"}, extra...))
+	}
+	gv := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"queue"})
+	}
+	m := &metrics{
+		labels:       newQueueLabels(labelCap),
+		published:    qv("qbroker_messages_published_total", "Messages published."),
+		delivered:    qv("qbroker_messages_delivered_total", "Messages delivered to consumers, by delivery mode.", "mode"),
+		acked:        qv("qbroker_messages_acked_total", "At-least-once deliveries acknowledged."),
+		nacked:       qv("qbroker_messages_nacked_total", "At-least-once deliveries negatively acknowledged."),
+		redelivered:  qv("qbroker_messages_redelivered_total", "Deliveries of messages delivered before (delivery count > 1)."),
+		deadLettered: qv("qbroker_messages_dead_lettered_total", "Messages moved to the dead letters (or dropped) after too many deliveries."),
+		conflicts:    qv("qbroker_claim_conflicts_total", "Claims lost to another consumer (NoNode or BadVersion on the head)."),
+		zkDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "qbroker_zk_request_duration_seconds",
+			Help:    "ZooKeeper request latency by operation and result.",
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"op", "result"}),
+		sessionState: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_zk_session_state",
+			Help: "1 while the broker has a ZooKeeper session, 0 otherwise."}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "qbroker_zk_reconnects_total",
+			Help: "ZooKeeper sessions (re)established after the first."}),
+		depth:     gv("qbroker_queue_depth", "Ready messages (refreshed periodically for queues this broker serves)."),
+		inFlight:  gv("qbroker_queue_in_flight", "Leased (unacknowledged) messages."),
+		oldestAge: gv("qbroker_queue_oldest_age_seconds", "Age of the oldest ready message."),
+		consumers: gv("qbroker_consumers", "Consume streams open on this broker."),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_leader",
+			Help: "1 while this broker holds leadership (lease sweeping)."}),
+		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30}))),
+	}
+	if reg == nil {
+		return m
+	}
+	version := "devel"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		version = bi.Main.Version
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_build_info",
+		Help: "Always 1; the labels describe the build.", ConstLabels: prometheus.Labels{"version": version}})
+	build.Set(1)
+	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
+		m.deadLettered, m.conflicts, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
+		m.oldestAge, m.consumers, m.leader, m.grpc, build} {
+		reg.MustRegister(c)
+	}
+	return m
+}
+
+// queueLabels bounds the queue label's values: the first cap distinct
+// queues keep their name, later ones share "_other", so a client creating
+// 100,000 queues cannot grow the broker's series without bound.
+type queueLabels struct {
+	mu   sync.Mutex
+	cap  int
+	seen map[string]struct{}
+}
+
+// OtherQueue is the label of queues beyond the cap.
+const OtherQueue = "_other"
+
+func newQueueLabels(cap int) *queueLabels {
+	return &queueLabels{cap: cap, seen: make(map[string]struct{})}
+}
+
+func (l *queueLabels) get(queue string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.seen[queue]; ok {
+		return queue
+	}
+	if len(l.seen) >= l.cap {
+		return OtherQueue
+	}
+	l.seen[queue] = struct{}{}
+	return queue
+}

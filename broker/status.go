@@ -1,0 +1,105 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Broker-level sentinel errors; toStatus maps them to gRPC codes.
+var (
+	errInvalid       = errors.New("invalid argument")
+	errQueueNotFound = errors.New("queue not found")
+	errQueueExists   = errors.New("queue exists with another configuration")
+	errWrongKind     = errors.New("wrong queue kind")
+	errNotOpen       = errors.New("synchronizing queue is not open")
+	errClosing       = errors.New("broker is shutting down")
+	errLimit         = errors.New("broker limit reached")
+)
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errInvalid, fmt.Sprintf(format, args...))
+}
+
+// toStatus is the one place where errors become gRPC statuses. Clients see
+// the error's own text for the errors they caused; anything unexpected is
+// Internal with a generic message (the details are logged, never sent).
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	code := codeOf(err)
+	msg := err.Error()
+	if code == codes.Internal {
+		msg = "internal error"
+	}
+	return status.Error(code, msg)
+}
+
+func codeOf(err error) codes.Code {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	case errors.Is(err, errInvalid), errors.Is(err, qcore.ErrTooLarge), errors.Is(err, qcore.ErrBatchTooLarge),
+		errors.Is(err, qcore.ErrEmptyBatch), errors.Is(err, qcore.ErrBadPriority):
+		return codes.InvalidArgument
+	case errors.Is(err, errQueueNotFound):
+		return codes.NotFound
+	case errors.Is(err, errQueueExists):
+		return codes.AlreadyExists
+	case errors.Is(err, errWrongKind), errors.Is(err, errNotOpen), errors.Is(err, qcore.ErrUnknownLease),
+		errors.Is(err, errSyncGroup):
+		return codes.FailedPrecondition
+	case errors.Is(err, errLimit):
+		return codes.ResourceExhausted
+	case errors.Is(err, errClosing), zkutil.IsUnavailable(err):
+		return codes.Unavailable
+	case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
+		// A race lost after the recipe's own retries.
+		return codes.Aborted
+	default:
+		return codes.Internal
+	}
+}
+
+// fail maps err for the client and logs what the client will not see.
+func (b *Broker) fail(err error) error {
+	if err == nil {
+		return nil
+	}
+	st := toStatus(err)
+	if codeOf(err) == codes.Internal {
+		b.log.Error("internal error", "err", err)
+	}
+	return st
+}
+
+func (b *Broker) logCall(ctx context.Context, method string, start time.Time, err error) {
+	if !b.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	b.log.Debug("grpc call", "method", method, "grpc_code", status.Code(err).String(),
+		"duration", time.Since(start))
+}
+
+func wrongKind(q *queue, what string) error {
+	return fmt.Errorf("%w: queue %s is %s: %s", errWrongKind, q.name, q.meta.Kind, what)
+}
+
+func invalidPriority(p int) error {
+	return fmt.Errorf("%w: %d not in [0, %d]", qcore.ErrBadPriority, p, qcore.MaxPriority)
+}
