@@ -1,0 +1,97 @@
+package natsbridge
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/qbroker/qbroker/internal/events"
+)
+
+func TestSubjectToken(t *testing.T) {
+	tests := []struct {
+		in, want string
+	}{
+		{"orders", "orders"},
+		{"orders.eu", "orders_eu"},
+		{"a.b.c", "a_b_c"},
+		{"A-z_0.9", "A-z_0_9"},
+		{"..", "__"},
+		{"", "_"},
+		{"x*>y z", "x__y_z"},
+		{"tab\there", "tab_here"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			if got := SubjectToken(tt.in); got != tt.want {
+				t.Errorf("SubjectToken(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSubject(t *testing.T) {
+	tests := []struct {
+		prefix, queue string
+		kind          events.Kind
+		want          string
+	}{
+		{"qbroker", "orders", events.Published, "qbroker.orders.published"},
+		{"qbroker", "orders.eu", events.DeadLettered, "qbroker.orders_eu.dead_lettered"},
+		{"qbroker.prod", "jobs", events.SyncOpened, "qbroker.prod.jobs.sync_opened"},
+	}
+	for _, tt := range tests {
+		if got := Subject(tt.prefix, tt.queue, tt.kind); got != tt.want {
+			t.Errorf("Subject(%q, %q, %q) = %q, want %q", tt.prefix, tt.queue, tt.kind, got, tt.want)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{URL: "nats://127.0.0.1:4222"}
+	tests := []struct {
+		name    string
+		mod     func(*Config)
+		wantErr bool
+	}{
+		{"defaults", func(*Config) {}, false},
+		{"jetstream defaults", func(c *Config) { c.JetStream = true }, false},
+		{"no url", func(c *Config) { c.URL = " " }, true},
+		{"prefix with dots", func(c *Config) { c.SubjectPrefix = "qbroker.prod" }, false},
+		{"prefix wildcard", func(c *Config) { c.SubjectPrefix = "qbroker.*" }, true},
+		{"prefix full wildcard", func(c *Config) { c.SubjectPrefix = ">" }, true},
+		{"prefix empty token", func(c *Config) { c.SubjectPrefix = "a..b" }, true},
+		{"prefix trailing dot", func(c *Config) { c.SubjectPrefix = "a." }, true},
+		{"prefix space", func(c *Config) { c.SubjectPrefix = "a b" }, true},
+		{"negative buffer", func(c *Config) { c.BufferSize = -1 }, true},
+		{"negative max payload", func(c *Config) { c.MaxPayload = -1 }, true},
+		{"negative reconnect wait", func(c *Config) { c.ReconnectWait = -time.Second }, true},
+		{"stream with dot", func(c *Config) { c.JetStream = true; c.Stream = "a.b" }, true},
+		{"stream with dot, core mode", func(c *Config) { c.Stream = "a.b" }, false},
+		{"duplicate window over max age", func(c *Config) {
+			c.JetStream = true
+			c.DuplicateWindow = time.Hour
+			c.StreamMaxAge = time.Minute
+		}, true},
+		{"negative max ack pending", func(c *Config) { c.JetStream = true; c.MaxAckPending = -1 }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := ok
+			tt.mod(&c)
+			err := c.withDefaults().validate()
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("validate() = %v, want error %v", err, tt.wantErr)
+			}
+			if err != nil && !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("validate() = %v, want it to wrap ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+func TestNewInvalidConfig(t *testing.T) {
+	if _, err := New(Config{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("New(Config{}) error = %v, want ErrInvalidConfig", err)
+	}
+}
