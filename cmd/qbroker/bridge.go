@@ -2,14 +2,35 @@ package main
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/natsbridge"
 )
 
+// newEventBridge connects the NATS event bridge. It starts even when NATS
+// is down: events are dropped and counted until it is reachable.
 func newEventBridge(o *serveOptions, reg prometheus.Registerer, log *slog.Logger) (events.Sink, func(context.Context), error) {
-	return nil, nil, errors.New("event bridge not wired")
+	b, err := natsbridge.New(natsbridge.Config{
+		URL:            o.nats.url,
+		SubjectPrefix:  o.nats.prefix,
+		BufferSize:     o.nats.buffer,
+		IncludePayload: o.nats.payload,
+		MaxPayload:     o.nats.maxPayload,
+		JetStream:      o.nats.jetstream,
+		Stream:         o.nats.stream,
+		BrokerID:       o.id,
+		Registerer:     reg,
+		Logger:         log.With("component", "natsbridge"),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, func(ctx context.Context) {
+		if err := b.Close(ctx); err != nil {
+			log.Warn("event bridge close", "err", err)
+		}
+	}, nil
 }

@@ -7,8 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"path"
-	"strings"
+		"strings"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -33,9 +32,11 @@ import (
 //	expiry:   the sweep requeues leases past their deadline
 //	too many: past MaxDeliveries, delete(lease) + create(dead/<item name>)
 //
-// Requeueing recreates the item under its original name, so it keeps its
-// place at the head of the queue. That is safe because ZooKeeper's sequence
-// counter has passed that name and never issues it again.
+// Requeueing recreates the item under its original name plus a new
+// incarnation suffix (see Name), so it keeps its place at the head of the
+// queue. That is safe because ZooKeeper's sequence counter has passed that
+// name and never issues it again. Dead letters are stored under the base
+// name (the message id).
 
 // LeaseSep separates a lease node's item name from its nonce.
 const LeaseSep = "~"
@@ -97,6 +98,14 @@ func newLeaseName(item string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return item + LeaseSep + hex.EncodeToString(b[:])
+}
+
+// newIncarnation returns the name under which a released message is
+// recreated: its base name plus a fresh incarnation suffix.
+func newIncarnation(n Name) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return n.Base + "." + hex.EncodeToString(b[:])
 }
 
 func encodeLease(deadline time.Time, itemData []byte) []byte {
@@ -266,10 +275,10 @@ func (l *Leases) release(token string, item Name, itemData []byte, version int32
 	out := Requeued
 	switch {
 	case !tooMany(m, p):
-		ops = []any{del, &zk.CreateRequest{Path: l.items.path + "/" + item.Raw, Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}
+		ops = []any{del, &zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(item), Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}
 	case p.DeadLetter:
 		out = DeadLettered
-		ops = []any{del, &zk.CreateRequest{Path: l.dead + "/" + item.Raw, Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}
+		ops = []any{del, &zk.CreateRequest{Path: l.dead + "/" + item.Base, Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}
 	default:
 		out = Dropped
 		ops = []any{del}
@@ -438,7 +447,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		}
 		res, err := l.items.conn.Multi(
 			&zk.DeleteRequest{Path: deadPath, Version: stat.Version},
-			&zk.CreateRequest{Path: l.items.path + "/" + path.Base(id), Data: EncodeData(m.Payload, m.Published, 0), Acl: zk.WorldACL(zk.PermAll)})
+			&zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(n), Data: EncodeData(m.Payload, m.Published, 0), Acl: zk.WorldACL(zk.PermAll)})
 		if err != nil {
 			err = firstMultiError(res, err)
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {

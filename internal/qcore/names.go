@@ -26,15 +26,49 @@ const (
 func PriorityPrefix(p int) string { return fmt.Sprintf("p%03d-", p) }
 
 // Name is a parsed message node name.
+//
+// A message released for redelivery is recreated under its original name
+// plus an incarnation suffix, ".<8 hex digits>": it keeps its place in the
+// order, and a consumer holding a stale read of an earlier incarnation
+// cannot claim the new one (ZooKeeper's version check alone would let it:
+// a recreated node starts at version 0 again).
 type Name struct {
 	Raw      string // the node name as stored
+	Base     string // Raw without the incarnation suffix: the message id
 	Priority int    // 0 for FIFO messages
 	Seq      int32  // the sequence suffix
 }
 
-// ParseName parses "qn-<seq>" and "pNNN-<seq>". ok is false for any other
-// name (foreign nodes, which queues skip).
+// IncarnationLen is the length of the ".<hex>" incarnation suffix.
+const IncarnationLen = 9
+
+// ParseName parses "qn-<seq>" and "pNNN-<seq>", each optionally followed
+// by an incarnation suffix. ok is false for any other name (foreign nodes,
+// which queues skip).
 func ParseName(s string) (n Name, ok bool) {
+	base := s
+	if i := strings.IndexByte(s, '.'); i >= 0 {
+		if len(s)-i != IncarnationLen || !isHex(s[i+1:]) {
+			return Name{}, false
+		}
+		base = s[:i]
+	}
+	n, ok = parseBase(base)
+	n.Raw = s
+	return n, ok
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func parseBase(s string) (n Name, ok bool) {
 	var rest string
 	switch {
 	case strings.HasPrefix(s, FIFOPrefix):
@@ -57,7 +91,7 @@ func ParseName(s string) (n Name, ok bool) {
 	if err != nil {
 		return Name{}, false
 	}
-	n.Raw, n.Seq = s, int32(seq)
+	n.Base, n.Seq = s, int32(seq)
 	return n, true
 }
 

@@ -31,6 +31,12 @@ func TestParseName(t *testing.T) {
 		{"leases", false, 0, 0},
 		{"", false, 0, 0},
 		{"qn-", false, 0, 0},
+		{"qn-0000000042.0a1b2c3d", true, 0, 42},
+		{"p003-0000000042.ffffffff", true, 3, 42},
+		{"qn-0000000042.", false, 0, 0},
+		{"qn-0000000042.0A1B2C3D", false, 0, 0},
+		{"qn-0000000042.0a1b2c3", false, 0, 0},
+		{"qn-0000000042.0a1b2c3d.0a1b2c3d", false, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -38,7 +44,7 @@ func TestParseName(t *testing.T) {
 			if ok != tt.ok {
 				t.Fatalf("ParseName(%q) ok = %v, want %v", tt.in, ok, tt.ok)
 			}
-			if ok && (n.Priority != tt.prio || n.Seq != tt.seq || n.Raw != tt.in) {
+			if ok && (n.Priority != tt.prio || n.Seq != tt.seq || n.Raw != tt.in || n.Base != tt.in[:min(len(tt.in), len(tt.in)-len(tt.in)+len(n.Base))]) {
 				t.Fatalf("ParseName(%q) = %+v, want priority %d seq %d", tt.in, n, tt.prio, tt.seq)
 			}
 		})
@@ -116,4 +122,19 @@ func FuzzDecodeData(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _, _, _ = DecodeData(data, time.Time{})
 	})
+}
+
+func TestIncarnationKeepsPlace(t *testing.T) {
+	names, _ := SortNames([]string{"qn-0000000003", "qn-0000000001.00000001", "qn-0000000002"})
+	if names[0].Raw != "qn-0000000001.00000001" || names[0].Base != "qn-0000000001" {
+		t.Errorf("got head %+v, want the requeued qn-0000000001", names[0])
+	}
+	if _, ok := ParseLeaseName("qn-0000000001.00000001~0123456789abcdef"); !ok {
+		t.Error("lease name of a requeued message did not parse")
+	}
+	for _, bad := range []string{"qn-0000000001", "qn-0000000001~0123", "qn-0000000001~0123456789abcdeg", "x~0123456789abcdef"} {
+		if _, ok := ParseLeaseName(bad); ok {
+			t.Errorf("ParseLeaseName(%q) ok, want rejected", bad)
+		}
+	}
 }

@@ -348,7 +348,7 @@ func decodeMessage(n Name, data []byte, stat *zk.Stat, addDeliveries int) (Messa
 	if err != nil {
 		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
 	}
-	return Message{ID: n.Raw, Payload: payload, Priority: n.Priority, Published: pub, Deliveries: deliveries + addDeliveries}, nil
+	return Message{ID: n.Base, Payload: payload, Priority: n.Priority, Published: pub, Deliveries: deliveries + addDeliveries}, nil
 }
 
 // TryDequeue claims the head message (at-most-once) or returns ErrEmpty.
