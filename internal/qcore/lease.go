@@ -286,6 +286,9 @@ func (l *Leases) release(token string, item Name, itemData []byte, version int32
 	if res, err := l.items.conn.Multi(ops...); err != nil {
 		return 0, fmt.Errorf("release %s: %w", leasePath, firstMultiError(res, err))
 	}
+	if out == Requeued {
+		l.items.Reset()
+	}
 	return out, nil
 }
 
@@ -455,6 +458,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 			}
 			return moved, fmt.Errorf("redrive %s: %w", id, err)
 		}
+		l.items.Reset()
 		moved++
 	}
 	return moved, nil

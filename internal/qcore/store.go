@@ -273,8 +273,9 @@ func (s *Store) Next() (n Name, ok bool, wait <-chan zk.Event, err error) {
 	return n, true, nil, nil
 }
 
-// Reset drops the cached snapshot so the next call scans again; callers use
-// it after an error left the snapshot in doubt.
+// Reset drops the cached snapshot so the next call scans again: after an
+// error left the snapshot in doubt, or after this process put a message
+// back at the head, which a FIFO snapshot would pass over until used up.
 func (s *Store) Reset() {
 	s.mu.Lock()
 	s.pending = nil

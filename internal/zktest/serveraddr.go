@@ -1,11 +1,16 @@
 package zktest
 
-// ServerAddr returns the address of the server Main started for this test
-// package, and false when none is running (ZooKeeper not installed, or it
-// failed to start). Examples, which get no testing.TB, connect with it.
-func ServerAddr() (string, bool) {
+import "github.com/qbroker/qbroker/internal/zkserver"
+
+// ServerAddr returns the address of the package's server, for code that
+// has no testing.TB, such as runnable examples. It fails when ZooKeeper
+// is not installed or did not start.
+func ServerAddr() (string, error) {
 	if server == nil {
-		return "", false
+		if startErr == nil {
+			return "", zkserver.ErrNotInstalled // Main was not called
+		}
+		return "", startErr
 	}
-	return server.Addr(), true
+	return server.Addr(), nil
 }
