@@ -19,11 +19,11 @@ func TestMain(m *testing.M) { zktest.Main(m) }
 // returns a fresh path below /examples. cleanup removes the path and closes
 // the session. Examples need ZooKeeper: without it they fail loudly.
 func exampleSession(name string) (conn *zk.Conn, root string, cleanup func()) {
-	addr, ok := zktest.ServerAddr()
-	if !ok {
-		panic("example " + name + " needs a ZooKeeper server (apt-get install zookeeper)")
+	addr, err := zktest.ServerAddr()
+	if err != nil {
+		panic("example " + name + " needs a ZooKeeper server: " + err.Error())
 	}
-	conn, err := zkutil.Connect([]string{addr}, 4*time.Second, nil, nil)
+	conn, err = zkutil.Connect([]string{addr}, 4*time.Second, nil, nil)
 	if err != nil {
 		panic(err)
 	}
