@@ -1,0 +1,329 @@
+package syncqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path"
+	"regexp"
+	"sync"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Message is a message taken from or peeked at in a queue.
+type Message = qcore.Message
+
+// Sentinel errors, wrapped with the operation and path; use errors.Is. The
+// first five are the values package zkqueue re-exports.
+var (
+	ErrEmpty         = qcore.ErrEmpty         // TryDequeue, Peek: nothing to take
+	ErrTooLarge      = qcore.ErrTooLarge      // payload over the limit
+	ErrBatchTooLarge = qcore.ErrBatchTooLarge // batch over the count or byte limit
+	ErrEmptyBatch    = qcore.ErrEmptyBatch    // PublishBatch with no payloads
+	ErrBadData       = qcore.ErrBadData       // a message node with a corrupt header
+
+	// ErrNotOpen: TryDequeue before the group is complete (no start node).
+	ErrNotOpen = errors.New("syncqueue: queue is not open")
+	// ErrGroupFull: Join of a queue whose group is complete (open), or of a
+	// member that arrived too late to be part of the group that opened.
+	ErrGroupFull = errors.New("syncqueue: group is full")
+	// ErrDuplicateMember: Join with an id that is already a member (a
+	// member node of that name exists, possibly of a session that has not
+	// expired yet).
+	ErrDuplicateMember = errors.New("syncqueue: duplicate member id")
+	// ErrBadID: a member or participant id outside [A-Za-z0-9._-]{1,200},
+	// or "." or "..".
+	ErrBadID = errors.New("syncqueue: bad id")
+	// ErrLeft: Wait or Progress of a Membership that has left.
+	ErrLeft = errors.New("syncqueue: membership left")
+)
+
+// Default limits.
+const (
+	DefaultMaxPayload    = qcore.DefaultMaxPayload
+	DefaultMaxBatchBytes = qcore.DefaultMaxBatchBytes
+	DefaultMaxBatchCount = qcore.DefaultMaxBatchCount
+	// MaxMembers bounds the group size: the start node records the
+	// group's member ids and must stay well under jute.maxbuffer.
+	MaxMembers = 1000
+)
+
+// Option configures a Queue.
+type Option func(*qcore.Config)
+
+// WithMaxPayload sets the largest payload Publish accepts (default 512 KiB;
+// at most just under 1 MiB).
+func WithMaxPayload(n int) Option { return func(c *qcore.Config) { c.MaxPayload = n } }
+
+// WithMaxBatchBytes bounds the total size of one PublishBatch.
+func WithMaxBatchBytes(n int) Option { return func(c *qcore.Config) { c.MaxBatchBytes = n } }
+
+// WithMaxBatchCount bounds the number of messages in one PublishBatch.
+func WithMaxBatchCount(n int) Option { return func(c *qcore.Config) { c.MaxBatchCount = n } }
+
+// WithLogger sets the logger for skipped foreign nodes; default discards.
+func WithLogger(l *slog.Logger) Option { return func(c *qcore.Config) { c.Logger = l } }
+
+// WithConflictHook sets a function called once per lost race for the head.
+func WithConflictHook(f func()) Option { return func(c *qcore.Config) { c.ConflictHook = f } }
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+
+func checkID(id string) error {
+	if !idPattern.MatchString(id) || id == "." || id == ".." {
+		return fmt.Errorf("%w: %q", ErrBadID, id)
+	}
+	return nil
+}
+
+func checkPath(p string) error {
+	if p == "" || p[0] != '/' || path.Clean(p) != p || p == "/" {
+		return fmt.Errorf("bad path %q", p)
+	}
+	return nil
+}
+
+// Queue is a synchronizing queue under one ZooKeeper path: a FIFO queue
+// that opens to consumers once a group of members is complete. It is safe
+// for concurrent use; share one Queue among the goroutines of a process.
+type Queue struct {
+	conn    *zk.Conn
+	path    string
+	members int
+	store   *qcore.Store // path/items
+
+	mu    sync.Mutex
+	open  bool            // start existed at the last read
+	watch <-chan zk.Event // armed exists watch on start; nil when none
+}
+
+// New returns the synchronizing queue at path for a group of members
+// members (1 to MaxMembers), creating path, path/members and path/items as
+// needed. Every process using the queue must pass the same members.
+func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error) {
+	if members < 1 || members > MaxMembers {
+		return nil, fmt.Errorf("syncqueue: members %d out of range [1, %d]", members, MaxMembers)
+	}
+	if err := checkPath(path); err != nil {
+		return nil, fmt.Errorf("syncqueue: %w", err)
+	}
+	var cfg qcore.Config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	s, err := qcore.NewStore(conn, path+"/items", cfg)
+	if err != nil {
+		return nil, fmt.Errorf("syncqueue: %w", err)
+	}
+	if err := zkutil.EnsurePath(conn, path+"/members"); err != nil {
+		return nil, fmt.Errorf("syncqueue: %w", err)
+	}
+	return &Queue{conn: conn, path: path, members: members, store: s}, nil
+}
+
+// Path returns the queue's node.
+func (q *Queue) Path() string { return q.path }
+
+// Members returns the group size the queue waits for.
+func (q *Queue) Members() int { return q.members }
+
+func (q *Queue) startPath() string   { return q.path + "/start" }
+func (q *Queue) membersPath() string { return q.path + "/members" }
+
+func (q *Queue) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("syncqueue: %s %s: %w", op, q.path, err)
+}
+
+// openState reports whether the queue is open, from a cached read that is
+// refreshed whenever the exists watch on start has fired, and returns that
+// watch. One watch serves all callers of a Queue, so waiting consumers do
+// not pile up watchers in the client.
+func (q *Queue) openState() (bool, <-chan zk.Event, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.watch != nil {
+		select {
+		case <-q.watch:
+			q.watch = nil
+		default:
+			return q.open, q.watch, nil
+		}
+	}
+	ok, _, w, err := q.conn.ExistsW(q.startPath())
+	if err != nil {
+		return false, nil, fmt.Errorf("exists %s: %w", q.startPath(), err)
+	}
+	q.open, q.watch = ok, w
+	return ok, w, nil
+}
+
+// IsOpen reports whether the group is complete (the start node exists),
+// from a fresh read.
+func (q *Queue) IsOpen(ctx context.Context) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	ok, _, err := q.conn.Exists(q.startPath())
+	return ok, q.wrap("is open", err)
+}
+
+// Joined returns the number of members present, read from the members
+// node's Stat. After the queue opened it counts the members that have not
+// left yet.
+func (q *Queue) Joined(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	_, stat, err := q.conn.Exists(q.membersPath())
+	if err != nil {
+		return 0, q.wrap("joined", err)
+	}
+	return int(stat.NumChildren), nil
+}
+
+// Open opens the queue whether or not the group is complete: an
+// administrative override. Every member present now belongs to the group;
+// later Joins get ErrGroupFull. Opening an open queue is a no-op.
+func (q *Queue) Open(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	children, _, err := q.conn.Children(q.membersPath())
+	if err != nil {
+		return q.wrap("open", err)
+	}
+	return q.wrap("open", q.createStart(children))
+}
+
+// Reset closes the queue: it deletes the start node, so consumers wait
+// again and the next Join that brings the members present to the group
+// size opens it anew. Members still present from the previous opening count
+// towards that (they should Leave first for a fresh group). Memberships
+// that were opened stay opened. Resetting a closed queue is a no-op.
+func (q *Queue) Reset(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := q.conn.Delete(q.startPath(), -1)
+	if errors.Is(err, zk.ErrNoNode) {
+		err = nil
+	}
+	return q.wrap("reset", err)
+}
+
+// Publish appends payload and returns the message id. Publishing is
+// allowed before the queue opens. Errors: ErrTooLarge, or a ZooKeeper
+// error.
+func (q *Queue) Publish(ctx context.Context, payload []byte) (string, error) {
+	id, err := q.store.Publish(ctx, qcore.FIFOPrefix, payload)
+	return id, q.wrap("publish", err)
+}
+
+// PublishBatch appends all payloads atomically, in order, in one Multi
+// transaction: either all are published or none. Errors: ErrEmptyBatch,
+// ErrTooLarge, ErrBatchTooLarge (nothing written), or a ZooKeeper error
+// (nothing written).
+func (q *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, error) {
+	prefixes := make([]string, len(payloads))
+	for i := range prefixes {
+		prefixes[i] = qcore.FIFOPrefix
+	}
+	ids, err := q.store.PublishBatch(ctx, prefixes, payloads)
+	return ids, q.wrap("publish batch", err)
+}
+
+// TryDequeue takes the head message. Errors: ErrNotOpen before the group
+// is complete, ErrEmpty, or a ZooKeeper error. A claim that races with
+// Reset may still succeed.
+func (q *Queue) TryDequeue(ctx context.Context) (Message, error) {
+	open, _, err := q.openState()
+	if err != nil {
+		return Message{}, q.wrap("dequeue", err)
+	}
+	if !open {
+		return Message{}, q.wrap("dequeue", ErrNotOpen)
+	}
+	m, err := q.store.TryDequeue(ctx)
+	return m, q.wrap("dequeue", err)
+}
+
+// errStartChanged cancels a waiting Dequeue when the start node changed.
+var errStartChanged = errors.New("start node changed")
+
+// Dequeue takes the head message, waiting (on an exists watch on start)
+// until the queue is open and then (on a children watch) until a message
+// is published, or until ctx ends; then it returns ctx.Err(). If the queue
+// is reset while Dequeue waits for a message, it goes back to waiting for
+// the queue to open.
+func (q *Queue) Dequeue(ctx context.Context) (Message, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return Message{}, err
+		}
+		open, w, err := q.openState()
+		if err != nil {
+			return Message{}, q.wrap("dequeue", err)
+		}
+		if !open {
+			select {
+			case <-w:
+				continue
+			case <-ctx.Done():
+				return Message{}, ctx.Err()
+			}
+		}
+		m, err := q.store.TryDequeue(ctx)
+		if !errors.Is(err, ErrEmpty) {
+			return m, q.wrap("dequeue", err)
+		}
+		// Wait for a message, but stop waiting when start changes. The
+		// helper goroutine is owned here: it ends with wctx.
+		wctx, cancel := context.WithCancelCause(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			select {
+			case <-w:
+				cancel(errStartChanged)
+			case <-wctx.Done():
+			}
+		}()
+		m, err = q.store.Dequeue(wctx)
+		cancel(nil)
+		<-done
+		if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errStartChanged) {
+			continue
+		}
+		return m, q.wrap("dequeue", err)
+	}
+}
+
+// Peek returns the head message without taking it, or ErrEmpty, whether
+// or not the queue is open.
+func (q *Queue) Peek(ctx context.Context) (Message, error) {
+	m, err := q.store.Peek(ctx)
+	return m, q.wrap("peek", err)
+}
+
+// Len returns the number of messages, open or not.
+func (q *Queue) Len(ctx context.Context) (int, error) {
+	n, err := q.store.Len(ctx)
+	return n, q.wrap("len", err)
+}
+
+// Purge deletes all messages present when it starts and returns how many.
+func (q *Queue) Purge(ctx context.Context) (int, error) {
+	n, err := q.store.Purge(ctx)
+	return n, q.wrap("purge", err)
+}
