@@ -94,7 +94,10 @@ func TestBadInput(t *testing.T) {
 			_, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "v", VisibilityTimeout: durationpb.New(time.Millisecond)})
 			return err
 		}, codes.InvalidArgument},
-		{"create unknown kind", func() error { _, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "k", Kind: 42}); return err }, codes.InvalidArgument},
+		{"create unknown kind", func() error {
+			_, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "k", Kind: 42})
+			return err
+		}, codes.InvalidArgument},
 		{"recreate as other kind", func() error {
 			_, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "fifo", Kind: pb.QueueKind_QUEUE_KIND_PRIORITY})
 			return err
@@ -141,7 +144,10 @@ func TestBadInput(t *testing.T) {
 			_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "prio", Messages: []*pb.OutMessage{{Payload: []byte("x"), Priority: 256}}})
 			return err
 		}, codes.InvalidArgument},
-		{"receive too many", func() error { _, err := b.client.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", MaxMessages: 1000}); return err }, codes.InvalidArgument},
+		{"receive too many", func() error {
+			_, err := b.client.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", MaxMessages: 1000})
+			return err
+		}, codes.InvalidArgument},
 		{"receive bad mode", func() error { _, err := b.client.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", Mode: 9}); return err }, codes.InvalidArgument},
 		{"receive long wait", func() error {
 			_, err := b.client.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", Wait: durationpb.New(time.Hour)})
@@ -150,7 +156,10 @@ func TestBadInput(t *testing.T) {
 		{"ack unknown lease", func() error { _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: unknown}); return err }, codes.FailedPrecondition},
 		{"ack expired lease", func() error { _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: expired}); return err }, codes.FailedPrecondition},
 		{"nack expired lease", func() error { _, err := b.client.Nack(ctx, &pb.NackRequest{AckToken: expired}); return err }, codes.FailedPrecondition},
-		{"extend expired lease", func() error { _, err := b.client.ExtendLease(ctx, &pb.ExtendLeaseRequest{AckToken: expired}); return err }, codes.FailedPrecondition},
+		{"extend expired lease", func() error {
+			_, err := b.client.ExtendLease(ctx, &pb.ExtendLeaseRequest{AckToken: expired})
+			return err
+		}, codes.FailedPrecondition},
 		{"ack garbage token", func() error { _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: "\x00/../..~zz"}); return err }, codes.InvalidArgument},
 		{"ack empty token", func() error { _, err := b.client.Ack(ctx, &pb.AckRequest{}); return err }, codes.InvalidArgument},
 		{"ack token of missing queue", func() error {
@@ -161,7 +170,10 @@ func TestBadInput(t *testing.T) {
 			_, err := b.client.Nack(ctx, &pb.NackRequest{AckToken: unknown, Delay: durationpb.New(-time.Second)})
 			return err
 		}, codes.InvalidArgument},
-		{"redrive bad id", func() error { _, err := b.client.Redrive(ctx, &pb.RedriveRequest{Queue: "fifo", Ids: []string{"../../x"}}); return err }, codes.InvalidArgument},
+		{"redrive bad id", func() error {
+			_, err := b.client.Redrive(ctx, &pb.RedriveRequest{Queue: "fifo", Ids: []string{"../../x"}})
+			return err
+		}, codes.InvalidArgument},
 		{"dead letters over limit", func() error {
 			_, err := b.client.ListDeadLetters(ctx, &pb.ListDeadLettersRequest{Queue: "fifo", Limit: 5000})
 			return err

@@ -267,10 +267,10 @@ func (b *Broker) Close() error {
 }
 
 // Paths.
-func (b *Broker) queuesPath() string            { return b.cfg.Root + "/queues" }
-func (b *Broker) brokersPath() string           { return b.cfg.Root + "/brokers" }
-func (b *Broker) electionPath() string          { return b.cfg.Root + "/election" }
-func (b *Broker) queuePath(name string) string  { return b.queuesPath() + "/" + name }
+func (b *Broker) queuesPath() string           { return b.cfg.Root + "/queues" }
+func (b *Broker) brokersPath() string          { return b.cfg.Root + "/brokers" }
+func (b *Broker) electionPath() string         { return b.cfg.Root + "/election" }
+func (b *Broker) queuePath(name string) string { return b.queuesPath() + "/" + name }
 
 // streamCtx joins a stream's context with the broker's, so Close ends it.
 func (b *Broker) streamCtx(ctx context.Context) (context.Context, context.CancelFunc) {

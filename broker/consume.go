@@ -244,4 +244,3 @@ func (b *Broker) countConsumers(q *queue) (int, error) {
 	}
 	return int(stat.NumChildren), nil
 }
-

@@ -54,7 +54,9 @@ func kindToPB(k string) pb.QueueKind {
 	return pb.QueueKind_QUEUE_KIND_FIFO
 }
 
-func (m queueMeta) visibility() time.Duration { return time.Duration(m.VisibilityMS) * time.Millisecond }
+func (m queueMeta) visibility() time.Duration {
+	return time.Duration(m.VisibilityMS) * time.Millisecond
+}
 
 // sameConfig reports whether two configurations are equal, creation time
 // aside.

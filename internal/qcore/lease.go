@@ -7,7 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-		"strings"
+	"strings"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -371,10 +371,14 @@ func (l *Leases) Sweep(ctx context.Context, now time.Time, p Policy) ([]Expired,
 }
 
 // InFlight returns the number of leases, from the parent's Stat.
-func (l *Leases) InFlight(ctx context.Context) (int, error) { return numChildren(l.items.conn, l.leases) }
+func (l *Leases) InFlight(ctx context.Context) (int, error) {
+	return numChildren(l.items.conn, l.leases)
+}
 
 // DeadCount returns the number of dead letters, from the parent's Stat.
-func (l *Leases) DeadCount(ctx context.Context) (int, error) { return numChildren(l.items.conn, l.dead) }
+func (l *Leases) DeadCount(ctx context.Context) (int, error) {
+	return numChildren(l.items.conn, l.dead)
+}
 
 func numChildren(conn *zk.Conn, p string) (int, error) {
 	_, stat, err := conn.Exists(p)
