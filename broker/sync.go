@@ -3,15 +3,126 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/syncqueue"
 )
 
+// errSyncGroup marks a join the group refuses (full, or opened).
 var errSyncGroup = errors.New("sync group")
 
-type syncGate struct{}
+// syncGate gates a SYNC queue's consumers on its group: members join
+// through JoinSync streams (ephemeral member nodes); the queue opens when
+// the member that completes the group creates start (package syncqueue).
+// Before that, Consume and Receive fail with FailedPrecondition. Once open
+// the queue stays open when members leave.
+type syncGate struct {
+	sq *syncqueue.Queue
+}
 
-func (b *Broker) newSyncGate(q *queue) (*syncGate, error)                           { return &syncGate{}, nil }
-func (g *syncGate) checkOpen(ctx context.Context) error                             { return errNotOpen }
-func (g *syncGate) state(ctx context.Context) (int, bool, error)                    { return 0, false, nil }
-func (b *Broker) JoinSync(req *pb.JoinSyncRequest, s pb.Queue_JoinSyncServer) error { return nil }
+func (b *Broker) newSyncGate(q *queue) (*syncGate, error) {
+	sq, err := syncqueue.New(b.conn, q.path, q.meta.SyncMembers)
+	if err != nil {
+		return nil, err
+	}
+	return &syncGate{sq: sq}, nil
+}
+
+// checkOpen returns errNotOpen until the group is complete. The state is
+// cached by syncqueue and refreshed by one exists watch.
+func (g *syncGate) checkOpen(ctx context.Context) error {
+	open, err := g.sq.IsOpen(ctx)
+	if err != nil {
+		return err
+	}
+	if !open {
+		joined, _ := g.sq.Joined(ctx)
+		return fmt.Errorf("%w: %d of %d members joined", errNotOpen, joined, g.sq.Members())
+	}
+	return nil
+}
+
+func (g *syncGate) state(ctx context.Context) (joined int, open bool, err error) {
+	if joined, err = g.sq.Joined(ctx); err != nil {
+		return 0, false, err
+	}
+	open, err = g.sq.IsOpen(ctx)
+	return joined, open, err
+}
+
+// syncErr maps syncqueue's refusals to broker errors.
+func syncErr(err error) error {
+	switch {
+	case errors.Is(err, syncqueue.ErrDuplicateMember):
+		return fmt.Errorf("%w: %v", errQueueExists, err)
+	case errors.Is(err, syncqueue.ErrGroupFull):
+		return fmt.Errorf("%w: %v", errSyncGroup, err)
+	case errors.Is(err, syncqueue.ErrBadID):
+		return fmt.Errorf("%w: %v", errInvalid, err)
+	}
+	return err
+}
+
+// JoinSync implements pb.QueueServer. The membership lasts while the
+// stream is open: closing it (or the broker's shutdown, or the broker's
+// session ending) frees the place, if the group has not opened yet.
+func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServer) error {
+	leave, err := b.enterStream()
+	if err != nil {
+		return b.fail(err)
+	}
+	defer leave()
+	ctx, cancel := b.streamCtx(stream.Context())
+	defer cancel()
+	if err := validName("member id", req.GetMemberId()); err != nil {
+		return b.fail(err)
+	}
+	q, err := b.queue(ctx, req.GetQueue())
+	if err != nil {
+		return b.fail(err)
+	}
+	if q.sync == nil {
+		return b.fail(wrongKind(q, "JoinSync needs a SYNC queue"))
+	}
+	m, err := q.sync.sq.JoinAsync(ctx, req.GetMemberId())
+	if err != nil {
+		return b.fail(syncErr(err))
+	}
+	defer func() {
+		lctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+		defer c()
+		if err := m.Leave(lctx); err != nil {
+			b.log.Debug("sync leave", "queue", q.name, "member", req.GetMemberId(), "err", err)
+		}
+	}()
+	b.emit(events.SyncJoined, q, qcore.Message{}, req.GetMemberId())
+
+	var last syncqueue.Status
+	for {
+		st, err := m.Progress(ctx, last)
+		if err != nil {
+			if ctx.Err() != nil {
+				return b.streamEnd(ctx)
+			}
+			return b.fail(syncErr(err))
+		}
+		last = st
+		ev := &pb.SyncEvent{State: pb.SyncEvent_STATE_JOINED, Joined: uint32(st.Joined), Required: uint32(st.Members)}
+		if st.Open {
+			ev.State = pb.SyncEvent_STATE_OPEN
+		}
+		if err := stream.Send(ev); err != nil {
+			return nil
+		}
+		if st.Open {
+			b.emit(events.SyncOpened, q, qcore.Message{}, "")
+			break
+		}
+	}
+	<-ctx.Done() // membership lasts while the stream does
+	return b.streamEnd(ctx)
+}
