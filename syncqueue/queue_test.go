@@ -472,3 +472,66 @@ func TestLimitsAndSentinels(t *testing.T) {
 		t.Error("New with a relative path: got nil error")
 	}
 }
+
+// Eight joiners with their own sessions race for a group of five, three
+// rounds: exactly five are opened, exactly the five named by start, and
+// the other three get ErrGroupFull with their nodes removed.
+func TestRacingJoinersFillExactlyN(t *testing.T) {
+	const n, joiners = 5, 8
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	path := zktest.Root(t) + "/sq"
+	admin := zktest.Conn(t)
+	qs := make([]*syncqueue.Queue, joiners)
+	for i := range qs {
+		qs[i] = newQueue(t, zktest.Conn(t), path, n)
+	}
+	for round := 0; round < 3; round++ {
+		type result struct {
+			id  string
+			m   *syncqueue.Membership
+			err error
+		}
+		results := make(chan result, joiners)
+		start := make(chan struct{})
+		for i, q := range qs {
+			go func() {
+				id := fmt.Sprintf("r%d-j%d", round, i)
+				<-start
+				m, err := q.Join(ctx, id)
+				results <- result{id, m, err}
+			}()
+		}
+		close(start)
+		var opened []string
+		var members []*syncqueue.Membership
+		full := 0
+		for range qs {
+			r := <-results
+			switch {
+			case r.err == nil:
+				opened = append(opened, r.id)
+				members = append(members, r.m)
+			case errors.Is(r.err, syncqueue.ErrGroupFull):
+				full++
+			default:
+				t.Fatalf("round %d: Join %s: %v", round, r.id, r.err)
+			}
+		}
+		slices.Sort(opened)
+		if got := startGroup(t, admin, path); len(opened) != n || full != joiners-n || !slices.Equal(got, opened) {
+			t.Fatalf("round %d: opened %v, %d group full; start names %v; want %d opened, all named", round, opened, full, got, n)
+		}
+		if c, _, err := admin.Children(path + "/members"); err != nil || len(c) != n {
+			t.Fatalf("round %d: members %v, %v; want the %d opened", round, c, err, n)
+		}
+		for _, m := range members {
+			if err := m.Leave(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := qs[0].Reset(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
