@@ -1,11 +1,17 @@
 package broker
 
 import (
+	"errors"
 	"runtime/debug"
 	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // metrics are the broker's Prometheus series (listed in doc.go and the
@@ -82,6 +88,28 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		reg.MustRegister(c)
 	}
 	return m
+}
+
+// zkResult names a ZooKeeper request's outcome for the result label.
+func zkResult(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, zk.ErrNoNode):
+		return "no_node"
+	case errors.Is(err, zk.ErrBadVersion):
+		return "bad_version"
+	case errors.Is(err, zk.ErrNodeExists):
+		return "node_exists"
+	case zkutil.IsUnavailable(err):
+		return "unavailable"
+	}
+	return "error"
+}
+
+// observeZK records one ZooKeeper request of a queue's Store.
+func (b *Broker) observeZK(op string, d time.Duration, err error) {
+	b.metrics.zkDuration.WithLabelValues(op, zkResult(err)).Observe(d.Seconds())
 }
 
 // queueLabels bounds the queue label's values: the first cap distinct

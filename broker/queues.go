@@ -95,6 +95,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		MaxBatchCount: b.cfg.MaxBatchCount,
 		Strict:        meta.Kind == kindPriority,
 		ConflictHook:  conflicts.Inc,
+		Observer:      b.observeZK,
 		Logger:        b.log.With("queue", name),
 	})
 	if err != nil {

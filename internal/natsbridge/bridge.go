@@ -266,7 +266,7 @@ func (b *Bridge) run() {
 			if !ok {
 				return
 			}
-			if b.stop.Err() != nil {
+			if b.stop.Err() != nil || !b.waitConnected() {
 				b.drop(ReasonClosed)
 				continue
 			}
@@ -277,6 +277,32 @@ func (b *Bridge) run() {
 			}
 		}
 	}
+}
+
+// waitConnected holds a core-mode publish while NATS is unreachable, so
+// events wait in the bridge's own bounded buffer (and overflow there,
+// counted as buffer_full) instead of in nats.go's reconnect buffer, whose
+// contents are lost uncounted if the connection closes. It returns false
+// when Close gave up on the remaining events.
+func (b *Bridge) waitConnected() bool {
+	if b.js != nil {
+		return true // JetStream acks account for every event
+	}
+	for !b.nc.IsConnected() {
+		b.mu.RLock()
+		closing := b.closed
+		b.mu.RUnlock()
+		if closing {
+			return false // nothing will take them: drop, don't hold up Close
+		}
+		select {
+		case <-b.connected:
+		case <-b.stop.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return true
 }
 
 func (b *Bridge) publish(e events.Event) {

@@ -45,12 +45,13 @@
 //
 // Core NATS mode publishes with nats.Conn.Publish. The connection
 // reconnects forever (Config.ReconnectWait apart) and New succeeds even when
-// NATS is down. While disconnected, nats.go holds publishes in its reconnect
-// buffer (Config.ReconnectBufSize, default 4 MiB, about 10,000 small
-// events) and sends them on reconnect; past it publishes fail and are
-// dropped. "Sent" means handed to nats.go: events in the reconnect buffer
-// when the connection closes, or in flight when the server dies, are lost
-// although counted as sent. Subscribers see events in publish order per
+// NATS is down. While it knows itself disconnected, the publisher goroutine
+// holds back: events wait in the bridge's own bounded buffer, are sent on
+// reconnect, and overflow counted as buffer_full; Close drops (reason
+// closed) what is still waiting then. nats.go's reconnect buffer
+// (Config.ReconnectBufSize) only catches publishes that race with a
+// disconnection. "Sent" means handed to nats.go: events in flight when the
+// server dies are lost although counted as sent. Subscribers see events in publish order per
 // bridge, never across brokers.
 //
 // JetStream mode (Config.JetStream) publishes asynchronously into

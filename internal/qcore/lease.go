@@ -130,7 +130,7 @@ func decodeLease(data []byte) (deadline time.Time, itemData []byte, err error) {
 // zk.ErrNoNode or zk.ErrBadVersion when another consumer won the race.
 func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, error) {
 	itemPath := l.items.path + "/" + n.Raw
-	data, stat, err := l.items.conn.Get(itemPath)
+	data, stat, err := l.items.zk.Get(itemPath)
 	if err != nil {
 		return Lease{}, fmt.Errorf("get %s: %w", itemPath, err)
 	}
@@ -140,7 +140,7 @@ func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, e
 	}
 	deadline := time.Now().Add(ttl)
 	token := newLeaseName(n.Raw)
-	res, err := l.items.conn.Multi(
+	res, err := l.items.zk.Multi(
 		&zk.DeleteRequest{Path: itemPath, Version: stat.Version},
 		&zk.CreateRequest{
 			Path: l.leases + "/" + token,
@@ -166,7 +166,7 @@ func (l *Leases) get(token string) (deadline time.Time, itemData []byte, stat *z
 	if _, ok := ParseLeaseName(token); !ok {
 		return time.Time{}, nil, nil, fmt.Errorf("%w: malformed token", ErrUnknownLease)
 	}
-	data, stat, err := l.items.conn.Get(l.leases + "/" + token)
+	data, stat, err := l.items.zk.Get(l.leases + "/" + token)
 	if errors.Is(err, zk.ErrNoNode) {
 		return time.Time{}, nil, nil, ErrUnknownLease
 	}
@@ -190,7 +190,7 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 	if time.Now().After(deadline) {
 		return Message{}, fmt.Errorf("%w: expired %v ago", ErrUnknownLease, time.Since(deadline).Round(time.Millisecond))
 	}
-	if err := l.items.conn.Delete(l.leases+"/"+token, stat.Version); err != nil {
+	if err := l.items.zk.Delete(l.leases+"/"+token, stat.Version); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			return Message{}, ErrUnknownLease
 		}
@@ -210,7 +210,7 @@ func (l *Leases) Extend(ctx context.Context, token string, ttl time.Duration) (t
 		return time.Time{}, fmt.Errorf("%w: expired", ErrUnknownLease)
 	}
 	newDeadline := time.Now().Add(ttl)
-	if _, err := l.items.conn.Set(l.leases+"/"+token, encodeLease(newDeadline, itemData), stat.Version); err != nil {
+	if _, err := l.items.zk.Set(l.leases+"/"+token, encodeLease(newDeadline, itemData), stat.Version); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			return time.Time{}, ErrUnknownLease
 		}
@@ -247,7 +247,7 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		return Message{}, 0, err
 	}
 	if delay > 0 && !tooMany(m, p) {
-		if _, err := l.items.conn.Set(l.leases+"/"+token, encodeLease(time.Now().Add(delay), itemData), stat.Version); err != nil {
+		if _, err := l.items.zk.Set(l.leases+"/"+token, encodeLease(time.Now().Add(delay), itemData), stat.Version); err != nil {
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				return Message{}, 0, ErrUnknownLease
 			}
@@ -283,7 +283,7 @@ func (l *Leases) release(token string, item Name, itemData []byte, version int32
 		out = Dropped
 		ops = []any{del}
 	}
-	if res, err := l.items.conn.Multi(ops...); err != nil {
+	if res, err := l.items.zk.Multi(ops...); err != nil {
 		return 0, fmt.Errorf("release %s: %w", leasePath, firstMultiError(res, err))
 	}
 	if out == Requeued {
@@ -300,7 +300,7 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 	if !valid {
 		return Message{}, 0, false, ErrUnknownLease
 	}
-	data, stat, err := l.items.conn.Get(l.leases + "/" + token)
+	data, stat, err := l.items.zk.Get(l.leases + "/" + token)
 	if errors.Is(err, zk.ErrNoNode) {
 		return Message{}, 0, false, nil
 	}
@@ -330,7 +330,7 @@ type Expired struct {
 // Sweep releases every lease whose deadline is before now. Leases settled
 // concurrently are skipped.
 func (l *Leases) Sweep(ctx context.Context, now time.Time, p Policy) ([]Expired, error) {
-	children, _, err := l.items.conn.Children(l.leases)
+	children, _, err := l.items.zk.Children(l.leases)
 	if err != nil {
 		return nil, fmt.Errorf("children %s: %w", l.leases, err)
 	}
@@ -343,7 +343,7 @@ func (l *Leases) Sweep(ctx context.Context, now time.Time, p Policy) ([]Expired,
 		if !ok {
 			continue
 		}
-		data, stat, err := l.items.conn.Get(l.leases + "/" + c)
+		data, stat, err := l.items.zk.Get(l.leases + "/" + c)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
@@ -394,7 +394,7 @@ func numChildren(conn *zk.Conn, p string) (int, error) {
 // DeadLetters returns up to limit dead letters, oldest (in queue order)
 // first.
 func (l *Leases) DeadLetters(ctx context.Context, limit int) ([]Message, error) {
-	children, _, err := l.items.conn.Children(l.dead)
+	children, _, err := l.items.zk.Children(l.dead)
 	if err != nil {
 		return nil, fmt.Errorf("children %s: %w", l.dead, err)
 	}
@@ -404,7 +404,7 @@ func (l *Leases) DeadLetters(ctx context.Context, limit int) ([]Message, error) 
 		if len(out) >= limit {
 			break
 		}
-		data, stat, err := l.items.conn.Get(l.dead + "/" + n.Raw)
+		data, stat, err := l.items.zk.Get(l.dead + "/" + n.Raw)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
@@ -425,7 +425,7 @@ func (l *Leases) DeadLetters(ctx context.Context, limit int) ([]Message, error) 
 // ids are skipped. It returns the number moved.
 func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
-		children, _, err := l.items.conn.Children(l.dead)
+		children, _, err := l.items.zk.Children(l.dead)
 		if err != nil {
 			return 0, fmt.Errorf("children %s: %w", l.dead, err)
 		}
@@ -441,7 +441,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 			continue
 		}
 		deadPath := l.dead + "/" + id
-		data, stat, err := l.items.conn.Get(deadPath)
+		data, stat, err := l.items.zk.Get(deadPath)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
@@ -452,7 +452,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		if err != nil {
 			return moved, err
 		}
-		res, err := l.items.conn.Multi(
+		res, err := l.items.zk.Multi(
 			&zk.DeleteRequest{Path: deadPath, Version: stat.Version},
 			&zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(n), Data: EncodeData(m.Payload, m.Published, 0), Acl: zk.WorldACL(zk.PermAll)})
 		if err != nil {

@@ -45,6 +45,8 @@ type Config struct {
 	// message (NoNode or BadVersion while claiming).
 	ConflictHook func()
 	Logger       *slog.Logger
+	// Observer, when set, sees every ZooKeeper request of the Store.
+	Observer Observer
 }
 
 // Validate fills defaults and checks the limits.
@@ -82,6 +84,7 @@ func (c *Config) Validate() error {
 // A Store is safe for concurrent use.
 type Store struct {
 	conn *zk.Conn
+	zk   observed
 	path string
 	cfg  Config
 
@@ -106,7 +109,7 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 	if err := zkutil.EnsurePath(conn, p); err != nil {
 		return nil, err
 	}
-	return &Store{conn: conn, path: p, cfg: cfg, foreign: map[string]bool{}}, nil
+	return &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg, foreign: map[string]bool{}}, nil
 }
 
 // Path returns the parent node of the messages.
@@ -136,7 +139,7 @@ func (s *Store) Publish(ctx context.Context, prefix string, payload []byte) (str
 		return "", err
 	}
 	data := EncodeData(payload, time.Now(), 0)
-	p, err := s.conn.Create(s.path+"/"+prefix, data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	p, err := s.zk.Create(s.path+"/"+prefix, data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		return "", fmt.Errorf("create in %s: %w", s.path, err)
 	}
@@ -179,7 +182,7 @@ func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads []
 			Flags: zk.FlagSequence,
 		}
 	}
-	res, err := s.conn.Multi(ops...)
+	res, err := s.zk.Multi(ops...)
 	if err != nil {
 		return nil, fmt.Errorf("multi create in %s: %w", s.path, firstMultiError(res, err))
 	}
@@ -208,10 +211,10 @@ func (s *Store) scanLocked() error {
 	var children []string
 	var err error
 	if s.watch != nil {
-		children, _, err = s.conn.Children(s.path)
+		children, _, err = s.zk.Children(s.path)
 	} else {
 		var w <-chan zk.Event
-		children, _, w, err = s.conn.ChildrenW(s.path)
+		children, _, w, err = s.zk.ChildrenW(s.path)
 		if err == nil {
 			s.watch = w
 		}
@@ -334,11 +337,11 @@ func Take[T any](ctx context.Context, s *Store, block bool, claim ClaimFunc[T]) 
 // may be lost, never delivered twice.
 func (s *Store) ClaimDelete(ctx context.Context, n Name) (Message, error) {
 	p := s.path + "/" + n.Raw
-	data, stat, err := s.conn.Get(p)
+	data, stat, err := s.zk.Get(p)
 	if err != nil {
 		return Message{}, fmt.Errorf("get %s: %w", p, err)
 	}
-	if err := s.conn.Delete(p, stat.Version); err != nil {
+	if err := s.zk.Delete(p, stat.Version); err != nil {
 		return Message{}, fmt.Errorf("delete %s: %w", p, err)
 	}
 	return decodeMessage(n, data, stat, 1)
@@ -366,7 +369,7 @@ func (s *Store) Dequeue(ctx context.Context) (Message, error) {
 // Peek returns the head message without claiming it, or ErrEmpty. It always
 // reads a fresh child list.
 func (s *Store) Peek(ctx context.Context) (Message, error) {
-	children, _, err := s.conn.Children(s.path)
+	children, _, err := s.zk.Children(s.path)
 	if err != nil {
 		return Message{}, fmt.Errorf("children %s: %w", s.path, err)
 	}
@@ -375,7 +378,7 @@ func (s *Store) Peek(ctx context.Context) (Message, error) {
 		if err := ctx.Err(); err != nil {
 			return Message{}, err
 		}
-		data, stat, err := s.conn.Get(s.path + "/" + n.Raw)
+		data, stat, err := s.zk.Get(s.path + "/" + n.Raw)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
@@ -393,7 +396,7 @@ func (s *Store) Len(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	_, stat, err := s.conn.Exists(s.path)
+	_, stat, err := s.zk.Exists(s.path)
 	if err != nil {
 		return 0, fmt.Errorf("exists %s: %w", s.path, err)
 	}
@@ -419,7 +422,7 @@ func (s *Store) OldestAge(ctx context.Context) (time.Duration, error) {
 // Purge deletes every message present when it starts and returns how many
 // it deleted. Messages claimed concurrently are not counted.
 func (s *Store) Purge(ctx context.Context) (int, error) {
-	children, _, err := s.conn.Children(s.path)
+	children, _, err := s.zk.Children(s.path)
 	if err != nil {
 		return 0, fmt.Errorf("children %s: %w", s.path, err)
 	}
