@@ -1,0 +1,272 @@
+package qbroker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+)
+
+// QueueKind is how a queue orders and gates its messages. The zero value
+// is KindFIFO.
+type QueueKind int
+
+const (
+	// KindFIFO delivers in publish order.
+	KindFIFO QueueKind = iota
+	// KindPriority delivers by (priority, publish order); priority 0 is
+	// the most urgent.
+	KindPriority
+	// KindSync is FIFO, opened for consumers only once
+	// QueueOptions.SyncMembers members have joined (see JoinSync).
+	KindSync
+)
+
+var kindNames = []string{"fifo", "priority", "sync"}
+
+// String returns "fifo", "priority" or "sync".
+func (k QueueKind) String() string {
+	if k >= 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("QueueKind(%d)", int(k))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (k QueueKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler: "fifo", "priority"
+// or "sync".
+func (k *QueueKind) UnmarshalText(b []byte) error {
+	for i, n := range kindNames {
+		if string(b) == n {
+			*k = QueueKind(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("qbroker: unknown queue kind %q (want fifo, priority or sync): %w", b, ErrInvalidArgument)
+}
+
+func (k QueueKind) toPB() (pb.QueueKind, error) {
+	switch k {
+	case KindFIFO:
+		return pb.QueueKind_QUEUE_KIND_FIFO, nil
+	case KindPriority:
+		return pb.QueueKind_QUEUE_KIND_PRIORITY, nil
+	case KindSync:
+		return pb.QueueKind_QUEUE_KIND_SYNC, nil
+	}
+	return 0, fmt.Errorf("qbroker: unknown queue kind %d: %w", int(k), ErrInvalidArgument)
+}
+
+func kindFromPB(k pb.QueueKind) QueueKind {
+	switch k {
+	case pb.QueueKind_QUEUE_KIND_PRIORITY:
+		return KindPriority
+	case pb.QueueKind_QUEUE_KIND_SYNC:
+		return KindSync
+	}
+	return KindFIFO
+}
+
+// QueueOptions configure a new queue. The zero value is a FIFO queue with
+// the broker's default visibility timeout and unlimited deliveries.
+type QueueOptions struct {
+	// Kind of queue; default KindFIFO.
+	Kind QueueKind
+	// SyncMembers is the number of members that open a KindSync queue
+	// (2..1000); 0 for other kinds.
+	SyncMembers int
+	// VisibilityTimeout is the default lease of at-least-once deliveries;
+	// 0 means the broker's default (30s unless configured).
+	VisibilityTimeout time.Duration
+	// MaxDeliveries after which a message is dead-lettered (or dropped
+	// without DeadLetter); 0 means unlimited.
+	MaxDeliveries int
+	// DeadLetter keeps messages past MaxDeliveries as dead letters.
+	DeadLetter bool
+}
+
+// QueueInfo is a queue's configuration.
+type QueueInfo struct {
+	Name              string
+	Kind              QueueKind
+	SyncMembers       int
+	VisibilityTimeout time.Duration
+	MaxDeliveries     int
+	DeadLetter        bool
+	CreatedAt         time.Time
+}
+
+func infoFromPB(q *pb.QueueInfo) QueueInfo {
+	return QueueInfo{
+		Name:              q.GetName(),
+		Kind:              kindFromPB(q.GetKind()),
+		SyncMembers:       int(q.GetSyncMembers()),
+		VisibilityTimeout: q.GetVisibilityTimeout().AsDuration(),
+		MaxDeliveries:     int(q.GetMaxDeliveries()),
+		DeadLetter:        q.GetDeadLetter(),
+		CreatedAt:         q.GetCreatedAt().AsTime(),
+	}
+}
+
+// Stats are a queue's counts at one moment.
+type Stats struct {
+	Name string
+	// Ready messages, deliverable now.
+	Ready int
+	// InFlight at-least-once deliveries not yet acked (including nacks
+	// with a delay).
+	InFlight int
+	// Dead letters.
+	Dead int
+	// OldestAge is the age of the oldest ready message; 0 when none.
+	OldestAge time.Duration
+	// Consumers: Consume streams open on all brokers.
+	Consumers int
+	// SyncJoined and SyncOpen: KindSync queues only.
+	SyncJoined int
+	SyncOpen   bool
+}
+
+// durationOrNil leaves zero durations unset ("the default").
+func durationOrNil(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+// CreateQueue creates a queue and returns its configuration. Creating an
+// existing queue with the same configuration succeeds. Errors:
+// ErrAlreadyExists (another configuration), ErrInvalidArgument (bad name
+// or options). It is retried when no broker is available.
+func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (QueueInfo, error) {
+	kind, err := o.Kind.toPB()
+	if err != nil {
+		return QueueInfo{}, err
+	}
+	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 {
+		return QueueInfo{}, fmt.Errorf("qbroker: create %s: negative option: %w", name, ErrInvalidArgument)
+	}
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	q, err := c.rpc.CreateQueue(ctx, &pb.CreateQueueRequest{
+		Name:              name,
+		Kind:              kind,
+		SyncMembers:       uint32(o.SyncMembers),
+		VisibilityTimeout: durationOrNil(o.VisibilityTimeout),
+		MaxDeliveries:     uint32(o.MaxDeliveries),
+		DeadLetter:        o.DeadLetter,
+	})
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("qbroker: create queue %s: %w", name, convErr(err))
+	}
+	return infoFromPB(q), nil
+}
+
+// GetQueue returns a queue's configuration. Errors: ErrNotFound.
+func (c *Client) GetQueue(ctx context.Context, name string) (QueueInfo, error) {
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	q, err := c.rpc.GetQueue(ctx, &pb.GetQueueRequest{Name: name})
+	if err != nil {
+		return QueueInfo{}, fmt.Errorf("qbroker: get queue %s: %w", name, convErr(err))
+	}
+	return infoFromPB(q), nil
+}
+
+// ListQueues lists the queues whose names start with prefix (all when
+// empty), sorted by name.
+func (c *Client) ListQueues(ctx context.Context, prefix string) ([]QueueInfo, error) {
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	resp, err := c.rpc.ListQueues(ctx, &pb.ListQueuesRequest{Prefix: prefix})
+	if err != nil {
+		op := "list queues"
+		if prefix != "" {
+			op += " " + prefix
+		}
+		return nil, fmt.Errorf("qbroker: %s: %w", op, convErr(err))
+	}
+	out := make([]QueueInfo, len(resp.GetQueues()))
+	for i, q := range resp.GetQueues() {
+		out[i] = infoFromPB(q)
+	}
+	return out, nil
+}
+
+// DeleteQueue deletes a queue with its messages, leases and dead letters.
+// Errors: ErrNotFound. It is not retried.
+func (c *Client) DeleteQueue(ctx context.Context, name string) error {
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	if _, err := c.rpc.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: name}); err != nil {
+		return fmt.Errorf("qbroker: delete queue %s: %w", name, convErr(err))
+	}
+	return nil
+}
+
+// Purge deletes a queue's ready messages (not in-flight ones nor dead
+// letters) and returns how many. Errors: ErrNotFound.
+func (c *Client) Purge(ctx context.Context, name string) (int, error) {
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	resp, err := c.rpc.Purge(ctx, &pb.PurgeRequest{Name: name})
+	if err != nil {
+		return 0, fmt.Errorf("qbroker: purge %s: %w", name, convErr(err))
+	}
+	return int(resp.GetPurged()), nil
+}
+
+// Stats returns a queue's counts. Errors: ErrNotFound.
+func (c *Client) Stats(ctx context.Context, name string) (Stats, error) {
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	s, err := c.rpc.Stats(ctx, &pb.StatsRequest{Name: name})
+	if err != nil {
+		return Stats{}, fmt.Errorf("qbroker: stats %s: %w", name, convErr(err))
+	}
+	return Stats{
+		Name:       s.GetName(),
+		Ready:      int(s.GetReady()),
+		InFlight:   int(s.GetInFlight()),
+		Dead:       int(s.GetDead()),
+		OldestAge:  s.GetOldestAge().AsDuration(),
+		Consumers:  int(s.GetConsumers()),
+		SyncJoined: int(s.GetSyncJoined()),
+		SyncOpen:   s.GetSyncOpen(),
+	}, nil
+}
+
+// DeadLetters lists up to limit of a queue's dead letters, oldest first
+// (limit 0 means the broker's default, 100; at most 1000). The messages
+// have no lease. Errors: ErrNotFound, ErrInvalidArgument.
+func (c *Client) DeadLetters(ctx context.Context, queue string, limit int) ([]*Message, error) {
+	if limit < 0 {
+		return nil, fmt.Errorf("qbroker: dead letters of %s: negative limit: %w", queue, ErrInvalidArgument)
+	}
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	resp, err := c.rpc.ListDeadLetters(ctx, &pb.ListDeadLettersRequest{Queue: queue, Limit: uint32(limit)})
+	if err != nil {
+		return nil, fmt.Errorf("qbroker: dead letters of %s: %w", queue, convErr(err))
+	}
+	return c.messages(resp.GetMessages(), nil, 0), nil
+}
+
+// Redrive moves dead letters back to their queue with a fresh delivery
+// count: those with the given ids, or all when none are given. It returns
+// how many moved. Errors: ErrNotFound, ErrInvalidArgument (malformed id).
+func (c *Client) Redrive(ctx context.Context, queue string, ids ...string) (int, error) {
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	resp, err := c.rpc.Redrive(ctx, &pb.RedriveRequest{Queue: queue, Ids: ids})
+	if err != nil {
+		return 0, fmt.Errorf("qbroker: redrive %s: %w", queue, convErr(err))
+	}
+	return int(resp.GetRedriven()), nil
+}

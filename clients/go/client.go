@@ -1,0 +1,232 @@
+package qbroker
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+)
+
+// Client talks to one or more qbroker brokers over one gRPC channel. The
+// channel reconnects by itself; calls are spread over the brokers
+// round-robin.
+//
+// A Client is safe for concurrent use. Close it when done.
+type Client struct {
+	conn *grpc.ClientConn
+	rpc  pb.QueueClient
+	opts options
+}
+
+// Option configures Dial.
+type Option func(*options)
+
+type options struct {
+	addrs       []string
+	dialOpts    []grpc.DialOption
+	callTimeout time.Duration
+	waitReady   bool
+	minBackoff  time.Duration
+	maxBackoff  time.Duration
+}
+
+func defaultOptions() options {
+	return options{
+		minBackoff: 100 * time.Millisecond,
+		maxBackoff: 5 * time.Second,
+	}
+}
+
+// WithAddrs adds broker addresses (host:port) to the ones given to Dial.
+func WithAddrs(addrs ...string) Option {
+	return func(o *options) { o.addrs = append(o.addrs, addrs...) }
+}
+
+// WithDialOptions passes options to grpc.NewClient after the client's own
+// (insecure transport credentials, the round-robin and retry service
+// config, a 100ms..5s reconnect backoff), so they can override them: for
+// example grpc.WithTransportCredentials for TLS, or
+// grpc.WithPerRPCCredentials for a token.
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
+}
+
+// WithCallTimeout bounds every unary call whose context has no deadline
+// (Receive gets its wait on top). Zero, the default, leaves calls bounded
+// by their context only. Streams (Consume, JoinSync) are not bounded.
+func WithCallTimeout(d time.Duration) Option {
+	return func(o *options) { o.callTimeout = d }
+}
+
+// WithWaitConnected makes Dial wait until a connection to a broker is
+// ready, or ctx ends. By default Dial does not wait: the first call
+// connects.
+func WithWaitConnected() Option {
+	return func(o *options) { o.waitReady = true }
+}
+
+// WithReconnectBackoff sets the bounds of the exponential backoff between
+// a Consumer's re-subscribe attempts and between connection attempts;
+// defaults 100ms and 5s.
+func WithReconnectBackoff(lo, hi time.Duration) Option {
+	return func(o *options) { o.minBackoff, o.maxBackoff = lo, hi }
+}
+
+// serviceName is the gRPC service, for the service config.
+const serviceName = "qbroker.v1.Queue"
+
+// retriedMethods are the unary calls that are safe to repeat when a broker
+// is unavailable: reads, CreateQueue (idempotent by contract) and
+// ExtendLease (sets the deadline from now). Publish, Receive, Ack, Nack,
+// Purge, DeleteQueue and Redrive are not: repeating one that took effect
+// would publish twice, lose a message or report a spurious error.
+var retriedMethods = []string{"GetQueue", "ListQueues", "Stats", "ListDeadLetters", "CreateQueue", "ExtendLease"}
+
+func serviceConfig() string {
+	names := make([]string, len(retriedMethods))
+	for i, m := range retriedMethods {
+		names[i] = fmt.Sprintf(`{"service":%q,"method":%q}`, serviceName, m)
+	}
+	return `{
+  "loadBalancingConfig": [{"round_robin": {}}],
+  "methodConfig": [{
+    "name": [` + strings.Join(names, ",") + `],
+    "retryPolicy": {
+      "maxAttempts": 5,
+      "initialBackoff": "0.1s",
+      "maxBackoff": "2s",
+      "backoffMultiplier": 2,
+      "retryableStatusCodes": ["UNAVAILABLE"]
+    }
+  }]
+}`
+}
+
+// Dial returns a client of the brokers at addr: one host:port, a
+// comma-separated list of them, or a gRPC target URI such as
+// "dns:///brokers.example:7070". More addresses can be added with
+// WithAddrs. Dial does not wait for a connection unless WithWaitConnected
+// is given; then ctx bounds the wait.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
+	o := defaultOptions()
+	for _, a := range strings.Split(addr, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			o.addrs = append(o.addrs, a)
+		}
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if len(o.addrs) == 0 {
+		return nil, fmt.Errorf("qbroker: dial: no broker address: %w", ErrInvalidArgument)
+	}
+	if o.minBackoff <= 0 || o.maxBackoff < o.minBackoff {
+		return nil, fmt.Errorf("qbroker: dial: bad reconnect backoff %v..%v: %w", o.minBackoff, o.maxBackoff, ErrInvalidArgument)
+	}
+	dialOpts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(serviceConfig()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: o.minBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: o.maxBackoff},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	}
+	target := o.addrs[0]
+	switch {
+	case len(o.addrs) == 1 && strings.Contains(target, "://"):
+		// A target URI: its resolver (dns, unix, ...) does the work.
+	default:
+		for _, a := range o.addrs {
+			if strings.Contains(a, "://") {
+				return nil, fmt.Errorf("qbroker: dial: target URI %q cannot be combined with other addresses: %w", a, ErrInvalidArgument)
+			}
+		}
+		// A static resolver of our own, registered for this channel only.
+		rb := &staticBuilder{addrs: o.addrs}
+		target = staticScheme + ":///qbroker"
+		dialOpts = append(dialOpts, grpc.WithResolvers(rb))
+	}
+	dialOpts = append(dialOpts, o.dialOpts...)
+	conn, err := grpc.NewClient(target, dialOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("qbroker: dial %s: %w", strings.Join(o.addrs, ","), err)
+	}
+	c := &Client{conn: conn, rpc: pb.NewQueueClient(conn), opts: o}
+	if o.waitReady {
+		if err := c.waitReady(ctx); err != nil {
+			conn.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// waitReady waits until the channel is READY or ctx ends.
+func (c *Client) waitReady(ctx context.Context) error {
+	c.conn.Connect()
+	for {
+		s := c.conn.GetState()
+		if s == connectivity.Ready {
+			return nil
+		}
+		if s == connectivity.Shutdown {
+			return fmt.Errorf("qbroker: dial: %w", ErrClosed)
+		}
+		if !c.conn.WaitForStateChange(ctx, s) {
+			return fmt.Errorf("qbroker: dial %s: no broker ready (%w): %w", strings.Join(c.opts.addrs, ","), ErrUnavailable, ctx.Err())
+		}
+	}
+}
+
+// Close closes the connection. Consumers and memberships of the client
+// end; calls in flight fail.
+func (c *Client) Close() error {
+	return c.conn.Close()
+}
+
+// callCtx applies the call timeout to a context without a deadline.
+func (c *Client) callCtx(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
+	if c.opts.callTimeout <= 0 {
+		return ctx, func() {}
+	}
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, c.opts.callTimeout+extra)
+}
+
+// staticScheme names the per-channel static resolver.
+const staticScheme = "qbroker-static"
+
+// staticBuilder resolves to a fixed list of addresses. It is registered
+// per channel with grpc.WithResolvers, so clients with different lists
+// never share it.
+type staticBuilder struct{ addrs []string }
+
+func (b *staticBuilder) Scheme() string { return staticScheme }
+
+func (b *staticBuilder) Build(_ resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
+	st := resolver.State{}
+	for _, a := range b.addrs {
+		st.Addresses = append(st.Addresses, resolver.Address{Addr: a})
+	}
+	// An error here means the LB policy rejected the list; a static list
+	// cannot do better, and calls report the policy's error.
+	_ = cc.UpdateState(st)
+	return staticResolver{}, nil
+}
+
+// staticResolver has nothing to re-resolve: addresses are fixed, and the
+// channel reconnects to them by itself.
+type staticResolver struct{}
+
+func (staticResolver) ResolveNow(resolver.ResolveNowOptions) {}
+func (staticResolver) Close()                                {}

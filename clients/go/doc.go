@@ -1,0 +1,59 @@
+// Package qbroker is the Go client of qbroker, a message-queue broker
+// whose only state is in Apache ZooKeeper.
+//
+//	c, err := qbroker.Dial(ctx, "127.0.0.1:7070")
+//	...
+//	defer c.Close()
+//	_, err = c.CreateQueue(ctx, "orders", qbroker.QueueOptions{})
+//	id, err := c.Publish(ctx, "orders", []byte("hello"))
+//
+//	cons, err := c.Consume(ctx, "orders", qbroker.ConsumeOptions{Mode: qbroker.AtLeastOnce, Prefetch: 8})
+//	...
+//	defer cons.Close()
+//	for m := range cons.Messages() {
+//		handle(m.Payload)
+//		_ = m.Ack(ctx)
+//	}
+//
+// # Connections
+//
+// Dial takes one broker address, a comma-separated list, or more with
+// WithAddrs; calls are spread over the brokers round-robin, and the
+// connection to each reconnects by itself. Unary calls that are safe to
+// repeat (GetQueue, ListQueues, Stats, DeadLetters, CreateQueue,
+// Message.Extend) are retried by gRPC when a broker is unavailable; the
+// others (Publish, Receive, Ack, Nack, Purge, DeleteQueue, Redrive) are
+// not, because a repeat could publish twice, lose a message or report a
+// spurious error. A Consumer re-subscribes, with backoff, when its stream
+// breaks because a broker went away, so it survives broker restarts.
+//
+// # Delivery
+//
+// AtMostOnce deletes a message as it is claimed: it is never delivered
+// twice and is lost if the consumer dies before handling it. AtLeastOnce
+// claims a lease for the visibility timeout: Ack deletes the message;
+// Nack, an expired lease or a consumer that goes away redelivers it,
+// with a higher DeliveryCount; past the queue's MaxDeliveries it becomes
+// a dead letter (DeadLetters, Redrive). Ack tokens are opaque and any
+// broker accepts them.
+//
+// A Consumer grants the broker credit, so it is never flooded: Prefetch
+// messages may be in flight; at most once, one more is granted each time
+// the application takes one; at least once, each time it settles one.
+// Receive is the request/response alternative: a long poll for up to 100
+// messages.
+//
+// # Errors
+//
+// Broker errors are *Error values carrying the gRPC code; errors.Is
+// matches them against ErrNotFound, ErrAlreadyExists,
+// ErrInvalidArgument, ErrFailedPrecondition, ErrResourceExhausted,
+// ErrUnavailable, ErrAborted, ErrInternal, context.Canceled and
+// context.DeadlineExceeded. Each method names the ones it returns.
+//
+// # Goroutines
+//
+// A Client starts none of its own beyond gRPC's. Each Consumer and
+// Membership runs one goroutine that owns its stream (with a helper that
+// receives from it); Close and Leave stop them and wait.
+package qbroker

@@ -1,0 +1,287 @@
+package qbroker
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+)
+
+// DeliveryMode is chosen per Consume or Receive call. The zero value is
+// AtMostOnce.
+type DeliveryMode int
+
+const (
+	// AtMostOnce: the claim deletes the message. It is never delivered
+	// twice, and lost if the consumer dies before handling it.
+	AtMostOnce DeliveryMode = iota
+	// AtLeastOnce: the claim takes a lease. Ack deletes the message; Nack,
+	// or the lease running out (the visibility timeout), redelivers it.
+	AtLeastOnce
+)
+
+var modeNames = []string{"at-most-once", "at-least-once"}
+
+// String returns "at-most-once" or "at-least-once".
+func (m DeliveryMode) String() string {
+	if m >= 0 && int(m) < len(modeNames) {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("DeliveryMode(%d)", int(m))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (m DeliveryMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler: "at-most-once" or
+// "at-least-once".
+func (m *DeliveryMode) UnmarshalText(b []byte) error {
+	for i, n := range modeNames {
+		if string(b) == n {
+			*m = DeliveryMode(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("qbroker: unknown delivery mode %q (want at-most-once or at-least-once): %w", b, ErrInvalidArgument)
+}
+
+func (m DeliveryMode) toPB() (pb.DeliveryMode, error) {
+	switch m {
+	case AtMostOnce:
+		return pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE, nil
+	case AtLeastOnce:
+		return pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE, nil
+	}
+	return 0, fmt.Errorf("qbroker: unknown delivery mode %d: %w", int(m), ErrInvalidArgument)
+}
+
+// maxNackDelay is the broker's bound on a nack's delay.
+const maxNackDelay = 12 * time.Hour
+
+// Message is a delivered message. Its fields are read-only. Its methods
+// are safe for concurrent use; settle a message once (a second Ack fails
+// with ErrFailedPrecondition).
+type Message struct {
+	// Queue the message came from.
+	Queue string
+	// ID is unique in its queue.
+	ID string
+	// Payload is the message body.
+	Payload []byte
+	// Priority (KindPriority queues; 0 otherwise).
+	Priority int
+	// PublishedAt is when the message was first published.
+	PublishedAt time.Time
+	// DeliveryCount is how many times the message was delivered, this
+	// delivery included.
+	DeliveryCount int
+	// LeaseDeadline is when an at-least-once delivery's lease runs out
+	// and the message becomes deliverable again (zero at most once).
+	LeaseDeadline time.Time
+
+	client   *Client
+	token    string    // opaque ack token; any broker accepts it
+	consumer *Consumer // nil unless delivered by a Consumer
+	gen      uint64    // the Consumer's stream that delivered it
+	settled  atomic.Bool
+}
+
+func (c *Client) messages(ms []*pb.Message, cons *Consumer, gen uint64) []*Message {
+	out := make([]*Message, len(ms))
+	for i, m := range ms {
+		out[i] = c.message(m, cons, gen)
+	}
+	return out
+}
+
+func (c *Client) message(m *pb.Message, cons *Consumer, gen uint64) *Message {
+	msg := &Message{
+		Queue:         m.GetQueue(),
+		ID:            m.GetId(),
+		Payload:       m.GetPayload(),
+		Priority:      int(m.GetPriority()),
+		PublishedAt:   m.GetPublishedAt().AsTime(),
+		DeliveryCount: int(m.GetDeliveryCount()),
+		client:        c,
+		token:         m.GetAckToken(),
+		consumer:      cons,
+		gen:           gen,
+	}
+	if m.GetLeaseDeadline() != nil {
+		msg.LeaseDeadline = m.GetLeaseDeadline().AsTime()
+	}
+	return msg
+}
+
+// Ack acknowledges an at-least-once delivery: the message is gone. For a
+// message from a Consumer whose stream is still open, the ack travels on
+// the stream and Ack returns once it is sent (the broker reports no
+// outcome); otherwise Ack calls the broker. Errors: ErrNoLease (delivered
+// at most once), ErrFailedPrecondition (the lease is unknown or expired,
+// for example already acked or past its visibility timeout).
+func (m *Message) Ack(ctx context.Context) error {
+	return m.settle(ctx, false, 0)
+}
+
+// Nack releases an at-least-once delivery for redelivery, after delay (0:
+// at once; at most 12h). It travels like Ack. Errors: as Ack, and
+// ErrInvalidArgument for a delay out of range.
+func (m *Message) Nack(ctx context.Context, delay time.Duration) error {
+	return m.settle(ctx, true, delay)
+}
+
+func (m *Message) settle(ctx context.Context, nack bool, delay time.Duration) error {
+	op := "ack"
+	if nack {
+		op = "nack"
+	}
+	if m.token == "" {
+		return fmt.Errorf("qbroker: %s %s/%s: %w", op, m.Queue, m.ID, ErrNoLease)
+	}
+	if delay < 0 || delay > maxNackDelay {
+		return fmt.Errorf("qbroker: nack %s/%s: delay %v out of range [0, %v]: %w", m.Queue, m.ID, delay, maxNackDelay, ErrInvalidArgument)
+	}
+	if m.consumer != nil && m.settled.CompareAndSwap(false, true) {
+		sent, err := m.consumer.settle(ctx, m, nack, delay)
+		if err != nil {
+			m.settled.Store(false) // not handed over: may be settled again
+			return err
+		}
+		if sent {
+			return nil
+		}
+	}
+	ctx, cancel := m.client.callCtx(ctx, 0)
+	defer cancel()
+	var err error
+	if nack {
+		_, err = m.client.rpc.Nack(ctx, &pb.NackRequest{AckToken: m.token, Delay: durationOrNil(delay)})
+	} else {
+		_, err = m.client.rpc.Ack(ctx, &pb.AckRequest{AckToken: m.token})
+	}
+	if err != nil {
+		return fmt.Errorf("qbroker: %s %s/%s: %w", op, m.Queue, m.ID, convErr(err))
+	}
+	return nil
+}
+
+// Extend pushes the lease of an at-least-once delivery out to d from now
+// (0: the queue's visibility timeout) and returns the new deadline.
+// Errors: ErrNoLease, ErrFailedPrecondition (unknown or expired lease),
+// ErrInvalidArgument (d out of the broker's range).
+func (m *Message) Extend(ctx context.Context, d time.Duration) (time.Time, error) {
+	if m.token == "" {
+		return time.Time{}, fmt.Errorf("qbroker: extend %s/%s: %w", m.Queue, m.ID, ErrNoLease)
+	}
+	if d < 0 {
+		return time.Time{}, fmt.Errorf("qbroker: extend %s/%s: negative lease %v: %w", m.Queue, m.ID, d, ErrInvalidArgument)
+	}
+	ctx, cancel := m.client.callCtx(ctx, 0)
+	defer cancel()
+	resp, err := m.client.rpc.ExtendLease(ctx, &pb.ExtendLeaseRequest{AckToken: m.token, VisibilityTimeout: durationOrNil(d)})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("qbroker: extend %s/%s: %w", m.Queue, m.ID, convErr(err))
+	}
+	return resp.GetLeaseDeadline().AsTime(), nil
+}
+
+// OutMessage is one message of PublishBatch.
+type OutMessage struct {
+	Payload []byte
+	// Priority: KindPriority queues only, 0 (most urgent) .. 255.
+	Priority int
+}
+
+// PublishOption configures Publish.
+type PublishOption func(*OutMessage)
+
+// WithPriority sets a message's priority: 0 (most urgent) .. 255, for
+// KindPriority queues only.
+func WithPriority(p int) PublishOption {
+	return func(m *OutMessage) { m.Priority = p }
+}
+
+// Publish publishes one message and returns its id. Publish is not
+// retried: when it fails with ErrUnavailable the message may or may not
+// have been published. Errors: ErrNotFound, ErrInvalidArgument (payload
+// over the limit, priority out of range), ErrFailedPrecondition (a
+// priority on a queue that is not KindPriority).
+func (c *Client) Publish(ctx context.Context, queue string, payload []byte, opts ...PublishOption) (string, error) {
+	m := OutMessage{Payload: payload}
+	for _, o := range opts {
+		o(&m)
+	}
+	ids, err := c.PublishBatch(ctx, queue, []OutMessage{m})
+	if err != nil {
+		return "", err
+	}
+	return ids[0], nil
+}
+
+// PublishBatch publishes messages atomically, all or none, in order, and
+// returns their ids. Errors: as Publish, and ErrInvalidArgument for an
+// empty batch or one over the broker's count or size limit.
+func (c *Client) PublishBatch(ctx context.Context, queue string, msgs []OutMessage) ([]string, error) {
+	req := &pb.PublishRequest{Queue: queue, Messages: make([]*pb.OutMessage, len(msgs))}
+	for i, m := range msgs {
+		if m.Priority < 0 {
+			return nil, fmt.Errorf("qbroker: publish to %s: negative priority %d: %w", queue, m.Priority, ErrInvalidArgument)
+		}
+		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority)}
+	}
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	resp, err := c.rpc.Publish(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("qbroker: publish to %s: %w", queue, convErr(err))
+	}
+	if len(resp.GetIds()) != len(msgs) {
+		return nil, fmt.Errorf("qbroker: publish to %s: %d ids for %d messages: %w", queue, len(resp.GetIds()), len(msgs), ErrInternal)
+	}
+	return resp.GetIds(), nil
+}
+
+// ReceiveOptions configure Receive. The zero value takes one message at
+// most once, without waiting.
+type ReceiveOptions struct {
+	// Max messages to return: 0 means 1, at most 100.
+	Max int
+	// Wait for the first message up to this long (at most 60s); 0
+	// returns at once.
+	Wait time.Duration
+	// Mode of delivery; default AtMostOnce.
+	Mode DeliveryMode
+	// Visibility is the lease of AtLeastOnce deliveries; 0 means the
+	// queue's visibility timeout.
+	Visibility time.Duration
+}
+
+// Receive takes up to o.Max messages, waiting up to o.Wait for the first
+// one; it returns no messages and no error when the wait runs out.
+// Receive is not retried. Ack and Nack of its messages call the broker.
+// Errors: ErrNotFound, ErrInvalidArgument (options out of range),
+// ErrFailedPrecondition (a KindSync queue that is not open).
+func (c *Client) Receive(ctx context.Context, queue string, o ReceiveOptions) ([]*Message, error) {
+	mode, err := o.Mode.toPB()
+	if err != nil {
+		return nil, err
+	}
+	if o.Max < 0 || o.Wait < 0 || o.Visibility < 0 {
+		return nil, fmt.Errorf("qbroker: receive from %s: negative option: %w", queue, ErrInvalidArgument)
+	}
+	ctx, cancel := c.callCtx(ctx, o.Wait)
+	defer cancel()
+	resp, err := c.rpc.Receive(ctx, &pb.ReceiveRequest{
+		Queue:             queue,
+		MaxMessages:       uint32(o.Max),
+		Wait:              durationOrNil(o.Wait),
+		Mode:              mode,
+		VisibilityTimeout: durationOrNil(o.Visibility),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("qbroker: receive from %s: %w", queue, convErr(err))
+	}
+	return c.messages(resp.GetMessages(), nil, 0), nil
+}

@@ -1,0 +1,490 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+// Client commands: they talk to a running broker through clients/go.
+
+// stdio is where a client command reads and writes; tests replace it.
+type stdio struct {
+	in       io.Reader
+	out, err io.Writer
+}
+
+// clientCommand is a client subcommand: run parses args with its own
+// FlagSet and returns flag.ErrHelp for --help.
+type clientCommand struct {
+	name  string
+	usage string // one line, for 'qbroker help'
+	run   func(ctx context.Context, std stdio, args []string) error
+}
+
+var clientCommands = []clientCommand{
+	{"queues", "list queues", runQueues},
+	{"create", "create a queue", runCreate},
+	{"publish", "publish messages (arguments or stdin lines)", runPublish},
+	{"consume", "consume messages and print them", runConsume},
+	{"stats", "show queue counts", runStats},
+	{"purge", "delete a queue's ready messages", runPurge},
+	{"dlq", "list dead letters, or redrive them", runDLQ},
+}
+
+func init() {
+	for _, c := range clientCommands {
+		register(command{name: c.name, usage: c.usage, run: func(args []string) error {
+			// Ctrl-C cancels the command's context: consume stops cleanly.
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return cliError(flagErr(c.run(ctx, stdio{os.Stdin, os.Stdout, os.Stderr}, args)))
+		}})
+	}
+}
+
+// cliError drops the client package's "qbroker: " prefix: main already
+// prints "qbroker <command>: ".
+func cliError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if msg, ok := strings.CutPrefix(err.Error(), "qbroker: "); ok {
+		return errors.New(msg)
+	}
+	return err
+}
+
+// clientFlags are the flags every client command takes.
+type clientFlags struct {
+	addr    string
+	timeout time.Duration
+}
+
+// newFlagSet returns a command's FlagSet with --addr and --timeout and a
+// Usage that prints synopsis, help and the flags.
+func newFlagSet(name, synopsis, help string, std stdio) (*flag.FlagSet, *clientFlags) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(std.err)
+	cf := &clientFlags{}
+	fs.StringVar(&cf.addr, "addr", env("ADDR", "127.0.0.1:7070"), "broker address host:port, or several comma-separated ($QBROKER_ADDR)")
+	fs.DurationVar(&cf.timeout, "timeout", 10*time.Second, "bound of each request to the broker")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: qbroker %s %s\n\n%s\n\nflags:\n", name, synopsis, strings.TrimSpace(help))
+		fs.PrintDefaults()
+	}
+	return fs, cf
+}
+
+// parse parses flags and positional arguments in any order ("--" ends
+// the flags) and checks the number of positional arguments.
+func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	switch {
+	case len(pos) < minArgs:
+		fs.Usage()
+		return nil, fmt.Errorf("missing arguments")
+	case maxArgs >= 0 && len(pos) > maxArgs:
+		fs.Usage()
+		return nil, fmt.Errorf("too many arguments: %q", pos[maxArgs:])
+	}
+	return pos, nil
+}
+
+func (cf *clientFlags) dial(ctx context.Context) (*qbroker.Client, error) {
+	if cf.timeout <= 0 {
+		return nil, fmt.Errorf("--timeout %v: want a positive duration", cf.timeout)
+	}
+	return qbroker.Dial(ctx, cf.addr, qbroker.WithCallTimeout(cf.timeout))
+}
+
+func runQueues(ctx context.Context, std stdio, args []string) error {
+	fs, cf := newFlagSet("queues", "[flags]", `
+Lists the queues with their configuration, sorted by name.`, std)
+	prefix := fs.String("prefix", "", "only queues whose names start with this")
+	if _, err := parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	qs, err := c.ListQueues(ctx, *prefix)
+	if err != nil {
+		return err
+	}
+	printQueues(std.out, qs)
+	return nil
+}
+
+func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tKIND\tMEMBERS\tVISIBILITY\tMAX-DELIVERIES\tDEAD-LETTER\tCREATED")
+	for _, q := range qs {
+		members := "-"
+		if q.Kind == qbroker.KindSync {
+			members = strconv.Itoa(q.SyncMembers)
+		}
+		maxDel := "unlimited"
+		if q.MaxDeliveries > 0 {
+			maxDel = strconv.Itoa(q.MaxDeliveries)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\n", q.Name, q.Kind, members, q.VisibilityTimeout, maxDel,
+			q.DeadLetter, q.CreatedAt.Local().Format(time.DateTime))
+	}
+	tw.Flush()
+}
+
+func runCreate(ctx context.Context, std stdio, args []string) error {
+	fs, cf := newFlagSet("create", "[flags] queue...", `
+Creates queues. Creating a queue that exists with the same configuration
+succeeds; with another, it fails. Names: [A-Za-z0-9._-]{1,200}.
+
+Kinds: fifo delivers in publish order; priority by (priority, publish
+order), 0 most urgent; sync is a FIFO queue that opens for consumers once
+--members members have joined.`, std)
+	var o qbroker.QueueOptions
+	fs.TextVar(&o.Kind, "kind", qbroker.KindFIFO, "queue `kind`: fifo, priority or sync")
+	fs.IntVar(&o.SyncMembers, "members", 0, "sync queues: members that open the queue (2..1000)")
+	fs.DurationVar(&o.VisibilityTimeout, "visibility", 0, "lease of at-least-once deliveries; 0 means the broker's default (30s)")
+	fs.IntVar(&o.MaxDeliveries, "max-deliveries", 0, "deliveries after which a message is dead-lettered (or dropped); 0 means unlimited")
+	fs.BoolVar(&o.DeadLetter, "dead-letter", false, "keep messages past --max-deliveries as dead letters (see 'qbroker dlq')")
+	names, err := parse(fs, args, 1, -1)
+	if err != nil {
+		return err
+	}
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var qs []qbroker.QueueInfo
+	for _, n := range names {
+		q, err := c.CreateQueue(ctx, n, o)
+		if err != nil {
+			return err
+		}
+		qs = append(qs, q)
+	}
+	printQueues(std.out, qs)
+	return nil
+}
+
+func runPublish(ctx context.Context, std stdio, args []string) error {
+	fs, cf := newFlagSet("publish", "[flags] queue [message...]", `
+Publishes each message argument, or with --stdin each line of standard
+input, and prints the message ids, one per line. With --batch, all
+messages are published in one atomic batch: all or none. Without it, each
+is published on its own, and a failure stops the command (the messages
+before it stay published).`, std)
+	priority := fs.Int("priority", 0, "priority of the messages (priority queues only): 0 most urgent .. 255")
+	stdin := fs.Bool("stdin", false, "read messages from standard input, one per line")
+	batch := fs.Bool("batch", false, "publish all messages as one atomic batch")
+	pos, err := parse(fs, args, 1, -1)
+	if err != nil {
+		return err
+	}
+	queue, texts := pos[0], pos[1:]
+	var msgs []qbroker.OutMessage
+	for _, t := range texts {
+		msgs = append(msgs, qbroker.OutMessage{Payload: []byte(t), Priority: *priority})
+	}
+	switch {
+	case *stdin && len(texts) > 0:
+		return errors.New("give messages as arguments or with --stdin, not both")
+	case *stdin:
+		sc := bufio.NewScanner(std.in)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		for sc.Scan() {
+			msgs = append(msgs, qbroker.OutMessage{Payload: append([]byte(nil), sc.Bytes()...), Priority: *priority})
+		}
+		if err := sc.Err(); err != nil {
+			return fmt.Errorf("reading stdin: %w", err)
+		}
+	case len(texts) == 0:
+		fs.Usage()
+		return errors.New("no messages: give them as arguments or with --stdin")
+	}
+	if len(msgs) == 0 {
+		return nil // empty stdin
+	}
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if *batch {
+		ids, err := c.PublishBatch(ctx, queue, msgs)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			fmt.Fprintln(std.out, id)
+		}
+		return nil
+	}
+	for _, m := range msgs {
+		id, err := c.Publish(ctx, queue, m.Payload, qbroker.WithPriority(m.Priority))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(std.out, id)
+	}
+	return nil
+}
+
+func runConsume(ctx context.Context, std stdio, args []string) error {
+	fs, cf := newFlagSet("consume", "[flags] queue", `
+Consumes messages and prints one line per message:
+	<id> <tab> <delivery count> <tab> <payload>
+(a payload that is not one line of UTF-8 is printed Go-quoted).
+
+By default it streams until -n messages (0: until Ctrl-C). With --wait it
+long-polls instead, and ends when a poll waited that long for nothing.
+
+At most once (the default), a message is deleted as it is delivered. At
+least once, each printed message is acked, unless --no-ack: then it is
+redelivered once its lease (--visibility) runs out or the command ends.
+At most once, stopping with Ctrl-C loses up to --prefetch messages that
+were already delivered but not printed; -n never loses any.`, std)
+	var mode qbroker.DeliveryMode
+	fs.TextVar(&mode, "mode", qbroker.AtMostOnce, "delivery `mode`: at-most-once or at-least-once")
+	n := fs.Int("n", 0, "stop after this many messages; 0 means until Ctrl-C (or, with --wait, until the queue is empty)")
+	prefetch := fs.Int("prefetch", 1, "messages the broker may send ahead (1..1000)")
+	wait := fs.Duration("wait", 0, "long-poll with Receive, waiting this long for a message (at most 60s)")
+	visibility := fs.Duration("visibility", 0, "at-least-once lease; 0 means the queue's")
+	noAck := fs.Bool("no-ack", false, "at least once: do not ack")
+	pos, err := parse(fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	queue := pos[0]
+	if *n < 0 {
+		return fmt.Errorf("-n %d: want 0 or more", *n)
+	}
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ack := mode == qbroker.AtLeastOnce && !*noAck
+	handle := func(m *qbroker.Message) error {
+		fmt.Fprintf(std.out, "%s\t%d\t%s\n", m.ID, m.DeliveryCount, printable(m.Payload))
+		if ack {
+			// Not cancelled by Ctrl-C: a printed message is acked.
+			return m.Ack(context.WithoutCancel(ctx))
+		}
+		return nil
+	}
+	if *wait > 0 {
+		return receiveLoop(ctx, c, queue, qbroker.ReceiveOptions{Wait: *wait, Mode: mode, Visibility: *visibility}, *n, handle)
+	}
+	// The consumer ends with Close, not with ctx, so that Ctrl-C ends
+	// the stream gracefully: acks already sent are applied.
+	k, err := c.Consume(context.WithoutCancel(ctx), queue, qbroker.ConsumeOptions{Mode: mode, Prefetch: *prefetch, Visibility: *visibility, Max: *n})
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case m, ok := <-k.Messages():
+			if !ok {
+				return k.Close()
+			}
+			if err := handle(m); err != nil {
+				k.Close()
+				return err
+			}
+		case <-ctx.Done():
+			return k.Close()
+		}
+	}
+}
+
+// receiveLoop long-polls until n messages (0: no limit) or a poll that
+// returns nothing.
+func receiveLoop(ctx context.Context, c *qbroker.Client, queue string, o qbroker.ReceiveOptions, n int, handle func(*qbroker.Message) error) error {
+	for got := 0; n == 0 || got < n; {
+		o.Max = 100
+		if n > 0 {
+			o.Max = min(n-got, 100)
+		}
+		ms, err := c.Receive(ctx, queue, o)
+		if err != nil {
+			return ignoreCanceled(err)
+		}
+		if len(ms) == 0 {
+			return nil
+		}
+		for _, m := range ms {
+			if err := handle(m); err != nil {
+				return err
+			}
+		}
+		got += len(ms)
+	}
+	return nil
+}
+
+// ignoreCanceled treats Ctrl-C as a clean end.
+func ignoreCanceled(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// printable returns a payload as one line.
+func printable(p []byte) string {
+	if utf8.Valid(p) && !strings.ContainsAny(string(p), "\n\r") {
+		return string(p)
+	}
+	return strconv.Quote(string(p))
+}
+
+func runStats(ctx context.Context, std stdio, args []string) error {
+	fs, cf := newFlagSet("stats", "[flags] [queue...]", `
+Shows the counts of the given queues, or of all queues: messages ready,
+in flight (at-least-once deliveries not yet acked), dead letters, the age
+of the oldest ready message, open consumers, and for sync queues the
+members joined and whether the queue is open.`, std)
+	prefix := fs.String("prefix", "", "without queue arguments: only queues whose names start with this")
+	names, err := parse(fs, args, 0, -1)
+	if err != nil {
+		return err
+	}
+	listed := len(names) == 0
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if listed {
+		qs, err := c.ListQueues(ctx, *prefix)
+		if err != nil {
+			return err
+		}
+		for _, q := range qs {
+			names = append(names, q.Name)
+		}
+	}
+	tw := tabwriter.NewWriter(std.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tREADY\tIN-FLIGHT\tDEAD\tOLDEST\tCONSUMERS\tSYNC")
+	for _, n := range names {
+		st, err := c.Stats(ctx, n)
+		if errors.Is(err, qbroker.ErrNotFound) && listed {
+			continue // deleted since listed
+		}
+		if err != nil {
+			tw.Flush()
+			return err
+		}
+		q, err := c.GetQueue(ctx, n)
+		if err != nil && !errors.Is(err, qbroker.ErrNotFound) {
+			tw.Flush()
+			return err
+		}
+		sync := "-"
+		if q.Kind == qbroker.KindSync {
+			sync = fmt.Sprintf("%d/%d", st.SyncJoined, q.SyncMembers)
+			if st.SyncOpen {
+				sync += " open"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%v\t%d\t%s\n", st.Name, st.Ready, st.InFlight, st.Dead,
+			st.OldestAge.Round(time.Millisecond), st.Consumers, sync)
+	}
+	return tw.Flush()
+}
+
+func runPurge(ctx context.Context, std stdio, args []string) error {
+	fs, cf := newFlagSet("purge", "[flags] queue...", `
+Deletes the ready messages of queues and prints how many per queue.
+In-flight messages and dead letters stay.`, std)
+	names, err := parse(fs, args, 1, -1)
+	if err != nil {
+		return err
+	}
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for _, n := range names {
+		k, err := c.Purge(ctx, n)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(std.out, "%s: purged %d\n", n, k)
+	}
+	return nil
+}
+
+func runDLQ(ctx context.Context, std stdio, args []string) error {
+	fs, cf := newFlagSet("dlq", "[flags] queue [id...]", `
+Lists a queue's dead letters, oldest first, one line each:
+	<id> <tab> <delivery count> <tab> <published at> <tab> <payload>
+With --redrive, moves the dead letters with the given ids (all when none
+are given) back to the queue with a fresh delivery count, and prints how
+many moved.`, std)
+	redrive := fs.Bool("redrive", false, "move dead letters back to the queue")
+	limit := fs.Int("limit", 100, "most dead letters to list (1..1000)")
+	pos, err := parse(fs, args, 1, -1)
+	if err != nil {
+		return err
+	}
+	queue, ids := pos[0], pos[1:]
+	if !*redrive && len(ids) > 0 {
+		return errors.New("message ids are for --redrive")
+	}
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if *redrive {
+		n, err := c.Redrive(ctx, queue, ids...)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(std.out, "%s: redriven %d\n", queue, n)
+		return nil
+	}
+	ms, err := c.DeadLetters(ctx, queue, *limit)
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		fmt.Fprintf(std.out, "%s\t%d\t%s\t%s\n", m.ID, m.DeliveryCount, m.PublishedAt.Local().Format(time.RFC3339), printable(m.Payload))
+	}
+	return nil
+}
