@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
@@ -122,6 +123,7 @@ type Broker struct {
 	cfg     Config
 	log     *slog.Logger
 	conn    *zk.Conn
+	batcher *qcore.Batcher // group commit of all queues' writes
 	metrics *metrics
 	health  *health.Server
 	events  events.Sink
@@ -165,9 +167,11 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	b.conn = conn
+	b.batcher = qcore.NewBatcher(conn, batchWorkers, batchMaxOps, batchMaxBytes, b.observeZK)
 	for !b.hasSession.Load() {
 		select {
 		case <-ctx.Done():
+			b.batcher.Close()
 			conn.Close()
 			return nil, fmt.Errorf("broker: waiting for a ZooKeeper session with %v: %w", cfg.ZooKeeper, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
@@ -175,6 +179,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	}
 	for _, p := range []string{b.queuesPath(), b.brokersPath(), b.electionPath()} {
 		if err := zkutil.EnsurePath(conn, p); err != nil {
+			b.batcher.Close()
 			conn.Close()
 			return nil, fmt.Errorf("broker: %w", err)
 		}
@@ -244,6 +249,9 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.unaryLog),
 		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.streamLog),
 		grpc.MaxRecvMsgSize(b.cfg.MaxBatchBytes + 64<<10),
+		// Find dead peers of long streams; let clients ping every 10s.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}, opts...)
 	s := grpc.NewServer(opts...)
 	pb.RegisterQueueServer(s, b)
@@ -261,10 +269,20 @@ func (b *Broker) Close() error {
 	b.health.Shutdown()
 	b.cancel()
 	b.wg.Wait()
+	b.batcher.Close()
 	b.conn.Close()
 	b.log.Info("broker stopped")
 	return nil
 }
+
+// Group commit: concurrent writes share Multi transactions, up to
+// batchMaxOps ops and about batchMaxBytes each (with one request more, a
+// Multi stays below jute.maxbuffer), batchWorkers of them in flight.
+const (
+	batchWorkers  = 4
+	batchMaxOps   = 256
+	batchMaxBytes = 400 << 10
+)
 
 // Paths.
 func (b *Broker) queuesPath() string           { return b.cfg.Root + "/queues" }

@@ -96,6 +96,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		Strict:        meta.Kind == kindPriority,
 		ConflictHook:  conflicts.Inc,
 		Observer:      b.observeZK,
+		Batcher:       b.batcher,
 		Logger:        b.log.With("queue", name),
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
@@ -138,6 +139,9 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 			Backoff:           backoff.Config{BaseDelay: o.minBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: o.maxBackoff},
 			MinConnectTimeout: 5 * time.Second,
 		}),
+		// Notice a broker that vanished without closing the connection
+		// (the broker permits pings every 10s).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 	}
 	target := o.addrs[0]
 	switch {

@@ -140,7 +140,7 @@ func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, e
 	}
 	deadline := time.Now().Add(ttl)
 	token := newLeaseName(n.Raw)
-	res, err := l.items.zk.Multi(
+	_, err = l.items.write(
 		&zk.DeleteRequest{Path: itemPath, Version: stat.Version},
 		&zk.CreateRequest{
 			Path: l.leases + "/" + token,
@@ -148,7 +148,7 @@ func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, e
 			Acl:  zk.WorldACL(zk.PermAll),
 		})
 	if err != nil {
-		return Lease{}, fmt.Errorf("lease %s: %w", itemPath, firstMultiError(res, err))
+		return Lease{}, fmt.Errorf("lease %s: %w", itemPath, err)
 	}
 	return Lease{Message: m, Token: token, Deadline: deadline}, nil
 }
@@ -190,7 +190,7 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 	if time.Now().After(deadline) {
 		return Message{}, fmt.Errorf("%w: expired %v ago", ErrUnknownLease, time.Since(deadline).Round(time.Millisecond))
 	}
-	if err := l.items.zk.Delete(l.leases+"/"+token, stat.Version); err != nil {
+	if _, err := l.items.write(&zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version}); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			return Message{}, ErrUnknownLease
 		}
@@ -283,8 +283,8 @@ func (l *Leases) release(token string, item Name, itemData []byte, version int32
 		out = Dropped
 		ops = []any{del}
 	}
-	if res, err := l.items.zk.Multi(ops...); err != nil {
-		return 0, fmt.Errorf("release %s: %w", leasePath, firstMultiError(res, err))
+	if _, err := l.items.write(ops...); err != nil {
+		return 0, fmt.Errorf("release %s: %w", leasePath, err)
 	}
 	if out == Requeued {
 		l.items.Reset()

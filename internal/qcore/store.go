@@ -47,6 +47,9 @@ type Config struct {
 	Logger       *slog.Logger
 	// Observer, when set, sees every ZooKeeper request of the Store.
 	Observer Observer
+	// Batcher, when set, carries the Store's writes (publishes, claims,
+	// acks, releases) so concurrent ones share Multi transactions.
+	Batcher *Batcher
 }
 
 // Validate fills defaults and checks the limits.
@@ -138,12 +141,16 @@ func (s *Store) Publish(ctx context.Context, prefix string, payload []byte) (str
 	if err := s.CheckPayload(payload); err != nil {
 		return "", err
 	}
-	data := EncodeData(payload, time.Now(), 0)
-	p, err := s.zk.Create(s.path+"/"+prefix, data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	res, err := s.write(&zk.CreateRequest{
+		Path:  s.path + "/" + prefix,
+		Data:  EncodeData(payload, time.Now(), 0),
+		Acl:   zk.WorldACL(zk.PermAll),
+		Flags: zk.FlagSequence,
+	})
 	if err != nil {
 		return "", fmt.Errorf("create in %s: %w", s.path, err)
 	}
-	return path.Base(p), nil
+	return path.Base(res[0].String), nil
 }
 
 // PublishBatch creates all messages in one Multi transaction: all or none.
@@ -191,6 +198,27 @@ func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads []
 		ids[i] = path.Base(r.String)
 	}
 	return ids, nil
+}
+
+// write runs ops as one transaction: through the Batcher when there is
+// one, else as a plain request (one op) or a Multi. Errors name the
+// failing op's cause.
+func (s *Store) write(ops ...any) ([]zk.MultiResponse, error) {
+	if s.cfg.Batcher != nil {
+		return s.cfg.Batcher.Do(ops...)
+	}
+	if len(ops) == 1 {
+		switch o := ops[0].(type) {
+		case *zk.CreateRequest:
+			p, err := s.zk.Create(o.Path, o.Data, o.Flags, o.Acl)
+			return []zk.MultiResponse{{String: p, Error: err}}, err
+		case *zk.DeleteRequest:
+			err := s.zk.Delete(o.Path, o.Version)
+			return []zk.MultiResponse{{Error: err}}, err
+		}
+	}
+	res, err := s.zk.Multi(ops...)
+	return res, multiErr(res, err)
 }
 
 // firstMultiError returns the error of the failing op of a Multi, which is
@@ -341,7 +369,7 @@ func (s *Store) ClaimDelete(ctx context.Context, n Name) (Message, error) {
 	if err != nil {
 		return Message{}, fmt.Errorf("get %s: %w", p, err)
 	}
-	if err := s.zk.Delete(p, stat.Version); err != nil {
+	if _, err := s.write(&zk.DeleteRequest{Path: p, Version: stat.Version}); err != nil {
 		return Message{}, fmt.Errorf("delete %s: %w", p, err)
 	}
 	return decodeMessage(n, data, stat, 1)

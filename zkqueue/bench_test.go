@@ -1,0 +1,112 @@
+package zkqueue_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
+)
+
+// Benchmarks run against the package's real ZooKeeper server:
+//
+//	go test -run '^$' -bench . -benchmem ./zkqueue
+
+var payload100 = make([]byte, 100)
+
+func BenchmarkPublish(b *testing.B) {
+	q, err := zkqueue.New(zktest.Conn(b), zktest.Root(b)+"/q")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(payload100)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := q.Publish(ctx, payload100); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPublishParallel publishes from many goroutines sharing one
+// session, as a broker does.
+func BenchmarkPublishParallel(b *testing.B) {
+	q, err := zkqueue.New(zktest.Conn(b), zktest.Root(b)+"/q")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := q.Publish(ctx, payload100); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkPublishBatch100(b *testing.B) {
+	q, err := zkqueue.New(zktest.Conn(b), zktest.Root(b)+"/q")
+	if err != nil {
+		b.Fatal(err)
+	}
+	batch := make([][]byte, 100)
+	for i := range batch {
+		batch[i] = payload100
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := q.PublishBatch(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*100)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// BenchmarkDequeue claims (getData + delete) pre-published messages, one
+// consumer.
+func BenchmarkDequeue(b *testing.B) {
+	benchDequeue(b, 1)
+}
+
+// BenchmarkDequeueParallel claims with 16 goroutines sharing one Queue:
+// they share one snapshot and never collide.
+func BenchmarkDequeueParallel(b *testing.B) {
+	benchDequeue(b, 16)
+}
+
+func benchDequeue(b *testing.B, par int) {
+	q, err := zkqueue.New(zktest.Conn(b), zktest.Root(b)+"/q")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	batch := make([][]byte, 500)
+	for i := range batch {
+		batch[i] = payload100
+	}
+	for n := 0; n < b.N; n += len(batch) {
+		if _, err := q.PublishBatch(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.SetParallelism(par)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := q.TryDequeue(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
