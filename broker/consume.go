@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"slices"
 	"errors"
 	"io"
 	"sync"
@@ -232,6 +233,29 @@ func (b *Broker) registerConsumer(q *queue) func() {
 			_ = b.conn.Delete(p, -1)
 		}
 	}
+}
+
+// share returns this broker's rank among the brokers with Consume streams
+// on q, from the consumer registrations ("<broker id>-<sequence>"). A
+// broker without a registered stream (Receive only) takes the whole queue.
+func (b *Broker) share(q *queue) (rank, n int) {
+	children, _, err := b.conn.Children(q.path + "/consumers")
+	if err != nil {
+		return 0, 1
+	}
+	ids := make([]string, 0, len(children))
+	for _, c := range children {
+		if len(c) > 11 && c[len(c)-11] == '-' {
+			ids = append(ids, c[:len(c)-11])
+		}
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	rank = slices.Index(ids, b.cfg.ID)
+	if rank < 0 {
+		return 0, 1
+	}
+	return rank, len(ids)
 }
 
 func (b *Broker) countConsumers(q *queue) (int, error) {

@@ -89,6 +89,8 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	}
 	label := b.metrics.labels.get(name)
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
+	q := &queue{name: name, path: p, meta: meta, label: label, gone: watch,
+		policy: qcore.Policy{MaxDeliveries: meta.MaxDeliveries, DeadLetter: meta.DeadLetter}}
 	items, err := qcore.NewStore(b.conn, p+"/items", qcore.Config{
 		MaxPayload:    b.cfg.MaxPayload,
 		MaxBatchBytes: b.cfg.MaxBatchBytes,
@@ -97,6 +99,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		ConflictHook:  conflicts.Inc,
 		Observer:      b.observeZK,
 		Batcher:       b.batcher,
+		Share:         func() (int, int) { return b.share(q) },
 		Logger:        b.log.With("queue", name),
 	})
 	if err != nil {
@@ -106,11 +109,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	if err != nil {
 		return nil, err
 	}
-	q := &queue{
-		name: name, path: p, meta: meta, label: label,
-		items: items, leases: leases, gone: watch,
-		policy: qcore.Policy{MaxDeliveries: meta.MaxDeliveries, DeadLetter: meta.DeadLetter},
-	}
+	q.items, q.leases = items, leases
 	if meta.Kind == kindSync {
 		if q.sync, err = b.newSyncGate(q); err != nil {
 			return nil, err

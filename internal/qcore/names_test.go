@@ -138,3 +138,27 @@ func TestIncarnationKeepsPlace(t *testing.T) {
 		}
 	}
 }
+
+func TestSplitShare(t *testing.T) {
+	names, _ := SortNames([]string{"qn-0000000000", "qn-0000000001", "qn-0000000002", "qn-0000000003", "qn-0000000004", "qn--0000000003"})
+	mine, others := splitShare(names, func() (int, int) { return 1, 2 })
+	var m, o []int32
+	for _, n := range mine {
+		m = append(m, n.Seq)
+	}
+	for _, n := range others {
+		o = append(o, n.Seq)
+	}
+	// -3 as uint32 is odd: rank 1's.
+	if !slices.Equal(m, []int32{-3, 1, 3}) || !slices.Equal(o, []int32{0, 2, 4}) {
+		t.Errorf("rank 1 of 2: mine %v, others %v; want [-3 1 3], [0 2 4]", m, o)
+	}
+	all, none := splitShare(names, nil)
+	if len(all) != len(names) || none != nil {
+		t.Errorf("no share: got %d and %d, want all and none", len(all), len(none))
+	}
+	all, _ = splitShare(names, func() (int, int) { return 3, 2 }) // rank not in the registry yet
+	if len(all) != len(names) {
+		t.Errorf("bad rank: got %d, want all %d", len(all), len(names))
+	}
+}

@@ -47,6 +47,12 @@ type Config struct {
 	Logger       *slog.Logger
 	// Observer, when set, sees every ZooKeeper request of the Store.
 	Observer Observer
+	// Share, when set, tells this process's rank among the n processes
+	// consuming the queue (brokers); it is asked at every scan. Each takes
+	// the messages whose sequence number is its rank modulo n first, so
+	// brokers do not race each other for the same head. Nil means one
+	// process takes all.
+	Share func() (rank, n int)
 	// Batcher, when set, carries the Store's writes (publishes, claims,
 	// acks, releases) so concurrent ones share Multi transactions.
 	Batcher *Batcher
@@ -92,7 +98,8 @@ type Store struct {
 	cfg  Config
 
 	mu      sync.Mutex
-	pending []Name          // sorted candidates not yet handed out
+	pending []Name          // sorted candidates of this process's share, not yet handed out
+	others  []Name          // sorted candidates of other processes' shares
 	watch   <-chan zk.Event // armed children watch of path; nil when none
 	foreign map[string]bool // foreign children already logged
 }
@@ -257,7 +264,7 @@ func (s *Store) scanLocked() error {
 			s.cfg.Logger.Warn("skipping foreign node in queue", "znode", s.path+"/"+f)
 		}
 	}
-	s.pending = names
+	s.pending, s.others = splitShare(names, s.cfg.Share)
 	return nil
 }
 
@@ -286,7 +293,7 @@ func (s *Store) Next() (n Name, ok bool, wait <-chan zk.Event, err error) {
 	defer s.mu.Unlock()
 	fired := s.watchFiredLocked()
 	if fired && s.cfg.Strict {
-		s.pending = nil
+		s.pending, s.others = nil, nil
 	}
 	if len(s.pending) == 0 && fired {
 		// Something changed since the last scan (or there was none).
@@ -294,14 +301,46 @@ func (s *Store) Next() (n Name, ok bool, wait <-chan zk.Event, err error) {
 			return Name{}, false, nil, err
 		}
 	}
-	if len(s.pending) == 0 {
+	switch {
+	case len(s.pending) > 0:
+		n = s.pending[0]
+		s.pending = s.pending[1:]
+	case len(s.others) > 0:
+		// Our share is used up and nothing new arrived: help the others
+		// with theirs, in queue order.
+		n = s.others[0]
+		s.others = s.others[1:]
+	default:
 		// The watch is armed and unfired: the children are exactly what
 		// the last scan saw, all of them handed out.
 		return Name{}, false, s.watch, nil
 	}
-	n = s.pending[0]
-	s.pending = s.pending[1:]
 	return n, true, nil, nil
+}
+
+// splitShare divides a sorted snapshot between the processes consuming the
+// queue: a message belongs to process seq mod n, which takes its own share
+// first. Shares are stable across snapshots (the sequence number never
+// changes), so processes claim disjoint messages unless one steals from
+// another's share after using up its own.
+func splitShare(names []Name, share func() (rank, n int)) (mine, others []Name) {
+	if share == nil {
+		return names, nil
+	}
+	rank, n := share()
+	if n <= 1 || rank < 0 || rank >= n {
+		return names, nil
+	}
+	mine = make([]Name, 0, len(names)/n+1)
+	others = make([]Name, 0, len(names)-len(names)/n)
+	for _, nm := range names {
+		if int(uint32(nm.Seq)%uint32(n)) == rank {
+			mine = append(mine, nm)
+		} else {
+			others = append(others, nm)
+		}
+	}
+	return mine, others
 }
 
 // Reset drops the cached snapshot so the next call scans again: after an
@@ -309,7 +348,7 @@ func (s *Store) Next() (n Name, ok bool, wait <-chan zk.Event, err error) {
 // back at the head, which a FIFO snapshot would pass over until used up.
 func (s *Store) Reset() {
 	s.mu.Lock()
-	s.pending = nil
+	s.pending, s.others = nil, nil
 	s.watch = nil
 	s.mu.Unlock()
 }
