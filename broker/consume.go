@@ -2,9 +2,9 @@ package broker
 
 import (
 	"context"
-	"slices"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
