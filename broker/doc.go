@@ -1,0 +1,72 @@
+// Package broker is qbroker's gRPC service (qbroker.v1.Queue, api/queue.proto)
+// over queues whose only state is in ZooKeeper. A Broker keeps no state of
+// its own: any number of brokers can serve the same queues under the same
+// root, and any broker settles what another delivered.
+//
+// # Layout
+//
+//	/<root>/queues/<name>                      metadata (JSON, "v":1): kind, sync members,
+//	                                           visibility, max deliveries, dead letter, created
+//	/<root>/queues/<name>/items/qn-NNNNNNNNNN  ready messages (pNNN-... for priority queues;
+//	                                           ".<hex>" incarnation suffix after a redelivery)
+//	/<root>/queues/<name>/leases/<item>~<hex>  at-least-once deliveries in flight
+//	/<root>/queues/<name>/dead/<item>          dead letters
+//	/<root>/queues/<name>/consumers/<id>-N     EPHEMERAL, one per open Consume stream
+//	/<root>/queues/<name>/members/<member>     EPHEMERAL, sync queue members
+//	/<root>/queues/<name>/start                sync queue opened
+//	/<root>/brokers/<id>                       EPHEMERAL, live brokers
+//	/<root>/election/n-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, leader election
+//
+// # Dispatch
+//
+// A broker holds one qcore.Store per queue, shared by all its local
+// consumers: one sorted snapshot and one children watch, from which each
+// consumer takes distinct candidates (no local races; no goroutine and no
+// ZooKeeper traffic for an idle queue). Brokers with consumers on the same
+// queue split it by sequence number modulo their count and take their own
+// share first. Writes (claims, acks, releases, publishes) of concurrent
+// callers share Multi transactions through one qcore.Batcher per broker.
+//
+// # Delivery
+//
+// At-most-once claims delete the message (getData + delete). At-least-once
+// claims move it into a lease (one Multi); Ack deletes the lease; Nack,
+// expiry (released by the elected leader every SweepInterval) or the end of
+// the Consume stream put it back in its place; past max deliveries it moves
+// to the dead letters. Leases are persistent nodes, independent of any
+// broker's session.
+//
+// # Errors
+//
+// One function, toStatus, maps errors to gRPC codes: InvalidArgument,
+// NotFound, AlreadyExists, FailedPrecondition, ResourceExhausted,
+// Unavailable, Aborted, Canceled, DeadlineExceeded; anything else is
+// Internal with a generic message, the details going to the log.
+//
+// # Metrics
+//
+// Registered on Config.Registerer:
+//
+//	qbroker_messages_published_total{queue}        counter
+//	qbroker_messages_delivered_total{queue,mode}   counter (mode at_most_once|at_least_once)
+//	qbroker_messages_acked_total{queue}            counter
+//	qbroker_messages_nacked_total{queue}           counter
+//	qbroker_messages_redelivered_total{queue}      counter: deliveries with count > 1
+//	qbroker_messages_dead_lettered_total{queue}    counter
+//	qbroker_claim_conflicts_total{queue}           counter: claims lost to another consumer
+//	qbroker_zk_request_duration_seconds{op,result} histogram
+//	qbroker_zk_session_state                       gauge: 1 with a session
+//	qbroker_zk_reconnects_total                    counter
+//	qbroker_queue_depth{queue}                     gauge, refreshed every StatsInterval
+//	qbroker_queue_in_flight{queue}                 gauge
+//	qbroker_queue_oldest_age_seconds{queue}        gauge
+//	qbroker_consumers{queue}                       gauge: Consume streams on this broker
+//	qbroker_leader                                 gauge: 1 on the sweeping leader
+//	qbroker_build_info{version}                    gauge: 1
+//	grpc_server_*                                  go-grpc-middleware server metrics
+//
+// The queue label takes at most Config.MaxQueueLabels distinct values;
+// further queues share the label "_other".
+//
+// A Broker is safe for concurrent use.
+package broker
