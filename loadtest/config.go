@@ -1,0 +1,336 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+	"github.com/qbroker/qbroker/internal/qcore"
+)
+
+// Config is one load test: the topology, the workload, the baselines and
+// the outputs. parseFlags builds it; the e2e test fills it directly.
+type Config struct {
+	// Topology: existing brokers, or spawned ones.
+	Brokers      []string `json:"brokers,omitempty"`
+	Metrics      []string `json:"metrics,omitempty"`
+	ZooKeeper    string   `json:"zookeeper,omitempty"`
+	SpawnBrokers int      `json:"spawn_brokers"`
+	QBrokerBin   string   `json:"-"`
+
+	// Workload.
+	Producers      int                  `json:"producers"`
+	Consumers      int                  `json:"consumers"`
+	ConnsPerBroker int                  `json:"conns_per_broker"`
+	Messages       int                  `json:"messages"`
+	Duration       time.Duration        `json:"-"`
+	Payload        int                  `json:"payload_bytes"`
+	Kind           qbroker.QueueKind    `json:"kind"`
+	PriorityMix    []PriorityShare      `json:"priority_mix,omitempty"`
+	Mode           qbroker.DeliveryMode `json:"mode"`
+	NackRate       float64              `json:"nack_rate"`
+	Batch          int                  `json:"batch"`
+	Rate           float64              `json:"rate"`
+	Prefetch       int                  `json:"prefetch"`
+	Queue          string               `json:"queue"`
+	Order          string               `json:"order"`
+
+	// Baselines.
+	Baselines        []string      `json:"baselines"`
+	BaselineDuration time.Duration `json:"-"`
+	RawSessions      int           `json:"raw_sessions"`
+	RawGoroutines    int           `json:"raw_goroutines_per_session"`
+	NaivePrefill     int           `json:"naive_prefill"`
+
+	// Bounds and outputs.
+	Timeout      time.Duration `json:"-"`
+	DrainTimeout time.Duration `json:"-"`
+	JSONPath     string        `json:"-"`
+	HTMLPath     string        `json:"-"`
+	Progress     bool          `json:"-"`
+}
+
+// PriorityShare is one term of --priority-mix: Percent of the messages
+// get Priority.
+type PriorityShare struct {
+	Priority int     `json:"priority"`
+	Percent  float64 `json:"percent"`
+}
+
+// Order checking: strict fails the run on an order violation, report
+// only counts them.
+const (
+	orderStrict = "strict"
+	orderReport = "report"
+)
+
+// Baseline names.
+const (
+	baselineRaw   = "raw"
+	baselineNaive = "naive"
+)
+
+// defaultPriorityMix is used for --kind priority without --priority-mix.
+const defaultPriorityMix = "0:10,5:30,9:60"
+
+// errUsage marks a command-line error (exit status 2).
+var errUsage = errors.New("usage")
+
+// parseFlags parses the command line into a validated Config.
+func parseFlags(args []string, out io.Writer) (Config, error) {
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(out)
+	var (
+		c                               Config
+		brokers, metrics, baselines     string
+		kind, mode, mix                 string
+		noProgress                      bool
+		durationSet, messagesSet, blSet bool
+	)
+	fs.StringVar(&brokers, "broker", "", "existing brokers' gRPC addresses, host:port,... (loopback only)")
+	fs.StringVar(&metrics, "metrics", "", "existing brokers' /metrics addresses, host:port,... (for claim conflicts)")
+	fs.StringVar(&c.ZooKeeper, "zk", "", "ZooKeeper host:port of existing brokers, for the baselines")
+	fs.IntVar(&c.SpawnBrokers, "spawn-brokers", 0, "start a local ZooKeeper and this many brokers, and measure them")
+	fs.StringVar(&c.QBrokerBin, "qbroker-bin", "", "qbroker binary for --spawn-brokers (default: go build ./cmd/qbroker)")
+	fs.IntVar(&c.Producers, "producers", 8, "producer goroutines")
+	fs.IntVar(&c.Consumers, "consumers", 64, "consumers (one Consume stream each)")
+	fs.IntVar(&c.ConnsPerBroker, "conns-per-broker", 1, "client connections per broker, shared round-robin by producers and consumers; 0: one per producer or consumer")
+	fs.IntVar(&c.Messages, "messages", 0, "messages to publish in all (0: until --duration)")
+	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long producers publish (0 with --messages: until all are published)")
+	fs.IntVar(&c.Payload, "payload", 100, fmt.Sprintf("payload bytes (at least %d, the load test's header)", headerLen))
+	fs.StringVar(&kind, "kind", "fifo", "queue kind: fifo or priority")
+	fs.StringVar(&mix, "priority-mix", "", "priority:percent,... for --kind priority (default "+defaultPriorityMix+")")
+	fs.StringVar(&mode, "mode", "at-most-once", "delivery mode: at-most-once or at-least-once")
+	fs.Float64Var(&c.NackRate, "nack-rate", 0, "fraction of messages nacked once before being acked (at-least-once)")
+	fs.IntVar(&c.Batch, "batch", 1, "messages per publish call (PublishBatch)")
+	fs.Float64Var(&c.Rate, "rate", 0, "open loop: total publish rate in messages/s (0: closed loop, as fast as possible)")
+	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
+	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
+	fs.StringVar(&c.Order, "order", orderStrict, "order violations: strict (fail the run) or report")
+	fs.StringVar(&baselines, "baselines", "", "comma-separated baselines: raw,naive, or none (default raw,naive when ZooKeeper is known)")
+	fs.DurationVar(&c.BaselineDuration, "baseline-duration", 10*time.Second, "bound of each baseline")
+	fs.IntVar(&c.RawSessions, "raw-sessions", 24, "raw baseline: ZooKeeper sessions")
+	fs.IntVar(&c.RawGoroutines, "raw-goroutines", 16, "raw baseline: goroutines per session")
+	fs.IntVar(&c.NaivePrefill, "naive-prefill", 2000, "naive baseline: messages in the queue when its consumers start")
+	fs.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "hard bound of the whole run")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long consumers may take to finish after producers stop")
+	fs.StringVar(&c.JSONPath, "json", "", "write the JSON report to this file")
+	fs.StringVar(&c.HTMLPath, "html", "", "write the HTML report to this file")
+	fs.BoolVar(&noProgress, "quiet", false, "no live progress line on stderr")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return Config{}, err
+		}
+		return Config{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "duration":
+			durationSet = true
+		case "messages":
+			messagesSet = true
+		case "baselines":
+			blSet = true
+		}
+	})
+	if messagesSet && !durationSet {
+		c.Duration = 0 // a message count alone bounds the run
+	}
+	c.Progress = !noProgress
+	c.Brokers = splitList(brokers)
+	c.Metrics = splitList(metrics)
+	if err := c.Kind.UnmarshalText([]byte(kind)); err != nil || c.Kind == qbroker.KindSync {
+		return Config{}, fmt.Errorf("%w: --kind %q: want fifo or priority", errUsage, kind)
+	}
+	if err := c.Mode.UnmarshalText([]byte(mode)); err != nil {
+		return Config{}, fmt.Errorf("%w: --mode %q: want at-most-once or at-least-once", errUsage, mode)
+	}
+	if c.Kind == qbroker.KindPriority && mix == "" {
+		mix = defaultPriorityMix
+	}
+	if mix != "" {
+		if c.Kind != qbroker.KindPriority {
+			return Config{}, fmt.Errorf("%w: --priority-mix needs --kind priority", errUsage)
+		}
+		m, err := parsePriorityMix(mix)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: --priority-mix: %v", errUsage, err)
+		}
+		c.PriorityMix = m
+	}
+	if blSet {
+		c.Baselines = splitList(baselines)
+		if len(c.Baselines) == 1 && c.Baselines[0] == "none" {
+			c.Baselines = nil
+		}
+	} else if c.SpawnBrokers > 0 || c.ZooKeeper != "" {
+		c.Baselines = []string{baselineRaw, baselineNaive}
+	}
+	if c.Queue == "" {
+		c.Queue = fmt.Sprintf("loadtest-%s-%04x", time.Now().UTC().Format("20060102-150405"), rand.IntN(1<<16))
+	}
+	if err := c.validate(); err != nil {
+		return Config{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return c, nil
+}
+
+const usageText = `usage: loadtest [flags]
+
+Measures qbroker through its Go client: producers publish, consumers
+consume, every message is checked (no loss, no duplicate, per-producer
+order), and throughput is compared with two baselines run on the same
+ZooKeeper: raw create+delete pairs (the ceiling) and the seeds' naive
+consumers racing for the head.
+
+  loadtest --spawn-brokers 1                       # local ZooKeeper + 1 broker
+  loadtest --broker 127.0.0.1:7070 --metrics 127.0.0.1:9090 --zk 127.0.0.1:2181
+
+flags:
+`
+
+// validate checks ranges and the topology.
+func (c *Config) validate() error {
+	switch {
+	case c.SpawnBrokers < 0:
+		return fmt.Errorf("--spawn-brokers %d < 0", c.SpawnBrokers)
+	case c.SpawnBrokers > 0 && (len(c.Brokers) > 0 || len(c.Metrics) > 0 || c.ZooKeeper != ""):
+		return errors.New("--spawn-brokers excludes --broker, --metrics and --zk")
+	case c.SpawnBrokers == 0 && len(c.Brokers) == 0:
+		return errors.New("give --broker addresses or --spawn-brokers N")
+	case len(c.Metrics) > 0 && len(c.Metrics) != len(c.Brokers):
+		return fmt.Errorf("%d --metrics addresses for %d brokers", len(c.Metrics), len(c.Brokers))
+	case c.Producers < 1 || c.Consumers < 1:
+		return errors.New("--producers and --consumers must be at least 1")
+	case c.ConnsPerBroker < 0:
+		return fmt.Errorf("--conns-per-broker %d < 0", c.ConnsPerBroker)
+	case c.Messages < 0 || c.Duration < 0:
+		return errors.New("--messages and --duration must not be negative")
+	case c.Messages == 0 && c.Duration == 0:
+		return errors.New("give --messages or --duration")
+	case c.Payload < headerLen || c.Payload > 512<<10:
+		return fmt.Errorf("--payload %d not in [%d, %d]", c.Payload, headerLen, 512<<10)
+	case c.NackRate < 0 || c.NackRate > 1:
+		return fmt.Errorf("--nack-rate %v not in [0, 1]", c.NackRate)
+	case c.NackRate > 0 && c.Mode != qbroker.AtLeastOnce:
+		return errors.New("--nack-rate needs --mode at-least-once")
+	case c.Batch < 1 || c.Batch > 1000:
+		return fmt.Errorf("--batch %d not in [1, 1000]", c.Batch)
+	case c.Rate < 0 || math.IsInf(c.Rate, 0) || math.IsNaN(c.Rate):
+		return fmt.Errorf("--rate %v", c.Rate)
+	case c.Prefetch < 1 || c.Prefetch > 1000:
+		return fmt.Errorf("--prefetch %d not in [1, 1000]", c.Prefetch)
+	case c.Order != orderStrict && c.Order != orderReport:
+		return fmt.Errorf("--order %q: want strict or report", c.Order)
+	case c.Timeout <= 0 || c.DrainTimeout <= 0:
+		return errors.New("--timeout and --drain-timeout must be positive")
+	case c.BaselineDuration <= 0 && len(c.Baselines) > 0:
+		return errors.New("--baseline-duration must be positive")
+	case c.RawSessions < 1 || c.RawGoroutines < 1 || c.NaivePrefill < 1:
+		return errors.New("--raw-sessions, --raw-goroutines and --naive-prefill must be at least 1")
+	}
+	for _, b := range c.Baselines {
+		if b != baselineRaw && b != baselineNaive {
+			return fmt.Errorf("unknown baseline %q (want raw, naive or none)", b)
+		}
+	}
+	if len(c.Baselines) > 0 && c.SpawnBrokers == 0 && c.ZooKeeper == "" {
+		return errors.New("baselines need --zk (or --spawn-brokers)")
+	}
+	addrs := append(append(slices.Clone(c.Brokers), c.Metrics...), splitList(c.ZooKeeper)...)
+	for _, a := range addrs {
+		if err := checkLoopback(a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkLoopback accepts host:port addresses on the loopback interface
+// only: the load test never sends traffic elsewhere.
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %v", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("address %q is not a loopback address (127.0.0.0/8, ::1, localhost)", addr)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// parsePriorityMix parses "0:10,5:30,9:60": priority:percent terms whose
+// percents add up to 100.
+func parsePriorityMix(s string) ([]PriorityShare, error) {
+	var out []PriorityShare
+	total := 0.0
+	seen := map[int]bool{}
+	for _, term := range splitList(s) {
+		ps, pc, ok := strings.Cut(term, ":")
+		if !ok {
+			return nil, fmt.Errorf("term %q: want priority:percent", term)
+		}
+		p, err := strconv.Atoi(strings.TrimSpace(ps))
+		if err != nil || p < 0 || p > qcore.MaxPriority {
+			return nil, fmt.Errorf("term %q: priority not in [0, %d]", term, qcore.MaxPriority)
+		}
+		if seen[p] {
+			return nil, fmt.Errorf("priority %d given twice", p)
+		}
+		seen[p] = true
+		pct, err := strconv.ParseFloat(strings.TrimSpace(pc), 64)
+		if err != nil || pct <= 0 || math.IsInf(pct, 0) {
+			return nil, fmt.Errorf("term %q: percent must be a positive number", term)
+		}
+		total += pct
+		out = append(out, PriorityShare{Priority: p, Percent: pct})
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty")
+	}
+	if math.Abs(total-100) > 1e-6 {
+		return nil, fmt.Errorf("percents add up to %v, want 100", total)
+	}
+	return out, nil
+}
+
+// pickPriority maps u in [0, 100) to a priority of the mix.
+func pickPriority(mix []PriorityShare, u float64) int {
+	acc := 0.0
+	for _, s := range mix {
+		acc += s.Percent
+		if u < acc {
+			return s.Priority
+		}
+	}
+	return mix[len(mix)-1].Priority
+}

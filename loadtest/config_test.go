@@ -1,0 +1,145 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+func TestParsePriorityMix(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    []PriorityShare
+		wantErr string
+	}{
+		{in: "0:10,5:30,9:60", want: []PriorityShare{{0, 10}, {5, 30}, {9, 60}}},
+		{in: " 3 : 100 ", want: []PriorityShare{{3, 100}}},
+		{in: "0:33.3,1:33.3,2:33.4", want: []PriorityShare{{0, 33.3}, {1, 33.3}, {2, 33.4}}},
+		{in: "255:50,0:50", want: []PriorityShare{{255, 50}, {0, 50}}},
+		{in: "", wantErr: "empty"},
+		{in: "0:10,5:30", wantErr: "add up to 40"},
+		{in: "0:50,0:50", wantErr: "given twice"},
+		{in: "256:100", wantErr: "priority not in"},
+		{in: "-1:100", wantErr: "priority not in"},
+		{in: "x:100", wantErr: "priority not in"},
+		{in: "0:0,1:100", wantErr: "positive"},
+		{in: "0:-10,1:110", wantErr: "positive"},
+		{in: "0", wantErr: "want priority:percent"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := parsePriorityMix(tt.in)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got %v, %v, want error containing %q", got, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got %v, %v, want %v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestPickPriority(t *testing.T) {
+	mix := []PriorityShare{{0, 10}, {5, 30}, {9, 60}}
+	for _, tt := range []struct {
+		u    float64
+		want int
+	}{{0, 0}, {9.99, 0}, {10, 5}, {39.9, 5}, {40, 9}, {99.999, 9}, {100, 9}} {
+		if got := pickPriority(mix, tt.u); got != tt.want {
+			t.Errorf("pickPriority(%v): got %d, want %d", tt.u, got, tt.want)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		check   func(t *testing.T, c Config)
+		wantErr string
+	}{
+		{
+			name: "spawn defaults",
+			args: []string{"--spawn-brokers", "1"},
+			check: func(t *testing.T, c Config) {
+				if c.Producers != 8 || c.Consumers != 64 || c.Payload != 100 || c.Duration != 10*time.Second ||
+					c.Timeout != 10*time.Minute || c.Mode != qbroker.AtMostOnce || c.Kind != qbroker.KindFIFO {
+					t.Errorf("got %+v", c)
+				}
+				if !reflect.DeepEqual(c.Baselines, []string{"raw", "naive"}) {
+					t.Errorf("got baselines %v, want raw,naive", c.Baselines)
+				}
+				if !strings.HasPrefix(c.Queue, "loadtest-") {
+					t.Errorf("got queue %q", c.Queue)
+				}
+			},
+		},
+		{
+			name: "messages alone leave no duration",
+			args: []string{"--spawn-brokers", "1", "--messages", "3000"},
+			check: func(t *testing.T, c Config) {
+				if c.Messages != 3000 || c.Duration != 0 {
+					t.Errorf("got messages %d, duration %v, want 3000, 0", c.Messages, c.Duration)
+				}
+			},
+		},
+		{
+			name: "external brokers without zk have no baselines",
+			args: []string{"--broker", "127.0.0.1:7070,127.0.0.1:7071", "--metrics", "localhost:9090,[::1]:9091"},
+			check: func(t *testing.T, c Config) {
+				if len(c.Brokers) != 2 || len(c.Metrics) != 2 || c.Baselines != nil {
+					t.Errorf("got %+v", c)
+				}
+			},
+		},
+		{
+			name: "priority with default mix",
+			args: []string{"--spawn-brokers", "1", "--kind", "priority", "--baselines", "none"},
+			check: func(t *testing.T, c Config) {
+				if c.Kind != qbroker.KindPriority || len(c.PriorityMix) != 3 || c.Baselines != nil {
+					t.Errorf("got kind %v, mix %v, baselines %v", c.Kind, c.PriorityMix, c.Baselines)
+				}
+			},
+		},
+		{name: "no topology", args: nil, wantErr: "--broker"},
+		{name: "both topologies", args: []string{"--spawn-brokers", "1", "--broker", "127.0.0.1:1"}, wantErr: "excludes"},
+		{name: "not loopback", args: []string{"--broker", "10.0.0.1:7070"}, wantErr: "not a loopback"},
+		{name: "zk not loopback", args: []string{"--broker", "127.0.0.1:7070", "--zk", "example.com:2181"}, wantErr: "not a loopback"},
+		{name: "metrics count", args: []string{"--broker", "127.0.0.1:7070", "--metrics", "127.0.0.1:1,127.0.0.1:2"}, wantErr: "2 --metrics addresses for 1"},
+		{name: "baselines need zk", args: []string{"--broker", "127.0.0.1:7070", "--baselines", "raw"}, wantErr: "need --zk"},
+		{name: "unknown baseline", args: []string{"--spawn-brokers", "1", "--baselines", "fast"}, wantErr: "unknown baseline"},
+		{name: "mix without priority", args: []string{"--spawn-brokers", "1", "--priority-mix", "0:100"}, wantErr: "needs --kind priority"},
+		{name: "bad mix", args: []string{"--spawn-brokers", "1", "--kind", "priority", "--priority-mix", "0:50"}, wantErr: "add up to 50"},
+		{name: "nack at most once", args: []string{"--spawn-brokers", "1", "--nack-rate", "0.1"}, wantErr: "needs --mode at-least-once"},
+		{name: "bad mode", args: []string{"--spawn-brokers", "1", "--mode", "exactly-once"}, wantErr: "--mode"},
+		{name: "sync kind", args: []string{"--spawn-brokers", "1", "--kind", "sync"}, wantErr: "--kind"},
+		{name: "small payload", args: []string{"--spawn-brokers", "1", "--payload", "10"}, wantErr: "--payload 10"},
+		{name: "no bound", args: []string{"--spawn-brokers", "1", "--duration", "0"}, wantErr: "--messages or --duration"},
+		{name: "prefetch", args: []string{"--spawn-brokers", "1", "--prefetch", "0"}, wantErr: "--prefetch"},
+		{name: "batch", args: []string{"--spawn-brokers", "1", "--batch", "1001"}, wantErr: "--batch"},
+		{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseFlags(tt.args, io.Discard)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, errUsage) {
+					t.Fatalf("got %v, want a usage error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+// connPool holds the client connections of a run. Producers and consumers
+// are spread round-robin over the brokers; within a broker they share
+// perBroker connections round-robin, or each get their own when perBroker
+// is 0.
+type connPool struct {
+	brokers   []string
+	perBroker int
+	shared    [][]*qbroker.Client // [broker][conn], perBroker > 0
+	own       []*qbroker.Client   // perBroker == 0: every client dialled
+}
+
+func newConnPool(ctx context.Context, brokers []string, perBroker int) (*connPool, error) {
+	p := &connPool{brokers: brokers, perBroker: perBroker}
+	if perBroker == 0 {
+		return p, nil
+	}
+	for _, b := range brokers {
+		var cs []*qbroker.Client
+		for range perBroker {
+			c, err := dial(ctx, b)
+			if err != nil {
+				p.Close()
+				return nil, err
+			}
+			cs = append(cs, c)
+		}
+		p.shared = append(p.shared, cs)
+	}
+	return p, nil
+}
+
+func dial(ctx context.Context, addr string) (*qbroker.Client, error) {
+	c, err := qbroker.Dial(ctx, addr, qbroker.WithWaitConnected())
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	return c, nil
+}
+
+// client returns the connection of worker i (a producer's or a
+// consumer's index): broker i mod B, then connection (i div B) mod
+// perBroker. Not safe for concurrent use: workers are set up by one
+// goroutine.
+func (p *connPool) client(ctx context.Context, i int) (*qbroker.Client, error) {
+	b := i % len(p.brokers)
+	if p.perBroker > 0 {
+		return p.shared[b][(i/len(p.brokers))%p.perBroker], nil
+	}
+	c, err := dial(ctx, p.brokers[b])
+	if err != nil {
+		return nil, err
+	}
+	p.own = append(p.own, c)
+	return c, nil
+}
+
+// any returns a connection for setup calls.
+func (p *connPool) any(ctx context.Context) (*qbroker.Client, error) { return p.client(ctx, 0) }
+
+// Close closes every connection.
+func (p *connPool) Close() {
+	for _, cs := range p.shared {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+	}
+	for _, c := range p.own {
+		_ = c.Close()
+	}
+}

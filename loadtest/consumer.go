@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+// consumer runs one Consume stream and reports every delivery to the
+// checker. At least once, it nacks the first delivery of the messages
+// shouldNack picks and acks everything else.
+type consumer struct {
+	*shared
+	id     int
+	client *qbroker.Client
+	hist   *hdrhistogram.Histogram // end-to-end latency; read once run returned
+}
+
+// run consumes until stop is closed or ctx ends; it returns the error
+// that ended the stream otherwise (or failed to open it).
+func (c *consumer) run(ctx context.Context, stop <-chan struct{}) error {
+	cons, err := c.client.Consume(ctx, c.cfg.Queue, qbroker.ConsumeOptions{Mode: c.cfg.Mode, Prefetch: c.cfg.Prefetch})
+	if err != nil {
+		c.errs.add("consume", err)
+		return fmt.Errorf("consumer %d: %w", c.id, err)
+	}
+	defer cons.Close()
+	for {
+		select {
+		case m, ok := <-cons.Messages():
+			if !ok {
+				if err := cons.Err(); err != nil && ctx.Err() == nil {
+					c.errs.add("consume", err)
+					return fmt.Errorf("consumer %d: %w", c.id, err)
+				}
+				return nil
+			}
+			c.handle(ctx, m)
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+func (c *consumer) handle(ctx context.Context, m *qbroker.Message) {
+	now := time.Now()
+	c.live.deliveries.Add(1)
+	ackMode := c.cfg.Mode == qbroker.AtLeastOnce
+	h, err := decodePayload(m.Payload)
+	if err != nil {
+		c.checker.Corrupt(m.ID, err)
+		if ackMode {
+			c.settle(ctx, m, false) // out of the way
+		}
+		return
+	}
+	first := m.DeliveryCount <= 1
+	if first {
+		record(c.hist, now.Sub(h.Sent))
+	}
+	c.checker.Delivered(c.id, h.msgKey, m.Priority, m.ID, m.DeliveryCount)
+	if !ackMode {
+		return
+	}
+	nack := first && shouldNack(h.msgKey, c.cfg.NackRate)
+	if c.settle(ctx, m, nack) && !nack {
+		c.checker.Acked(h.msgKey)
+	}
+}
+
+// settle acks or nacks m and reports whether that succeeded.
+func (c *consumer) settle(ctx context.Context, m *qbroker.Message, nack bool) bool {
+	var err error
+	op := "ack"
+	if nack {
+		op = "nack"
+		err = m.Nack(ctx, 0)
+	} else {
+		err = m.Ack(ctx)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			c.errs.add(op, err)
+		}
+		return false
+	}
+	if !nack {
+		c.live.acked.Add(1)
+	}
+	return true
+}

@@ -1,0 +1,85 @@
+// Command loadtest measures qbroker end to end, through its Go client
+// (clients/go) only, and checks every message on the way.
+//
+//	make loadtest                                   # = bin/loadtest --spawn-brokers 1
+//	bin/loadtest --spawn-brokers 2 --producers 8 --consumers 64 --duration 20s --json r.json --html r.html
+//	bin/loadtest --broker 127.0.0.1:7070 --metrics 127.0.0.1:9090 --zk 127.0.0.1:2181
+//
+// # Topology
+//
+// With --spawn-brokers N it starts its own ZooKeeper (internal/zkserver)
+// and N `qbroker serve` processes (built with go build from this tree, or
+// --qbroker-bin), each on free 127.0.0.1 ports with --metrics-listen set,
+// in their own process groups with a parent-death signal: they are all
+// stopped at the end, on Ctrl-C, and when the load test is killed. Or it
+// targets running brokers (--broker, with --metrics for their /metrics
+// and --zk for the baselines). Every address must be a loopback address.
+//
+// # Workload
+//
+// --producers goroutines publish (--batch messages per call) to a new
+// queue (--kind fifo or priority, with --priority-mix), in closed loop or
+// at an open-loop --rate, for --duration or --messages; --consumers
+// consume it over Consume streams (--mode, --prefetch), nacking the first
+// delivery of a --nack-rate fraction at least once. Producers and
+// consumers are spread round-robin over the brokers and over
+// --conns-per-broker client connections (0: one each). Consumers stay
+// until every published message is delivered (acked), bounded by
+// --drain-timeout; the queue is deleted at the end. --timeout bounds
+// everything.
+//
+// A payload carries its producer, sequence number and send time (in open
+// loop the time it was due, so end-to-end latency includes any publishing
+// backlog) and a filler derived from them up to --payload bytes.
+//
+// # Checks
+//
+// The run fails (exit status 1, reasons on stderr) when a message whose
+// publish succeeded is never delivered (at-most-once) or acked
+// (at-least-once), when one is delivered twice at-most-once or acked
+// twice or delivered after its ack at-least-once, when a delivered id
+// differs from the published one or a payload is corrupt, or when the
+// queue is not empty afterwards. Messages whose publish failed may or may
+// not be in the queue: they are never counted lost.
+//
+// Order: each consumer must see each producer's messages in increasing
+// sequence (per priority on priority queues). Redeliveries are not
+// compared (a nacked or released message comes back behind newer ones),
+// and a queue with several consumers promises no global order; with
+// several brokers, or a claim racing a re-scan of the head, a consumer's
+// own view may invert, so --order report counts violations without
+// failing the run (--order strict, the default, fails it).
+//
+// # Baselines
+//
+// On the same ZooKeeper with the same payload (--baselines, default
+// raw,naive when the ZooKeeper is known), each bounded by
+// --baseline-duration, after the workload:
+//
+//   - raw: create+delete pairs of sequential nodes, --raw-sessions
+//     sessions × --raw-goroutines goroutines, no contention: the ceiling
+//     of any ZooKeeper queue;
+//   - naive: the seeds' recipe: --consumers consumers, each with its own
+//     session, listing the children, sorting them and racing for the head
+//     with getData+delete, moving on to the next child when the node is
+//     gone and listing again when the list is used up, on a queue
+//     prefilled with --naive-prefill messages.
+//
+// qbroker's delivered/s is reported as a ratio of each.
+//
+// # Report
+//
+// A summary on stdout; a progress line on stderr every second (--quiet
+// turns it off); --json FILE with the configuration, throughput
+// (published/s, delivered/s: distinct messages delivered, or acked at
+// least once), latency percentiles (p50, p90, p99, p99.9, max, plus CDF
+// and histogram points) of publish calls and of send-to-first-delivery,
+// lost claims per delivered message (qbroker_claim_conflicts_total over
+// qbroker_messages_delivered_total of the queue, scraped from every
+// broker before and after), errors by gRPC code and by call, the
+// baselines and ratios, CPU seconds per 1,000 messages of the brokers and
+// of ZooKeeper (spawned topologies only, from /proc/<pid>/stat), and a
+// per-second timeline; --html FILE with the same as one self-contained
+// page of SVG charts (throughput over time, latency histograms and CDF,
+// baseline comparison).
+package main

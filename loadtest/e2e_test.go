@@ -1,0 +1,182 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+	"github.com/qbroker/qbroker/internal/zkserver"
+	"github.com/qbroker/qbroker/internal/zktest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, zktest.IgnoreGoroutines()...)
+}
+
+// TestEndToEnd runs the load test as the command does, against a spawned
+// ZooKeeper and two brokers built from this tree, in both delivery modes,
+// and checks its verdict and its JSON report. It asserts no timing.
+func TestEndToEnd(t *testing.T) {
+	if !zkserver.Installed() {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("ZooKeeper is required in CI: %v", zkserver.ErrNotInstalled)
+		}
+		t.Skip(zkserver.ErrNotInstalled)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	bin, err := buildQBroker(ctx, dir, raceEnabled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := spawnTopology(ctx, 2, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, p := range topo.procs {
+			if b, _ := os.ReadFile(p.logPath); bytes.Contains(b, []byte("DATA RACE")) {
+				t.Errorf("broker log %s reports a data race:\n%s", p.logPath, b)
+			}
+		}
+		topo.Close()
+	})
+
+	tests := []struct {
+		name      string
+		mode      qbroker.DeliveryMode
+		nackRate  float64
+		batch     int
+		baselines []string
+	}{
+		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive}},
+		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := Config{
+				Producers: 4, Consumers: 8, ConnsPerBroker: 1,
+				Messages: 3000, Payload: 100, Batch: tt.batch, Prefetch: 4,
+				Mode: tt.mode, NackRate: tt.nackRate, Queue: "e2e-" + tt.name,
+				// Two brokers may invert a consumer's order legitimately;
+				// loss and duplicates are what this test asserts.
+				Order:     orderReport,
+				Baselines: tt.baselines, BaselineDuration: 500 * time.Millisecond,
+				RawSessions: 2, RawGoroutines: 4, NaivePrefill: 200,
+				Timeout: 2 * time.Minute, DrainTimeout: time.Minute,
+				JSONPath: filepath.Join(dir, tt.name+".json"),
+				HTMLPath: filepath.Join(dir, tt.name+".html"),
+			}
+			var stdout, stderr bytes.Buffer
+			if code := runOn(ctx, cfg, topo, &stdout, &stderr); code != 0 {
+				t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
+			}
+			if !strings.Contains(stdout.String(), "result       OK") {
+				t.Errorf("summary does not say OK:\n%s", &stdout)
+			}
+			checkReport(t, cfg, tt.baselines)
+			if page, err := os.ReadFile(cfg.HTMLPath); err != nil || !bytes.Contains(page, []byte("<svg")) {
+				t.Errorf("HTML report: %v, %d bytes without a chart", err, len(page))
+			}
+		})
+	}
+}
+
+// checkReport reads the JSON report back as a user of it would.
+func checkReport(t *testing.T, cfg Config, baselines []string) {
+	t.Helper()
+	b, err := os.ReadFile(cfg.JSONPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		OK       bool `json:"ok"`
+		Topology struct {
+			Brokers []string `json:"brokers"`
+			Spawned bool     `json:"spawned"`
+		} `json:"topology"`
+		Config struct {
+			Mode     string  `json:"mode"`
+			Messages int     `json:"messages"`
+			NackRate float64 `json:"nack_rate"`
+		} `json:"config"`
+		Throughput struct {
+			Published       int64   `json:"published"`
+			Delivered       int64   `json:"delivered"`
+			PublishedPerSec float64 `json:"published_per_sec"`
+			DeliveredPerSec float64 `json:"delivered_per_sec"`
+		} `json:"throughput"`
+		Latency map[string]struct {
+			Count int64   `json:"count"`
+			P50   float64 `json:"p50_ms"`
+			P999  float64 `json:"p99_9_ms"`
+			Max   float64 `json:"max_ms"`
+		} `json:"latency"`
+		Check     Verdict `json:"check"`
+		Conflicts *struct {
+			Broker       brokerCounters `json:"broker"`
+			PerDelivered float64        `json:"per_delivered"`
+		} `json:"conflicts"`
+		CPU *struct {
+			BrokerPer1k    float64 `json:"broker_seconds_per_1k"`
+			ZooKeeperPer1k float64 `json:"zookeeper_seconds_per_1k"`
+		} `json:"cpu"`
+		Baselines []BaselineResult `json:"baselines"`
+		Ratios    map[string]float64
+		Timeline  []TimelinePoint `json:"timeline"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("report does not parse: %v\n%s", err, b)
+	}
+	v := r.Check
+	if !r.OK || !v.OK || v.Lost != 0 || v.Duplicates != 0 || v.Corrupt != 0 || v.Unknown != 0 || v.IDMismatches != 0 {
+		t.Errorf("verdict: ok %v, %+v", r.OK, v)
+	}
+	if v.Published != 3000 || v.Delivered != 3000 || r.Throughput.Published != 3000 || r.Throughput.Delivered != 3000 {
+		t.Errorf("got %d published, %d delivered (throughput %+v), want 3000", v.Published, v.Delivered, r.Throughput)
+	}
+	if r.Config.Mode != cfg.Mode.String() || r.Config.Messages != 3000 || len(r.Topology.Brokers) != 2 || !r.Topology.Spawned {
+		t.Errorf("config %+v, topology %+v", r.Config, r.Topology)
+	}
+	if r.Throughput.PublishedPerSec <= 0 || r.Throughput.DeliveredPerSec <= 0 {
+		t.Errorf("throughput %+v", r.Throughput)
+	}
+	for _, name := range []string{"publish", "end_to_end"} {
+		l := r.Latency[name]
+		if l.Count == 0 || l.P50 <= 0 || l.P999 < l.P50 || l.Max < l.P999 {
+			t.Errorf("latency %s: %+v", name, l)
+		}
+	}
+	if r.Conflicts == nil || r.Conflicts.Broker.Delivered < 3000 || r.Conflicts.Broker.Published != 3000 || r.Conflicts.PerDelivered < 0 {
+		t.Errorf("broker counters: %+v", r.Conflicts)
+	}
+	if r.CPU == nil || r.CPU.BrokerPer1k <= 0 || r.CPU.ZooKeeperPer1k <= 0 {
+		t.Errorf("cpu: %+v", r.CPU)
+	}
+	if cfg.Mode == qbroker.AtLeastOnce {
+		// About 300 of 3000 are nacked once, so redelivered.
+		if v.Acked != 3000 || v.Redeliveries < 100 || r.Conflicts == nil || r.Conflicts.Broker.Nacked < 100 {
+			t.Errorf("at least once: %d acked, %d redeliveries, broker %+v", v.Acked, v.Redeliveries, r.Conflicts)
+		}
+	}
+	if len(r.Baselines) != len(baselines) {
+		t.Fatalf("got baselines %+v, want %v", r.Baselines, baselines)
+	}
+	for i, bl := range r.Baselines {
+		if bl.Name != baselines[i] || bl.Messages <= 0 || bl.PerSec <= 0 || r.Ratios["vs_"+bl.Name] <= 0 {
+			t.Errorf("baseline %+v, ratio %v", bl, r.Ratios["vs_"+bl.Name])
+		}
+	}
+	if len(r.Timeline) == 0 {
+		t.Error("empty timeline")
+	}
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "loadtest: %v\n", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// After the first signal, the next one kills at once (and the
+	// parent-death signal takes the spawned processes with us).
+	context.AfterFunc(ctx, stop)
+	// The last resort of --timeout: cleanup is bounded too, but should
+	// anything hang past it, exit anyway.
+	watchdog := time.AfterFunc(cfg.Timeout+time.Minute, func() {
+		fmt.Fprintf(os.Stderr, "loadtest: FAILED: still running %v after --timeout; exiting\n", time.Minute)
+		os.Exit(1)
+	})
+	defer watchdog.Stop()
+	code := run(ctx, cfg, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run does the whole test and returns the exit status: 0 when every check
+// passed, 1 otherwise.
+func run(ctx context.Context, cfg Config, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	topo := externalTopology(cfg)
+	if cfg.SpawnBrokers > 0 {
+		fmt.Fprintf(stderr, "loadtest: starting ZooKeeper and %d broker(s)\n", cfg.SpawnBrokers)
+		var err error
+		topo, err = spawnTopology(ctx, cfg.SpawnBrokers, cfg.QBrokerBin)
+		if err != nil {
+			fmt.Fprintf(stderr, "loadtest: FAILED: %v\n", err)
+			return 1
+		}
+		defer topo.Close()
+	}
+	return runOn(ctx, cfg, topo, stdout, stderr)
+}
+
+// runOn runs the test against topo, prints the summary, writes the
+// report files and returns the exit status.
+func runOn(ctx context.Context, cfg Config, topo *Topology, stdout, stderr io.Writer) int {
+	var progress io.Writer
+	if cfg.Progress {
+		progress = stderr
+	}
+	r, err := execute(ctx, cfg, topo, progress)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", err, context.Cause(ctx))
+		}
+		fmt.Fprintf(stderr, "loadtest: FAILED: %v\n", err)
+		return 1
+	}
+	writeSummary(stdout, r)
+	if cfg.JSONPath != "" {
+		if err := writeJSON(cfg.JSONPath, r); err != nil {
+			fmt.Fprintf(stderr, "loadtest: FAILED: %v\n", err)
+			return 1
+		}
+	}
+	if cfg.HTMLPath != "" {
+		if err := writeHTML(cfg.HTMLPath, r); err != nil {
+			fmt.Fprintf(stderr, "loadtest: FAILED: %v\n", err)
+			return 1
+		}
+	}
+	if !r.OK {
+		fmt.Fprintf(stderr, "loadtest: FAILED:\n  %s\n", strings.Join(r.Failures, "\n  "))
+		return 1
+	}
+	return 0
+}
+
+// execute runs the workload and the baselines against topo and assembles
+// the report. It fails only when the test could not run; a run that
+// broke a guarantee returns a report whose OK is false.
+func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer) (*Report, error) {
+	started := time.Now()
+	pool, err := newConnPool(ctx, topo.Brokers, cfg.ConnsPerBroker)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	admin, err := pool.any(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := admin.CreateQueue(ctx, cfg.Queue, qbroker.QueueOptions{Kind: cfg.Kind}); err != nil {
+		return nil, err
+	}
+	queueDeleted := false
+	deleteQueue := func() {
+		if queueDeleted {
+			return
+		}
+		queueDeleted = true
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = admin.DeleteQueue(dctx, cfg.Queue)
+	}
+	defer deleteQueue()
+
+	var failures []string
+	var before, after brokerCounters
+	scraped := len(topo.Metrics) > 0
+	if scraped {
+		if before, err = scrapeAll(ctx, topo.Metrics, cfg.Queue); err != nil {
+			failures = append(failures, err.Error())
+			scraped = false
+		}
+	}
+	cpu0, cpuOK := topo.cpu()
+	w, err := runWorkload(ctx, &cfg, pool, progress)
+	if err != nil {
+		return nil, err
+	}
+	cpu1, cpu1OK := topo.cpu()
+	in := reportInput{Config: cfg, Topology: topo, Started: started, Workload: w}
+	if scraped {
+		// Bounded by its own timeout: wanted after an interrupt too.
+		if after, err = scrapeAll(context.WithoutCancel(ctx), topo.Metrics, cfg.Queue); err != nil {
+			failures = append(failures, err.Error())
+		} else {
+			d := after.sub(before)
+			in.Counters = &d
+		}
+	}
+	if cpuOK && cpu1OK {
+		d := cpu1.sub(cpu0)
+		in.CPU = &d
+	}
+	failures = append(failures, topo.exited()...)
+	deleteQueue()
+
+	if !w.Interrupted {
+		for _, name := range cfg.Baselines {
+			if ctx.Err() != nil {
+				break
+			}
+			run := runRaw
+			if name == baselineNaive {
+				run = runNaive
+			}
+			b, err := run(ctx, &cfg, topo.ZooKeeper, topo, progress)
+			if err != nil {
+				failures = append(failures, fmt.Sprintf("baseline %s: %v", name, err))
+				continue
+			}
+			in.Baselines = append(in.Baselines, b)
+		}
+	}
+	in.Failures = failures
+	return buildReport(in), nil
+}

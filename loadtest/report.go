@@ -1,0 +1,315 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+// Report is the outcome of a run: the JSON report (--json) as is, the
+// source of the human summary and of the HTML page.
+type Report struct {
+	Version     int            `json:"version"`
+	Started     time.Time      `json:"started"`
+	Config      reportConfig   `json:"config"`
+	Topology    reportTopology `json:"topology"`
+	OK          bool           `json:"ok"`
+	Failures    []string       `json:"failures,omitempty"`
+	Interrupted bool           `json:"interrupted,omitempty"`
+	// PublishSeconds: from the first publish to the last producer's
+	// end; Seconds: to the last message delivered (acked).
+	PublishSeconds float64          `json:"publish_seconds"`
+	Seconds        float64          `json:"seconds"`
+	Throughput     Throughput       `json:"throughput"`
+	Latency        Latencies        `json:"latency"`
+	Check          Verdict          `json:"check"`
+	Errors         ErrorStats       `json:"errors"`
+	Conflicts      *ConflictStats   `json:"conflicts,omitempty"`
+	CPU            *CPUStats        `json:"cpu,omitempty"`
+	Baselines      []BaselineResult `json:"baselines,omitempty"`
+	// Ratios: qbroker's delivered/s divided by each baseline's rate.
+	Ratios   map[string]float64 `json:"ratios,omitempty"`
+	Timeline []TimelinePoint    `json:"timeline"`
+}
+
+const reportVersion = 1
+
+type reportConfig struct {
+	Config
+	DurationSeconds         float64 `json:"duration_seconds"`
+	BaselineDurationSeconds float64 `json:"baseline_duration_seconds"`
+	TimeoutSeconds          float64 `json:"timeout_seconds"`
+}
+
+type reportTopology struct {
+	Brokers   []string `json:"brokers"`
+	Metrics   []string `json:"metrics,omitempty"`
+	ZooKeeper string   `json:"zookeeper,omitempty"`
+	Spawned   bool     `json:"spawned"`
+}
+
+// Throughput counts distinct messages: delivered means delivered at most
+// once, or acked at least once.
+type Throughput struct {
+	Published       int64   `json:"published"`
+	Delivered       int64   `json:"delivered"`
+	PublishedPerSec float64 `json:"published_per_sec"`
+	DeliveredPerSec float64 `json:"delivered_per_sec"`
+	TargetRate      float64 `json:"target_rate,omitempty"`
+	// MaxSendLagMS: open loop, the most a publish started after it was
+	// due.
+	MaxSendLagMS float64 `json:"max_send_lag_ms,omitempty"`
+}
+
+// Latencies: Publish is the duration of each publish call (one sample per
+// call, so per batch); EndToEnd is from a message's send time (its due
+// time in open loop) to its first delivery.
+type Latencies struct {
+	Publish  LatencySummary `json:"publish"`
+	EndToEnd LatencySummary `json:"end_to_end"`
+}
+
+// ErrorStats counts the errors of client calls by gRPC code and by call.
+type ErrorStats struct {
+	Total  int64            `json:"total"`
+	ByCode map[string]int64 `json:"by_code"`
+	ByOp   map[string]int64 `json:"by_op"`
+}
+
+// ConflictStats are the brokers' counters over the run: claims lost to
+// another consumer per message delivered, and the brokers' ZooKeeper
+// requests per message delivered, by "op/result".
+type ConflictStats struct {
+	Broker                 brokerCounters     `json:"broker"`
+	PerDelivered           float64            `json:"per_delivered"`
+	ZKRequestsPerDelivered map[string]float64 `json:"zk_requests_per_delivered,omitempty"`
+}
+
+// CPUStats is the CPU time of the spawned processes over the run.
+type CPUStats struct {
+	BrokerSeconds    float64 `json:"broker_seconds"`
+	ZooKeeperSeconds float64 `json:"zookeeper_seconds"`
+	BrokerPer1k      float64 `json:"broker_seconds_per_1k"`
+	ZooKeeperPer1k   float64 `json:"zookeeper_seconds_per_1k"`
+	// Cores: average CPU use over the run (1 = one core busy).
+	BrokerCores    float64 `json:"broker_cores"`
+	ZooKeeperCores float64 `json:"zookeeper_cores"`
+	// The load test's own producers and consumers share the machine.
+	LoadtestSeconds float64 `json:"loadtest_seconds"`
+	LoadtestCores   float64 `json:"loadtest_cores"`
+}
+
+// reportInput is everything a report is assembled from.
+type reportInput struct {
+	Config    Config
+	Topology  *Topology
+	Started   time.Time
+	Workload  *workloadResult
+	Counters  *brokerCounters // broker counters' delta; nil when not scraped
+	CPU       *cpuSample      // spawned processes' CPU delta; nil when unknown
+	Baselines []BaselineResult
+	Failures  []string // run-level failures (setup, scrape, baselines)
+}
+
+// buildReport assembles a report. It does no I/O.
+func buildReport(in reportInput) *Report {
+	c := in.Config
+	w := in.Workload
+	r := &Report{
+		Version: reportVersion,
+		Started: in.Started,
+		Config: reportConfig{Config: c, DurationSeconds: c.Duration.Seconds(),
+			BaselineDurationSeconds: c.BaselineDuration.Seconds(), TimeoutSeconds: c.Timeout.Seconds()},
+		Topology: reportTopology{Brokers: in.Topology.Brokers, Metrics: in.Topology.Metrics,
+			ZooKeeper: in.Topology.ZooKeeper, Spawned: in.Topology.Spawned},
+		Interrupted:    w.Interrupted,
+		PublishSeconds: w.PublishEnd.Sub(w.Start).Seconds(),
+		Seconds:        w.End.Sub(w.Start).Seconds(),
+		Check:          w.Verdict,
+		Baselines:      in.Baselines,
+		Timeline:       w.Timeline,
+	}
+	delivered := w.Verdict.Delivered
+	if c.Mode == qbroker.AtLeastOnce {
+		delivered = w.Verdict.Acked
+	}
+	r.Throughput = Throughput{
+		Published:       w.Verdict.Published,
+		Delivered:       delivered,
+		PublishedPerSec: perSec(w.Verdict.Published, r.PublishSeconds),
+		DeliveredPerSec: perSec(delivered, r.Seconds),
+		TargetRate:      c.Rate,
+		MaxSendLagMS:    float64(w.MaxSendLag) / float64(time.Millisecond),
+	}
+	r.Latency = Latencies{Publish: summarize(w.Publish), EndToEnd: summarize(w.EndToEnd)}
+	r.Errors = ErrorStats{ByCode: w.ErrorsByCode, ByOp: w.ErrorsByOp}
+	for _, n := range w.ErrorsByCode {
+		r.Errors.Total += n
+	}
+	if in.Counters != nil {
+		r.Conflicts = &ConflictStats{Broker: *in.Counters}
+		if d := in.Counters.Delivered; d > 0 {
+			r.Conflicts.PerDelivered = in.Counters.Conflicts / d
+			for k, v := range in.Counters.ZKRequests {
+				if r.Conflicts.ZKRequestsPerDelivered == nil {
+					r.Conflicts.ZKRequestsPerDelivered = map[string]float64{}
+				}
+				r.Conflicts.ZKRequestsPerDelivered[k] = v / d
+			}
+		}
+	}
+	if in.CPU != nil && r.Seconds > 0 {
+		r.CPU = &CPUStats{
+			BrokerSeconds:    in.CPU.Brokers.Seconds(),
+			ZooKeeperSeconds: in.CPU.ZooKeeper.Seconds(),
+			BrokerCores:      in.CPU.Brokers.Seconds() / r.Seconds,
+			ZooKeeperCores:   in.CPU.ZooKeeper.Seconds() / r.Seconds,
+			LoadtestSeconds:  in.CPU.Self.Seconds(),
+			LoadtestCores:    in.CPU.Self.Seconds() / r.Seconds,
+		}
+		if delivered > 0 {
+			r.CPU.BrokerPer1k = r.CPU.BrokerSeconds / float64(delivered) * 1000
+			r.CPU.ZooKeeperPer1k = r.CPU.ZooKeeperSeconds / float64(delivered) * 1000
+		}
+	}
+	for _, b := range in.Baselines {
+		if b.PerSec > 0 {
+			if r.Ratios == nil {
+				r.Ratios = map[string]float64{}
+			}
+			r.Ratios["vs_"+b.Name] = r.Throughput.DeliveredPerSec / b.PerSec
+		}
+	}
+	r.Failures = slices.Clone(in.Failures)
+	if w.Interrupted {
+		r.Failures = append(r.Failures, "interrupted before every message was delivered: no verdict")
+	}
+	r.Failures = append(r.Failures, w.Verdict.Problems...)
+	r.Failures = append(r.Failures, w.Problems...)
+	r.OK = len(r.Failures) == 0 && w.Verdict.OK
+	if !r.OK && len(r.Failures) == 0 {
+		r.Failures = []string{"check failed"}
+	}
+	return r
+}
+
+func perSec(n int64, sec float64) float64 {
+	if sec <= 0 {
+		return 0
+	}
+	return float64(n) / sec
+}
+
+// writeJSON writes the report to path.
+func writeJSON(path string, r *Report) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// writeSummary prints the human summary.
+func writeSummary(out io.Writer, r *Report) {
+	var b strings.Builder
+	c := r.Config
+	topo := fmt.Sprintf("%d broker(s) at %s", len(r.Topology.Brokers), strings.Join(r.Topology.Brokers, ","))
+	if r.Topology.Spawned {
+		topo = fmt.Sprintf("%d spawned broker(s), ZooKeeper %s", len(r.Topology.Brokers), r.Topology.ZooKeeper)
+	}
+	fmt.Fprintf(&b, "qbroker load test: %s\n", topo)
+	fmt.Fprintf(&b, "  %s %s queue %s, %d producers, %d consumers (prefetch %d), payload %d B, batch %d",
+		c.Mode, c.Kind, c.Queue, c.Producers, c.Consumers, c.Prefetch, c.Payload, c.Batch)
+	if c.Rate > 0 {
+		fmt.Fprintf(&b, ", open loop at %.0f msg/s (publishes started at most %s late)", c.Rate, ms(r.Throughput.MaxSendLagMS))
+	} else {
+		b.WriteString(", closed loop")
+	}
+	if c.NackRate > 0 {
+		fmt.Fprintf(&b, ", nack rate %.2f", c.NackRate)
+	}
+	b.WriteString("\n\n")
+	t := r.Throughput
+	fmt.Fprintf(&b, "throughput   published %d in %.1fs = %.0f msg/s; delivered %d in %.1fs = %.0f msg/s\n",
+		t.Published, r.PublishSeconds, t.PublishedPerSec, t.Delivered, r.Seconds, t.DeliveredPerSec)
+	writeLatency(&b, "publish call", r.Latency.Publish)
+	writeLatency(&b, "end to end", r.Latency.EndToEnd)
+	if r.Conflicts != nil {
+		fmt.Fprintf(&b, "conflicts    %.0f lost claims for %.0f broker deliveries = %.3f per message\n",
+			r.Conflicts.Broker.Conflicts, r.Conflicts.Broker.Delivered, r.Conflicts.PerDelivered)
+		if z := r.Conflicts.ZKRequestsPerDelivered; len(z) > 0 {
+			keys := slices.Sorted(maps.Keys(z))
+			b.WriteString("zk requests  per message:")
+			for _, k := range keys {
+				fmt.Fprintf(&b, " %s %.2f", k, z[k])
+			}
+			b.WriteString("\n")
+		}
+	}
+	if r.CPU != nil {
+		fmt.Fprintf(&b, "cpu          brokers %.2fs (%.2f cores) = %.3fs per 1k msgs; ZooKeeper %.2fs (%.2f cores) = %.3fs per 1k msgs; load test %.2f cores\n",
+			r.CPU.BrokerSeconds, r.CPU.BrokerCores, r.CPU.BrokerPer1k, r.CPU.ZooKeeperSeconds, r.CPU.ZooKeeperCores, r.CPU.ZooKeeperPer1k, r.CPU.LoadtestCores)
+	}
+	fmt.Fprintf(&b, "errors       %d", r.Errors.Total)
+	if r.Errors.Total > 0 {
+		fmt.Fprintf(&b, " by code %v, by call %v", r.Errors.ByCode, r.Errors.ByOp)
+	}
+	b.WriteString("\n")
+	for _, bl := range r.Baselines {
+		switch bl.Name {
+		case baselineRaw:
+			fmt.Fprintf(&b, "baseline     raw ZooKeeper create+delete: %.0f pairs/s (%d sessions, %d goroutines)",
+				bl.PerSec, bl.Sessions, bl.Goroutines)
+		case baselineNaive:
+			fmt.Fprintf(&b, "baseline     naive consumers (seeds' recipe): %.0f msg/s, %.1f lost races per message (%d consumers, depth %d)",
+				bl.PerSec, bl.ConflictsPerDelivered, bl.Sessions, bl.Prefill)
+		}
+		if bl.ZooKeeperCPUSecPer1k > 0 {
+			fmt.Fprintf(&b, "; ZooKeeper %.3fs per 1k", bl.ZooKeeperCPUSecPer1k)
+		}
+		if ratio, ok := r.Ratios["vs_"+bl.Name]; ok {
+			fmt.Fprintf(&b, "; qbroker = %.2fx", ratio)
+		}
+		b.WriteString("\n")
+	}
+	v := r.Check
+	fmt.Fprintf(&b, "check        %d published (%d uncertain), %d delivered, %d deliveries, %d redeliveries",
+		v.Published, v.Uncertain, v.Delivered, v.Deliveries, v.Redeliveries)
+	if c.Mode == qbroker.AtLeastOnce {
+		fmt.Fprintf(&b, ", %d acked", v.Acked)
+	}
+	fmt.Fprintf(&b, "; lost %d, duplicates %d, order violations %d\n", v.Lost, v.Duplicates, v.OrderViolations)
+	if r.OK {
+		b.WriteString("result       OK\n")
+	} else {
+		b.WriteString("result       FAILED\n")
+	}
+	fmt.Fprint(out, b.String())
+}
+
+func writeLatency(b *strings.Builder, name string, s LatencySummary) {
+	if s.Count == 0 {
+		fmt.Fprintf(b, "%-12s no samples\n", name)
+		return
+	}
+	fmt.Fprintf(b, "%-12s p50 %s  p90 %s  p99 %s  p99.9 %s  max %s  (%d samples)\n",
+		name, ms(s.P50MS), ms(s.P90MS), ms(s.P99MS), ms(s.P999MS), ms(s.MaxMS), s.Count)
+}
+
+// ms formats milliseconds with a sensible precision.
+func ms(v float64) string {
+	switch {
+	case v < 1:
+		return fmt.Sprintf("%.3fms", v)
+	case v < 100:
+		return fmt.Sprintf("%.1fms", v)
+	}
+	return fmt.Sprintf("%.0fms", v)
+}

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+// workloadResult is what one run of producers and consumers measured.
+type workloadResult struct {
+	Start      time.Time // producers started (consumers were subscribed)
+	PublishEnd time.Time // the last producer finished
+	End        time.Time // every published message was complete, or the drain gave up
+	Verdict    Verdict
+	// Problems beyond the checker's: drain timeout, consumers that
+	// ended, messages left in the queue.
+	Problems     []string
+	Interrupted  bool
+	Publish      *hdrhistogram.Histogram // publish call latency
+	EndToEnd     *hdrhistogram.Histogram // send time to first delivery
+	ErrorsByCode map[string]int64
+	ErrorsByOp   map[string]int64
+	Timeline     []TimelinePoint
+	// MaxSendLag: open loop, the most a publish call started after its
+	// due time. Much more than a publish latency means the producers
+	// could not keep the rate (add producers).
+	MaxSendLag time.Duration
+}
+
+// shared is what every producer and consumer of a run reports to.
+type shared struct {
+	cfg     *Config
+	checker *Checker
+	live    *liveCounters
+	errs    *errorCounts
+}
+
+// runWorkload runs producers and consumers on the existing queue
+// cfg.Queue. It subscribes the consumers, runs the producers until their
+// quota or deadline, waits until every published message is delivered
+// (acked at least once) or cfg.DrainTimeout passes, closes the consumers
+// and checks that the queue is empty. Every goroutine it starts has ended
+// when it returns.
+func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.Writer) (*workloadResult, error) {
+	ackMode := cfg.Mode == qbroker.AtLeastOnce
+	live := &liveCounters{}
+	sh := &shared{cfg: cfg, checker: NewChecker(cfg.Producers, ackMode), live: live, errs: newErrorCounts(live)}
+	res := &workloadResult{}
+
+	// Consumers first, so producers publish into a consumed queue.
+	consumers, err := startConsumers(ctx, sh, pool)
+	if err != nil {
+		return nil, err
+	}
+	res.Start = time.Now()
+	producers, err := newProducers(ctx, sh, pool, res.Start)
+	if err != nil {
+		consumers.close()
+		return nil, err
+	}
+
+	var phase atomic.Value
+	phase.Store("publish")
+	sctx, stopSampler := context.WithCancel(ctx)
+	s := newSampler(live, res.Start, progress, ackMode, func() string { return phase.Load().(string) })
+	go s.run(sctx)
+
+	var wg sync.WaitGroup
+	for _, p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.run(ctx)
+		}()
+	}
+	wg.Wait()
+	res.PublishEnd = time.Now()
+	phase.Store("drain")
+
+	if ctx.Err() == nil {
+		res.Problems = append(res.Problems, drain(ctx, sh, &consumers.left)...)
+	}
+	res.Interrupted = ctx.Err() != nil
+	res.End = time.Now()
+	res.Problems = append(res.Problems, consumers.close()...)
+	stopSampler()
+	<-s.done
+
+	if !res.Interrupted {
+		res.Verdict = sh.checker.Verdict(cfg.Order == orderStrict)
+		if p := leftovers(ctx, cfg, pool, res.Verdict); p != "" {
+			res.Problems = append(res.Problems, p)
+		}
+	} else {
+		// Not every message had its chance: counts, but no verdict.
+		res.Verdict = sh.checker.Verdict(false)
+		res.Verdict.OK, res.Verdict.Lost, res.Verdict.Problems = false, 0, nil
+	}
+	pubHists := make([]*hdrhistogram.Histogram, len(producers))
+	for i, p := range producers {
+		pubHists[i] = p.hist
+		res.MaxSendLag = max(res.MaxSendLag, p.maxLag)
+	}
+	res.Publish = mergeHists(pubHists)
+	res.EndToEnd = mergeHists(consumers.hists)
+	res.ErrorsByCode, res.ErrorsByOp = sh.errs.snapshot()
+	res.Timeline = s.points
+	return res, nil
+}
+
+// consumerGroup owns the consumers' goroutines.
+type consumerGroup struct {
+	stop  chan struct{}
+	wg    sync.WaitGroup
+	left  atomic.Int64 // consumers still running
+	errs  chan error   // why consumers ended, buffered for all
+	hists []*hdrhistogram.Histogram
+}
+
+// startConsumers starts cfg.Consumers consumers, spread over the pool.
+func startConsumers(ctx context.Context, sh *shared, pool *connPool) (*consumerGroup, error) {
+	n := sh.cfg.Consumers
+	g := &consumerGroup{stop: make(chan struct{}), errs: make(chan error, n)}
+	for i := range n {
+		cl, err := pool.client(ctx, i)
+		if err != nil {
+			g.close()
+			return nil, err
+		}
+		c := &consumer{shared: sh, id: i, client: cl, hist: newHist()}
+		g.hists = append(g.hists, c.hist)
+		g.wg.Add(1)
+		g.left.Add(1)
+		go func() {
+			defer g.wg.Done()
+			defer g.left.Add(-1)
+			if err := c.run(ctx, g.stop); err != nil {
+				g.errs <- err
+			}
+		}()
+	}
+	return g, nil
+}
+
+// close stops the consumers, waits for them and returns why any of them
+// had ended before.
+func (g *consumerGroup) close() []string {
+	close(g.stop)
+	g.wg.Wait()
+	close(g.errs)
+	var out []string
+	for err := range g.errs {
+		out = append(out, err.Error())
+	}
+	return out
+}
+
+// newProducers sets up the producers, spread over the pool, with their
+// share of cfg.Messages, their deadline and, in open loop, their
+// schedule. Producers whose share is 0 are left out.
+func newProducers(ctx context.Context, sh *shared, pool *connPool, start time.Time) ([]*producer, error) {
+	cfg := sh.cfg
+	var out []*producer
+	for i := range cfg.Producers {
+		cl, err := pool.client(ctx, i)
+		if err != nil {
+			return nil, err
+		}
+		p := &producer{shared: sh, id: i, client: cl, hist: newHist(),
+			rng: rand.New(rand.NewPCG(uint64(i), uint64(start.UnixNano())))}
+		if cfg.Messages > 0 {
+			p.quota = cfg.Messages / cfg.Producers
+			if i < cfg.Messages%cfg.Producers {
+				p.quota++
+			}
+			if p.quota == 0 {
+				continue
+			}
+		}
+		if cfg.Duration > 0 {
+			p.until = start.Add(cfg.Duration)
+		}
+		if cfg.Rate > 0 {
+			// Each producer publishes Rate/P messages a second; starts
+			// are staggered so the total is smooth.
+			p.interval = time.Duration(float64(time.Second) * float64(cfg.Producers) / cfg.Rate)
+			p.next = start.Add(time.Duration(float64(time.Second) * float64(i) / cfg.Rate))
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// drain waits until every published message is complete. It returns the
+// problems that ended it otherwise.
+func drain(ctx context.Context, sh *shared, consumersLeft *atomic.Int64) []string {
+	cfg := sh.cfg
+	deadline := time.Now().Add(cfg.DrainTimeout)
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	what := "delivered"
+	if cfg.Mode == qbroker.AtLeastOnce {
+		what = "acked"
+	}
+	for {
+		published, completed := sh.checker.Progress()
+		switch {
+		case completed >= published:
+			return nil
+		case consumersLeft.Load() == 0:
+			return []string{fmt.Sprintf("every consumer ended: %d of %d published messages %s", completed, published, what)}
+		case time.Now().After(deadline):
+			return []string{fmt.Sprintf("drain timed out after %v: %d of %d published messages %s", cfg.DrainTimeout, completed, published, what)}
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// leftovers checks, once consumers are closed, that the queue holds no
+// ready or in-flight message beyond those whose publish failed (which may
+// or may not have been written). The broker applies settlements sent on a
+// stream before it ends, so a short wait suffices.
+func leftovers(ctx context.Context, cfg *Config, pool *connPool, v Verdict) string {
+	cl, err := pool.any(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	allowed := v.Uncertain
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := cl.Stats(ctx, cfg.Queue)
+		if err != nil {
+			return fmt.Sprintf("stats after the run: %v", err)
+		}
+		left := int64(st.Ready + st.InFlight)
+		if left <= allowed {
+			return ""
+		}
+		if time.Now().After(deadline) || !sleepUntil(ctx, time.Now().Add(100*time.Millisecond)) {
+			return fmt.Sprintf("%d messages left in the queue after the run (ready %d, in flight %d)", left, st.Ready, st.InFlight)
+		}
+	}
+}
