@@ -20,7 +20,7 @@ import (
 //     several consumers a queue promises no global order: each consumer's
 //     own view is what is checked, and with several brokers, or claims
 //     racing a re-scan, even that can invert, so --order report only
-//     counts violations;
+//     counts violations (as warnings);
 //   - the delivered id matches the id Publish returned, and the payload
 //     decodes with its filler intact.
 //
@@ -198,20 +198,23 @@ func (c *Checker) Progress() (published, completed int64) {
 
 // Verdict is the checker's conclusion.
 type Verdict struct {
-	Published       int64    `json:"published"`
-	Uncertain       int64    `json:"uncertain_publishes"`
-	Delivered       int64    `json:"delivered"`
-	Deliveries      int64    `json:"deliveries"`
-	Redeliveries    int64    `json:"redeliveries"`
-	Acked           int64    `json:"acked"`
-	Lost            int64    `json:"lost"`
-	Duplicates      int64    `json:"duplicates"`
-	OrderViolations int64    `json:"order_violations"`
-	IDMismatches    int64    `json:"id_mismatches"`
-	Corrupt         int64    `json:"corrupt"`
-	Unknown         int64    `json:"unknown"`
-	OK              bool     `json:"ok"`
-	Problems        []string `json:"problems,omitempty"`
+	Published       int64 `json:"published"`
+	Uncertain       int64 `json:"uncertain_publishes"`
+	Delivered       int64 `json:"delivered"`
+	Deliveries      int64 `json:"deliveries"`
+	Redeliveries    int64 `json:"redeliveries"`
+	Acked           int64 `json:"acked"`
+	Lost            int64 `json:"lost"`
+	Duplicates      int64 `json:"duplicates"`
+	OrderViolations int64 `json:"order_violations"`
+	IDMismatches    int64 `json:"id_mismatches"`
+	Corrupt         int64 `json:"corrupt"`
+	Unknown         int64 `json:"unknown"`
+	OK              bool  `json:"ok"`
+	// Problems fail the verdict; Warnings (order violations under
+	// --order report) do not.
+	Problems []string `json:"problems,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Verdict checks everything recorded so far. strictOrder makes order
@@ -255,7 +258,11 @@ func (c *Checker) Verdict(strictOrder bool) Verdict {
 	v.Corrupt, v.Unknown = c.corrupt.n, unknown.n
 	v.Problems = append(v.Problems, describe("lost", lost)...)
 	v.Problems = append(v.Problems, describe("duplicate", dup)...)
-	v.Problems = append(v.Problems, describe("order violation", c.order)...)
+	if strictOrder {
+		v.Problems = append(v.Problems, describe("order violation", c.order)...)
+	} else {
+		v.Warnings = describe("order violation", c.order)
+	}
 	v.Problems = append(v.Problems, describe("id mismatch", c.ids)...)
 	v.Problems = append(v.Problems, describe("corrupt payload", c.corrupt)...)
 	v.Problems = append(v.Problems, describe("unknown message", unknown)...)

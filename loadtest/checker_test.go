@@ -29,6 +29,7 @@ func TestCheckerVerdicts(t *testing.T) {
 		run     func(c *Checker)
 		want    Verdict // only the counted fields and OK are compared
 		problem string  // a substring of the problems, when failing
+		warning string  // a substring of the warnings
 	}{
 		{
 			name: "all delivered once", strict: true,
@@ -79,7 +80,8 @@ func TestCheckerVerdicts(t *testing.T) {
 				deliver(c, 0, 0, 2)
 				deliver(c, 0, 0, 1)
 			},
-			want: Verdict{Published: 2, Delivered: 2, Deliveries: 2, OrderViolations: 1, OK: true},
+			want:    Verdict{Published: 2, Delivered: 2, Deliveries: 2, OrderViolations: 1, OK: true},
+			warning: "consumer 0 got p0#1 after p0#2",
 		},
 		{
 			name: "different consumers, producers and priorities are independent", strict: true,
@@ -200,13 +202,17 @@ func TestCheckerVerdicts(t *testing.T) {
 			c := NewChecker(2, tt.ackMode)
 			tt.run(c)
 			got := c.Verdict(tt.strict)
-			problems := strings.Join(got.Problems, "\n")
-			got.Problems = nil
+			problems, warnings := strings.Join(got.Problems, "\n"), strings.Join(got.Warnings, "\n")
+			got.Problems, got.Warnings = nil, nil
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got %+v, want %+v\nproblems:\n%s", got, tt.want, problems)
 			}
 			if tt.problem != "" && !strings.Contains(problems, tt.problem) {
 				t.Errorf("problems %q do not mention %q", problems, tt.problem)
+			}
+			if (tt.problem == "") != (problems == "") || (tt.warning == "") != (warnings == "") ||
+				!strings.Contains(warnings, tt.warning) {
+				t.Errorf("got problems %q, warnings %q, want problem %q, warning %q", problems, warnings, tt.problem, tt.warning)
 			}
 			if again := c.Verdict(tt.strict); again.OK != got.OK || again.Unknown != got.Unknown {
 				t.Errorf("second verdict differs: got %+v, want %+v", again, got)

@@ -115,7 +115,7 @@ func parseFlags(args []string, out io.Writer) (Config, error) {
 	fs.Float64Var(&c.Rate, "rate", 0, "open loop: total publish rate in messages/s (0: closed loop, as fast as possible)")
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
-	fs.StringVar(&c.Order, "order", orderStrict, "order violations: strict (fail the run) or report")
+	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
 	fs.StringVar(&baselines, "baselines", "", "comma-separated baselines: raw,naive, or none (default raw,naive when ZooKeeper is known)")
 	fs.DurationVar(&c.BaselineDuration, "baseline-duration", 10*time.Second, "bound of each baseline")
 	fs.IntVar(&c.RawSessions, "raw-sessions", 24, "raw baseline: ZooKeeper sessions")
@@ -181,6 +181,14 @@ func parseFlags(args []string, out io.Writer) (Config, error) {
 		}
 	} else if c.SpawnBrokers > 0 || c.ZooKeeper != "" {
 		c.Baselines = []string{baselineRaw, baselineNaive}
+	}
+	if c.Order == "auto" {
+		// Brokers share the head of a queue: a consumer of one broker
+		// may get a message after a newer one went to another.
+		c.Order = orderStrict
+		if c.SpawnBrokers > 1 || len(c.Brokers) > 1 {
+			c.Order = orderReport
+		}
 	}
 	if c.Queue == "" {
 		c.Queue = fmt.Sprintf("loadtest-%s-%04x", time.Now().UTC().Format("20060102-150405"), rand.IntN(1<<16))

@@ -80,6 +80,27 @@ func TestParseFlags(t *testing.T) {
 				if !strings.HasPrefix(c.Queue, "loadtest-") {
 					t.Errorf("got queue %q", c.Queue)
 				}
+				if c.Order != orderStrict {
+					t.Errorf("got order %q with one broker, want strict", c.Order)
+				}
+			},
+		},
+		{
+			name: "several brokers only report order violations",
+			args: []string{"--spawn-brokers", "2"},
+			check: func(t *testing.T, c Config) {
+				if c.Order != orderReport {
+					t.Errorf("got order %q, want report", c.Order)
+				}
+			},
+		},
+		{
+			name: "order given",
+			args: []string{"--broker", "127.0.0.1:1,127.0.0.1:2", "--order", "strict"},
+			check: func(t *testing.T, c Config) {
+				if c.Order != orderStrict {
+					t.Errorf("got order %q, want strict", c.Order)
+				}
 			},
 		},
 		{
@@ -125,6 +146,7 @@ func TestParseFlags(t *testing.T) {
 		{name: "no bound", args: []string{"--spawn-brokers", "1", "--duration", "0"}, wantErr: "--messages or --duration"},
 		{name: "prefetch", args: []string{"--spawn-brokers", "1", "--prefetch", "0"}, wantErr: "--prefetch"},
 		{name: "batch", args: []string{"--spawn-brokers", "1", "--batch", "1001"}, wantErr: "--batch"},
+		{name: "bad order", args: []string{"--spawn-brokers", "1", "--order", "sometimes"}, wantErr: "--order"},
 		{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
 	}
 	for _, tt := range tests {

@@ -47,8 +47,9 @@
 // compared (a nacked or released message comes back behind newer ones),
 // and a queue with several consumers promises no global order; with
 // several brokers, or a claim racing a re-scan of the head, a consumer's
-// own view may invert, so --order report counts violations without
-// failing the run (--order strict, the default, fails it).
+// own view may invert: --order report counts violations as warnings
+// without failing the run, --order strict fails it; the default is
+// strict with one broker and report with several.
 //
 // # Baselines
 //

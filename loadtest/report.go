@@ -23,6 +23,8 @@ type Report struct {
 	OK          bool           `json:"ok"`
 	Failures    []string       `json:"failures,omitempty"`
 	Interrupted bool           `json:"interrupted,omitempty"`
+	// Warnings are reported without failing the run.
+	Warnings []string `json:"warnings,omitempty"`
 	// PublishSeconds: from the first publish to the last producer's
 	// end; Seconds: to the last message delivered (acked).
 	PublishSeconds float64          `json:"publish_seconds"`
@@ -193,6 +195,7 @@ func buildReport(in reportInput) *Report {
 	}
 	r.Failures = append(r.Failures, w.Verdict.Problems...)
 	r.Failures = append(r.Failures, w.Problems...)
+	r.Warnings = w.Verdict.Warnings
 	r.OK = len(r.Failures) == 0 && w.Verdict.OK
 	if !r.OK && len(r.Failures) == 0 {
 		r.Failures = []string{"check failed"}
@@ -286,6 +289,9 @@ func writeSummary(out io.Writer, r *Report) {
 		fmt.Fprintf(&b, ", %d acked", v.Acked)
 	}
 	fmt.Fprintf(&b, "; lost %d, duplicates %d, order violations %d\n", v.Lost, v.Duplicates, v.OrderViolations)
+	for _, w := range r.Warnings {
+		fmt.Fprintf(&b, "warning      %s\n", strings.TrimSpace(w))
+	}
 	if r.OK {
 		b.WriteString("result       OK\n")
 	} else {

@@ -165,6 +165,16 @@ func TestBuildReportFailures(t *testing.T) {
 		t.Errorf("got cpu %v, conflicts %v, ratios %v without inputs", r.CPU, r.Conflicts, r.Ratios)
 	}
 
+	// Order violations under --order report warn without failing.
+	w = fakeWorkload()
+	w.Verdict.OrderViolations, w.Verdict.Warnings = 1, []string{"1 order violation", "  consumer 0 got p0#1 after p0#2"}
+	r = buildReport(reportInput{Topology: &Topology{}, Workload: w})
+	var sum bytes.Buffer
+	writeSummary(&sum, r)
+	if !r.OK || len(r.Failures) != 0 || len(r.Warnings) != 2 || !strings.Contains(sum.String(), "warning      consumer 0 got p0#1 after p0#2") {
+		t.Errorf("order report: got OK %v, failures %q, warnings %q, summary:\n%s", r.OK, r.Failures, r.Warnings, &sum)
+	}
+
 	w = fakeWorkload()
 	w.Interrupted = true
 	if r := buildReport(reportInput{Topology: &Topology{}, Workload: w}); r.OK || !strings.Contains(r.Failures[0], "interrupted") {
