@@ -63,8 +63,8 @@ func (p *connPool) client(ctx context.Context, i int) (*qbroker.Client, error) {
 	return c, nil
 }
 
-// any returns a connection for setup calls.
-func (p *connPool) any(ctx context.Context) (*qbroker.Client, error) { return p.client(ctx, 0) }
+// admin returns a connection for setup and check calls.
+func (p *connPool) admin(ctx context.Context) (*qbroker.Client, error) { return p.client(ctx, 0) }
 
 // Close closes every connection.
 func (p *connPool) Close() {

@@ -105,7 +105,7 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 		return nil, err
 	}
 	defer pool.Close()
-	admin, err := pool.any(ctx)
+	admin, err := pool.admin(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func externalTopology(c Config) *Topology {
 // bin is the qbroker binary; empty builds one with `go build`. Every
 // process runs in its own process group with SIGKILL as its parent-death
 // signal; Close stops them all. The brokers log (at warn level) to files
-// in a temporary directory, named in errors.
+// in a temporary directory, whose last lines errors quote.
 func spawnTopology(ctx context.Context, n int, bin string) (_ *Topology, err error) {
 	if !zkserver.Installed() {
 		return nil, zkserver.ErrNotInstalled

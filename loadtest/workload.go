@@ -233,7 +233,7 @@ func drain(ctx context.Context, sh *shared, consumersLeft *atomic.Int64) []strin
 // or may not have been written). The broker applies settlements sent on a
 // stream before it ends, so a short wait suffices.
 func leftovers(ctx context.Context, cfg *Config, pool *connPool, v Verdict) string {
-	cl, err := pool.any(ctx)
+	cl, err := pool.admin(ctx)
 	if err != nil {
 		return err.Error()
 	}
