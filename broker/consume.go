@@ -15,6 +15,10 @@ import (
 
 const maxPrefetch = 1000
 
+// maxClaimBatch bounds the messages one stream claims at once (concurrently,
+// sharing a Multi), out of its credit.
+const maxClaimBatch = 32
+
 // consumeState is one Consume stream's credit and unsettled leases.
 type consumeState struct {
 	mu     sync.Mutex
@@ -36,20 +40,21 @@ func (c *consumeState) addCredit(n int) {
 	}
 }
 
-// takeCredit waits for one credit.
-func (c *consumeState) takeCredit(ctx context.Context) error {
+// takeCredit waits for credit and takes up to max of it.
+func (c *consumeState) takeCredit(ctx context.Context, max int) (int, error) {
 	for {
 		c.mu.Lock()
 		if c.credit > 0 {
-			c.credit--
+			n := min(c.credit, max)
+			c.credit -= n
 			c.mu.Unlock()
-			return nil
+			return n, nil
 		}
 		c.mu.Unlock()
 		select {
 		case <-c.wake:
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, ctx.Err()
 		}
 	}
 }
@@ -147,21 +152,27 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	}()
 
 	for {
-		if err := st.takeCredit(ctx); err != nil {
+		credit, err := st.takeCredit(ctx, maxClaimBatch)
+		if err != nil {
 			return b.streamEnd(ctx)
 		}
-		m, err := b.take(ctx, q, d, true)
+		ms, err := b.take(ctx, q, d, credit, true)
 		if err != nil {
 			if ctx.Err() != nil {
 				return b.streamEnd(ctx)
 			}
 			return b.fail(err)
 		}
-		if d.ack {
-			st.hold(tokenLease(m.GetAckToken()), m.GetLeaseDeadline().AsTime())
+		st.addCredit(credit - len(ms))
+		for _, m := range ms {
+			if d.ack {
+				st.hold(tokenLease(m.GetAckToken()), m.GetLeaseDeadline().AsTime())
+			}
 		}
-		if err := stream.Send(&pb.Delivery{Message: m}); err != nil {
-			return nil // the client is gone; held leases are released
+		for _, m := range ms {
+			if err := stream.Send(&pb.Delivery{Message: m}); err != nil {
+				return nil // the client is gone; held leases are released
+			}
 		}
 	}
 }

@@ -104,36 +104,45 @@ func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Durat
 	return delivery{}, invalidf("unknown delivery mode %d", mode)
 }
 
-// take claims one message (waiting for one when block is set).
-func (b *Broker) take(ctx context.Context, q *queue, d delivery, block bool) (*pb.Message, error) {
+// take claims up to k messages, in queue order, waiting for the first
+// when block is set (qcore.TakeN: the claims run concurrently and their
+// writes share a Multi).
+func (b *Broker) take(ctx context.Context, q *queue, d delivery, k int, block bool) ([]*pb.Message, error) {
 	if q.sync != nil {
 		if err := q.sync.checkOpen(ctx); err != nil {
 			return nil, err
 		}
 	}
-	var out *pb.Message
-	var m qcore.Message
+	var out []*pb.Message
+	var ms []qcore.Message
 	mode := modeAtMostOnce
 	if d.ack {
 		mode = modeAtLeastOnce
-		l, err := q.leases.TakeLease(ctx, d.ttl, block)
+		ls, err := q.leases.TakeLeases(ctx, k, d.ttl, block)
 		if err != nil {
 			return nil, err
 		}
-		m, out = l.Message, toPB(q.name, l.Message, &l)
+		for i := range ls {
+			ms = append(ms, ls[i].Message)
+			out = append(out, toPB(q.name, ls[i].Message, &ls[i]))
+		}
 	} else {
 		var err error
-		m, err = qcore.Take(ctx, q.items, block, q.items.ClaimDelete)
+		ms, err = qcore.TakeN(ctx, q.items, k, block, q.items.ClaimDelete)
 		if err != nil {
 			return nil, err
 		}
-		out = toPB(q.name, m, nil)
+		for _, m := range ms {
+			out = append(out, toPB(q.name, m, nil))
+		}
 	}
-	b.metrics.delivered.WithLabelValues(q.label, mode).Inc()
-	if m.Deliveries > 1 {
-		b.metrics.redelivered.WithLabelValues(q.label).Inc()
+	b.metrics.delivered.WithLabelValues(q.label, mode).Add(float64(len(ms)))
+	for _, m := range ms {
+		if m.Deliveries > 1 {
+			b.metrics.redelivered.WithLabelValues(q.label).Inc()
+		}
+		b.emit(events.Delivered, q, m, "")
 	}
-	b.emit(events.Delivered, q, m, "")
 	return out, nil
 }
 
@@ -162,28 +171,21 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 	defer cancel()
 	resp := &pb.ReceiveResponse{}
 	// The first message may be waited for; the rest are taken only if
-	// ready now.
+	// ready then.
 	first := ctx
 	if wait > 0 {
 		var c context.CancelFunc
 		first, c = context.WithTimeout(ctx, wait)
 		defer c()
 	}
-	m, err := b.take(first, q, d, wait > 0)
+	ms, err := b.take(first, q, d, max, wait > 0)
 	switch {
 	case errors.Is(err, qcore.ErrEmpty), wait > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		return resp, nil
 	case err != nil:
 		return nil, b.fail(err)
 	}
-	resp.Messages = append(resp.Messages, m)
-	for len(resp.Messages) < max {
-		m, err := b.take(ctx, q, d, false)
-		if err != nil {
-			break // what we have is delivered; the rest stays for later
-		}
-		resp.Messages = append(resp.Messages, m)
-	}
+	resp.Messages = ms
 	return resp, nil
 }
 

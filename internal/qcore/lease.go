@@ -156,9 +156,16 @@ func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, e
 // TakeLease claims the head message with a lease of ttl, waiting for one
 // when block is set.
 func (l *Leases) TakeLease(ctx context.Context, ttl time.Duration, block bool) (Lease, error) {
-	return Take(ctx, l.items, block, func(ctx context.Context, n Name) (Lease, error) {
-		return l.Claim(ctx, n, ttl)
-	})
+	return Take(ctx, l.items, block, l.claimFunc(ttl))
+}
+
+// TakeLeases claims up to k messages with leases of ttl (see TakeN).
+func (l *Leases) TakeLeases(ctx context.Context, k int, ttl time.Duration, block bool) ([]Lease, error) {
+	return TakeN(ctx, l.items, k, block, l.claimFunc(ttl))
+}
+
+func (l *Leases) claimFunc(ttl time.Duration) ClaimFunc[Lease] {
+	return func(ctx context.Context, n Name) (Lease, error) { return l.Claim(ctx, n, ttl) }
 }
 
 // get reads a live lease. Unknown and expired leases are ErrUnknownLease.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
+	"slices"
 	"sync"
 	"time"
 
@@ -100,6 +101,7 @@ type Store struct {
 	mu      sync.Mutex
 	pending []Name          // sorted candidates of this process's share, not yet handed out
 	others  []Name          // sorted candidates of other processes' shares
+	claims  map[string]int  // candidates handed out whose claim is not done
 	watch   <-chan zk.Event // armed children watch of path; nil when none
 	foreign map[string]bool // foreign children already logged
 }
@@ -119,7 +121,8 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 	if err := zkutil.EnsurePath(conn, p); err != nil {
 		return nil, err
 	}
-	return &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg, foreign: map[string]bool{}}, nil
+	return &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg,
+		foreign: map[string]bool{}, claims: map[string]int{}}, nil
 }
 
 // Path returns the parent node of the messages.
@@ -258,6 +261,11 @@ func (s *Store) scanLocked() error {
 		return fmt.Errorf("children %s: %w", s.path, err)
 	}
 	names, foreign := SortNames(children)
+	if len(s.claims) > 0 {
+		// Candidates still being claimed by this process's consumers are
+		// not handed out again: that would be a race with ourselves.
+		names = slices.DeleteFunc(names, func(n Name) bool { return s.claims[n.Raw] > 0 })
+	}
 	for _, f := range foreign {
 		if !s.foreign[f] && len(s.foreign) < 1000 {
 			s.foreign[f] = true
@@ -315,7 +323,18 @@ func (s *Store) Next() (n Name, ok bool, wait <-chan zk.Event, err error) {
 		// the last scan saw, all of them handed out.
 		return Name{}, false, s.watch, nil
 	}
+	s.claims[n.Raw]++
 	return n, true, nil, nil
+}
+
+// Done reports that the claim of a candidate from Next has finished, won
+// or lost. Until then, rescans leave the candidate out.
+func (s *Store) Done(n Name) {
+	s.mu.Lock()
+	if s.claims[n.Raw]--; s.claims[n.Raw] <= 0 {
+		delete(s.claims, n.Raw)
+	}
+	s.mu.Unlock()
 }
 
 // splitShare divides a sorted snapshot between the processes consuming the
@@ -363,37 +382,86 @@ type ClaimFunc[T any] func(ctx context.Context, n Name) (T, error)
 // until ctx ends; without, it returns ErrEmpty.
 func Take[T any](ctx context.Context, s *Store, block bool, claim ClaimFunc[T]) (T, error) {
 	var zero T
+	vs, err := TakeN(ctx, s, 1, block, claim)
+	if err != nil {
+		return zero, err
+	}
+	return vs[0], nil
+}
+
+// TakeN claims up to k messages: it waits (with block) for the first
+// candidate, adds the candidates available at once, up to k, and claims
+// them concurrently, so their writes share a Multi when the Store has a
+// Batcher. Results come in queue order; lost races are skipped (and, if
+// all were lost, TakeN tries again). It returns ErrEmpty when nothing is
+// there and block is false.
+func TakeN[T any](ctx context.Context, s *Store, k int, block bool, claim ClaimFunc[T]) ([]T, error) {
 	for {
 		if err := ctx.Err(); err != nil {
-			return zero, err
+			return nil, err
 		}
 		n, ok, wait, err := s.Next()
 		if err != nil {
-			return zero, err
+			return nil, err
 		}
 		if !ok {
 			if !block {
-				return zero, ErrEmpty
+				return nil, ErrEmpty
 			}
 			select {
 			case <-wait:
 				continue
 			case <-ctx.Done():
-				return zero, ctx.Err()
+				return nil, ctx.Err()
 			}
 		}
-		v, err := claim(ctx, n)
-		switch {
-		case err == nil:
-			return v, nil
-		case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
-			if s.cfg.ConflictHook != nil {
-				s.cfg.ConflictHook()
+		cands := []Name{n}
+		for len(cands) < k {
+			n, ok, _, err := s.Next()
+			if err != nil || !ok {
+				break
 			}
-			continue
-		default:
+			cands = append(cands, n)
+		}
+		vals := make([]T, len(cands))
+		errs := make([]error, len(cands))
+		if len(cands) == 1 {
+			vals[0], errs[0] = claim(ctx, cands[0])
+			s.Done(cands[0])
+		} else {
+			var wg sync.WaitGroup
+			for i, c := range cands {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					vals[i], errs[i] = claim(ctx, c)
+					s.Done(c)
+				}()
+			}
+			wg.Wait()
+		}
+		var out []T
+		var failed error
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				out = append(out, vals[i])
+			case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
+				if s.cfg.ConflictHook != nil {
+					s.cfg.ConflictHook()
+				}
+			default:
+				failed = err
+			}
+		}
+		if failed != nil {
 			s.Reset()
-			return zero, err
+			if len(out) == 0 {
+				return nil, failed
+			}
+		}
+		if len(out) > 0 {
+			return out, nil
 		}
 	}
 }
