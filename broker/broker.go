@@ -38,6 +38,11 @@ type Config struct {
 	ID string
 	// SessionTimeout of the ZooKeeper session; default 10s.
 	SessionTimeout time.Duration
+	// ZKSessions is the number of ZooKeeper sessions the broker opens
+	// (default 2): the first carries watches, ephemeral nodes and health;
+	// claims' reads and the group-commit writes spread over all of them,
+	// since one client session tops out well below what ZooKeeper serves.
+	ZKSessions int
 	// MaxPayload, MaxBatchBytes, MaxBatchCount: publish limits (defaults
 	// 512 KiB, 900 KiB, 1000).
 	MaxPayload    int
@@ -92,6 +97,12 @@ func (c *Config) setDefaults() error {
 	def(&c.DefaultVisibility, 30*time.Second)
 	def(&c.SweepInterval, time.Second)
 	def(&c.StatsInterval, 10*time.Second)
+	if c.ZKSessions == 0 {
+		c.ZKSessions = 2
+	}
+	if c.ZKSessions < 1 || c.ZKSessions > 16 {
+		return fmt.Errorf("broker: ZKSessions %d out of range [1, 16]", c.ZKSessions)
+	}
 	if c.MaxQueueLabels == 0 {
 		c.MaxQueueLabels = 1000
 	}
@@ -122,7 +133,8 @@ type Broker struct {
 
 	cfg     Config
 	log     *slog.Logger
-	conn    *zk.Conn
+	conn    *zk.Conn       // the primary session: watches, ephemerals, health
+	extra   []*zk.Conn     // further sessions for reads and writes
 	batcher *qcore.Batcher // group commit of all queues' writes
 	metrics *metrics
 	health  *health.Server
@@ -167,12 +179,20 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	b.conn = conn
-	b.batcher = qcore.NewBatcher(conn, batchWorkers, batchMaxOps, batchMaxBytes, b.observeZK)
+	for i := 1; i < cfg.ZKSessions; i++ {
+		c, err := zkutil.Connect(cfg.ZooKeeper, cfg.SessionTimeout, b.log, nil)
+		if err != nil {
+			b.closeConns()
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+		b.extra = append(b.extra, c)
+	}
+	b.batcher = qcore.NewBatcher(append([]*zk.Conn{conn}, b.extra...), batchWorkers, batchMaxOps, batchMaxBytes, b.observeZK)
 	for !b.hasSession.Load() {
 		select {
 		case <-ctx.Done():
 			b.batcher.Close()
-			conn.Close()
+			b.closeConns()
 			return nil, fmt.Errorf("broker: waiting for a ZooKeeper session with %v: %w", cfg.ZooKeeper, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
@@ -180,7 +200,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	for _, p := range []string{b.queuesPath(), b.brokersPath(), b.electionPath()} {
 		if err := zkutil.EnsurePath(conn, p); err != nil {
 			b.batcher.Close()
-			conn.Close()
+			b.closeConns()
 			return nil, fmt.Errorf("broker: %w", err)
 		}
 	}
@@ -270,7 +290,7 @@ func (b *Broker) Close() error {
 	b.cancel()
 	b.wg.Wait()
 	b.batcher.Close()
-	b.conn.Close()
+	b.closeConns()
 	b.log.Info("broker stopped")
 	return nil
 }
@@ -283,6 +303,13 @@ const (
 	batchMaxOps   = 256
 	batchMaxBytes = 400 << 10
 )
+
+func (b *Broker) closeConns() {
+	b.conn.Close()
+	for _, c := range b.extra {
+		c.Close()
+	}
+}
 
 // Paths.
 func (b *Broker) queuesPath() string           { return b.cfg.Root + "/queues" }

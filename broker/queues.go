@@ -99,6 +99,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		ConflictHook:  conflicts.Inc,
 		Observer:      b.observeZK,
 		Batcher:       b.batcher,
+		Readers:       b.extra,
 		Share:         func() (int, int) { return b.share(q) },
 		Logger:        b.log.With("queue", name),
 	})

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -60,6 +61,7 @@ type serveOptions struct {
 	sweep          time.Duration
 	sessionTimeout time.Duration
 	shutdown       time.Duration
+	pprof          bool
 	logFormat      string
 	logLevel       string
 	nats           natsOptions
@@ -110,6 +112,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.DurationVar(&o.sweep, "sweep-interval", envDur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", envDur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", envDur("SHUTDOWN_TIMEOUT", 10*time.Second), "graceful shutdown bound ($QBROKER_SHUTDOWN_TIMEOUT)")
+	fs.BoolVar(&o.pprof, "pprof", envBool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
 	fs.StringVar(&o.logFormat, "log-format", env("LOG_FORMAT", "text"), "log format: text or json ($QBROKER_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", env("LOG_LEVEL", "info"), "log level: debug, info, warn, error ($QBROKER_LOG_LEVEL)")
 	fs.StringVar(&o.nats.url, "nats-url", env("NATS_URL", ""), "NATS server URL; enables the event bridge ($QBROKER_NATS_URL)")
@@ -193,6 +196,12 @@ func serve(o *serveOptions) error {
 	if o.metricsListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if o.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		hs = &http.Server{Addr: o.metricsListen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		g.Go(func() error {
 			if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {

@@ -21,7 +21,7 @@ import (
 //
 // A Batcher is safe for concurrent use. Close stops its goroutines.
 type Batcher struct {
-	conn     observed
+	conns    []observed
 	reqs     chan *batchReq
 	maxOps   int
 	maxBytes int
@@ -47,19 +47,22 @@ type batchResult struct {
 // ErrBatcherClosed is returned by Do after Close.
 var ErrBatcherClosed = errors.New("batcher closed")
 
-// NewBatcher starts a Batcher on conn with workers concurrent Multis in
-// flight (pipelining), each of at most maxOps ops and about maxBytes.
-func NewBatcher(conn *zk.Conn, workers, maxOps, maxBytes int, obs Observer) *Batcher {
+// NewBatcher starts a Batcher over conns (sessions to the same ensemble)
+// with workers concurrent Multis in flight per session (pipelining), each
+// of at most maxOps ops and about maxBytes.
+func NewBatcher(conns []*zk.Conn, workers, maxOps, maxBytes int, obs Observer) *Batcher {
 	b := &Batcher{
-		conn:     observed{conn, obs},
 		reqs:     make(chan *batchReq, 4*maxOps),
 		maxOps:   maxOps,
 		maxBytes: maxBytes,
 		stop:     make(chan struct{}),
 	}
-	b.wg.Add(workers)
-	for i := 0; i < workers; i++ {
-		go b.run()
+	for _, c := range conns {
+		b.conns = append(b.conns, observed{c, obs})
+	}
+	b.wg.Add(workers * len(conns))
+	for i := 0; i < workers*len(conns); i++ {
+		go b.run(b.conns[i%len(conns)])
 	}
 	return b
 }
@@ -96,7 +99,7 @@ func (b *Batcher) Do(ops ...any) ([]zk.MultiResponse, error) {
 		r.bytes += opBytes(op)
 	}
 	if r.bytes > b.maxBytes {
-		res, err := b.conn.Multi(ops...)
+		res, err := b.conns[0].Multi(ops...)
 		return res, multiErr(res, err)
 	}
 	b.mu.RLock()
@@ -110,7 +113,7 @@ func (b *Batcher) Do(ops ...any) ([]zk.MultiResponse, error) {
 	return out.res, out.err
 }
 
-func (b *Batcher) run() {
+func (b *Batcher) run(conn observed) {
 	defer b.wg.Done()
 	for {
 		var first *batchReq
@@ -140,13 +143,13 @@ func (b *Batcher) run() {
 				break fill
 			}
 		}
-		b.commit(batch, nops)
+		b.commit(conn, batch, nops)
 	}
 }
 
-func (b *Batcher) commit(batch []*batchReq, nops int) {
+func (b *Batcher) commit(conn observed, batch []*batchReq, nops int) {
 	if len(batch) == 1 {
-		res, err := b.conn.Multi(batch[0].ops...)
+		res, err := conn.Multi(batch[0].ops...)
 		batch[0].done <- batchResult{res, multiErr(res, err)}
 		return
 	}
@@ -154,7 +157,7 @@ func (b *Batcher) commit(batch []*batchReq, nops int) {
 	for _, r := range batch {
 		ops = append(ops, r.ops...)
 	}
-	res, err := b.conn.Multi(ops...)
+	res, err := conn.Multi(ops...)
 	if err == nil {
 		i := 0
 		for _, r := range batch {
@@ -177,7 +180,7 @@ func (b *Batcher) commit(batch []*batchReq, nops int) {
 		wg.Add(1)
 		go func(r *batchReq) {
 			defer wg.Done()
-			res, err := b.conn.Multi(r.ops...)
+			res, err := conn.Multi(r.ops...)
 			r.done <- batchResult{res, multiErr(res, err)}
 		}(r)
 	}

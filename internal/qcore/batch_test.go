@@ -27,7 +27,7 @@ func TestBatcherIsolatesFailures(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b := qcore.NewBatcher(conn, 2, 64, 64<<10, nil)
+	b := qcore.NewBatcher([]*zk.Conn{conn, zktest.Conn(t)}, 2, 64, 64<<10, nil)
 	defer b.Close()
 	var wg sync.WaitGroup
 	errs := make([]error, n+n/4)

@@ -130,7 +130,7 @@ func decodeLease(data []byte) (deadline time.Time, itemData []byte, err error) {
 // zk.ErrNoNode or zk.ErrBadVersion when another consumer won the race.
 func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, error) {
 	itemPath := l.items.path + "/" + n.Raw
-	data, stat, err := l.items.zk.Get(itemPath)
+	data, stat, err := l.items.reader().Get(itemPath)
 	if err != nil {
 		return Lease{}, fmt.Errorf("get %s: %w", itemPath, err)
 	}

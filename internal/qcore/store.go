@@ -12,6 +12,7 @@ import (
 	"path"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -54,6 +55,10 @@ type Config struct {
 	// brokers do not race each other for the same head. Nil means one
 	// process takes all.
 	Share func() (rank, n int)
+	// Readers, when set, are further sessions to the same ensemble over
+	// which claims spread their reads (one session's client tops out
+	// well below what ZooKeeper serves).
+	Readers []*zk.Conn
 	// Batcher, when set, carries the Store's writes (publishes, claims,
 	// acks, releases) so concurrent ones share Multi transactions.
 	Batcher *Batcher
@@ -93,10 +98,12 @@ func (c *Config) Validate() error {
 //
 // A Store is safe for concurrent use.
 type Store struct {
-	conn *zk.Conn
-	zk   observed
-	path string
-	cfg  Config
+	conn    *zk.Conn
+	zk      observed
+	readers []observed // zk and Config.Readers, used round-robin by claims
+	next    atomic.Uint32
+	path    string
+	cfg     Config
 
 	mu      sync.Mutex
 	pending []Name          // sorted candidates of this process's share, not yet handed out
@@ -121,8 +128,13 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 	if err := zkutil.EnsurePath(conn, p); err != nil {
 		return nil, err
 	}
-	return &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg,
-		foreign: map[string]bool{}, claims: map[string]int{}}, nil
+	s := &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg,
+		foreign: map[string]bool{}, claims: map[string]int{}}
+	s.readers = []observed{s.zk}
+	for _, r := range cfg.Readers {
+		s.readers = append(s.readers, observed{r, cfg.Observer})
+	}
+	return s, nil
 }
 
 // Path returns the parent node of the messages.
@@ -208,6 +220,14 @@ func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads []
 		ids[i] = path.Base(r.String)
 	}
 	return ids, nil
+}
+
+// reader returns the session for a claim's read, round-robin.
+func (s *Store) reader() observed {
+	if len(s.readers) == 1 {
+		return s.zk
+	}
+	return s.readers[int(s.next.Add(1))%len(s.readers)]
 }
 
 // write runs ops as one transaction: through the Batcher when there is
@@ -472,7 +492,7 @@ func TakeN[T any](ctx context.Context, s *Store, k int, block bool, claim ClaimF
 // may be lost, never delivered twice.
 func (s *Store) ClaimDelete(ctx context.Context, n Name) (Message, error) {
 	p := s.path + "/" + n.Raw
-	data, stat, err := s.zk.Get(p)
+	data, stat, err := s.reader().Get(p)
 	if err != nil {
 		return Message{}, fmt.Errorf("get %s: %w", p, err)
 	}

@@ -175,7 +175,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	cmd := exec.Command("java",
 		fmt.Sprintf("-Xmx%dm", s.cfg.HeapMB), "-Xss512k",
-		"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+		"-XX:+UseSerialGC", "-Xshare:auto",
 		"-Dzookeeper.admin.enableServer=false",
 		"-Dzookeeper.jmx.log4j.disable=true",
 		"-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfgPath)
