@@ -267,3 +267,27 @@ func equalMaps(a, b map[string]string) bool {
 	}
 	return true
 }
+
+// A queue at MaxDepth refuses more with ResourceExhausted and writes
+// nothing; consuming makes room again.
+func TestMaxDepth(t *testing.T) {
+	b := newBroker(t, zktest.Root(t), func(c *broker.Config) { c.MaxDepth = 4 })
+	ctx := context.Background()
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "d"})
+	publishN(t, b.client, "d", 3)
+	two := &pb.PublishRequest{Queue: "d", Messages: []*pb.OutMessage{{Payload: []byte("a")}, {Payload: []byte("b")}}}
+	if _, err := b.client.Publish(ctx, two); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("batch past the depth limit: got %v, want ResourceExhausted", err)
+	}
+	if st := stats(t, b.client, "d"); st.GetReady() != 3 {
+		t.Fatalf("ready = %d after a refused batch, want 3", st.GetReady())
+	}
+	publishN(t, b.client, "d", 1)
+	if _, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "d", Messages: []*pb.OutMessage{{Payload: []byte("x")}}}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("publish to a full queue: got %v, want ResourceExhausted", err)
+	}
+	receive(t, b.client, &pb.ReceiveRequest{Queue: "d", MaxMessages: 2})
+	if _, err := b.client.Publish(ctx, two); err != nil {
+		t.Fatalf("publish after draining: %v", err)
+	}
+}

@@ -48,6 +48,11 @@ type Config struct {
 	MaxPayload    int
 	MaxBatchBytes int
 	MaxBatchCount int
+	// MaxDepth bounds a queue's ready messages (default 100,000):
+	// getChildren answers in one packet, and the broker's client accepts
+	// 4 MiB, so a deeper queue could not be read. Publishing beyond it
+	// fails with ResourceExhausted.
+	MaxDepth int
 	// DefaultVisibility is the lease of queues created without one;
 	// default 30s.
 	DefaultVisibility time.Duration
@@ -97,6 +102,12 @@ func (c *Config) setDefaults() error {
 	def(&c.DefaultVisibility, 30*time.Second)
 	def(&c.SweepInterval, time.Second)
 	def(&c.StatsInterval, 10*time.Second)
+	if c.MaxDepth == 0 {
+		c.MaxDepth = 100_000
+	}
+	if c.MaxDepth < 1 || c.MaxDepth > 120_000 {
+		return fmt.Errorf("broker: MaxDepth %d out of range [1, 120000]", c.MaxDepth)
+	}
 	if c.ZKSessions == 0 {
 		c.ZKSessions = 2
 	}

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -68,6 +69,15 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 			prefixes[i] = qcore.FIFOPrefix
 		}
 		payloads[i] = m.GetPayload()
+	}
+	// Depth from the parent's Stat (a read): past MaxDepth a getChildren
+	// answer would no longer fit in one packet.
+	depth, err := q.items.Len(ctx)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	if depth+len(msgs) > b.cfg.MaxDepth {
+		return nil, b.fail(fmt.Errorf("%w: queue %s holds %d messages, at most %d", errLimit, q.name, depth, b.cfg.MaxDepth))
 	}
 	var ids []string
 	if len(msgs) == 1 {

@@ -57,6 +57,7 @@ type serveOptions struct {
 	maxPayload     int
 	maxBatchBytes  int
 	maxBatchCount  int
+	maxDepth       int
 	visibility     time.Duration
 	sweep          time.Duration
 	sessionTimeout time.Duration
@@ -108,6 +109,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxPayload, "max-payload", envInt("MAX_PAYLOAD", 512<<10), "largest message payload in bytes ($QBROKER_MAX_PAYLOAD)")
 	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", envInt("MAX_BATCH_BYTES", 900<<10), "largest publish batch in bytes ($QBROKER_MAX_BATCH_BYTES)")
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", envInt("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
+	fs.IntVar(&o.maxDepth, "max-depth", envInt("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
 	fs.DurationVar(&o.visibility, "visibility-timeout", envDur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
 	fs.DurationVar(&o.sweep, "sweep-interval", envDur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", envDur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
@@ -172,6 +174,7 @@ func serve(o *serveOptions) error {
 		MaxPayload:        o.maxPayload,
 		MaxBatchBytes:     o.maxBatchBytes,
 		MaxBatchCount:     o.maxBatchCount,
+		MaxDepth:          o.maxDepth,
 		DefaultVisibility: o.visibility,
 		SweepInterval:     o.sweep,
 		Logger:            log,
