@@ -187,8 +187,8 @@ func (b *Broker) streamEnd(ctx context.Context) error {
 }
 
 func tokenLease(tok string) string {
-	_, lease, _ := parseToken(tok)
-	return lease
+	t, _ := parseToken(tok)
+	return t.lease
 }
 
 func (b *Broker) settle(ctx context.Context, st *consumeState, settles []*pb.Settle) {

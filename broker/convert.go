@@ -19,7 +19,7 @@ func toPB(queue string, m qcore.Message, l *qcore.Lease) *pb.Message {
 		DeliveryCount: uint32(m.Deliveries),
 	}
 	if l != nil {
-		out.AckToken = makeToken(queue, l.Token)
+		out.AckToken = makeToken(queue, *l)
 		out.LeaseDeadline = timestamppb.New(l.Deadline)
 	}
 	return out

@@ -251,6 +251,17 @@ func TestLeaseExpiryNackDelayExtend(t *testing.T) {
 	if waited := time.Since(start); waited < time.Second {
 		t.Fatalf("delayed nack redelivered after %v, before its 1s delay", waited)
 	}
+	// A token acks past its original deadline when the lease was extended.
+	if _, err := b.client.ExtendLease(ctx, &pb.ExtendLeaseRequest{AckToken: third[0].GetAckToken(), VisibilityTimeout: durationpb.New(5 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(700 * time.Millisecond)
+	if _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: third[0].GetAckToken()}); err != nil {
+		t.Fatalf("ack of an extended lease past its first deadline: %v", err)
+	}
+	if st := stats(t, b.client, "l"); st.GetReady()+st.GetInFlight() != 0 {
+		t.Fatalf("after the ack: %v", st)
+	}
 }
 
 // Graceful shutdown releases a stream's unacknowledged leases at once: they

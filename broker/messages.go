@@ -27,6 +27,21 @@ const (
 	modeAtLeastOnce = "at_least_once"
 )
 
+// emitSized emits an event for a message known by its size only.
+func (b *Broker) emitSized(kind events.Kind, q *queue, m qcore.Message, size int) {
+	b.events.Emit(events.Event{
+		ID:            events.MakeID(q.name, m.ID, kind, m.Deliveries, ""),
+		Kind:          kind,
+		Queue:         q.name,
+		MessageID:     m.ID,
+		Priority:      m.Priority,
+		Size:          size,
+		DeliveryCount: m.Deliveries,
+		Broker:        b.cfg.ID,
+		Time:          time.Now(),
+	})
+}
+
 func (b *Broker) emit(kind events.Kind, q *queue, m qcore.Message, member string) {
 	b.events.Emit(events.Event{
 		ID:        events.MakeID(q.name, m.ID, kind, m.Deliveries, member),
@@ -201,23 +216,39 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 
 // leaseOf resolves an ack token to its queue.
 func (b *Broker) leaseOf(ctx context.Context, token string) (*queue, string, error) {
-	name, lease, err := parseToken(token)
-	if err != nil {
-		return nil, "", err
-	}
-	q, err := b.queue(ctx, name)
-	if err != nil {
-		return nil, "", err
-	}
-	return q, lease, nil
+	q, t, err := b.tokenOf(ctx, token)
+	return q, t.lease, err
 }
 
+func (b *Broker) tokenOf(ctx context.Context, token string) (*queue, ackToken, error) {
+	t, err := parseToken(token)
+	if err != nil {
+		return nil, t, err
+	}
+	q, err := b.queue(ctx, t.queue)
+	return q, t, err
+}
+
+// ackMargin keeps the read-free ack clear of the deadline, for clock
+// differences between brokers.
+const ackMargin = 200 * time.Millisecond
+
 func (b *Broker) ack(ctx context.Context, token string) error {
-	q, lease, err := b.leaseOf(ctx, token)
+	q, t, err := b.tokenOf(ctx, token)
 	if err != nil {
 		return err
 	}
-	m, err := q.leases.Ack(ctx, lease)
+	if !t.deadline.IsZero() && time.Until(t.deadline) > ackMargin {
+		m, err := q.leases.AckUnread(ctx, t.lease)
+		if err != nil {
+			return err
+		}
+		m.Deliveries = t.deliveries
+		b.metrics.acked.WithLabelValues(q.label).Inc()
+		b.emitSized(events.Acked, q, m, t.size)
+		return nil
+	}
+	m, err := q.leases.Ack(ctx, t.lease)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -35,18 +36,43 @@ func printable(s string) string {
 	return strings.ToValidUTF8(s, "?")
 }
 
-// An ack token is "<queue>/<lease node name>": any broker can settle it.
-func makeToken(queue, lease string) string { return queue + "/" + lease }
+// An ack token is "<queue>/<lease node name>/<deadline ms>.<deliveries>.<size>":
+// any broker can settle it. The hint after the second slash lets an ack
+// before the deadline delete the lease without reading it first (the lease
+// name is unique to the delivery, so deleting it by name is safe; a lease
+// already released by expiry is gone). Past the hinted deadline, or
+// without a hint, the broker reads the lease for its real deadline, which
+// ExtendLease may have moved. A forged hint can only mislabel the
+// forger's own ack event.
+type ackToken struct {
+	queue, lease string
+	deadline     time.Time // zero without a hint
+	deliveries   int
+	size         int
+}
 
-func parseToken(tok string) (queue, lease string, err error) {
-	queue, lease, ok := strings.Cut(tok, "/")
-	if !ok || validName("queue", queue) != nil {
-		return "", "", invalidf("malformed ack token")
+func makeToken(queue string, l qcore.Lease) string {
+	return fmt.Sprintf("%s/%s/%d.%d.%d", queue, l.Token, l.Deadline.UnixMilli(), l.Deliveries, len(l.Payload))
+}
+
+func parseToken(tok string) (ackToken, error) {
+	bad := invalidf("malformed ack token")
+	parts := strings.Split(tok, "/")
+	if len(parts) < 2 || len(parts) > 3 || validName("queue", parts[0]) != nil {
+		return ackToken{}, bad
 	}
-	if _, ok := qcore.ParseLeaseName(lease); !ok {
-		return "", "", invalidf("malformed ack token")
+	if _, ok := qcore.ParseLeaseName(parts[1]); !ok {
+		return ackToken{}, bad
 	}
-	return queue, lease, nil
+	t := ackToken{queue: parts[0], lease: parts[1]}
+	if len(parts) == 3 {
+		var ms int64
+		if n, err := fmt.Sscanf(parts[2], "%d.%d.%d", &ms, &t.deliveries, &t.size); n != 3 || err != nil || ms <= 0 {
+			return ackToken{}, bad
+		}
+		t.deadline = time.UnixMilli(ms)
+	}
+	return t, nil
 }
 
 // clampDuration returns d within [lo, hi], or def when d is zero.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,8 +185,13 @@ func TestErrors(t *testing.T) {
 	if err != nil || len(ms) != 1 {
 		t.Fatalf("Receive: %v, %v", ms, err)
 	}
+	// A well-formed token of a lease that does not exist: the lease
+	// name's last nonce digit changed.
 	tok := qbroker.AckToken(ms[0])
-	bogus := tok[:len(tok)-1] + map[bool]string{true: "0", false: "1"}[tok[len(tok)-1] != '0']
+	parts := strings.SplitN(tok, "/", 3)
+	lease := parts[1]
+	parts[1] = lease[:len(lease)-1] + map[bool]string{true: "0", false: "1"}[lease[len(lease)-1] != '0']
+	bogus := strings.Join(parts, "/")
 
 	_, errGet := c.GetQueue(ctx, "nope")
 	_, errConsume := c.Consume(ctx, "nope", qbroker.ConsumeOptions{})

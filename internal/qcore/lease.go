@@ -207,6 +207,24 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 	return decodeMessage(item, itemData, stat, 0)
 }
 
+// AckUnread deletes a lease by name without reading it first, for a caller
+// that knows the lease's deadline has not passed. The returned Message has
+// only the ID and Priority (from the name). Errors: ErrUnknownLease when
+// the lease is gone (settled, or released by expiry).
+func (l *Leases) AckUnread(ctx context.Context, token string) (Message, error) {
+	item, ok := ParseLeaseName(token)
+	if !ok {
+		return Message{}, fmt.Errorf("%w: malformed token", ErrUnknownLease)
+	}
+	if _, err := l.items.write(&zk.DeleteRequest{Path: l.leases + "/" + token, Version: -1}); err != nil {
+		if errors.Is(err, zk.ErrNoNode) {
+			return Message{}, ErrUnknownLease
+		}
+		return Message{}, fmt.Errorf("delete lease %s: %w", token, err)
+	}
+	return Message{ID: item.Base, Priority: item.Priority}, nil
+}
+
 // Extend moves a live lease's deadline to now+ttl.
 func (l *Leases) Extend(ctx context.Context, token string, ttl time.Duration) (time.Time, error) {
 	deadline, itemData, stat, err := l.get(token)
