@@ -310,7 +310,7 @@ func (b *Broker) Close() error {
 // batchMaxOps ops and about batchMaxBytes each (with one request more, a
 // Multi stays below jute.maxbuffer), batchWorkers of them in flight.
 const (
-	batchWorkers  = 4
+	batchWorkers  = 2
 	batchMaxOps   = 256
 	batchMaxBytes = 400 << 10
 )

@@ -15,6 +15,9 @@ import (
 
 const maxPrefetch = 1000
 
+// settleWorkers apply one stream's settlements concurrently.
+const settleWorkers = 8
+
 // maxClaimBatch bounds the messages one stream claims at once (concurrently,
 // sharing a Multi), out of its credit.
 const maxClaimBatch = 32
@@ -135,11 +138,27 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1)}
 	st.addCredit(prefetch + int(first.GetCredit()))
 	b.settle(ctx, st, first.GetSettle())
-	defer b.releaseHeld(q, st)
 
-	// The receiving side: credit and settlements. It ends when the
-	// stream does (Recv fails once the handler has returned).
+	// The receiving side: credit and settlements. Settlements are applied
+	// by settleWorkers goroutines, so one slow ack does not hold up the
+	// stream's others or its credit. All of them end when the stream
+	// does (Recv fails once the handler has returned).
+	settles := make(chan *pb.Settle, 4*settleWorkers)
+	recvDone, settleDone := make(chan struct{}), make(chan struct{})
+	var swg sync.WaitGroup
+	for i := 0; i < settleWorkers; i++ {
+		swg.Add(1)
+		go func() {
+			defer swg.Done()
+			for s := range settles {
+				b.settle(ctx, st, []*pb.Settle{s})
+			}
+		}()
+	}
+	go func() { swg.Wait(); close(settleDone) }()
 	go func() {
+		defer close(settles)
+		defer close(recvDone)
 		defer cancel()
 		for {
 			req, err := stream.Recv()
@@ -147,8 +166,20 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 				return
 			}
 			st.addCredit(int(req.GetCredit()))
-			b.settle(ctx, st, req.GetSettle())
+			for _, s := range req.GetSettle() {
+				settles <- s
+			}
 		}
+	}()
+	defer func() {
+		// A client that half-closed sent its last settlements before:
+		// apply them before releasing what is left.
+		select {
+		case <-recvDone:
+			<-settleDone
+		default:
+		}
+		b.releaseHeld(q, st)
 	}()
 
 	for {
