@@ -287,6 +287,7 @@ func TestMaxDepth(t *testing.T) {
 		t.Fatalf("publish to a full queue: got %v, want ResourceExhausted", err)
 	}
 	receive(t, b.client, &pb.ReceiveRequest{Queue: "d", MaxMessages: 2})
+	time.Sleep(150 * time.Millisecond) // the broker re-reads the depth at most every 100ms
 	if _, err := b.client.Publish(ctx, two); err != nil {
 		t.Fatalf("publish after draining: %v", err)
 	}

@@ -39,9 +39,12 @@ type Config struct {
 	// SessionTimeout of the ZooKeeper session; default 10s.
 	SessionTimeout time.Duration
 	// ZKSessions is the number of ZooKeeper sessions the broker opens
-	// (default 2): the first carries watches, ephemeral nodes and health;
-	// claims' reads and the group-commit writes spread over all of them,
-	// since one client session tops out well below what ZooKeeper serves.
+	// (default 4). The first carries watches, scans, ephemeral nodes and
+	// health; the others are split between group-commit writes and
+	// claims' reads. Reads and writes use different sessions because
+	// ZooKeeper answers a session's read only after that session's
+	// earlier writes have committed; several sessions because one client
+	// session tops out well below what ZooKeeper serves.
 	ZKSessions int
 	// MaxPayload, MaxBatchBytes, MaxBatchCount: publish limits (defaults
 	// 512 KiB, 900 KiB, 1000).
@@ -109,7 +112,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("broker: MaxDepth %d out of range [1, 120000]", c.MaxDepth)
 	}
 	if c.ZKSessions == 0 {
-		c.ZKSessions = 2
+		c.ZKSessions = 4
 	}
 	if c.ZKSessions < 1 || c.ZKSessions > 16 {
 		return fmt.Errorf("broker: ZKSessions %d out of range [1, 16]", c.ZKSessions)
@@ -144,8 +147,10 @@ type Broker struct {
 
 	cfg     Config
 	log     *slog.Logger
-	conn    *zk.Conn       // the primary session: watches, ephemerals, health
-	extra   []*zk.Conn     // further sessions for reads and writes
+	conn    *zk.Conn       // the primary session: watches, scans, ephemerals, health
+	extra   []*zk.Conn     // further sessions, split into writers and readers
+	writers []*zk.Conn     // group-commit sessions
+	readers []*zk.Conn     // claims' read sessions
 	batcher *qcore.Batcher // group commit of all queues' writes
 	metrics *metrics
 	health  *health.Server
@@ -198,7 +203,8 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		}
 		b.extra = append(b.extra, c)
 	}
-	b.batcher = qcore.NewBatcher(append([]*zk.Conn{conn}, b.extra...), batchWorkers, batchMaxOps, batchMaxBytes, b.observeZK)
+	b.writers, b.readers = splitSessions(conn, b.extra)
+	b.batcher = qcore.NewBatcher(b.writers, batchWorkers, batchMaxOps, batchMaxBytes, b.observeZK)
 	for !b.hasSession.Load() {
 		select {
 		case <-ctx.Done():
@@ -310,10 +316,25 @@ func (b *Broker) Close() error {
 // batchMaxOps ops and about batchMaxBytes each (with one request more, a
 // Multi stays below jute.maxbuffer), batchWorkers of them in flight.
 const (
-	batchWorkers  = 2
+	batchWorkers  = 4
 	batchMaxOps   = 256
 	batchMaxBytes = 400 << 10
 )
+
+// splitSessions divides the extra sessions between writers (half,
+// rounded up) and readers. Without extra sessions the primary does all;
+// with one, it writes and the primary reads.
+func splitSessions(primary *zk.Conn, extra []*zk.Conn) (writers, readers []*zk.Conn) {
+	if len(extra) == 0 {
+		return []*zk.Conn{primary}, []*zk.Conn{primary}
+	}
+	w := (len(extra) + 1) / 2
+	writers, readers = extra[:w], extra[w:]
+	if len(readers) == 0 {
+		readers = []*zk.Conn{primary}
+	}
+	return writers, readers
+}
 
 func (b *Broker) closeConns() {
 	b.conn.Close()

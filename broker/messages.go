@@ -85,9 +85,9 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		}
 		payloads[i] = m.GetPayload()
 	}
-	// Depth from the parent's Stat (a read): past MaxDepth a getChildren
-	// answer would no longer fit in one packet.
-	depth, err := q.items.Len(ctx)
+	// Past MaxDepth a getChildren answer would no longer fit in one
+	// packet.
+	depth, err := q.depth(ctx)
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -105,6 +105,7 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	q.published(len(ids))
 	b.metrics.published.WithLabelValues(q.label).Add(float64(len(ids)))
 	for i, id := range ids {
 		b.emit(events.Published, q, qcore.Message{ID: id, Payload: payloads[i], Priority: int(msgs[i].GetPriority())}, "")
@@ -162,7 +163,9 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, k int, block bo
 		}
 	}
 	b.metrics.delivered.WithLabelValues(q.label, mode).Add(float64(len(ms)))
+	queueTime := b.metrics.queueTime.WithLabelValues(q.label)
 	for _, m := range ms {
+		queueTime.Observe(time.Since(m.Published).Seconds())
 		if m.Deliveries > 1 {
 			b.metrics.redelivered.WithLabelValues(q.label).Inc()
 		}

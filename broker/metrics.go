@@ -27,6 +27,7 @@ type metrics struct {
 	redelivered  *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	conflicts    *prometheus.CounterVec
+	queueTime    *prometheus.HistogramVec
 	zkDuration   *prometheus.HistogramVec
 	sessionState prometheus.Gauge
 	reconnects   prometheus.Counter
@@ -54,6 +55,11 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		redelivered:  qv("qbroker_messages_redelivered_total", "Deliveries of messages delivered before (delivery count > 1)."),
 		deadLettered: qv("qbroker_messages_dead_lettered_total", "Messages moved to the dead letters (or dropped) after too many deliveries."),
 		conflicts:    qv("qbroker_claim_conflicts_total", "Claims lost to another consumer (NoNode or BadVersion on the head)."),
+		queueTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "qbroker_message_queue_seconds",
+			Help:    "Time from publish to delivery (first delivery and redeliveries alike).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60, 600},
+		}, []string{"queue"}),
 		zkDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "qbroker_zk_request_duration_seconds",
 			Help:    "ZooKeeper request latency by operation and result.",
@@ -83,7 +89,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Always 1; the labels describe the build.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
-		m.deadLettered, m.conflicts, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
+		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
 		m.oldestAge, m.consumers, m.leader, m.grpc, build} {
 		reg.MustRegister(c)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -37,6 +38,38 @@ type queue struct {
 	sync   *syncGate // nil unless kind sync
 	policy qcore.Policy
 	gone   <-chan zk.Event // the metadata watch; fires on delete/change
+
+	depthMu   sync.Mutex
+	depthN    int       // ready messages at depthRead
+	depthRead time.Time // when depthN was read
+}
+
+// published counts n messages this broker added into the cached depth.
+func (q *queue) published(n int) {
+	q.depthMu.Lock()
+	q.depthN += n
+	q.depthMu.Unlock()
+}
+
+// depthTTL is how long a read queue depth serves publishes. The limit is
+// thereby approximate by what a queue takes in that time, far below the
+// margin between MaxDepth's ceiling and what a getChildren answer holds.
+const depthTTL = 100 * time.Millisecond
+
+// depth returns the queue's ready messages, read from the parent's Stat at
+// most every depthTTL, plus what this broker published since.
+func (q *queue) depth(ctx context.Context) (int, error) {
+	q.depthMu.Lock()
+	defer q.depthMu.Unlock()
+	if time.Since(q.depthRead) < depthTTL {
+		return q.depthN, nil
+	}
+	n, err := q.items.Len(ctx)
+	if err != nil {
+		return 0, err
+	}
+	q.depthN, q.depthRead = n, time.Now()
+	return n, nil
 }
 
 func (q *queue) stale() bool {
@@ -99,7 +132,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		ConflictHook:  conflicts.Inc,
 		Observer:      b.observeZK,
 		Batcher:       b.batcher,
-		Readers:       b.extra,
+		Readers:       b.readers,
 		Share:         func() (int, int) { return b.share(q) },
 		Logger:        b.log.With("queue", name),
 	})

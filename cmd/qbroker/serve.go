@@ -58,6 +58,7 @@ type serveOptions struct {
 	maxBatchBytes  int
 	maxBatchCount  int
 	maxDepth       int
+	zkSessions     int
 	visibility     time.Duration
 	sweep          time.Duration
 	sessionTimeout time.Duration
@@ -112,6 +113,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxDepth, "max-depth", envInt("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
 	fs.DurationVar(&o.visibility, "visibility-timeout", envDur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
 	fs.DurationVar(&o.sweep, "sweep-interval", envDur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
+	fs.IntVar(&o.zkSessions, "zk-sessions", envInt("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", envDur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", envDur("SHUTDOWN_TIMEOUT", 10*time.Second), "graceful shutdown bound ($QBROKER_SHUTDOWN_TIMEOUT)")
 	fs.BoolVar(&o.pprof, "pprof", envBool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
@@ -175,6 +177,7 @@ func serve(o *serveOptions) error {
 		MaxBatchBytes:     o.maxBatchBytes,
 		MaxBatchCount:     o.maxBatchCount,
 		MaxDepth:          o.maxDepth,
+		ZKSessions:        o.zkSessions,
 		DefaultVisibility: o.visibility,
 		SweepInterval:     o.sweep,
 		Logger:            log,

@@ -55,9 +55,10 @@ type Config struct {
 	// brokers do not race each other for the same head. Nil means one
 	// process takes all.
 	Share func() (rank, n int)
-	// Readers, when set, are further sessions to the same ensemble over
-	// which claims spread their reads (one session's client tops out
-	// well below what ZooKeeper serves).
+	// Readers, when set, are the sessions (to the same ensemble) over
+	// which claims spread their reads instead of the Store's own. Keep
+	// them free of writes: ZooKeeper answers a session's read only after
+	// that session's earlier writes have committed.
 	Readers []*zk.Conn
 	// Batcher, when set, carries the Store's writes (publishes, claims,
 	// acks, releases) so concurrent ones share Multi transactions.
@@ -130,9 +131,11 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 	}
 	s := &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg,
 		foreign: map[string]bool{}, claims: map[string]int{}}
-	s.readers = []observed{s.zk}
 	for _, r := range cfg.Readers {
 		s.readers = append(s.readers, observed{r, cfg.Observer})
+	}
+	if len(s.readers) == 0 {
+		s.readers = []observed{s.zk}
 	}
 	return s, nil
 }
@@ -225,7 +228,7 @@ func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads []
 // reader returns the session for a claim's read, round-robin.
 func (s *Store) reader() observed {
 	if len(s.readers) == 1 {
-		return s.zk
+		return s.readers[0]
 	}
 	return s.readers[int(s.next.Add(1))%len(s.readers)]
 }
