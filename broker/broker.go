@@ -39,7 +39,7 @@ type Config struct {
 	// SessionTimeout of the ZooKeeper session; default 10s.
 	SessionTimeout time.Duration
 	// ZKSessions is the number of ZooKeeper sessions the broker opens
-	// (default 4). The first carries watches, scans, ephemeral nodes and
+	// (default 5). The first carries watches, scans, ephemeral nodes and
 	// health; the others are split between group-commit writes and
 	// claims' reads. Reads and writes use different sessions because
 	// ZooKeeper answers a session's read only after that session's
@@ -112,7 +112,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("broker: MaxDepth %d out of range [1, 120000]", c.MaxDepth)
 	}
 	if c.ZKSessions == 0 {
-		c.ZKSessions = 4
+		c.ZKSessions = 5
 	}
 	if c.ZKSessions < 1 || c.ZKSessions > 16 {
 		return fmt.Errorf("broker: ZKSessions %d out of range [1, 16]", c.ZKSessions)
