@@ -26,6 +26,10 @@
 // queue split it by sequence number modulo their count and take their own
 // share first. Writes (claims, acks, releases, publishes) of concurrent
 // callers share Multi transactions through one qcore.Batcher per broker.
+// The broker opens Config.ZKSessions sessions: the first for watches,
+// scans and ephemeral nodes, the others split between group-commit writes
+// and claims' reads (ZooKeeper answers a session's read only after its
+// earlier writes commit).
 //
 // # Delivery
 //
@@ -54,6 +58,7 @@
 //	qbroker_messages_redelivered_total{queue}      counter: deliveries with count > 1
 //	qbroker_messages_dead_lettered_total{queue}    counter
 //	qbroker_claim_conflicts_total{queue}           counter: claims lost to another consumer
+//	qbroker_message_queue_seconds{queue}           histogram: publish to delivery
 //	qbroker_zk_request_duration_seconds{op,result} histogram
 //	qbroker_zk_session_state                       gauge: 1 with a session
 //	qbroker_zk_reconnects_total                    counter
