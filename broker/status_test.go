@@ -1,0 +1,59 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/go-zookeeper/zk"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/qbroker/qbroker/internal/qcore"
+)
+
+func TestToStatus(t *testing.T) {
+	tests := []struct {
+		err  error
+		want codes.Code
+	}{
+		{invalidf("bad name"), codes.InvalidArgument},
+		{fmt.Errorf("publish: %w", qcore.ErrTooLarge), codes.InvalidArgument},
+		{qcore.ErrBatchTooLarge, codes.InvalidArgument},
+		{qcore.ErrEmptyBatch, codes.InvalidArgument},
+		{invalidPriority(300), codes.InvalidArgument},
+		{fmt.Errorf("%w: q", errQueueNotFound), codes.NotFound},
+		{errQueueExists, codes.AlreadyExists},
+		{errWrongKind, codes.FailedPrecondition},
+		{errNotOpen, codes.FailedPrecondition},
+		{fmt.Errorf("ack: %w", qcore.ErrUnknownLease), codes.FailedPrecondition},
+		{errSyncGroup, codes.FailedPrecondition},
+		{errLimit, codes.ResourceExhausted},
+		{errClosing, codes.Unavailable},
+		{fmt.Errorf("get: %w", zk.ErrConnectionClosed), codes.Unavailable},
+		{zk.ErrSessionExpired, codes.Unavailable},
+		{zk.ErrNoServer, codes.Unavailable},
+		{fmt.Errorf("claim: %w", zk.ErrNoNode), codes.Aborted},
+		{zk.ErrBadVersion, codes.Aborted},
+		{context.Canceled, codes.Canceled},
+		{fmt.Errorf("wait: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+		{errors.New("runtime error: index out of range [3] with length 3"), codes.Internal},
+		{status.Error(codes.PermissionDenied, "kept"), codes.PermissionDenied},
+	}
+	for _, tt := range tests {
+		t.Run(tt.err.Error(), func(t *testing.T) {
+			err := toStatus(tt.err)
+			if got := status.Code(err); got != tt.want {
+				t.Fatalf("code = %v, want %v", got, tt.want)
+			}
+			if tt.want == codes.Internal && strings.Contains(status.Convert(err).Message(), "index out of range") {
+				t.Fatalf("internal details sent to the client: %q", status.Convert(err).Message())
+			}
+		})
+	}
+	if toStatus(nil) != nil {
+		t.Fatal("toStatus(nil) != nil")
+	}
+}
