@@ -214,9 +214,9 @@ func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads []
 			Flags: zk.FlagSequence,
 		}
 	}
-	res, err := s.zk.Multi(ops...)
+	res, err := s.write(ops...)
 	if err != nil {
-		return nil, fmt.Errorf("multi create in %s: %w", s.path, firstMultiError(res, err))
+		return nil, fmt.Errorf("multi create in %s: %w", s.path, err)
 	}
 	ids := make([]string, len(res))
 	for i, r := range res {
