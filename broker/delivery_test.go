@@ -357,3 +357,34 @@ func TestConsumeCredit(t *testing.T) {
 
 var _ = bufio.NewReader
 var _ = strings.TrimSpace
+
+// A queue deleted while a consumer waits on it ends the stream with
+// NotFound; publishing to it is NotFound too.
+func TestDeleteQueueUnderConsumer(t *testing.T) {
+	root := zktest.Root(t)
+	a, other := newBroker(t, root), newBroker(t, root)
+	createQueue(t, a.client, &pb.CreateQueueRequest{Name: "doomed"})
+	publishN(t, a.client, "doomed", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := a.client.Consume(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "doomed", Prefetch: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.client.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: "doomed"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.NotFound {
+		t.Fatalf("stream of a deleted queue: got %v, want NotFound", err)
+	}
+	_, err = a.client.Publish(ctx, &pb.PublishRequest{Queue: "doomed", Messages: []*pb.OutMessage{{Payload: []byte("x")}}})
+	if status.Code(err) != codes.NotFound {
+		t.Fatalf("publish to a deleted queue: got %v, want NotFound", err)
+	}
+}

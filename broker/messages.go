@@ -103,7 +103,7 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		ids, err = q.items.PublishBatch(ctx, prefixes, payloads)
 	}
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(b.gone(q, err))
 	}
 	q.published(len(ids))
 	b.metrics.published.WithLabelValues(q.label).Add(float64(len(ids)))
@@ -146,7 +146,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, k int, block bo
 		mode = modeAtLeastOnce
 		ls, err := q.leases.TakeLeases(ctx, k, d.ttl, block)
 		if err != nil {
-			return nil, err
+			return nil, b.gone(q, err)
 		}
 		for i := range ls {
 			ms = append(ms, ls[i].Message)
@@ -156,7 +156,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, k int, block bo
 		var err error
 		ms, err = qcore.TakeN(ctx, q.items, k, block, q.items.ClaimDelete)
 		if err != nil {
-			return nil, err
+			return nil, b.gone(q, err)
 		}
 		for _, m := range ms {
 			out = append(out, toPB(q.name, m, nil))

@@ -152,6 +152,16 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	return q, nil
 }
 
+// gone turns a NoNode from a queue's own nodes (lost races never get
+// here) into errQueueNotFound: the queue was deleted under the handle.
+func (b *Broker) gone(q *queue, err error) error {
+	if errors.Is(err, zk.ErrNoNode) {
+		b.evict(q.name)
+		return fmt.Errorf("%w: %s (deleted)", errQueueNotFound, q.name)
+	}
+	return err
+}
+
 func (b *Broker) evict(name string) {
 	b.queuesMu.Lock()
 	delete(b.queues, name)
