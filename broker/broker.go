@@ -298,14 +298,21 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	return s
 }
 
-// Close marks the broker NOT_SERVING, ends its streams (releasing their
-// unacknowledged leases for redelivery), stops its loops and closes the
-// ZooKeeper session. Call it after the gRPC server's GracefulStop (or
-// Stop) has returned or timed out.
-func (b *Broker) Close() error {
+// Shutdown marks the broker NOT_SERVING, ends its Consume and JoinSync
+// streams (releasing their unacknowledged leases for redelivery) and stops
+// its loops. Unary calls keep working until Close, so a server can then
+// drain them with GracefulStop. Shutdown is idempotent.
+func (b *Broker) Shutdown() {
 	b.health.Shutdown()
 	b.cancel()
 	b.wg.Wait()
+}
+
+// Close shuts the broker down (see Shutdown) and closes its ZooKeeper
+// sessions. Call it after the gRPC server's GracefulStop (or Stop) has
+// returned or timed out.
+func (b *Broker) Close() error {
+	b.Shutdown()
 	b.batcher.Close()
 	b.closeConns()
 	b.log.Info("broker stopped")

@@ -87,15 +87,16 @@ func (tb *testBroker) stop() {
 		return
 	}
 	tb.stopped = true
+	tb.b.Shutdown()
 	done := make(chan struct{})
 	go func() { tb.srv.GracefulStop(); close(done) }()
-	tb.b.Close()
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		tb.srv.Stop()
 		<-done
 	}
+	tb.b.Close()
 	<-tb.served
 }
 

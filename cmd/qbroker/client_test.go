@@ -40,14 +40,16 @@ func startBroker(t *testing.T) string {
 		_ = srv.Serve(lis)
 	}()
 	t.Cleanup(func() {
+		b.Shutdown()
 		done := make(chan struct{})
 		go func() { srv.GracefulStop(); close(done) }()
-		b.Close()
 		select {
 		case <-done:
 		case <-time.After(5 * time.Second):
 			srv.Stop()
+			<-done
 		}
+		b.Close()
 		<-served
 	})
 	return lis.Addr().String()

@@ -145,8 +145,9 @@ func newLogger(format, level string) (*slog.Logger, error) {
 }
 
 // serve runs a broker until SIGINT/SIGTERM, then shuts down in order:
-// health NOT_SERVING, GracefulStop (forced Stop after --shutdown-timeout),
-// broker Close (releases in-flight leases), event bridge drain.
+// health NOT_SERVING and streams ended (in-flight leases released),
+// GracefulStop (forced Stop after --shutdown-timeout), ZooKeeper sessions
+// closed, event bridge drained.
 func serve(o *serveOptions) error {
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {
@@ -219,17 +220,18 @@ func serve(o *serveOptions) error {
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down")
-		b.Health().Shutdown()
+		// NOT_SERVING and end the streams (their leases are released),
+		// then drain unary calls, then close the ZooKeeper sessions.
+		b.Shutdown()
 		done := make(chan struct{})
 		go func() { srv.GracefulStop(); close(done) }()
-		// Streams end only when the broker closes: Close first ends them
-		// (releasing their leases), then the server drains.
-		b.Close()
 		select {
 		case <-done:
 		case <-time.After(o.shutdown):
 			srv.Stop()
+			<-done
 		}
+		b.Close()
 		if hs != nil {
 			sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
 			_ = hs.Shutdown(sctx)
