@@ -153,12 +153,6 @@ func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, e
 	return Lease{Message: m, Token: token, Deadline: deadline}, nil
 }
 
-// TakeLease claims the head message with a lease of ttl, waiting for one
-// when block is set.
-func (l *Leases) TakeLease(ctx context.Context, ttl time.Duration, block bool) (Lease, error) {
-	return Take(ctx, l.items, block, l.claimFunc(ttl))
-}
-
 // TakeLeases claims up to k messages with leases of ttl (see TakeN).
 func (l *Leases) TakeLeases(ctx context.Context, k int, ttl time.Duration, block bool) ([]Lease, error) {
 	return TakeN(ctx, l.items, k, block, l.claimFunc(ttl))

@@ -143,12 +143,6 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 // Path returns the parent node of the messages.
 func (s *Store) Path() string { return s.path }
 
-// Conn returns the store's ZooKeeper connection.
-func (s *Store) Conn() *zk.Conn { return s.conn }
-
-// Config returns the store's limits.
-func (s *Store) Config() Config { return s.cfg }
-
 // CheckPayload returns ErrTooLarge when payload exceeds the limit.
 func (s *Store) CheckPayload(payload []byte) error {
 	if len(payload) > s.cfg.MaxPayload {
