@@ -2,15 +2,12 @@ package broker
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
-
-func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 
 // Limits on queue configuration.
 const (

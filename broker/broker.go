@@ -73,7 +73,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the broker's metrics; nil registers none.
 	Registerer prometheus.Registerer
-	// Events receives queue events (the NATS bridge); nil discards.
+	// Events receives queue events (the NATS bridge); nil: none are built.
 	Events events.Sink
 }
 
@@ -125,9 +125,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.Events == nil {
-		c.Events = events.Discard{}
 	}
 	lim := qcore.Config{MaxPayload: c.MaxPayload, MaxBatchBytes: c.MaxBatchBytes, MaxBatchCount: c.MaxBatchCount}
 	if err := lim.Validate(); err != nil {

@@ -185,12 +185,12 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	for {
 		credit, err := st.takeCredit(ctx, maxClaimBatch)
 		if err != nil {
-			return b.streamEnd(ctx)
+			return b.streamEnd()
 		}
 		ms, err := b.take(ctx, q, d, credit, true)
 		if err != nil {
 			if ctx.Err() != nil {
-				return b.streamEnd(ctx)
+				return b.streamEnd()
 			}
 			return b.fail(err)
 		}
@@ -210,7 +210,7 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 
 // streamEnd is the status of a stream that ended because the client
 // left (nil) or the broker is shutting down (Unavailable).
-func (b *Broker) streamEnd(ctx context.Context) error {
+func (b *Broker) streamEnd() error {
 	if b.ctx.Err() != nil {
 		return b.fail(errClosing)
 	}
@@ -277,10 +277,27 @@ func (b *Broker) registerConsumer(q *queue) func() {
 	}
 }
 
-// share returns this broker's rank among the brokers with Consume streams
-// on q, from the consumer registrations ("<broker id>-<sequence>"). A
-// broker without a registered stream (Receive only) takes the whole queue.
-func (b *Broker) share(q *queue) (rank, n int) {
+// shareTTL is how long a read of the consumer registrations serves the
+// queue's scans: a broker joining or leaving shifts the shares within it.
+const shareTTL = time.Second
+
+// share returns the Store's Share func for q: this broker's rank among the
+// brokers with Consume streams on q, from the consumer registrations
+// ("<broker id>-<sequence>"), read at most every shareTTL. A broker
+// without a registered stream (Receive only) takes the whole queue.
+func (q *queue) share(b *Broker) func() (rank, n int) {
+	return func() (int, int) {
+		q.shareMu.Lock()
+		defer q.shareMu.Unlock()
+		if time.Since(q.shareRead) >= shareTTL {
+			q.shareRank, q.shareN = b.readShare(q)
+			q.shareRead = time.Now()
+		}
+		return q.shareRank, q.shareN
+	}
+}
+
+func (b *Broker) readShare(q *queue) (rank, n int) {
 	children, _, err := b.conn.Children(q.path + "/consumers")
 	if err != nil {
 		return 0, 1

@@ -29,6 +29,9 @@ const (
 
 // emitSized emits an event for a message known by its size only.
 func (b *Broker) emitSized(kind events.Kind, q *queue, m qcore.Message, size int) {
+	if b.events == nil {
+		return
+	}
 	b.events.Emit(events.Event{
 		ID:            events.MakeID(q.name, m.ID, kind, m.Deliveries, ""),
 		Kind:          kind,
@@ -43,6 +46,9 @@ func (b *Broker) emitSized(kind events.Kind, q *queue, m qcore.Message, size int
 }
 
 func (b *Broker) emit(kind events.Kind, q *queue, m qcore.Message, member string) {
+	if b.events == nil {
+		return // no sink: build no events on the message path
+	}
 	b.events.Emit(events.Event{
 		ID:        events.MakeID(q.name, m.ID, kind, m.Deliveries, member),
 		Kind:      kind,

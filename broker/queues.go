@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -42,6 +43,11 @@ type queue struct {
 	depthMu   sync.Mutex
 	depthN    int       // ready messages at depthRead
 	depthRead time.Time // when depthN was read
+
+	shareMu   sync.Mutex
+	shareRank int       // this broker's rank among the queue's consuming brokers
+	shareN    int       // how many brokers consume the queue
+	shareRead time.Time // when the two were read
 }
 
 // published counts n messages this broker added into the cached depth.
@@ -133,7 +139,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		Observer:      b.observeZK,
 		Batcher:       b.batcher,
 		Readers:       b.readers,
-		Share:         func() (int, int) { return b.share(q) },
+		Share:         q.share(b),
 		Logger:        b.log.With("queue", name),
 	})
 	if err != nil {
@@ -171,7 +177,7 @@ func (b *Broker) evict(name string) {
 // createQueue creates the queue's nodes in one Multi. An existing queue
 // with the same configuration is returned as is.
 func (b *Broker) createQueue(ctx context.Context, name string, m queueMeta) (queueMeta, error) {
-	data, err := jsonMarshal(m)
+	data, err := json.Marshal(m)
 	if err != nil {
 		return m, err
 	}

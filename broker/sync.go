@@ -106,7 +106,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 		st, err := m.Progress(ctx, last)
 		if err != nil {
 			if ctx.Err() != nil {
-				return b.streamEnd(ctx)
+				return b.streamEnd()
 			}
 			return b.fail(syncErr(err))
 		}
@@ -124,5 +124,5 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 		}
 	}
 	<-ctx.Done() // membership lasts while the stream does
-	return b.streamEnd(ctx)
+	return b.streamEnd()
 }

@@ -66,9 +66,3 @@ func MakeID(queue, messageID string, kind Kind, deliveryCount int, member string
 type Sink interface {
 	Emit(Event)
 }
-
-// Discard is a Sink that drops every event.
-type Discard struct{}
-
-// Emit drops e.
-func (Discard) Emit(Event) {}

@@ -558,9 +558,30 @@ func (s *Store) Len(ctx context.Context) (int, error) {
 	return int(stat.NumChildren), nil
 }
 
-// OldestAge returns the age of the head message (0 when empty), from the
-// head node's Stat.
+// OldestAge returns the age of the head message (0 when empty). It reads
+// the head of the cached snapshot when it still exists, without listing
+// the children (an approximation: a message put back at the head since the
+// last scan is not seen), else the head of a fresh listing.
 func (s *Store) OldestAge(ctx context.Context) (time.Duration, error) {
+	// The head of the cached snapshot, when there is one, saves listing
+	// the children; if it is gone, Peek lists them.
+	s.mu.Lock()
+	var head Name
+	switch {
+	case len(s.pending) > 0 && (len(s.others) == 0 || Compare(s.pending[0], s.others[0]) < 0):
+		head = s.pending[0]
+	case len(s.others) > 0:
+		head = s.others[0]
+	}
+	s.mu.Unlock()
+	if head.Raw != "" {
+		data, stat, err := s.zk.Get(s.path + "/" + head.Raw)
+		if err == nil {
+			if m, err := decodeMessage(head, data, stat, 0); err == nil {
+				return time.Since(m.Published), nil
+			}
+		}
+	}
 	m, err := s.Peek(ctx)
 	if errors.Is(err, ErrEmpty) {
 		return 0, nil
