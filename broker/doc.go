@@ -33,7 +33,9 @@
 //
 // # Delivery
 //
-// At-most-once claims delete the message (getData + delete). At-least-once
+// At-most-once claims delete the message (getData + delete; without the
+// read for messages this broker published, whose data it still holds: a
+// message node never changes once created). At-least-once
 // claims move it into a lease (one Multi); Ack deletes the lease; Nack,
 // expiry (released by the elected leader every SweepInterval) or the end of
 // the Consume stream put it back in its place; past max deliveries it moves

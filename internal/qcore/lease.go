@@ -130,18 +130,18 @@ func decodeLease(data []byte) (deadline time.Time, itemData []byte, err error) {
 // zk.ErrNoNode or zk.ErrBadVersion when another consumer won the race.
 func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, error) {
 	itemPath := l.items.path + "/" + n.Raw
-	data, stat, err := l.items.reader().Get(itemPath)
+	data, version, ctime, err := l.items.readItem(itemPath, n)
 	if err != nil {
-		return Lease{}, fmt.Errorf("get %s: %w", itemPath, err)
+		return Lease{}, err
 	}
-	m, err := decodeMessage(n, data, stat, 1)
+	m, err := decodeMessage(n, data, ctime, 1)
 	if err != nil {
 		return Lease{}, err
 	}
 	deadline := time.Now().Add(ttl)
 	token := newLeaseName(n.Raw)
 	_, err = l.items.write(
-		&zk.DeleteRequest{Path: itemPath, Version: stat.Version},
+		&zk.DeleteRequest{Path: itemPath, Version: version},
 		&zk.CreateRequest{
 			Path: l.leases + "/" + token,
 			Data: encodeLease(deadline, EncodeData(m.Payload, m.Published, m.Deliveries)),
@@ -198,7 +198,7 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 		return Message{}, fmt.Errorf("delete lease %s: %w", token, err)
 	}
 	item, _ := ParseLeaseName(token)
-	return decodeMessage(item, itemData, stat, 0)
+	return decodeMessage(item, itemData, ctimeOf(stat), 0)
 }
 
 // AckUnread deletes a lease by name without reading it first, for a caller
@@ -261,7 +261,7 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		return Message{}, 0, fmt.Errorf("%w: expired", ErrUnknownLease)
 	}
 	item, _ := ParseLeaseName(token)
-	m, err := decodeMessage(item, itemData, stat, 0)
+	m, err := decodeMessage(item, itemData, ctimeOf(stat), 0)
 	if err != nil {
 		return Message{}, 0, err
 	}
@@ -330,7 +330,7 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 	if err != nil {
 		return Message{}, 0, false, err
 	}
-	if m, err = decodeMessage(item, itemData, stat, 0); err != nil {
+	if m, err = decodeMessage(item, itemData, ctimeOf(stat), 0); err != nil {
 		return Message{}, 0, false, err
 	}
 	out, err = l.release(token, item, itemData, stat.Version, m, p)
@@ -373,7 +373,7 @@ func (l *Leases) Sweep(ctx context.Context, now time.Time, p Policy) ([]Expired,
 		if err != nil || !now.After(deadline) {
 			continue
 		}
-		m, err := decodeMessage(item, itemData, stat, 0)
+		m, err := decodeMessage(item, itemData, ctimeOf(stat), 0)
 		if err != nil {
 			continue
 		}
@@ -430,7 +430,7 @@ func (l *Leases) DeadLetters(ctx context.Context, limit int) ([]Message, error) 
 		if err != nil {
 			return out, fmt.Errorf("get %s: %w", n.Raw, err)
 		}
-		m, err := decodeMessage(n, data, stat, 0)
+		m, err := decodeMessage(n, data, ctimeOf(stat), 0)
 		if err != nil {
 			continue
 		}
@@ -467,7 +467,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		if err != nil {
 			return moved, fmt.Errorf("get %s: %w", deadPath, err)
 		}
-		m, err := decodeMessage(n, data, stat, 0)
+		m, err := decodeMessage(n, data, ctimeOf(stat), 0)
 		if err != nil {
 			return moved, err
 		}

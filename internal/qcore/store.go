@@ -63,6 +63,10 @@ type Config struct {
 	// Batcher, when set, carries the Store's writes (publishes, claims,
 	// acks, releases) so concurrent ones share Multi transactions.
 	Batcher *Batcher
+	// RecentBytes bounds the data kept of messages this process published
+	// so that their claims skip the read (see recent): 0 means
+	// DefaultRecentBytes, negative means none.
+	RecentBytes int
 }
 
 // Validate fills defaults and checks the limits.
@@ -88,6 +92,9 @@ func (c *Config) Validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.RecentBytes == 0 {
+		c.RecentBytes = DefaultRecentBytes
+	}
 	return nil
 }
 
@@ -105,6 +112,7 @@ type Store struct {
 	next    atomic.Uint32
 	path    string
 	cfg     Config
+	recent  *recent // data of messages published here, for read-free claims
 
 	mu      sync.Mutex
 	pending []Name          // sorted candidates of this process's share, not yet handed out
@@ -130,7 +138,7 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg,
-		foreign: map[string]bool{}, claims: map[string]int{}}
+		recent: newRecent(cfg.RecentBytes), foreign: map[string]bool{}, claims: map[string]int{}}
 	for _, r := range cfg.Readers {
 		s.readers = append(s.readers, observed{r, cfg.Observer})
 	}
@@ -160,16 +168,17 @@ func (s *Store) Publish(ctx context.Context, prefix string, payload []byte) (str
 	if err := s.CheckPayload(payload); err != nil {
 		return "", err
 	}
+	data := EncodeData(payload, time.Now(), 0)
 	res, err := s.write(&zk.CreateRequest{
 		Path:  s.path + "/" + prefix,
-		Data:  EncodeData(payload, time.Now(), 0),
+		Data:  data,
 		Acl:   zk.WorldACL(zk.PermAll),
 		Flags: zk.FlagSequence,
 	})
 	if err != nil {
 		return "", fmt.Errorf("create in %s: %w", s.path, err)
 	}
-	return path.Base(res[0].String), nil
+	return s.created(res[0].String, data), nil
 }
 
 // PublishBatch creates all messages in one Multi transaction: all or none.
@@ -214,9 +223,19 @@ func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads []
 	}
 	ids := make([]string, len(res))
 	for i, r := range res {
-		ids[i] = path.Base(r.String)
+		ids[i] = s.created(r.String, ops[i].(*zk.CreateRequest).Data)
 	}
 	return ids, nil
+}
+
+// created notes a message this process created at path p with data, and
+// returns its name.
+func (s *Store) created(p string, data []byte) string {
+	name := path.Base(p)
+	if n, ok := ParseName(name); ok {
+		s.recent.put(n, data)
+	}
+	return name
 }
 
 // reader returns the session for a claim's read, round-robin.
@@ -278,6 +297,7 @@ func (s *Store) scanLocked() error {
 		return fmt.Errorf("children %s: %w", s.path, err)
 	}
 	names, foreign := SortNames(children)
+	s.recent.prune(names)
 	if len(s.claims) > 0 {
 		// Candidates still being claimed by this process's consumers are
 		// not handed out again: that would be a race with ourselves.
@@ -489,18 +509,34 @@ func TakeN[T any](ctx context.Context, s *Store, k int, block bool, claim ClaimF
 // may be lost, never delivered twice.
 func (s *Store) ClaimDelete(ctx context.Context, n Name) (Message, error) {
 	p := s.path + "/" + n.Raw
-	data, stat, err := s.reader().Get(p)
+	data, version, ctime, err := s.readItem(p, n)
 	if err != nil {
-		return Message{}, fmt.Errorf("get %s: %w", p, err)
+		return Message{}, err
 	}
-	if _, err := s.write(&zk.DeleteRequest{Path: p, Version: stat.Version}); err != nil {
+	if _, err := s.write(&zk.DeleteRequest{Path: p, Version: version}); err != nil {
 		return Message{}, fmt.Errorf("delete %s: %w", p, err)
 	}
-	return decodeMessage(n, data, stat, 1)
+	return decodeMessage(n, data, ctime, 1)
 }
 
-func decodeMessage(n Name, data []byte, stat *zk.Stat, addDeliveries int) (Message, error) {
-	payload, pub, deliveries, err := DecodeData(data, time.UnixMilli(stat.Ctime))
+// readItem returns the data, version and creation time of candidate n at
+// p for its claim: remembered when this process published it, else read.
+func (s *Store) readItem(p string, n Name) (data []byte, version int32, ctime time.Time, err error) {
+	if data, ok := s.recent.take(n.Raw); ok {
+		// Created by this process with a header, so ctime is not needed.
+		return data, 0, time.Now(), nil
+	}
+	data, stat, err := s.reader().Get(p)
+	if err != nil {
+		return nil, 0, time.Time{}, fmt.Errorf("get %s: %w", p, err)
+	}
+	return data, stat.Version, ctimeOf(stat), nil
+}
+
+func ctimeOf(stat *zk.Stat) time.Time { return time.UnixMilli(stat.Ctime) }
+
+func decodeMessage(n Name, data []byte, ctime time.Time, addDeliveries int) (Message, error) {
+	payload, pub, deliveries, err := DecodeData(data, ctime)
 	if err != nil {
 		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
 	}
@@ -537,7 +573,7 @@ func (s *Store) Peek(ctx context.Context) (Message, error) {
 		if err != nil {
 			return Message{}, fmt.Errorf("get %s/%s: %w", s.path, n.Raw, err)
 		}
-		return decodeMessage(n, data, stat, 0)
+		return decodeMessage(n, data, ctimeOf(stat), 0)
 	}
 	return Message{}, ErrEmpty
 }
@@ -577,7 +613,7 @@ func (s *Store) OldestAge(ctx context.Context) (time.Duration, error) {
 	if head.Raw != "" {
 		data, stat, err := s.zk.Get(s.path + "/" + head.Raw)
 		if err == nil {
-			if m, err := decodeMessage(head, data, stat, 0); err == nil {
+			if m, err := decodeMessage(head, data, ctimeOf(stat), 0); err == nil {
 				return time.Since(m.Published), nil
 			}
 		}

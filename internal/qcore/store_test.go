@@ -1,0 +1,197 @@
+package qcore_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/internal/zktest"
+)
+
+// countGets returns an Observer counting successful reads of message data.
+func countGets(n *atomic.Int64) qcore.Observer {
+	return func(op string, _ time.Duration, err error) {
+		if op == "get" && err == nil {
+			n.Add(1)
+		}
+	}
+}
+
+// A process claims the messages it published without reading them, and
+// gets exactly what a read would have returned; messages published by
+// another process, or requeued, are read as usual.
+func TestClaimsOfOwnMessagesSkipTheRead(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	var getsA, getsB atomic.Int64
+	a, err := qcore.NewStore(zktest.Conn(t), root+"/items", qcore.Config{Observer: countGets(&getsA)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := qcore.NewStore(zktest.Conn(t), root+"/items", qcore.Config{Observer: countGets(&getsB)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	var published []string
+	for i := range 10 {
+		id, err := a.Publish(ctx, qcore.FIFOPrefix, fmt.Appendf(nil, "single %d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		published = append(published, id)
+	}
+	var payloads [][]byte
+	var prefixes []string
+	for i := range 40 {
+		payloads = append(payloads, fmt.Appendf(nil, "batch %d", i))
+		prefixes = append(prefixes, qcore.FIFOPrefix)
+	}
+	ids, err := a.PublishBatch(ctx, prefixes, payloads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	published = append(published, ids...)
+
+	// B takes the first 20 (reading each); A then takes the other 30 and
+	// must not read any, nor try the 20 that B took.
+	for i := range 20 {
+		m, err := b.TryDequeue(ctx)
+		if err != nil || m.ID != published[i] {
+			t.Fatalf("B's claim %d: %v %v, want %s", i, m.ID, err, published[i])
+		}
+	}
+	for i := 20; i < 50; i++ {
+		m, err := a.TryDequeue(ctx)
+		if err != nil {
+			t.Fatalf("A's claim %d: %v", i, err)
+		}
+		want := fmt.Appendf(nil, "batch %d", i-10)
+		if m.ID != published[i] || !bytes.Equal(m.Payload, want) || m.Deliveries != 1 || m.Published.Before(before.Add(-time.Second)) || m.Published.After(time.Now()) {
+			t.Fatalf("A's claim %d = %+v, want %s %q delivered once", i, m, published[i], want)
+		}
+	}
+	if _, err := a.TryDequeue(ctx); !errors.Is(err, qcore.ErrEmpty) {
+		t.Fatalf("A after draining: %v, want ErrEmpty", err)
+	}
+	if n := getsA.Load(); n != 0 {
+		t.Errorf("A read %d messages it had published", n)
+	}
+	if n := getsB.Load(); n != 20 {
+		t.Errorf("B read %d messages, want 20", n)
+	}
+
+	// Leases: the first claim is read-free, the requeued incarnation is
+	// read and carries its delivery count.
+	leases, err := qcore.NewLeases(a, root+"/leases", root+"/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Publish(ctx, qcore.FIFOPrefix, []byte("leased")); err != nil {
+		t.Fatal(err)
+	}
+	getsA.Store(0)
+	l, err := leases.TakeLeases(ctx, 1, time.Minute, false)
+	if err != nil || string(l[0].Payload) != "leased" || l[0].Deliveries != 1 {
+		t.Fatalf("first lease: %+v %v", l, err)
+	}
+	if n := getsA.Load(); n != 0 {
+		t.Errorf("first lease read %d times", n)
+	}
+	if _, _, err := leases.Nack(ctx, l[0].Token, 0, qcore.Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	l, err = leases.TakeLeases(ctx, 1, time.Minute, false)
+	if err != nil || string(l[0].Payload) != "leased" || l[0].Deliveries != 2 {
+		t.Fatalf("second lease: %+v %v", l, err)
+	}
+	if _, err := leases.Ack(ctx, l[0].Token); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Processes that both publish and consume race for the same head: every
+// message is delivered exactly once whether its claim read it or used the
+// publisher's copy.
+func TestPublishersRacingForTheHead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	root := zktest.Root(t)
+	const stores, perStore, consumersPerStore = 4, 500, 4
+	var gets atomic.Int64
+	var all []*qcore.Store
+	for range stores {
+		conn := zktest.Conn(t)
+		batcher := qcore.NewBatcher([]*zk.Conn{conn}, 2, 32, 512<<10, nil)
+		t.Cleanup(batcher.Close)
+		s, err := qcore.NewStore(conn, root, qcore.Config{Observer: countGets(&gets), Batcher: batcher})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, s)
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var delivered atomic.Int64
+	var wg sync.WaitGroup
+	for i, s := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < perStore; j += 10 {
+				payloads := make([][]byte, 10)
+				prefixes := make([]string, 10)
+				for k := range payloads {
+					payloads[k] = fmt.Appendf(nil, "%d/%d", i, j+k)
+					prefixes[k] = qcore.FIFOPrefix
+				}
+				if _, err := s.PublishBatch(ctx, prefixes, payloads); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+		for range consumersPerStore {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for delivered.Load() < stores*perStore {
+					cctx, ccancel := context.WithTimeout(ctx, 200*time.Millisecond)
+					ms, err := qcore.TakeN(cctx, s, 8, true, s.ClaimDelete)
+					ccancel()
+					if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+						continue
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					for _, m := range ms {
+						seen[string(m.Payload)]++
+					}
+					mu.Unlock()
+					delivered.Add(int64(len(ms)))
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if len(seen) != stores*perStore {
+		t.Errorf("%d distinct messages delivered, want %d", len(seen), stores*perStore)
+	}
+	for p, n := range seen {
+		if n != 1 {
+			t.Errorf("%s delivered %d times", p, n)
+		}
+	}
+	t.Logf("%d of %d claims read the message", gets.Load(), stores*perStore)
+}
