@@ -40,9 +40,14 @@ type Config struct {
 	NackRate       float64              `json:"nack_rate"`
 	Batch          int                  `json:"batch"`
 	Rate           float64              `json:"rate"`
-	Prefetch       int                  `json:"prefetch"`
-	Queue          string               `json:"queue"`
-	Order          string               `json:"order"`
+	// RateOfRaw, when set, runs the raw baseline first and sets Rate to
+	// this fraction of its throughput: latency at a load relative to the
+	// ceiling measured in the same run.
+	RateOfRaw float64       `json:"rate_of_raw,omitempty"`
+	Warmup    time.Duration `json:"-"`
+	Prefetch  int           `json:"prefetch"`
+	Queue     string        `json:"queue"`
+	Order     string        `json:"order"`
 
 	// Baselines.
 	Baselines        []string      `json:"baselines"`
@@ -113,6 +118,8 @@ func parseFlags(args []string, out io.Writer) (Config, error) {
 	fs.Float64Var(&c.NackRate, "nack-rate", 0, "fraction of messages nacked once before being acked (at-least-once)")
 	fs.IntVar(&c.Batch, "batch", 1, "messages per publish call (PublishBatch)")
 	fs.Float64Var(&c.Rate, "rate", 0, "open loop: total publish rate in messages/s (0: closed loop, as fast as possible)")
+	fs.Float64Var(&c.RateOfRaw, "rate-of-raw", 0, "open loop at this fraction of the raw baseline, which then runs first (0.5: half the ceiling); excludes --rate")
+	fs.DurationVar(&c.Warmup, "warmup", 0, "run the same workload this long first (checked, not measured), so JIT and caches are warm")
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
 	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
@@ -242,6 +249,14 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--batch %d not in [1, 1000]", c.Batch)
 	case c.Rate < 0 || math.IsInf(c.Rate, 0) || math.IsNaN(c.Rate):
 		return fmt.Errorf("--rate %v", c.Rate)
+	case c.RateOfRaw < 0 || c.RateOfRaw > 10 || math.IsNaN(c.RateOfRaw):
+		return fmt.Errorf("--rate-of-raw %v not in [0, 10]", c.RateOfRaw)
+	case c.RateOfRaw > 0 && c.Rate > 0:
+		return errors.New("--rate-of-raw excludes --rate")
+	case c.RateOfRaw > 0 && c.SpawnBrokers == 0 && c.ZooKeeper == "":
+		return errors.New("--rate-of-raw needs ZooKeeper for the raw baseline: --spawn-brokers or --zk")
+	case c.Warmup < 0:
+		return fmt.Errorf("--warmup %v < 0", c.Warmup)
 	case c.Prefetch < 1 || c.Prefetch > 1000:
 		return fmt.Errorf("--prefetch %d not in [1, 1000]", c.Prefetch)
 	case c.Order != orderStrict && c.Order != orderReport:

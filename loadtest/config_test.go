@@ -130,6 +130,19 @@ func TestParseFlags(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "open loop relative to raw, after a warmup",
+			args: []string{"--spawn-brokers", "1", "--rate-of-raw", "0.5", "--warmup", "5s"},
+			check: func(t *testing.T, c Config) {
+				if c.RateOfRaw != 0.5 || c.Rate != 0 || c.Warmup != 5*time.Second {
+					t.Errorf("got rate-of-raw %v, rate %v, warmup %v", c.RateOfRaw, c.Rate, c.Warmup)
+				}
+			},
+		},
+		{name: "rate and rate-of-raw", args: []string{"--spawn-brokers", "1", "--rate", "100", "--rate-of-raw", "0.5"}, wantErr: "excludes --rate"},
+		{name: "rate-of-raw needs zk", args: []string{"--broker", "127.0.0.1:7070", "--rate-of-raw", "0.5"}, wantErr: "needs ZooKeeper"},
+		{name: "negative rate-of-raw", args: []string{"--spawn-brokers", "1", "--rate-of-raw", "-1"}, wantErr: "--rate-of-raw"},
+		{name: "negative warmup", args: []string{"--spawn-brokers", "1", "--warmup", "-1s"}, wantErr: "--warmup"},
 		{name: "no topology", args: nil, wantErr: "--broker"},
 		{name: "both topologies", args: []string{"--spawn-brokers", "1", "--broker", "127.0.0.1:1"}, wantErr: "excludes"},
 		{name: "not loopback", args: []string{"--broker", "10.0.0.1:7070"}, wantErr: "not a loopback"},

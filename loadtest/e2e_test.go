@@ -57,9 +57,11 @@ func TestEndToEnd(t *testing.T) {
 		nackRate  float64
 		batch     int
 		baselines []string
+		rateOfRaw float64       // open loop relative to raw, which then runs first
+		warmup    time.Duration // checked, not reported
 	}{
-		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive}},
-		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1},
+		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive}, rateOfRaw: 0.2},
+		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,6 +69,7 @@ func TestEndToEnd(t *testing.T) {
 				Producers: 4, Consumers: 8, ConnsPerBroker: 1,
 				Messages: 3000, Payload: 100, Batch: tt.batch, Prefetch: 4,
 				Mode: tt.mode, NackRate: tt.nackRate, Queue: "e2e-" + tt.name,
+				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup,
 				// Two brokers may invert a consumer's order legitimately;
 				// loss and duplicates are what this test asserts.
 				Order:     orderReport,
@@ -108,6 +111,7 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 			Mode     string  `json:"mode"`
 			Messages int     `json:"messages"`
 			NackRate float64 `json:"nack_rate"`
+			Rate     float64 `json:"rate"`
 		} `json:"config"`
 		Throughput struct {
 			Published       int64   `json:"published"`
@@ -174,6 +178,11 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	for i, bl := range r.Baselines {
 		if bl.Name != baselines[i] || bl.Messages <= 0 || bl.PerSec <= 0 || r.Ratios["vs_"+bl.Name] <= 0 {
 			t.Errorf("baseline %+v, ratio %v", bl, r.Ratios["vs_"+bl.Name])
+		}
+	}
+	if cfg.RateOfRaw > 0 {
+		if want := cfg.RateOfRaw * r.Baselines[0].PerSec; r.Config.Rate < want*0.999 || r.Config.Rate > want*1.001 {
+			t.Errorf("open loop at %v msg/s, want %v of raw %v", r.Config.Rate, cfg.RateOfRaw, r.Baselines[0].PerSec)
 		}
 	}
 	if len(r.Timeline) == 0 {

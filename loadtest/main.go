@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -125,6 +126,23 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	defer deleteQueue()
 
 	var failures []string
+	var first []BaselineResult // baselines run before the workload
+	if cfg.RateOfRaw > 0 {
+		// The ceiling first, measured on the same ZooKeeper, then the
+		// workload at the asked fraction of it.
+		b, err := runRaw(ctx, &cfg, topo.ZooKeeper, topo, progress)
+		if err != nil {
+			return nil, fmt.Errorf("baseline raw (for --rate-of-raw): %w", err)
+		}
+		first = append(first, b)
+		cfg.Rate = cfg.RateOfRaw * b.PerSec
+		cfg.Baselines = slices.DeleteFunc(slices.Clone(cfg.Baselines), func(s string) bool { return s == baselineRaw })
+	}
+	if cfg.Warmup > 0 {
+		if err := warmup(ctx, cfg, pool, progress); err != nil {
+			failures = append(failures, err.Error())
+		}
+	}
 	var before, after brokerCounters
 	scraped := len(topo.Metrics) > 0
 	if scraped {
@@ -156,6 +174,7 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	failures = append(failures, topo.exited()...)
 	deleteQueue()
 
+	in.Baselines = first
 	if !w.Interrupted {
 		for _, name := range cfg.Baselines {
 			if ctx.Err() != nil {
@@ -175,4 +194,20 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	}
 	in.Failures = failures
 	return buildReport(in), nil
+}
+
+// warmup runs the workload for cfg.Warmup, checked like any run but left
+// out of the report, so the measured run meets a warm ZooKeeper (JIT,
+// caches) and warm brokers. It returns what went wrong, if anything.
+func warmup(ctx context.Context, cfg Config, pool *connPool, progress io.Writer) error {
+	cfg.Duration, cfg.Messages = cfg.Warmup, 0
+	w, err := runWorkload(ctx, &cfg, pool, progress)
+	if err != nil {
+		return fmt.Errorf("warmup: %w", err)
+	}
+	if !w.Verdict.OK || len(w.Problems) > 0 {
+		return fmt.Errorf("warmup: %d lost, %d duplicates, %d order violations; %s",
+			w.Verdict.Lost, w.Verdict.Duplicates, w.Verdict.OrderViolations, strings.Join(append(w.Verdict.Problems, w.Problems...), "; "))
+	}
+	return nil
 }

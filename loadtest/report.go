@@ -46,6 +46,7 @@ const reportVersion = 1
 type reportConfig struct {
 	Config
 	DurationSeconds         float64 `json:"duration_seconds"`
+	WarmupSeconds           float64 `json:"warmup_seconds,omitempty"`
 	BaselineDurationSeconds float64 `json:"baseline_duration_seconds"`
 	TimeoutSeconds          float64 `json:"timeout_seconds"`
 }
@@ -127,7 +128,7 @@ func buildReport(in reportInput) *Report {
 	r := &Report{
 		Version: reportVersion,
 		Started: in.Started,
-		Config: reportConfig{Config: c, DurationSeconds: c.Duration.Seconds(),
+		Config: reportConfig{Config: c, DurationSeconds: c.Duration.Seconds(), WarmupSeconds: c.Warmup.Seconds(),
 			BaselineDurationSeconds: c.BaselineDuration.Seconds(), TimeoutSeconds: c.Timeout.Seconds()},
 		Topology: reportTopology{Brokers: in.Topology.Brokers, Metrics: in.Topology.Metrics,
 			ZooKeeper: in.Topology.ZooKeeper, Spawned: in.Topology.Spawned},
@@ -231,12 +232,19 @@ func writeSummary(out io.Writer, r *Report) {
 	fmt.Fprintf(&b, "  %s %s queue %s, %d producers, %d consumers (prefetch %d), payload %d B, batch %d",
 		c.Mode, c.Kind, c.Queue, c.Producers, c.Consumers, c.Prefetch, c.Payload, c.Batch)
 	if c.Rate > 0 {
-		fmt.Fprintf(&b, ", open loop at %.0f msg/s (publishes started at most %s late)", c.Rate, ms(r.Throughput.MaxSendLagMS))
+		fmt.Fprintf(&b, ", open loop at %.0f msg/s", c.Rate)
+		if c.RateOfRaw > 0 {
+			fmt.Fprintf(&b, " (%.2f of raw)", c.RateOfRaw)
+		}
+		fmt.Fprintf(&b, " (publishes started at most %s late)", ms(r.Throughput.MaxSendLagMS))
 	} else {
 		b.WriteString(", closed loop")
 	}
 	if c.NackRate > 0 {
 		fmt.Fprintf(&b, ", nack rate %.2f", c.NackRate)
+	}
+	if c.Warmup > 0 {
+		fmt.Fprintf(&b, ", measured after a %v warmup", c.Warmup)
 	}
 	b.WriteString("\n\n")
 	t := r.Throughput
