@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -176,5 +177,36 @@ func TestParseFlags(t *testing.T) {
 			}
 			tt.check(t, c)
 		})
+	}
+}
+
+// Open-loop calls arrive evenly spread, one every Batch/Rate, whatever the
+// number of producers, and add up to Rate messages a second.
+func TestOpenLoopSchedule(t *testing.T) {
+	start := time.Unix(1000, 0)
+	for _, tt := range []struct {
+		producers, batch int
+		rate             float64
+	}{{32, 10, 1000}, {32, 1, 1000}, {8, 100, 20000}, {3, 7, 333}} {
+		cfg := &Config{Producers: tt.producers, Batch: tt.batch, Rate: tt.rate}
+		var due []time.Duration
+		period := time.Duration(0)
+		for i := range tt.producers {
+			first, interval := openLoopSchedule(cfg, i, start)
+			period = time.Duration(tt.batch) * interval
+			for k := range 3 { // three calls each
+				due = append(due, first.Sub(start)+time.Duration(k)*period)
+			}
+		}
+		slices.Sort(due)
+		gap := time.Duration(float64(time.Second) * float64(tt.batch) / tt.rate)
+		for j := 1; j < len(due); j++ {
+			if d := due[j] - due[j-1]; d < gap-time.Microsecond || d > gap+time.Microsecond {
+				t.Fatalf("%+v: calls %d and %d are %v apart, want %v", tt, j-1, j, d, gap)
+			}
+		}
+		if got := float64(tt.batch) / period.Seconds() * float64(tt.producers); got < tt.rate*0.999 || got > tt.rate*1.001 {
+			t.Errorf("%+v: total %v msg/s", tt, got)
+		}
 	}
 }

@@ -31,7 +31,8 @@
 // --rate-of-raw F runs the raw baseline first and then the open loop at F
 // times its throughput, so "latency at half the ceiling" is one command
 // (--rate-of-raw 0.5). --warmup D runs the same workload for D before the
-// measured run, checked like it but left out of the report: a fresh
+// measured run, checked like it but left out of the report (and, with
+// --rate-of-raw, the raw baseline for D before measuring it): a fresh
 // ZooKeeper JVM is still compiling its hot paths for the first seconds.
 //
 // A payload carries its producer, sequence number and send time (in open

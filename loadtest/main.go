@@ -128,8 +128,16 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	var failures []string
 	var first []BaselineResult // baselines run before the workload
 	if cfg.RateOfRaw > 0 {
-		// The ceiling first, measured on the same ZooKeeper, then the
-		// workload at the asked fraction of it.
+		// The ceiling first, measured on the same ZooKeeper (warmed up
+		// by the same raw load first when asked), then the workload at
+		// the asked fraction of it.
+		if cfg.Warmup > 0 {
+			wcfg := cfg
+			wcfg.BaselineDuration = cfg.Warmup
+			if _, err := runRaw(ctx, &wcfg, topo.ZooKeeper, topo, progress); err != nil {
+				return nil, fmt.Errorf("baseline raw warmup: %w", err)
+			}
+		}
 		b, err := runRaw(ctx, &cfg, topo.ZooKeeper, topo, progress)
 		if err != nil {
 			return nil, fmt.Errorf("baseline raw (for --rate-of-raw): %w", err)

@@ -189,14 +189,21 @@ func newProducers(ctx context.Context, sh *shared, pool *connPool, start time.Ti
 			p.until = start.Add(cfg.Duration)
 		}
 		if cfg.Rate > 0 {
-			// Each producer publishes Rate/P messages a second; starts
-			// are staggered so the total is smooth.
-			p.interval = time.Duration(float64(time.Second) * float64(cfg.Producers) / cfg.Rate)
-			p.next = start.Add(time.Duration(float64(time.Second) * float64(i) / cfg.Rate))
+			p.next, p.interval = openLoopSchedule(cfg, i, start)
 		}
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// openLoopSchedule returns when producer i's first call is due and its
+// interval per message. Each producer publishes Rate/P messages a second,
+// one call of Batch messages every Batch*P/Rate; the producers' calls are
+// staggered evenly over that period, so that calls arrive one every
+// Batch/Rate in total instead of in bursts of P.
+func openLoopSchedule(cfg *Config, i int, start time.Time) (first time.Time, interval time.Duration) {
+	interval = time.Duration(float64(time.Second) * float64(cfg.Producers) / cfg.Rate)
+	return start.Add(time.Duration(float64(time.Second) * float64(i*cfg.Batch) / cfg.Rate)), interval
 }
 
 // drain waits until every published message is complete. It returns the
