@@ -120,6 +120,10 @@ type Store struct {
 	claims  map[string]int  // candidates handed out whose claim is not done
 	watch   <-chan zk.Event // armed children watch of path; nil when none
 	foreign map[string]bool // foreign children already logged
+	// scanning is closed when the listing under way ends; nil when none.
+	scanning chan struct{}
+	// doneWhileScanning: claims finished during the listing under way.
+	doneWhileScanning map[string]bool
 }
 
 // NewStore returns the Store of the messages under p, creating p and its
@@ -138,7 +142,7 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg,
-		recent: newRecent(cfg.RecentBytes), foreign: map[string]bool{}, claims: map[string]int{}}
+		recent: newRecent(cfg.RecentBytes), foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
 	for _, r := range cfg.Readers {
 		s.readers = append(s.readers, observed{r, cfg.Observer})
 	}
@@ -278,30 +282,59 @@ func firstMultiError(res []zk.MultiResponse, err error) error {
 	return err
 }
 
-// scan reads the sorted children. It arms a children watch unless one is
-// armed already and has not fired: that watch was registered before this
-// read, so it fires for any change after it.
-func (s *Store) scanLocked() error {
+// scan lists the children into a new snapshot. It is called with s.mu
+// held and returns with it held, but releases it for the round trip, so
+// claims finishing meanwhile (Done) and callers served from the snapshot
+// are not held up; concurrent callers that need a listing wait for this
+// one. It arms a children watch unless one is armed already and has not
+// fired: that watch was registered before this read, so it fires for any
+// change after it.
+func (s *Store) scan() error {
+	if s.scanning != nil {
+		ch := s.scanning
+		s.mu.Unlock()
+		<-ch
+		s.mu.Lock()
+		return nil
+	}
+	done := make(chan struct{})
+	s.scanning = done
+	clear(s.doneWhileScanning)
+	armed := s.watch != nil
+	s.mu.Unlock()
+
 	var children []string
+	var w <-chan zk.Event
 	var err error
-	if s.watch != nil {
+	if armed {
 		children, _, err = s.zk.Children(s.path)
 	} else {
-		var w <-chan zk.Event
 		children, _, w, err = s.zk.ChildrenW(s.path)
-		if err == nil {
-			s.watch = w
-		}
 	}
+	var names []Name
+	var foreign []string
+	if err == nil {
+		names, foreign = SortNames(children)
+		s.recent.prune(names)
+	}
+
+	s.mu.Lock()
+	s.scanning = nil
+	close(done)
 	if err != nil {
 		return fmt.Errorf("children %s: %w", s.path, err)
 	}
-	names, foreign := SortNames(children)
-	s.recent.prune(names)
-	if len(s.claims) > 0 {
-		// Candidates still being claimed by this process's consumers are
-		// not handed out again: that would be a race with ourselves.
-		names = slices.DeleteFunc(names, func(n Name) bool { return s.claims[n.Raw] > 0 })
+	if w != nil {
+		s.watch = w
+	}
+	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
+		// Candidates being claimed by this process's consumers, or
+		// claimed while the listing was under way (it may predate
+		// their delete), are not handed out again: that would be a
+		// race with ourselves.
+		names = slices.DeleteFunc(names, func(n Name) bool {
+			return s.claims[n.Raw] > 0 || s.doneWhileScanning[n.Raw]
+		})
 	}
 	for _, f := range foreign {
 		if !s.foreign[f] && len(s.foreign) < 1000 {
@@ -336,33 +369,48 @@ func (s *Store) watchFiredLocked() bool {
 func (s *Store) Next() (n Name, ok bool, wait <-chan zk.Event, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	fired := s.watchFiredLocked()
-	if fired && s.cfg.Strict {
-		s.pending, s.others = nil, nil
-	}
-	if len(s.pending) == 0 && fired {
-		// Something changed since the last scan (or there was none).
-		if err := s.scanLocked(); err != nil {
-			return Name{}, false, nil, err
+	for scanned := false; ; scanned = true {
+		fired := s.watchFiredLocked()
+		if fired && s.cfg.Strict && !scanned {
+			s.pending, s.others = nil, nil
 		}
+		if len(s.pending) == 0 && fired && !scanned {
+			// Something changed since the last scan (or there was none).
+			if err := s.scan(); err != nil {
+				return Name{}, false, nil, err
+			}
+			continue
+		}
+		switch {
+		case len(s.pending) > 0:
+			n = s.pending[0]
+			s.pending = s.pending[1:]
+		case len(s.others) > 0:
+			// Our share is used up and nothing new arrived: help the
+			// others with theirs, in queue order.
+			n = s.others[0]
+			s.others = s.others[1:]
+		default:
+			// The watch is armed and unfired (or a scan just failed to
+			// find anything new): the children are what the last scan
+			// saw, all of them handed out.
+			if s.watch == nil {
+				// The scan we waited for failed; let the caller retry.
+				return Name{}, false, closedWatch, nil
+			}
+			return Name{}, false, s.watch, nil
+		}
+		s.claims[n.Raw]++
+		return n, true, nil, nil
 	}
-	switch {
-	case len(s.pending) > 0:
-		n = s.pending[0]
-		s.pending = s.pending[1:]
-	case len(s.others) > 0:
-		// Our share is used up and nothing new arrived: help the others
-		// with theirs, in queue order.
-		n = s.others[0]
-		s.others = s.others[1:]
-	default:
-		// The watch is armed and unfired: the children are exactly what
-		// the last scan saw, all of them handed out.
-		return Name{}, false, s.watch, nil
-	}
-	s.claims[n.Raw]++
-	return n, true, nil, nil
 }
+
+// closedWatch is a fired wait: the caller tries again at once.
+var closedWatch = func() <-chan zk.Event {
+	ch := make(chan zk.Event)
+	close(ch)
+	return ch
+}()
 
 // Done reports that the claim of a candidate from Next has finished, won
 // or lost. Until then, rescans leave the candidate out.
@@ -370,6 +418,9 @@ func (s *Store) Done(n Name) {
 	s.mu.Lock()
 	if s.claims[n.Raw]--; s.claims[n.Raw] <= 0 {
 		delete(s.claims, n.Raw)
+	}
+	if s.scanning != nil {
+		s.doneWhileScanning[n.Raw] = true
 	}
 	s.mu.Unlock()
 }

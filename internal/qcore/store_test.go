@@ -195,3 +195,64 @@ func TestPublishersRacingForTheHead(t *testing.T) {
 	}
 	t.Logf("%d of %d claims read the message", gets.Load(), stores*perStore)
 }
+
+// The consumers of one process never race each other: while messages
+// stream in and the children are listed again and again, candidates
+// being claimed, or claimed while a listing was under way, are not handed
+// out twice, so not one claim is lost.
+func TestOneProcessNeverRacesItself(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	batcher := qcore.NewBatcher([]*zk.Conn{conn}, 4, 32, 512<<10, nil)
+	t.Cleanup(batcher.Close)
+	var conflicts atomic.Int64
+	s, err := qcore.NewStore(conn, root, qcore.Config{Batcher: batcher, Readers: []*zk.Conn{zktest.Conn(t)},
+		ConflictHook: func() { conflicts.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := qcore.NewStore(zktest.Conn(t), root, qcore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 3000
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < total; i += 5 {
+			prefixes := []string{qcore.FIFOPrefix, qcore.FIFOPrefix, qcore.FIFOPrefix, qcore.FIFOPrefix, qcore.FIFOPrefix}
+			payloads := [][]byte{{1}, {2}, {3}, {4}, {5}}
+			if _, err := pub.PublishBatch(ctx, prefixes, payloads); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var delivered atomic.Int64
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for delivered.Load() < total && ctx.Err() == nil {
+				cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				ms, err := qcore.TakeN(cctx, s, 4, true, s.ClaimDelete)
+				ccancel()
+				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+					t.Error(err)
+					return
+				}
+				delivered.Add(int64(len(ms)))
+			}
+		}()
+	}
+	wg.Wait()
+	if n := delivered.Load(); n != total {
+		t.Errorf("delivered %d, want %d", n, total)
+	}
+	if n := conflicts.Load(); n != 0 {
+		t.Errorf("%d claims lost to this process's own consumers", n)
+	}
+}
