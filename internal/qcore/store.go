@@ -286,9 +286,8 @@ func firstMultiError(res []zk.MultiResponse, err error) error {
 // held and returns with it held, but releases it for the round trip, so
 // claims finishing meanwhile (Done) and callers served from the snapshot
 // are not held up; concurrent callers that need a listing wait for this
-// one. It arms a children watch unless one is armed already and has not
-// fired: that watch was registered before this read, so it fires for any
-// change after it.
+// one. It is called once the watch has fired (or was never set), and arms
+// a new one with the listing.
 func (s *Store) scan() error {
 	if s.scanning != nil {
 		ch := s.scanning
@@ -300,17 +299,9 @@ func (s *Store) scan() error {
 	done := make(chan struct{})
 	s.scanning = done
 	clear(s.doneWhileScanning)
-	armed := s.watch != nil
 	s.mu.Unlock()
 
-	var children []string
-	var w <-chan zk.Event
-	var err error
-	if armed {
-		children, _, err = s.zk.Children(s.path)
-	} else {
-		children, _, w, err = s.zk.ChildrenW(s.path)
-	}
+	children, _, w, err := s.zk.ChildrenW(s.path)
 	var names []Name
 	var foreign []string
 	if err == nil {
@@ -324,9 +315,7 @@ func (s *Store) scan() error {
 	if err != nil {
 		return fmt.Errorf("children %s: %w", s.path, err)
 	}
-	if w != nil {
-		s.watch = w
-	}
+	s.watch = w
 	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
 		// Candidates being claimed by this process's consumers, or
 		// claimed while the listing was under way (it may predate
@@ -391,13 +380,14 @@ func (s *Store) Next() (n Name, ok bool, wait <-chan zk.Event, err error) {
 			n = s.others[0]
 			s.others = s.others[1:]
 		default:
-			// The watch is armed and unfired (or a scan just failed to
-			// find anything new): the children are what the last scan
-			// saw, all of them handed out.
 			if s.watch == nil {
-				// The scan we waited for failed; let the caller retry.
+				// The children changed again since the listing just
+				// made, or the listing we waited for failed: the
+				// caller tries again at once.
 				return Name{}, false, closedWatch, nil
 			}
+			// The watch is armed and unfired: the children are what
+			// the last listing saw, all of them handed out.
 			return Name{}, false, s.watch, nil
 		}
 		s.claims[n.Raw]++
