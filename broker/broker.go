@@ -149,6 +149,7 @@ type Broker struct {
 	writers []*zk.Conn     // group-commit sessions
 	readers []*zk.Conn     // claims' read sessions
 	batcher *qcore.Batcher // group commit of all queues' writes
+	recent  *qcore.Budget  // all queues' memory of messages published here
 	metrics *metrics
 	health  *health.Server
 	events  events.Sink
@@ -202,6 +203,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	}
 	b.writers, b.readers = splitSessions(conn, b.extra)
 	b.batcher = qcore.NewBatcher(b.writers, batchWorkers, batchMaxOps, batchMaxBytes, b.observeZK)
+	b.recent = qcore.NewBudget(recentBytes)
 	for !b.hasSession.Load() {
 		select {
 		case <-ctx.Done():
@@ -323,6 +325,10 @@ const (
 	batchWorkers  = 4
 	batchMaxOps   = 256
 	batchMaxBytes = 400 << 10
+	// recentBytes bounds the data of messages this broker published that
+	// it keeps, for all queues together, so its consumers claim them
+	// without reading them back.
+	recentBytes = 64 << 20
 )
 
 // splitSessions divides the extra sessions between writers (half,

@@ -138,6 +138,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		ConflictHook:  conflicts.Inc,
 		Observer:      b.observeZK,
 		Batcher:       b.batcher,
+		Recent:        b.recent,
 		Readers:       b.readers,
 		Share:         q.share(b),
 		Logger:        b.log.With("queue", name),

@@ -2,6 +2,7 @@ package zkqueue_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/qbroker/qbroker/internal/zktest"
@@ -96,7 +97,12 @@ func benchDequeue(b *testing.B, par int, own bool) {
 		b.Fatal(err)
 	}
 	pub := q
-	if !own {
+	if own {
+		// A Queue remembers what it publishes while it consumes.
+		if _, err := q.TryDequeue(context.Background()); !errors.Is(err, zkqueue.ErrEmpty) {
+			b.Fatal(err)
+		}
+	} else {
 		if pub, err = zkqueue.New(zktest.Conn(b), path); err != nil {
 			b.Fatal(err)
 		}

@@ -23,10 +23,11 @@
 // share one snapshot and take distinct children from it, so they never
 // race each other. Dequeue waits on a children watch, never polls.
 //
-// A Queue remembers the data of the messages it published (up to 4 MiB)
-// until it claims them: a message node never changes after its creation,
-// so for those the claim is delete(version 0) without the read, the same
-// claim one round trip shorter.
+// While a Queue is being consumed, it remembers the data of the messages
+// it publishes (up to 4 MiB) until they are claimed: a message node never
+// changes after its creation, so the claim of one of those is
+// delete(version 0) without the read, the same claim one round trip
+// shorter.
 //
 // # Guarantees
 //

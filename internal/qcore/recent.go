@@ -3,15 +3,45 @@ package qcore
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
-// DefaultRecentBytes bounds the data a Store remembers of the messages it
-// published (see recent).
+// DefaultRecentBytes is the budget of a Store that has none given (see
+// Config.Recent).
 const DefaultRecentBytes = 4 << 20
 
 // recentOverhead is what one remembered message costs beyond its data and
 // name, so that empty payloads are bounded too.
 const recentOverhead = 64
+
+// recentIdle: a Store whose consumers have not asked for messages for this
+// long stops remembering what it publishes and forgets what it holds.
+const recentIdle = 2 * time.Second
+
+// Budget bounds the memory that Stores sharing it spend remembering the
+// messages they published (see Config.Recent). It is safe for concurrent
+// use.
+type Budget struct {
+	max  int64
+	used atomic.Int64
+}
+
+// NewBudget returns a budget of maxBytes; 0 or less remembers nothing.
+func NewBudget(maxBytes int) *Budget { return &Budget{max: int64(maxBytes)} }
+
+// Used returns the bytes in use.
+func (b *Budget) Used() int { return int(b.used.Load()) }
+
+func (b *Budget) reserve(n int) bool {
+	if b.used.Add(int64(n)) > b.max {
+		b.used.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+func (b *Budget) release(n int) { b.used.Add(-int64(n)) }
 
 // recent remembers the data of the messages this process published and has
 // not claimed yet, so that claiming one of them needs no read.
@@ -21,13 +51,20 @@ const recentOverhead = 64
 // was written is the data at version 0, and delete(version 0) is the claim
 // getData+delete would have made, one round trip shorter.
 //
-// It is bounded in bytes: when full, a new message is not remembered and
-// its claim reads as usual. Messages claimed elsewhere (another broker, a
-// purge) are forgotten at the next scan that no longer lists them.
+// It only pays while this process consumes the queue, so it remembers
+// only then: a Store that nobody here consumes from (for recentIdle)
+// forgets everything. Messages claimed elsewhere (another broker, a purge)
+// are forgotten at the next listing that no longer has them. Memory is
+// bounded by a Budget, possibly shared by many Stores; when it is spent,
+// new messages are not remembered and their claims read as usual.
 type recent struct {
+	budget *Budget
+
+	takers   atomic.Int32 // consumers inside TakeN
+	lastTake atomic.Int64 // when one last entered or left TakeN, Unix ns
+
 	mu      sync.Mutex
-	max     int // bytes; 0 disables
-	bytes   int
+	bytes   int // this Store's share of the budget
 	entries map[string]recentEntry
 }
 
@@ -36,21 +73,36 @@ type recentEntry struct {
 	data []byte
 }
 
-func newRecent(maxBytes int) *recent {
-	return &recent{max: max(maxBytes, 0), entries: map[string]recentEntry{}}
+func newRecent(b *Budget) *recent {
+	return &recent{budget: b, entries: map[string]recentEntry{}}
 }
 
 func entryCost(n Name, data []byte) int { return len(n.Raw) + len(data) + recentOverhead }
 
-// put remembers the data of the new message n, unless full.
+// taking brackets a consumer's claims: call it with +1 on the way in and
+// -1 on the way out.
+func (r *recent) taking(delta int32) {
+	r.takers.Add(delta)
+	r.lastTake.Store(time.Now().UnixNano())
+}
+
+// consumed reports whether consumers of this process asked for messages
+// lately.
+func (r *recent) consumed() bool {
+	return r.takers.Load() > 0 || time.Since(time.Unix(0, r.lastTake.Load())) < recentIdle
+}
+
+// put remembers the data of the new message n, if this process consumes
+// the queue and the budget allows.
 func (r *recent) put(n Name, data []byte) {
+	if !r.consumed() {
+		r.forget()
+		return
+	}
 	c := entryCost(n, data)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.bytes+c > r.max {
-		return
-	}
-	if _, ok := r.entries[n.Raw]; ok {
+	if _, ok := r.entries[n.Raw]; ok || !r.budget.reserve(c) {
 		return
 	}
 	r.entries[n.Raw] = recentEntry{name: n, data: data}
@@ -65,9 +117,27 @@ func (r *recent) take(raw string) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
-	delete(r.entries, raw)
-	r.bytes -= entryCost(e.name, e.data)
+	r.dropLocked(raw, e)
 	return e.data, true
+}
+
+func (r *recent) dropLocked(raw string, e recentEntry) {
+	delete(r.entries, raw)
+	c := entryCost(e.name, e.data)
+	r.bytes -= c
+	r.budget.release(c)
+}
+
+// forget drops everything remembered.
+func (r *recent) forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.entries) == 0 {
+		return
+	}
+	r.budget.release(r.bytes)
+	r.bytes = 0
+	clear(r.entries)
 }
 
 // prune forgets the messages missing from listed, a sorted listing of the
@@ -78,8 +148,7 @@ func (r *recent) prune(listed []Name) {
 	defer r.mu.Unlock()
 	for raw, e := range r.entries {
 		if !listedHas(listed, e.name) {
-			delete(r.entries, raw)
-			r.bytes -= entryCost(e.name, e.data)
+			r.dropLocked(raw, e)
 		}
 	}
 }

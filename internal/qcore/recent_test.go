@@ -11,18 +11,26 @@ func mustName(t *testing.T, s string) Name {
 	return n
 }
 
-func TestRecentBoundAndTake(t *testing.T) {
+// consuming returns a recent whose Store has a consumer.
+func consuming(b *Budget) *recent {
+	r := newRecent(b)
+	r.taking(+1)
+	return r
+}
+
+func TestRecentBudgetAndTake(t *testing.T) {
 	a, b, c := mustName(t, "qn-0000000001"), mustName(t, "qn-0000000002"), mustName(t, "qn-0000000003")
 	data := make([]byte, 100)
-	r := newRecent(2 * entryCost(a, data))
+	budget := NewBudget(2 * entryCost(a, data))
+	r := consuming(budget)
 	r.put(a, data)
 	r.put(b, data)
-	r.put(c, data) // over the bound: not remembered
+	r.put(c, data) // over the budget: not remembered
 	if got := r.len(); got != 2 {
 		t.Fatalf("len = %d, want 2", got)
 	}
 	if _, ok := r.take(c.Raw); ok {
-		t.Error("took a message put while full")
+		t.Error("took a message put while the budget was spent")
 	}
 	if d, ok := r.take(a.Raw); !ok || len(d) != 100 {
 		t.Errorf("take(a) = %d bytes, %v", len(d), ok)
@@ -35,16 +43,59 @@ func TestRecentBoundAndTake(t *testing.T) {
 		t.Error("c not remembered after a was taken")
 	}
 	r.take(b.Raw)
-	if r.bytes != 0 || r.len() != 0 {
-		t.Errorf("empty cache holds %d bytes in %d entries", r.bytes, r.len())
+	if r.bytes != 0 || r.len() != 0 || budget.Used() != 0 {
+		t.Errorf("empty cache holds %d bytes in %d entries, budget used %d", r.bytes, r.len(), budget.Used())
 	}
-	if off := newRecent(-1); func() bool { off.put(a, nil); return off.len() != 0 }() {
-		t.Error("disabled cache remembered a message")
+	off := consuming(NewBudget(0))
+	if off.put(a, nil); off.len() != 0 {
+		t.Error("a zero budget remembered a message")
+	}
+}
+
+// Stores sharing a Budget share its bound.
+func TestRecentSharedBudget(t *testing.T) {
+	a, b := mustName(t, "qn-0000000001"), mustName(t, "qn-0000000002")
+	data := make([]byte, 100)
+	budget := NewBudget(entryCost(a, data))
+	r1, r2 := consuming(budget), consuming(budget)
+	r1.put(a, data)
+	r2.put(b, data)
+	if r1.len() != 1 || r2.len() != 0 {
+		t.Fatalf("remembered %d and %d, want 1 and 0", r1.len(), r2.len())
+	}
+	r1.forget()
+	r2.put(b, data)
+	if r2.len() != 1 || budget.Used() != entryCost(b, data) {
+		t.Errorf("after the first forgot: %d remembered, budget used %d", r2.len(), budget.Used())
+	}
+}
+
+// A Store nobody here consumes from remembers nothing, and forgets what it
+// held once its consumers have been gone a while.
+func TestRecentOnlyWhileConsumed(t *testing.T) {
+	a, b := mustName(t, "qn-0000000001"), mustName(t, "qn-0000000002")
+	budget := NewBudget(1 << 20)
+	r := newRecent(budget)
+	if r.put(a, []byte("x")); r.len() != 0 {
+		t.Fatal("remembered a message without consumers")
+	}
+	r.taking(+1)
+	r.put(a, []byte("x"))
+	r.taking(-1) // the consumer just left: still remembering
+	r.put(b, []byte("y"))
+	if r.len() != 2 {
+		t.Fatalf("len = %d, want 2", r.len())
+	}
+	r.lastTake.Store(0) // gone for long
+	r.put(mustName(t, "qn-0000000003"), []byte("z"))
+	if r.len() != 0 || budget.Used() != 0 {
+		t.Errorf("idle store still holds %d messages, budget used %d", r.len(), budget.Used())
 	}
 }
 
 func TestRecentPrune(t *testing.T) {
-	r := newRecent(1 << 20)
+	budget := NewBudget(1 << 20)
+	r := consuming(budget)
 	for _, s := range []string{"qn-0000000001", "qn-0000000002.0000abcd", "p005-0000000003", "qn-0000000004"} {
 		r.put(mustName(t, s), []byte(s))
 	}
@@ -60,7 +111,7 @@ func TestRecentPrune(t *testing.T) {
 		}
 	}
 	want := entryCost(mustName(t, "p005-0000000003"), []byte("p005-0000000003")) + entryCost(mustName(t, "qn-0000000004"), []byte("qn-0000000004"))
-	if r.bytes != want {
-		t.Errorf("bytes = %d, want %d", r.bytes, want)
+	if r.bytes != want || budget.Used() != want {
+		t.Errorf("bytes = %d, budget used %d, want %d", r.bytes, budget.Used(), want)
 	}
 }

@@ -63,10 +63,12 @@ type Config struct {
 	// Batcher, when set, carries the Store's writes (publishes, claims,
 	// acks, releases) so concurrent ones share Multi transactions.
 	Batcher *Batcher
-	// RecentBytes bounds the data kept of messages this process published
-	// so that their claims skip the read (see recent): 0 means
-	// DefaultRecentBytes, negative means none.
-	RecentBytes int
+	// Recent bounds the memory spent remembering the messages this
+	// process published, so that its consumers claim them without reading
+	// them back (see recent). Share one Budget among all the Stores of a
+	// process to bound the total; nil means a Budget of
+	// DefaultRecentBytes for this Store alone.
+	Recent *Budget
 }
 
 // Validate fills defaults and checks the limits.
@@ -92,8 +94,8 @@ func (c *Config) Validate() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.RecentBytes == 0 {
-		c.RecentBytes = DefaultRecentBytes
+	if c.Recent == nil {
+		c.Recent = NewBudget(DefaultRecentBytes)
 	}
 	return nil
 }
@@ -142,7 +144,7 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg,
-		recent: newRecent(cfg.RecentBytes), foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
+		recent: newRecent(cfg.Recent), foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
 	for _, r := range cfg.Readers {
 		s.readers = append(s.readers, observed{r, cfg.Observer})
 	}
@@ -474,6 +476,8 @@ func Take[T any](ctx context.Context, s *Store, block bool, claim ClaimFunc[T]) 
 // all were lost, TakeN tries again). It returns ErrEmpty when nothing is
 // there and block is false.
 func TakeN[T any](ctx context.Context, s *Store, k int, block bool, claim ClaimFunc[T]) ([]T, error) {
+	s.recent.taking(+1)
+	defer s.recent.taking(-1)
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err

@@ -40,6 +40,11 @@ func TestClaimsOfOwnMessagesSkipTheRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A consumes the queue (here: found it empty just now), so it
+	// remembers what it publishes.
+	if _, err := a.TryDequeue(ctx); !errors.Is(err, qcore.ErrEmpty) {
+		t.Fatalf("A on the empty queue: %v", err)
+	}
 	before := time.Now()
 	var published []string
 	for i := range 10 {
