@@ -30,9 +30,6 @@ type Budget struct {
 // NewBudget returns a budget of maxBytes; 0 or less remembers nothing.
 func NewBudget(maxBytes int) *Budget { return &Budget{max: int64(maxBytes)} }
 
-// Used returns the bytes in use.
-func (b *Budget) Used() int { return int(b.used.Load()) }
-
 func (b *Budget) reserve(n int) bool {
 	if b.used.Add(int64(n)) > b.max {
 		b.used.Add(-int64(n))
@@ -163,11 +160,4 @@ func listedHas(names []Name, n Name) bool {
 		}
 	}
 	return false
-}
-
-// len returns the number of remembered messages.
-func (r *recent) len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.entries)
 }

@@ -11,6 +11,13 @@ func mustName(t *testing.T, s string) Name {
 	return n
 }
 
+// len returns the number of remembered messages.
+func (r *recent) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.entries)
+}
+
 // consuming returns a recent whose Store has a consumer.
 func consuming(b *Budget) *recent {
 	r := newRecent(b)
@@ -43,8 +50,8 @@ func TestRecentBudgetAndTake(t *testing.T) {
 		t.Error("c not remembered after a was taken")
 	}
 	r.take(b.Raw)
-	if r.bytes != 0 || r.len() != 0 || budget.Used() != 0 {
-		t.Errorf("empty cache holds %d bytes in %d entries, budget used %d", r.bytes, r.len(), budget.Used())
+	if r.bytes != 0 || r.len() != 0 || int(budget.used.Load()) != 0 {
+		t.Errorf("empty cache holds %d bytes in %d entries, budget used %d", r.bytes, r.len(), int(budget.used.Load()))
 	}
 	off := consuming(NewBudget(0))
 	if off.put(a, nil); off.len() != 0 {
@@ -65,8 +72,8 @@ func TestRecentSharedBudget(t *testing.T) {
 	}
 	r1.forget()
 	r2.put(b, data)
-	if r2.len() != 1 || budget.Used() != entryCost(b, data) {
-		t.Errorf("after the first forgot: %d remembered, budget used %d", r2.len(), budget.Used())
+	if r2.len() != 1 || int(budget.used.Load()) != entryCost(b, data) {
+		t.Errorf("after the first forgot: %d remembered, budget used %d", r2.len(), int(budget.used.Load()))
 	}
 }
 
@@ -88,8 +95,8 @@ func TestRecentOnlyWhileConsumed(t *testing.T) {
 	}
 	r.lastTake.Store(0) // gone for long
 	r.put(mustName(t, "qn-0000000003"), []byte("z"))
-	if r.len() != 0 || budget.Used() != 0 {
-		t.Errorf("idle store still holds %d messages, budget used %d", r.len(), budget.Used())
+	if r.len() != 0 || int(budget.used.Load()) != 0 {
+		t.Errorf("idle store still holds %d messages, budget used %d", r.len(), int(budget.used.Load()))
 	}
 }
 
@@ -111,7 +118,7 @@ func TestRecentPrune(t *testing.T) {
 		}
 	}
 	want := entryCost(mustName(t, "p005-0000000003"), []byte("p005-0000000003")) + entryCost(mustName(t, "qn-0000000004"), []byte("qn-0000000004"))
-	if r.bytes != want || budget.Used() != want {
-		t.Errorf("bytes = %d, budget used %d, want %d", r.bytes, budget.Used(), want)
+	if r.bytes != want || int(budget.used.Load()) != want {
+		t.Errorf("bytes = %d, budget used %d, want %d", r.bytes, int(budget.used.Load()), want)
 	}
 }
