@@ -27,8 +27,9 @@ import (
 //
 //	ack:      delete(lease, version), after checking the deadline
 //	nack:     delete(lease) + create(item, original name), one Multi; with
-//	          a delay, the deadline is set to now+delay and the sweep
-//	          requeues it
+//	          a delay, delete(lease) + create(a new lease name, marked
+//	          nacked, deadline now+delay), one Multi, and the sweep
+//	          requeues it at that deadline
 //	expiry:   the sweep requeues leases past their deadline
 //	too many: past MaxDeliveries, delete(lease) + create(dead/<item name>)
 //
@@ -41,7 +42,17 @@ import (
 // LeaseSep separates a lease node's item name from its nonce.
 const LeaseSep = "~"
 
-var leaseMagic = [3]byte{0xCB, 'L', 1}
+// A lease node's data is a format tag, the deadline and the message data:
+//
+//	0xCB 'L' format (1 byte) | varint deadline (Unix ns) | item data
+//
+// Format 1 is a live lease. Format 2 is a lease settled by a delayed Nack:
+// it only waits for its deadline to be requeued, and Ack, Nack and Extend
+// refuse it.
+var (
+	leaseMagic       = [3]byte{0xCB, 'L', 1}
+	nackedLeaseMagic = [3]byte{0xCB, 'L', 2}
+)
 
 // Policy is what happens to a message released too often.
 type Policy struct {
@@ -109,21 +120,46 @@ func newIncarnation(n Name) string {
 }
 
 func encodeLease(deadline time.Time, itemData []byte) []byte {
-	b := make([]byte, 0, len(leaseMagic)+binary.MaxVarintLen64+len(itemData))
-	b = append(b, leaseMagic[:]...)
+	return appendLease(leaseMagic, deadline, itemData)
+}
+
+// encodeNackedLease is the data of a lease settled by a delayed Nack.
+func encodeNackedLease(deadline time.Time, itemData []byte) []byte {
+	return appendLease(nackedLeaseMagic, deadline, itemData)
+}
+
+func appendLease(magic [3]byte, deadline time.Time, itemData []byte) []byte {
+	b := make([]byte, 0, len(magic)+binary.MaxVarintLen64+len(itemData))
+	b = append(b, magic[:]...)
 	b = binary.AppendVarint(b, deadline.UnixNano())
 	return append(b, itemData...)
 }
 
+// decodeLease returns a lease's deadline and message data, whether live or
+// nacked (see decodeLeaseState).
 func decodeLease(data []byte) (deadline time.Time, itemData []byte, err error) {
-	if len(data) < 3 || [3]byte(data[:3]) != leaseMagic {
-		return time.Time{}, nil, ErrBadData
+	deadline, itemData, _, err = decodeLeaseState(data)
+	return deadline, itemData, err
+}
+
+// decodeLeaseState is decodeLease that also tells whether a delayed Nack
+// settled the lease.
+func decodeLeaseState(data []byte) (deadline time.Time, itemData []byte, nacked bool, err error) {
+	if len(data) < 3 {
+		return time.Time{}, nil, false, ErrBadData
+	}
+	switch [3]byte(data[:3]) {
+	case leaseMagic:
+	case nackedLeaseMagic:
+		nacked = true
+	default:
+		return time.Time{}, nil, false, ErrBadData
 	}
 	d, n := binary.Varint(data[3:])
 	if n <= 0 {
-		return time.Time{}, nil, ErrBadData
+		return time.Time{}, nil, false, ErrBadData
 	}
-	return time.Unix(0, d), data[3+n:], nil
+	return time.Unix(0, d), data[3+n:], nacked, nil
 }
 
 // Claim moves candidate n into a lease lasting ttl. It returns
@@ -162,7 +198,8 @@ func (l *Leases) claimFunc(ttl time.Duration) ClaimFunc[Lease] {
 	return func(ctx context.Context, n Name) (Lease, error) { return l.Claim(ctx, n, ttl) }
 }
 
-// get reads a live lease. Unknown and expired leases are ErrUnknownLease.
+// get reads a lease that is not settled. Unknown leases and leases settled
+// by a delayed Nack are ErrUnknownLease; the caller checks the deadline.
 func (l *Leases) get(token string) (deadline time.Time, itemData []byte, stat *zk.Stat, err error) {
 	if _, ok := ParseLeaseName(token); !ok {
 		return time.Time{}, nil, nil, fmt.Errorf("%w: malformed token", ErrUnknownLease)
@@ -174,15 +211,18 @@ func (l *Leases) get(token string) (deadline time.Time, itemData []byte, stat *z
 	if err != nil {
 		return time.Time{}, nil, nil, fmt.Errorf("get lease %s: %w", token, err)
 	}
-	deadline, itemData, err = decodeLease(data)
+	deadline, itemData, nacked, err := decodeLeaseState(data)
 	if err != nil {
 		return time.Time{}, nil, nil, fmt.Errorf("lease %s: %w", token, err)
+	}
+	if nacked {
+		return time.Time{}, nil, nil, fmt.Errorf("%w: nacked", ErrUnknownLease)
 	}
 	return deadline, itemData, stat, nil
 }
 
 // Ack deletes the leased message. Errors: ErrUnknownLease when the lease
-// does not exist, has expired, or was settled already.
+// does not exist, has expired, or was settled already (acked or nacked).
 func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 	deadline, itemData, stat, err := l.get(token)
 	if err != nil {
@@ -205,6 +245,12 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 // that knows the lease's deadline has not passed. The returned Message has
 // only the ID and Priority (from the name). Errors: ErrUnknownLease when
 // the lease is gone (settled, or released by expiry).
+//
+// A lease settled by a delayed Nack is gone too: the Nack moved it to a new
+// name (see Nack), so the name a delivery's token carries can only be
+// deleted while the delivery is unsettled. Extend keeps the name (it only
+// moves the deadline later), and the caller's knowledge of the deadline
+// then errs on the safe side.
 func (l *Leases) AckUnread(ctx context.Context, token string) (Message, error) {
 	item, ok := ParseLeaseName(token)
 	if !ok {
@@ -219,7 +265,8 @@ func (l *Leases) AckUnread(ctx context.Context, token string) (Message, error) {
 	return Message{ID: item.Base, Priority: item.Priority}, nil
 }
 
-// Extend moves a live lease's deadline to now+ttl.
+// Extend moves a live lease's deadline to now+ttl. Errors: ErrUnknownLease
+// when the lease does not exist, has expired, or was settled already.
 func (l *Leases) Extend(ctx context.Context, token string, ttl time.Duration) (time.Time, error) {
 	deadline, itemData, stat, err := l.get(token)
 	if err != nil {
@@ -251,7 +298,15 @@ const (
 
 // Nack releases a live lease: the message is deliverable again at once, or
 // after delay. Past the policy's MaxDeliveries it is dead-lettered or
-// dropped instead.
+// dropped instead. Either way the lease is settled: a later Ack, Nack or
+// Extend of token fails with ErrUnknownLease.
+//
+// With a delay the message stays leased until then, but under a new lease
+// name, marked nacked, in one Multi with the old lease's deletion. Renaming
+// is what settles the delivery everywhere at once: AckUnread deletes by
+// name without reading, so a mark alone would not stop it, and the delivery's
+// token names only the old node. The mark covers anyone who learns the new
+// name (it is in ZooKeeper): get refuses a nacked lease.
 func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p Policy) (Message, Outcome, error) {
 	deadline, itemData, stat, err := l.get(token)
 	if err != nil {
@@ -266,7 +321,14 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		return Message{}, 0, err
 	}
 	if delay > 0 && !tooMany(m, p) {
-		if _, err := l.items.zk.Set(l.leases+"/"+token, encodeLease(time.Now().Add(delay), itemData), stat.Version); err != nil {
+		_, err := l.items.write(
+			&zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version},
+			&zk.CreateRequest{
+				Path: l.leases + "/" + newLeaseName(item.Raw),
+				Data: encodeNackedLease(time.Now().Add(delay), itemData),
+				Acl:  zk.WorldACL(zk.PermAll),
+			})
+		if err != nil {
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				return Message{}, 0, ErrUnknownLease
 			}

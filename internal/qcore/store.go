@@ -203,15 +203,21 @@ func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads []
 	if len(payloads) > s.cfg.MaxBatchCount {
 		return nil, fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(payloads), s.cfg.MaxBatchCount)
 	}
-	total := 0
+	// The byte limit bounds the Multi request, so it counts what each
+	// message adds to it besides its payload (MessageOverhead), not the
+	// payloads alone: with MaxBatchBytes <= HardMaxPayload a batch is one
+	// request below jute.maxbuffer.
+	total, overhead := 0, 0
 	for _, p := range payloads {
 		if err := s.CheckPayload(p); err != nil {
 			return nil, err
 		}
-		total += len(p) + HeaderMax + len(s.path) + 16 + opOverhead
+		total += len(p)
+		overhead += s.MessageOverhead()
 	}
-	if total > s.cfg.MaxBatchBytes {
-		return nil, fmt.Errorf("%w: %d bytes > %d", ErrBatchTooLarge, total, s.cfg.MaxBatchBytes)
+	if total+overhead > s.cfg.MaxBatchBytes {
+		return nil, fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
+			ErrBatchTooLarge, len(payloads), total+overhead, overhead, s.cfg.MaxBatchBytes)
 	}
 	now := time.Now()
 	ops := make([]any, len(payloads))
@@ -232,6 +238,15 @@ func (s *Store) PublishBatch(ctx context.Context, prefixes []string, payloads []
 		ids[i] = s.created(r.String, ops[i].(*zk.CreateRequest).Data)
 	}
 	return ids, nil
+}
+
+// MessageOverhead is what each message of a batch counts against
+// MaxBatchBytes besides its payload: its header (HeaderMax), its node path
+// (the parent's path and "/" + the longest name prefix + 10 digits) and the
+// framing and ACL of its create op. For a queue's items under /qbroker it
+// is 157 bytes plus the length of the queue name.
+func (s *Store) MessageOverhead() int {
+	return HeaderMax + len(s.path) + 16 + opOverhead
 }
 
 // created notes a message this process created at path p with data, and
