@@ -47,7 +47,14 @@ type Config struct {
 	// session tops out well below what ZooKeeper serves.
 	ZKSessions int
 	// MaxPayload, MaxBatchBytes, MaxBatchCount: publish limits (defaults
-	// 512 KiB, 900 KiB, 1000).
+	// 512 KiB, 900 KiB or MaxPayload when larger, 1000). MaxPayload is at
+	// most qcore.HardMaxPayload (1008 KiB); MaxBatchBytes is at least
+	// MaxPayload and at most HardMaxPayload, and counts each message's
+	// payload plus its overhead in the ZooKeeper transaction
+	// (qcore.Store.MessageOverhead: 157 bytes plus the queue name's length
+	// under the default root). The gRPC server accepts requests up to the
+	// larger of the two plus requestSlack; larger ones fail with
+	// ResourceExhausted before the broker sees them.
 	MaxPayload    int
 	MaxBatchBytes int
 	MaxBatchCount int
@@ -96,15 +103,25 @@ func (c *Config) setDefaults() error {
 	if err := validName("broker id", c.ID); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
-	def := func(d *time.Duration, v time.Duration) {
+	var durErr error
+	def := func(name string, d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
 		}
+		if *d < 0 && durErr == nil {
+			durErr = fmt.Errorf("broker: %s %v: want a positive duration", name, *d)
+		}
 	}
-	def(&c.SessionTimeout, 10*time.Second)
-	def(&c.DefaultVisibility, 30*time.Second)
-	def(&c.SweepInterval, time.Second)
-	def(&c.StatsInterval, 10*time.Second)
+	def("SessionTimeout", &c.SessionTimeout, 10*time.Second)
+	def("DefaultVisibility", &c.DefaultVisibility, 30*time.Second)
+	def("SweepInterval", &c.SweepInterval, time.Second)
+	def("StatsInterval", &c.StatsInterval, 10*time.Second)
+	if durErr != nil {
+		return durErr
+	}
+	if c.DefaultVisibility < minVisibility || c.DefaultVisibility > maxVisibility {
+		return fmt.Errorf("broker: DefaultVisibility %v out of range [%v, %v]", c.DefaultVisibility, minVisibility, maxVisibility)
+	}
 	if c.MaxDepth == 0 {
 		c.MaxDepth = 100_000
 	}
@@ -126,12 +143,32 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.MaxBatchBytes == 0 && c.MaxPayload > qcore.DefaultMaxBatchBytes {
+		c.MaxBatchBytes = c.MaxPayload
+	}
 	lim := qcore.Config{MaxPayload: c.MaxPayload, MaxBatchBytes: c.MaxBatchBytes, MaxBatchCount: c.MaxBatchCount}
 	if err := lim.Validate(); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
 	c.MaxPayload, c.MaxBatchBytes, c.MaxBatchCount = lim.MaxPayload, lim.MaxBatchBytes, lim.MaxBatchCount
+	if c.MaxBatchBytes < c.MaxPayload {
+		return fmt.Errorf("broker: MaxBatchBytes %d < MaxPayload %d: a batch could not hold one message of the largest payload", c.MaxBatchBytes, c.MaxPayload)
+	}
 	return nil
+}
+
+// requestSlack is what a publish request within the limits carries besides
+// the bytes the limits count: the queue name and the protobuf framing of one
+// message. (A batch's messages each count qcore.Store.MessageOverhead, far
+// more than their framing.)
+const requestSlack = 1 << 10
+
+// maxRequest is the gRPC server's receive limit: slightly above the largest
+// publish request the limits allow, so that any publish within them is
+// accepted and one a little over them gets the broker's InvalidArgument
+// naming the limit. Larger requests get gRPC's ResourceExhausted.
+func (c *Config) maxRequest() int {
+	return max(c.MaxPayload, c.MaxBatchBytes) + requestSlack
 }
 
 // Broker serves the qbroker.v1.Queue gRPC service. It keeps no state of
@@ -153,6 +190,9 @@ type Broker struct {
 	metrics *metrics
 	health  *health.Server
 	events  events.Sink
+
+	// tokenKey signs ack tokens; the brokers of a root share it.
+	tokenKey []byte
 
 	ctx    context.Context // cancelled by Close: ends streams and loops
 	cancel context.CancelFunc
@@ -220,6 +260,11 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 			return nil, fmt.Errorf("broker: %w", err)
 		}
 	}
+	if b.tokenKey, err = loadTokenKey(conn, cfg.Root); err != nil {
+		b.batcher.Close()
+		b.closeConns()
+		return nil, fmt.Errorf("broker: token key: %w", err)
+	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.wg.Add(2)
 	go b.runMembership()
@@ -284,7 +329,7 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	opts = append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.unaryLog),
 		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.streamLog),
-		grpc.MaxRecvMsgSize(b.cfg.MaxBatchBytes + 64<<10),
+		grpc.MaxRecvMsgSize(b.cfg.maxRequest()),
 		// Find dead peers of long streams; let clients ping every 10s.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),

@@ -7,8 +7,8 @@ import (
 	"github.com/qbroker/qbroker/internal/qcore"
 )
 
-// toPB converts a delivered message; token and lease deadline are set for
-// at-least-once deliveries.
+// toPB converts a delivered message; the lease deadline is set for
+// at-least-once deliveries (leasedPB adds their token).
 func toPB(queue string, m qcore.Message, l *qcore.Lease) *pb.Message {
 	out := &pb.Message{
 		Queue:         queue,
@@ -19,8 +19,14 @@ func toPB(queue string, m qcore.Message, l *qcore.Lease) *pb.Message {
 		DeliveryCount: uint32(m.Deliveries),
 	}
 	if l != nil {
-		out.AckToken = makeToken(queue, *l)
 		out.LeaseDeadline = timestamppb.New(l.Deadline)
 	}
+	return out
+}
+
+// leasedPB converts an at-least-once delivery, with its signed ack token.
+func (b *Broker) leasedPB(queue string, l *qcore.Lease) *pb.Message {
+	out := toPB(queue, l.Message, l)
+	out.AckToken = makeToken(b.tokenKey, queue, *l)
 	return out
 }

@@ -156,7 +156,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, k int, block bo
 		}
 		for i := range ls {
 			ms = append(ms, ls[i].Message)
-			out = append(out, toPB(q.name, ls[i].Message, &ls[i]))
+			out = append(out, b.leasedPB(q.name, &ls[i]))
 		}
 	} else {
 		var err error
@@ -247,7 +247,9 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
-	if !t.deadline.IsZero() && time.Until(t.deadline) > ackMargin {
+	// Only a hint a broker signed is trusted to skip the read: an edited
+	// one could otherwise delete a lease past its deadline.
+	if t.trusted(b.tokenKey) && time.Until(t.deadline) > ackMargin {
 		m, err := q.leases.AckUnread(ctx, t.lease)
 		if err != nil {
 			return err

@@ -1,10 +1,18 @@
 package broker
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/qcore"
 )
@@ -36,23 +44,50 @@ func printable(s string) string {
 	return strings.ToValidUTF8(s, "?")
 }
 
-// An ack token is "<queue>/<lease node name>/<deadline ms>.<deliveries>.<size>":
-// any broker can settle it. The hint after the second slash lets an ack
-// before the deadline delete the lease without reading it first (the lease
-// name is unique to the delivery, so deleting it by name is safe; a lease
-// already released by expiry is gone). Past the hinted deadline, or
-// without a hint, the broker reads the lease for its real deadline, which
-// ExtendLease may have moved. A forged hint can only mislabel the
-// forger's own ack event.
+// An ack token is "<queue>/<lease node name>/<hint>.<mac>" with the hint
+// "<deadline ms>.<deliveries>.<size>": any broker can settle it. The hint
+// lets an ack before the deadline delete the lease without reading it first
+// (the lease name is unique to the delivery, so deleting it by name is
+// safe; a lease already released by expiry, or settled, is gone). Past the
+// hinted deadline, or without a hint, the broker reads the lease for its
+// real deadline, which ExtendLease may have moved.
+//
+// The mac is an HMAC-SHA256 (truncated to 128 bits, base64url) of the
+// queue, lease and hint under a key all brokers share (tokenKeyNode), so
+// only a broker can have written the hint: a token whose mac is missing or
+// wrong is settled the safe way, by reading the lease, and an edited hint
+// can never ack an expired lease. "<queue>/<lease>" alone is a valid token.
 type ackToken struct {
 	queue, lease string
 	deadline     time.Time // zero without a hint
 	deliveries   int
 	size         int
+	hint         string // "<deadline ms>.<deliveries>.<size>" as sent
+	mac          string // as sent; empty when missing
 }
 
-func makeToken(queue string, l qcore.Lease) string {
-	return fmt.Sprintf("%s/%s/%d.%d.%d", queue, l.Token, l.Deadline.UnixMilli(), l.Deliveries, len(l.Payload))
+// macLen is the length of a token's mac in bytes, before base64.
+const macLen = 16
+
+func makeToken(key []byte, queue string, l qcore.Lease) string {
+	body := fmt.Sprintf("%s/%s/%d.%d.%d", queue, l.Token, l.Deadline.UnixMilli(), l.Deliveries, len(l.Payload))
+	return body + "." + tokenMAC(key, body)
+}
+
+func tokenMAC(key []byte, body string) string {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(body))
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:macLen])
+}
+
+// trusted reports whether the token's hint was written by a broker holding
+// key.
+func (t ackToken) trusted(key []byte) bool {
+	if t.deadline.IsZero() || t.mac == "" {
+		return false
+	}
+	want := tokenMAC(key, t.queue+"/"+t.lease+"/"+t.hint)
+	return hmac.Equal([]byte(t.mac), []byte(want))
 }
 
 func parseToken(tok string) (ackToken, error) {
@@ -66,13 +101,52 @@ func parseToken(tok string) (ackToken, error) {
 	}
 	t := ackToken{queue: parts[0], lease: parts[1]}
 	if len(parts) == 3 {
-		var ms int64
-		if n, err := fmt.Sscanf(parts[2], "%d.%d.%d", &ms, &t.deliveries, &t.size); n != 3 || err != nil || ms <= 0 {
+		f := strings.Split(parts[2], ".")
+		if len(f) != 3 && len(f) != 4 {
 			return ackToken{}, bad
 		}
-		t.deadline = time.UnixMilli(ms)
+		ms, err1 := strconv.ParseInt(f[0], 10, 64)
+		deliveries, err2 := strconv.Atoi(f[1])
+		size, err3 := strconv.Atoi(f[2])
+		if err1 != nil || err2 != nil || err3 != nil || ms <= 0 {
+			return ackToken{}, bad
+		}
+		t.deadline, t.deliveries, t.size = time.UnixMilli(ms), deliveries, size
+		t.hint = strings.Join(f[:3], ".")
+		if len(f) == 4 {
+			t.mac = f[3]
+		}
 	}
 	return t, nil
+}
+
+// tokenKeyNode holds the key that signs ack tokens: random bytes written
+// by the first broker to start under a root, read by every broker.
+const tokenKeyNode = "token-key"
+
+// loadTokenKey creates the root's token key when it has none and returns
+// it.
+func loadTokenKey(conn *zk.Conn, root string) ([]byte, error) {
+	p := root + "/" + tokenKeyNode
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	_, err := conn.Create(p, key, 0, zk.WorldACL(zk.PermAll))
+	if err == nil {
+		return key, nil
+	}
+	if !errors.Is(err, zk.ErrNodeExists) {
+		return nil, fmt.Errorf("create %s: %w", p, err)
+	}
+	key, _, err = conn.Get(p)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", p, err)
+	}
+	if len(key) < macLen {
+		return nil, fmt.Errorf("%s holds %d bytes, want at least %d", p, len(key), macLen)
+	}
+	return key, nil
 }
 
 // clampDuration returns d within [lo, hi], or def when d is zero.

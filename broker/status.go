@@ -20,6 +20,7 @@ var (
 	errInvalid       = errors.New("invalid argument")
 	errQueueNotFound = errors.New("queue not found")
 	errQueueExists   = errors.New("queue exists with another configuration")
+	errMemberExists  = errors.New("already joined") // a sync member id in use
 	errWrongKind     = errors.New("wrong queue kind")
 	errNotOpen       = errors.New("synchronizing queue is not open")
 	errClosing       = errors.New("broker is shutting down")
@@ -59,7 +60,7 @@ func codeOf(err error) codes.Code {
 		return codes.InvalidArgument
 	case errors.Is(err, errQueueNotFound):
 		return codes.NotFound
-	case errors.Is(err, errQueueExists):
+	case errors.Is(err, errQueueExists), errors.Is(err, errMemberExists):
 		return codes.AlreadyExists
 	case errors.Is(err, errWrongKind), errors.Is(err, errNotOpen), errors.Is(err, qcore.ErrUnknownLease),
 		errors.Is(err, errSyncGroup):

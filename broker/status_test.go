@@ -26,6 +26,7 @@ func TestToStatus(t *testing.T) {
 		{invalidPriority(300), codes.InvalidArgument},
 		{fmt.Errorf("%w: q", errQueueNotFound), codes.NotFound},
 		{errQueueExists, codes.AlreadyExists},
+		{fmt.Errorf("member m %w queue q", errMemberExists), codes.AlreadyExists},
 		{errWrongKind, codes.FailedPrecondition},
 		{errNotOpen, codes.FailedPrecondition},
 		{fmt.Errorf("ack: %w", qcore.ErrUnknownLease), codes.FailedPrecondition},

@@ -54,15 +54,16 @@ func (g *syncGate) state(ctx context.Context) (joined int, open bool, err error)
 	return joined, open, err
 }
 
-// syncErr maps syncqueue's refusals to broker errors.
-func syncErr(err error) error {
+// syncErr maps syncqueue's refusals of member to broker errors. Their
+// messages name the queue and member, never a ZooKeeper path.
+func syncErr(err error, q *queue, member string) error {
 	switch {
 	case errors.Is(err, syncqueue.ErrDuplicateMember):
-		return fmt.Errorf("%w: %v", errQueueExists, err)
+		return fmt.Errorf("member %s %w queue %s", member, errMemberExists, q.name)
 	case errors.Is(err, syncqueue.ErrGroupFull):
-		return fmt.Errorf("%w: %v", errSyncGroup, err)
+		return fmt.Errorf("%w: queue %s admits no more members (it is open, or its group completed without %s)", errSyncGroup, q.name, member)
 	case errors.Is(err, syncqueue.ErrBadID):
-		return fmt.Errorf("%w: %v", errInvalid, err)
+		return invalidf("member id %q", printable(member))
 	}
 	return err
 }
@@ -90,7 +91,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 	}
 	m, err := q.sync.sq.JoinAsync(ctx, req.GetMemberId())
 	if err != nil {
-		return b.fail(syncErr(err))
+		return b.fail(syncErr(err, q, req.GetMemberId()))
 	}
 	defer func() {
 		lctx, c := context.WithTimeout(context.Background(), 5*time.Second)
@@ -108,7 +109,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 			if ctx.Err() != nil {
 				return b.streamEnd()
 			}
-			return b.fail(syncErr(err))
+			return b.fail(syncErr(err, q, req.GetMemberId()))
 		}
 		last = st
 		ev := &pb.SyncEvent{State: pb.SyncEvent_STATE_JOINED, Joined: uint32(st.Joined), Required: uint32(st.Members)}
