@@ -13,13 +13,16 @@ func TestSubjectToken(t *testing.T) {
 		in, want string
 	}{
 		{"orders", "orders"},
-		{"orders.eu", "orders_eu"},
-		{"a.b.c", "a_b_c"},
-		{"A-z_0.9", "A-z_0_9"},
-		{"..", "__"},
-		{"", "_"},
-		{"x*>y z", "x__y_z"},
-		{"tab\there", "tab_here"},
+		{"orders.eu", "orders~eu"},
+		{"orders_eu", "orders_eu"},
+		{"a.b.c", "a~b~c"},
+		{"A-z_0.9", "A-z_0~9"},
+		{"..", "~~"},
+		{"", "%"},
+		{"x*>y z", "x%2A%3Ey%20z"},
+		{"tab\there", "tab%09here"},
+		{"a~b", "a%7Eb"},
+		{"100%", "100%25"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -30,6 +33,31 @@ func TestSubjectToken(t *testing.T) {
 	}
 }
 
+// SubjectToken is one to one: distinct queue names (or any strings) never
+// share a subject token.
+func TestSubjectTokenInjective(t *testing.T) {
+	alphabet := []string{"a", ".", "_", "-", "~", "%", "*", " ", "7E", "2E"}
+	seen := map[string]string{}
+	var walk func(s string, depth int)
+	walk = func(s string, depth int) {
+		tok := SubjectToken(s)
+		if other, ok := seen[tok]; ok && other != s {
+			t.Fatalf("SubjectToken(%q) = SubjectToken(%q) = %q", s, other, tok)
+		}
+		seen[tok] = s
+		if depth == 0 {
+			return
+		}
+		for _, c := range alphabet {
+			walk(s+c, depth-1)
+		}
+	}
+	walk("", 4)
+	if a, b := Subject("qbroker", "orders.eu", events.Published), Subject("qbroker", "orders_eu", events.Published); a == b {
+		t.Fatalf("orders.eu and orders_eu share the subject %s", a)
+	}
+}
+
 func TestSubject(t *testing.T) {
 	tests := []struct {
 		prefix, queue string
@@ -37,7 +65,8 @@ func TestSubject(t *testing.T) {
 		want          string
 	}{
 		{"qbroker", "orders", events.Published, "qbroker.orders.published"},
-		{"qbroker", "orders.eu", events.DeadLettered, "qbroker.orders_eu.dead_lettered"},
+		{"qbroker", "orders.eu", events.DeadLettered, "qbroker.orders~eu.dead_lettered"},
+		{"qbroker", "orders_eu", events.DeadLettered, "qbroker.orders_eu.dead_lettered"},
 		{"qbroker.prod", "jobs", events.SyncOpened, "qbroker.prod.jobs.sync_opened"},
 	}
 	for _, tt := range tests {

@@ -13,10 +13,10 @@
 // the event kind: published, delivered, acked, nacked, dead_lettered,
 // sync_joined, sync_opened. Queue names ([A-Za-z0-9._-]) may contain '.',
 // which would split the queue into several subject tokens; the bridge maps
-// '.' to '_' in the subject token (see SubjectToken), so queue "orders.eu"
-// publishes on "qbroker.orders_eu.published" and "qbroker.*.published"
-// matches every queue. The mapping is not one to one ("a.b" and "a_b" share
-// a subject); the body's queue field always has the exact name.
+// '.' to '~' in the subject token (see SubjectToken), so queue "orders.eu"
+// publishes on "qbroker.orders~eu.published", queue "orders_eu" on
+// "qbroker.orders_eu.published", and "qbroker.*.published" matches every
+// queue. The mapping is one to one: two queues never share a subject.
 //
 // # Body
 //
@@ -73,7 +73,8 @@
 //
 // # Metrics
 //
-// Registered on Config.Registerer when it is not nil:
+// Registered on Config.Registerer when it is not nil; a broker without the
+// bridge registers the same series with RegisterDisabled, where they stay 0:
 //
 //	qbroker_events_published_total{event}   counter: events sent (JetStream: acked), by event kind
 //	qbroker_events_dropped_total{reason}    counter: events dropped; reason is buffer_full

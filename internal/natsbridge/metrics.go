@@ -66,8 +66,18 @@ func (m *metrics) publishedInc(k events.Kind) {
 	m.published.WithLabelValues(string(k)).Inc()
 }
 
+// RegisterDisabled registers the bridge's metrics on r for a broker that
+// runs without the bridge: every series exists and stays at 0
+// (qbroker_nats_connected included), so dashboards and alerts work the same
+// with or without NATS. It fails like New when the metrics are registered
+// already.
+func RegisterDisabled(r prometheus.Registerer) error {
+	return newMetrics().register(r, nil)
+}
+
 // register registers the metrics and a qbroker_nats_connected gauge that
-// reads nc's state on r; on error nothing stays registered.
+// reads nc's state (0 when nc is nil) on r; on error nothing stays
+// registered.
 func (m *metrics) register(r prometheus.Registerer, nc *nats.Conn) error {
 	if r == nil {
 		return nil
@@ -76,7 +86,7 @@ func (m *metrics) register(r prometheus.Registerer, nc *nats.Conn) error {
 		Name: "qbroker_nats_connected",
 		Help: "1 when the event bridge's NATS connection is up, else 0.",
 	}, func() float64 {
-		if nc.IsConnected() {
+		if nc != nil && nc.IsConnected() {
 			return 1
 		}
 		return 0

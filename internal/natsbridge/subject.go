@@ -9,35 +9,47 @@ func Subject(prefix, queue string, kind events.Kind) string {
 	return prefix + "." + SubjectToken(queue) + "." + SubjectToken(string(kind))
 }
 
-// SubjectToken makes s a single NATS subject token: '.' (which would split
-// the token), the wildcards '*' and '>' and whitespace are replaced by '_';
-// an empty s becomes "_". Queue names ([A-Za-z0-9._-]) only ever have their
-// dots replaced, so "orders.eu" is published as "orders_eu". The mapping is
-// not one to one ("a.b" and "a_b" share a token): the body's "queue" field
-// has the exact name.
+// SubjectToken makes s a single NATS subject token, one to one: distinct
+// strings give distinct tokens, so two queues never share a subject.
+//
+//   - '.' (which would split the token) becomes '~';
+//   - '~', '%', the wildcards '*' and '>', whitespace and control bytes
+//     become '%' and two upper-case hex digits ("%7E" for '~');
+//   - the empty string becomes "%".
+//
+// Queue names ([A-Za-z0-9._-]) only ever have their dots replaced, so
+// "orders.eu" is published as "orders~eu" and "orders_eu" as itself.
 func SubjectToken(s string) string {
 	if s == "" {
-		return "_"
+		return "%"
 	}
 	i := 0
-	for i < len(s) && !badTokenByte(s[i]) {
+	for i < len(s) && !escaped(s[i]) {
 		i++
 	}
 	if i == len(s) {
 		return s
 	}
-	b := []byte(s)
-	for ; i < len(b); i++ {
-		if badTokenByte(b[i]) {
-			b[i] = '_'
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(s)+8)
+	b = append(b, s[:i]...)
+	for ; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '.':
+			b = append(b, '~')
+		case escaped(c):
+			b = append(b, '%', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
 		}
 	}
 	return string(b)
 }
 
-func badTokenByte(c byte) bool {
+// escaped reports whether SubjectToken replaces c.
+func escaped(c byte) bool {
 	switch c {
-	case '.', '*', '>', ' ', '\t', '\r', '\n', '\f', '\v':
+	case '.', '~', '%', '*', '>', ' ':
 		return true
 	}
 	return c < 0x20 || c == 0x7f
