@@ -10,9 +10,15 @@ import (
 	"github.com/qbroker/qbroker/internal/natsbridge"
 )
 
-// newEventBridge connects the NATS event bridge. It starts even when NATS
-// is down: events are dropped and counted until it is reachable.
+// newEventBridge connects the NATS event bridge when --nats-url is set. It
+// starts even when NATS is down: events are dropped and counted until it is
+// reachable. Without --nats-url there is no sink, and the bridge's metrics
+// are registered anyway, at 0, so dashboards need not know how the broker
+// was started.
 func newEventBridge(o *serveOptions, reg prometheus.Registerer, log *slog.Logger) (events.Sink, func(context.Context), error) {
+	if o.nats.url == "" {
+		return nil, nil, natsbridge.RegisterDisabled(reg)
+	}
 	b, err := natsbridge.New(natsbridge.Config{
 		URL:            o.nats.url,
 		SubjectPrefix:  o.nats.prefix,

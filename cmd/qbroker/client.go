@@ -47,20 +47,27 @@ var clientCommands = []clientCommand{
 
 func init() {
 	for _, c := range clientCommands {
-		register(command{name: c.name, usage: c.usage, run: func(args []string) error {
-			// Ctrl-C cancels the command's context: consume stops cleanly.
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			return cliError(flagErr(c.run(ctx, stdio{os.Stdin, os.Stdout, os.Stderr}, args)))
-		}})
+		registerClient(c)
 	}
+}
+
+// registerClient registers a client command, run with the process's
+// standard streams.
+func registerClient(c clientCommand) {
+	register(command{name: c.name, usage: c.usage, run: func(args []string) error {
+		// Ctrl-C cancels the command's context: consume stops cleanly.
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return cliError(c.run(ctx, stdio{os.Stdin, os.Stdout, os.Stderr}, args))
+	}})
 }
 
 // cliError drops the client package's "qbroker: " prefix: main already
 // prints "qbroker <command>: ".
 func cliError(err error) error {
-	if err == nil {
-		return nil
+	var ue usageError
+	if err == nil || errors.Is(err, flag.ErrHelp) || errors.As(err, &ue) {
+		return err
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "qbroker: "); ok {
 		return errors.New(msg)
@@ -75,10 +82,11 @@ type clientFlags struct {
 }
 
 // newFlagSet returns a command's FlagSet with --addr and --timeout and a
-// Usage that prints synopsis, help and the flags.
+// Usage that prints synopsis, help and the flags (to std.out for --help,
+// else to std.err: see parse).
 func newFlagSet(name, synopsis, help string, std stdio) (*flag.FlagSet, *clientFlags) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(std.err)
+	fs.SetOutput(&helpWriter{out: std.out, err: std.err})
 	cf := &clientFlags{}
 	fs.StringVar(&cf.addr, "addr", env("ADDR", "127.0.0.1:7070"), "broker address host:port, or several comma-separated ($QBROKER_ADDR)")
 	fs.DurationVar(&cf.timeout, "timeout", 10*time.Second, "bound of each request to the broker")
@@ -90,11 +98,13 @@ func newFlagSet(name, synopsis, help string, std stdio) (*flag.FlagSet, *clientF
 }
 
 // parse parses flags and positional arguments in any order ("--" ends
-// the flags) and checks the number of positional arguments.
+// the flags) and checks the number of positional arguments. It returns
+// flag.ErrHelp after printing help, and a usageError after printing the
+// usage for bad flags or arguments.
 func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		rest := fs.Args()
@@ -108,15 +118,20 @@ func parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, err
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+	var err error
 	switch {
 	case len(pos) < minArgs:
-		fs.Usage()
-		return nil, fmt.Errorf("missing arguments")
+		err = usagef("missing arguments")
 	case maxArgs >= 0 && len(pos) > maxArgs:
-		fs.Usage()
-		return nil, fmt.Errorf("too many arguments: %q", pos[maxArgs:])
+		err = usagef("too many arguments: %q", pos[maxArgs:])
+	default:
+		return pos, nil
 	}
-	return pos, nil
+	fs.Usage()
+	if hw, ok := fs.Output().(*helpWriter); ok {
+		hw.flush(false)
+	}
+	return nil, err
 }
 
 func (cf *clientFlags) dial(ctx context.Context) (*qbroker.Client, error) {
@@ -220,7 +235,7 @@ before it stay published).`, std)
 	}
 	switch {
 	case *stdin && len(texts) > 0:
-		return errors.New("give messages as arguments or with --stdin, not both")
+		return usagef("give messages as arguments or with --stdin, not both")
 	case *stdin:
 		sc := bufio.NewScanner(std.in)
 		sc.Buffer(make([]byte, 64<<10), 16<<20)
@@ -232,7 +247,8 @@ before it stay published).`, std)
 		}
 	case len(texts) == 0:
 		fs.Usage()
-		return errors.New("no messages: give them as arguments or with --stdin")
+		fs.Output().(*helpWriter).flush(false)
+		return usagef("no messages: give them as arguments or with --stdin")
 	}
 	if len(msgs) == 0 {
 		return nil // empty stdin
@@ -271,11 +287,15 @@ Consumes messages and prints one line per message:
 By default it streams until -n messages (0: until Ctrl-C). With --wait it
 long-polls instead, and ends when a poll waited that long for nothing.
 
-At most once (the default), a message is deleted as it is delivered. At
-least once, each printed message is acked, unless --no-ack: then it is
-redelivered once its lease (--visibility) runs out or the command ends.
-At most once, stopping with Ctrl-C loses up to --prefetch messages that
-were already delivered but not printed; -n never loses any.`, std)
+At most once (the default), a message is deleted as it is delivered, and
+--no-ack changes nothing. At least once, each printed message is acked,
+unless --no-ack. Then it is redelivered: streaming, when the command ends
+(the stream's leases are released), or before if its lease (--visibility)
+runs out first; with --wait, only once its lease runs out, even long after
+the command ended (a poll's leases outlive it).
+At most once, stopping with Ctrl-C loses the messages already delivered
+but not printed: up to --prefetch streaming, up to one poll's (at most
+100) with --wait; -n never loses any.`, std)
 	var mode qbroker.DeliveryMode
 	fs.TextVar(&mode, "mode", qbroker.AtMostOnce, "delivery `mode`: at-most-once or at-least-once")
 	n := fs.Int("n", 0, "stop after this many messages; 0 means until Ctrl-C (or, with --wait, until the queue is empty)")

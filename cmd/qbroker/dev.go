@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/qbroker/qbroker/internal/zkserver"
@@ -13,17 +15,23 @@ import (
 func init() {
 	register(command{name: "dev", usage: "start a local ZooKeeper, then serve (what 'make run' runs)", run: func(args []string) error {
 		fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+		fs.SetOutput(&helpWriter{out: os.Stdout, err: os.Stderr})
 		o := serveFlags(fs)
 		dir := fs.String("zk-dir", "", "ZooKeeper data directory; default a temporary one, removed on exit")
 		fs.Usage = func() {
 			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nStopping qbroker stops ZooKeeper.\n\nflags (as for serve; --zk is ignored):")
 			fs.PrintDefaults()
 		}
-		if err := fs.Parse(args); err != nil {
-			return flagErr(err)
+		if err := parseFlags(fs, args); err != nil {
+			return err
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		zk, err := zkserver.Start(ctx, zkserver.Config{Dir: *dir})
+		if err := o.validate(); err != nil {
+			return err
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		startCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		zk, err := zkserver.Start(startCtx, zkserver.Config{Dir: *dir})
 		cancel()
 		if err != nil {
 			return err
@@ -31,6 +39,6 @@ func init() {
 		defer zk.Close()
 		fmt.Fprintf(os.Stderr, "ZooKeeper running at %s (data in %s)\n", zk.Addr(), zk.Dir())
 		o.zk = zk.Addr()
-		return serve(o)
+		return serve(ctx, o)
 	}})
 }

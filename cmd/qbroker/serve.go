@@ -22,33 +22,32 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/qbroker/qbroker/broker"
-	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/qcore"
 )
 
 func init() {
 	register(command{name: "serve", usage: "run a broker (flags or QBROKER_* env)", run: func(args []string) error {
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(&helpWriter{out: os.Stdout, err: os.Stderr})
 		o := serveFlags(fs)
 		fs.Usage = func() {
 			fmt.Fprintln(fs.Output(), "usage: qbroker serve [flags]\n\nRuns a stateless broker; all state lives in ZooKeeper.\nEvery flag defaults to the environment variable shown.\n\nflags:")
 			fs.PrintDefaults()
 		}
-		if err := fs.Parse(args); err != nil {
-			return flagErr(err)
+		if err := parseFlags(fs, args); err != nil {
+			return err
 		}
-		return serve(o)
+		if err := o.validate(); err != nil {
+			return err
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		return serve(ctx, o)
 	}})
 }
 
-// flagErr turns --help into a clean exit.
-func flagErr(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		os.Exit(0)
-	}
-	return err
-}
-
 type serveOptions struct {
+	env            envDefaults // QBROKER_* values that did not parse
 	zk             string
 	root           string
 	listen         string
@@ -79,54 +78,136 @@ type natsOptions struct {
 	buffer     int
 }
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(env(name, "")); err == nil {
-		return v
-	}
-	return def
+// envDefaults reads flag defaults from QBROKER_* variables. A value that
+// does not parse leaves the default in place and is remembered: err
+// reports it, so that a typo never silently becomes a default.
+type envDefaults struct {
+	errs []error
 }
 
-func envDur(name string, def time.Duration) time.Duration {
-	if v, err := time.ParseDuration(env(name, "")); err == nil {
-		return v
-	}
-	return def
+func (e *envDefaults) lookup(name string) (string, bool) {
+	return os.LookupEnv("QBROKER_" + name)
 }
 
-func envBool(name string, def bool) bool {
-	if v, err := strconv.ParseBool(env(name, "")); err == nil {
-		return v
+func (e *envDefaults) bad(name, v, want string) {
+	e.errs = append(e.errs, fmt.Errorf("$QBROKER_%s=%q: want %s", name, v, want))
+}
+
+func (e *envDefaults) int(name string, def int) int {
+	v, ok := e.lookup(name)
+	if !ok {
+		return def
 	}
-	return def
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		e.bad(name, v, "an integer")
+		return def
+	}
+	return n
+}
+
+func (e *envDefaults) dur(name string, def time.Duration) time.Duration {
+	v, ok := e.lookup(name)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		e.bad(name, v, "a duration such as 30s")
+		return def
+	}
+	return d
+}
+
+func (e *envDefaults) bool(name string, def bool) bool {
+	v, ok := e.lookup(name)
+	if !ok {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		e.bad(name, v, "true or false")
+		return def
+	}
+	return b
+}
+
+// err returns the bad QBROKER_* values, as a usageError.
+func (e *envDefaults) err() error {
+	if len(e.errs) == 0 {
+		return nil
+	}
+	return usageError{errors.Join(e.errs...)}
 }
 
 func serveFlags(fs *flag.FlagSet) *serveOptions {
 	o := &serveOptions{}
+	e := &o.env
 	fs.StringVar(&o.zk, "zk", env("ZK", "127.0.0.1:2181"), "ZooKeeper servers, comma-separated host:port ($QBROKER_ZK)")
 	fs.StringVar(&o.root, "root", env("ROOT", "/qbroker"), "znode under which all state lives ($QBROKER_ROOT)")
 	fs.StringVar(&o.listen, "listen", env("LISTEN", "127.0.0.1:7070"), "gRPC listen address ($QBROKER_LISTEN)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", env("METRICS_LISTEN", "127.0.0.1:9090"), "HTTP address for /metrics; empty disables ($QBROKER_METRICS_LISTEN)")
 	fs.StringVar(&o.id, "id", env("ID", ""), "broker id; default <hostname>-<random> ($QBROKER_ID)")
-	fs.IntVar(&o.maxPayload, "max-payload", envInt("MAX_PAYLOAD", 512<<10), "largest message payload in bytes ($QBROKER_MAX_PAYLOAD)")
-	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", envInt("MAX_BATCH_BYTES", 900<<10), "largest publish batch in bytes ($QBROKER_MAX_BATCH_BYTES)")
-	fs.IntVar(&o.maxBatchCount, "max-batch-count", envInt("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
-	fs.IntVar(&o.maxDepth, "max-depth", envInt("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
-	fs.DurationVar(&o.visibility, "visibility-timeout", envDur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
-	fs.DurationVar(&o.sweep, "sweep-interval", envDur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
-	fs.IntVar(&o.zkSessions, "zk-sessions", envInt("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
-	fs.DurationVar(&o.sessionTimeout, "session-timeout", envDur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
-	fs.DurationVar(&o.shutdown, "shutdown-timeout", envDur("SHUTDOWN_TIMEOUT", 10*time.Second), "graceful shutdown bound ($QBROKER_SHUTDOWN_TIMEOUT)")
-	fs.BoolVar(&o.pprof, "pprof", envBool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
+	fs.IntVar(&o.maxPayload, "max-payload", e.int("MAX_PAYLOAD", 512<<10), fmt.Sprintf("largest message payload in bytes, at most %d ($QBROKER_MAX_PAYLOAD)", qcore.HardMaxPayload))
+	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", e.int("MAX_BATCH_BYTES", 0), "largest publish batch in bytes: the payloads plus about 160 bytes per message (its header and node path); 0 means 921600, or --max-payload when larger ($QBROKER_MAX_BATCH_BYTES)")
+	fs.IntVar(&o.maxBatchCount, "max-batch-count", e.int("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
+	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
+	fs.DurationVar(&o.visibility, "visibility-timeout", e.dur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
+	fs.DurationVar(&o.sweep, "sweep-interval", e.dur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
+	fs.IntVar(&o.zkSessions, "zk-sessions", e.int("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
+	fs.DurationVar(&o.sessionTimeout, "session-timeout", e.dur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
+	fs.DurationVar(&o.shutdown, "shutdown-timeout", e.dur("SHUTDOWN_TIMEOUT", 10*time.Second), "graceful shutdown bound ($QBROKER_SHUTDOWN_TIMEOUT)")
+	fs.BoolVar(&o.pprof, "pprof", e.bool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
 	fs.StringVar(&o.logFormat, "log-format", env("LOG_FORMAT", "text"), "log format: text or json ($QBROKER_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", env("LOG_LEVEL", "info"), "log level: debug, info, warn, error ($QBROKER_LOG_LEVEL)")
 	fs.StringVar(&o.nats.url, "nats-url", env("NATS_URL", ""), "NATS server URL; enables the event bridge ($QBROKER_NATS_URL)")
 	fs.StringVar(&o.nats.prefix, "nats-prefix", env("NATS_PREFIX", "qbroker"), "event subject prefix: <prefix>.<queue>.<event> ($QBROKER_NATS_PREFIX)")
-	fs.BoolVar(&o.nats.jetstream, "nats-jetstream", envBool("NATS_JETSTREAM", false), "publish events to a JetStream stream with Nats-Msg-Id dedup ($QBROKER_NATS_JETSTREAM)")
+	fs.BoolVar(&o.nats.jetstream, "nats-jetstream", e.bool("NATS_JETSTREAM", false), "publish events to a JetStream stream with Nats-Msg-Id dedup ($QBROKER_NATS_JETSTREAM)")
 	fs.StringVar(&o.nats.stream, "nats-stream", env("NATS_STREAM", "QBROKER_EVENTS"), "JetStream stream name ($QBROKER_NATS_STREAM)")
-	fs.BoolVar(&o.nats.payload, "nats-payload", envBool("NATS_PAYLOAD", false), "include message payloads in events ($QBROKER_NATS_PAYLOAD)")
-	fs.IntVar(&o.nats.maxPayload, "nats-max-payload", envInt("NATS_MAX_PAYLOAD", 4096), "largest payload included in an event ($QBROKER_NATS_MAX_PAYLOAD)")
-	fs.IntVar(&o.nats.buffer, "nats-buffer", envInt("NATS_BUFFER", 8192), "events buffered before dropping ($QBROKER_NATS_BUFFER)")
+	fs.BoolVar(&o.nats.payload, "nats-payload", e.bool("NATS_PAYLOAD", false), "include message payloads in events ($QBROKER_NATS_PAYLOAD)")
+	fs.IntVar(&o.nats.maxPayload, "nats-max-payload", e.int("NATS_MAX_PAYLOAD", 4096), "largest payload included in an event ($QBROKER_NATS_MAX_PAYLOAD)")
+	fs.IntVar(&o.nats.buffer, "nats-buffer", e.int("NATS_BUFFER", 8192), "events buffered before dropping ($QBROKER_NATS_BUFFER)")
 	return o
+}
+
+// validate reports bad QBROKER_* values and flag values, naming them, as
+// a usageError; the broker checks the rest of its Config.
+func (o *serveOptions) validate() error {
+	if err := o.env.err(); err != nil {
+		return err
+	}
+	var errs []error
+	positive := func(flag, env string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("--%s (or $QBROKER_%s) %v: want a positive duration", flag, env, d))
+		}
+	}
+	positive("visibility-timeout", "VISIBILITY_TIMEOUT", o.visibility)
+	positive("sweep-interval", "SWEEP_INTERVAL", o.sweep)
+	positive("session-timeout", "SESSION_TIMEOUT", o.sessionTimeout)
+	positive("shutdown-timeout", "SHUTDOWN_TIMEOUT", o.shutdown)
+	notNegative := func(flag, env string, n int) {
+		if n < 0 {
+			errs = append(errs, fmt.Errorf("--%s (or $QBROKER_%s) %d: want 0 or more", flag, env, n))
+		}
+	}
+	notNegative("max-payload", "MAX_PAYLOAD", o.maxPayload)
+	notNegative("max-batch-bytes", "MAX_BATCH_BYTES", o.maxBatchBytes)
+	notNegative("max-batch-count", "MAX_BATCH_COUNT", o.maxBatchCount)
+	notNegative("max-depth", "MAX_DEPTH", o.maxDepth)
+	notNegative("zk-sessions", "ZK_SESSIONS", o.zkSessions)
+	notNegative("nats-max-payload", "NATS_MAX_PAYLOAD", o.nats.maxPayload)
+	notNegative("nats-buffer", "NATS_BUFFER", o.nats.buffer)
+	if o.maxPayload > qcore.HardMaxPayload {
+		errs = append(errs, fmt.Errorf("--max-payload (or $QBROKER_MAX_PAYLOAD) %d: at most %d (a ZooKeeper node's data)", o.maxPayload, qcore.HardMaxPayload))
+	}
+	if o.maxBatchBytes > 0 && o.maxBatchBytes < o.maxPayload {
+		errs = append(errs, fmt.Errorf("--max-batch-bytes %d < --max-payload %d: a batch could not hold one message of the largest payload", o.maxBatchBytes, o.maxPayload))
+	}
+	if len(errs) > 0 {
+		return usageError{errors.Join(errs...)}
+	}
+	return nil
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {
@@ -144,28 +225,22 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
-// serve runs a broker until SIGINT/SIGTERM, then shuts down in order:
-// health NOT_SERVING and streams ended (in-flight leases released),
+// serve runs a broker until ctx ends (SIGINT/SIGTERM), then shuts down in
+// order: health NOT_SERVING and streams ended (in-flight leases released),
 // GracefulStop (forced Stop after --shutdown-timeout), ZooKeeper sessions
 // closed, event bridge drained.
-func serve(o *serveOptions) error {
+func serve(ctx context.Context, o *serveOptions) error {
 	log, err := newLogger(o.logFormat, o.logLevel)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	var sink events.Sink
-	var closeSink func(context.Context)
-	if o.nats.url != "" {
-		sink, closeSink, err = newEventBridge(o, reg, log)
-		if err != nil {
-			return err
-		}
+	sink, closeSink, err := newEventBridge(o, reg, log)
+	if err != nil {
+		return err
 	}
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
