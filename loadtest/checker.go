@@ -24,9 +24,12 @@ import (
 //   - the delivered id matches the id Publish returned, and the payload
 //     decodes with its filler intact.
 //
-// A message whose publish failed is "uncertain": it may or may not be in
-// the queue, so it is never counted lost, but a second delivery of it is
-// still a duplicate.
+// A message whose publish failed is "uncertain" when the failure leaves
+// open whether it was applied (see refusedByBroker): it may or may not be
+// in the queue, so it is never counted lost, but a second delivery of it
+// is still a duplicate. A publish the broker refused (a full queue, a bad
+// request) is certainly not applied: it is counted as refused, and a
+// delivery of it is an unknown message.
 //
 // A Checker is safe for concurrent use.
 type Checker struct {
@@ -37,6 +40,7 @@ type Checker struct {
 	lastSeq   map[orderKey]uint64
 	published int64 // publishes that succeeded
 	uncertain int64
+	refused   int64 // publishes the broker refused: certainly not applied
 	completed int64 // published messages delivered/acked at least once
 	dupAfter  int64 // at-least-once deliveries after an ack
 	order     problemSet
@@ -51,6 +55,7 @@ const (
 	notPublished pubState = iota
 	publishedOK
 	publishUncertain
+	publishRefused
 )
 
 type msgState struct {
@@ -132,6 +137,19 @@ func (c *Checker) Published(k msgKey, id string, ok bool) {
 	}
 }
 
+// Refused records a publish the broker refused: the message is not in the
+// queue.
+func (c *Checker) Refused(k msgKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.state(k)
+	if s == nil || s.pub != notPublished {
+		return // the producers never do this
+	}
+	s.pub = publishRefused
+	c.refused++
+}
+
 // Delivered records a delivery to consumer; count is the message's
 // delivery count (1 for a first delivery).
 func (c *Checker) Delivered(consumer int, k msgKey, priority int, id string, count int) {
@@ -200,6 +218,7 @@ func (c *Checker) Progress() (published, completed int64) {
 type Verdict struct {
 	Published       int64 `json:"published"`
 	Uncertain       int64 `json:"uncertain_publishes"`
+	Refused         int64 `json:"refused_publishes"`
 	Delivered       int64 `json:"delivered"`
 	Deliveries      int64 `json:"deliveries"`
 	Redeliveries    int64 `json:"redeliveries"`
@@ -222,7 +241,7 @@ type Verdict struct {
 func (c *Checker) Verdict(strictOrder bool) Verdict {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	v := Verdict{Published: c.published, Uncertain: c.uncertain}
+	v := Verdict{Published: c.published, Uncertain: c.uncertain, Refused: c.refused}
 	var lost, dup problemSet
 	unknown := problemSet{n: c.unknown.n, samples: slices.Clone(c.unknown.samples)}
 	for p, msgs := range c.msgs {
@@ -245,8 +264,11 @@ func (c *Checker) Verdict(strictOrder bool) Verdict {
 			case c.ackMode && s.acks > 1:
 				dup.add("%v (%s) acked %d times", k, s.id, s.acks)
 			}
-			if s.pub == notPublished && s.deliveries > 0 {
+			switch {
+			case s.pub == notPublished && s.deliveries > 0:
 				unknown.add("%v (%s) delivered but never published", k, s.id)
+			case s.pub == publishRefused && s.deliveries > 0:
+				unknown.add("%v (%s) delivered but its publish was refused", k, s.id)
 			}
 		}
 	}

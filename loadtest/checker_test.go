@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
 )
 
 func id(seq int) string { return fmt.Sprintf("qn-%010d", seq) }
@@ -117,6 +122,28 @@ func TestCheckerVerdicts(t *testing.T) {
 				deliver(c, 0, 0, 3)
 			},
 			want: Verdict{Published: 1, Uncertain: 2, Delivered: 2, Deliveries: 2, OK: true},
+		},
+		{
+			name: "refused publish is neither published nor uncertain", strict: true,
+			run: func(c *Checker) {
+				publishAll(c, 0, 1)
+				c.Refused(msgKey{0, 2})
+				c.Refused(msgKey{0, 3})
+				c.Published(msgKey{0, 4}, "", false)
+				deliver(c, 0, 0, 1)
+			},
+			want: Verdict{Published: 1, Uncertain: 1, Refused: 2, Delivered: 1, Deliveries: 1, OK: true},
+		},
+		{
+			name: "delivery of a refused publish is unknown", strict: true,
+			run: func(c *Checker) {
+				publishAll(c, 0, 1)
+				c.Refused(msgKey{0, 2})
+				deliver(c, 0, 0, 1)
+				deliver(c, 0, 0, 2)
+			},
+			want:    Verdict{Published: 1, Refused: 1, Delivered: 2, Deliveries: 2, Unknown: 1},
+			problem: "p0#2 (qn-0000000002) delivered but its publish was refused",
 		},
 		{
 			name: "delivery before the publish is recorded", strict: true,
@@ -235,6 +262,34 @@ func TestCheckerProgress(t *testing.T) {
 		}
 		if pub, done := c.Progress(); pub != 2 || done != want {
 			t.Errorf("ackMode %v: got %d published, %d complete, want 2, %d", ackMode, pub, done, want)
+		}
+	}
+}
+
+// A publish the broker refused is certainly not applied; one that failed
+// any other way may have been.
+func TestRefusedByBroker(t *testing.T) {
+	for _, tt := range []struct {
+		err     error
+		refused bool
+	}{
+		{&qbroker.Error{Code: codes.ResourceExhausted, Message: "queue q holds 100000 messages"}, true},
+		{fmt.Errorf("qbroker: publish to q: %w", &qbroker.Error{Code: codes.ResourceExhausted}), true},
+		{&qbroker.Error{Code: codes.InvalidArgument}, true},
+		{&qbroker.Error{Code: codes.NotFound}, true},
+		{&qbroker.Error{Code: codes.FailedPrecondition}, true},
+		{&qbroker.Error{Code: codes.AlreadyExists}, true},
+		{&qbroker.Error{Code: codes.Unavailable}, false},
+		{fmt.Errorf("qbroker: publish to q: %w", &qbroker.Error{Code: codes.DeadlineExceeded}), false},
+		{&qbroker.Error{Code: codes.Canceled}, false},
+		{&qbroker.Error{Code: codes.Internal}, false},
+		{&qbroker.Error{Code: codes.Unknown}, false},
+		{&qbroker.Error{Code: codes.Aborted}, false},
+		{context.DeadlineExceeded, false},
+		{errors.New("connection reset"), false},
+	} {
+		if got := refusedByBroker(tt.err); got != tt.refused {
+			t.Errorf("refusedByBroker(%v) = %v, want %v", tt.err, got, tt.refused)
 		}
 	}
 }

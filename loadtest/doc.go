@@ -46,8 +46,13 @@
 // (at-least-once), when one is delivered twice at-most-once or acked
 // twice or delivered after its ack at-least-once, when a delivered id
 // differs from the published one or a payload is corrupt, or when the
-// queue is not empty afterwards. Messages whose publish failed may or may
-// not be in the queue: they are never counted lost.
+// queue is not empty afterwards. A publish that failed with Unavailable,
+// DeadlineExceeded, Canceled, Internal or Unknown (or without a status)
+// may or may not have been applied: its messages are "uncertain", never
+// counted lost. A publish the broker refused (ResourceExhausted from a full
+// queue, InvalidArgument, NotFound, FailedPrecondition, AlreadyExists) is
+// certainly not applied: its messages are counted as "refused", and one
+// of them delivered is a failure.
 //
 // Order: each consumer must see each producer's messages in increasing
 // sequence (per priority on priority queues). Redeliveries are not

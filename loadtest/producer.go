@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -73,8 +74,13 @@ func (p *producer) run(ctx context.Context) {
 		}
 		ids, err := p.client.PublishBatch(ctx, p.cfg.Queue, msgs)
 		if err != nil {
+			refused := refusedByBroker(err)
 			for i := range n {
-				p.checker.Published(msgKey{p.id, seq + uint64(i)}, "", false)
+				if refused {
+					p.checker.Refused(msgKey{p.id, seq + uint64(i)})
+				} else {
+					p.checker.Published(msgKey{p.id, seq + uint64(i)}, "", false)
+				}
 			}
 			if ctx.Err() != nil {
 				return
@@ -92,6 +98,22 @@ func (p *producer) run(ctx context.Context) {
 		}
 		seq += uint64(n)
 	}
+}
+
+// refusedByBroker reports whether a failed publish was certainly not
+// applied: the broker refused it before writing (the queue is full, the
+// request is bad, the queue is missing or of the wrong kind). Any other
+// failure (Unavailable, DeadlineExceeded, Canceled, Internal, Unknown, an
+// error without a status) may have been applied after all, so its messages
+// are uncertain.
+func refusedByBroker(err error) bool {
+	for _, refusal := range []error{qbroker.ErrResourceExhausted, qbroker.ErrInvalidArgument, qbroker.ErrNotFound,
+		qbroker.ErrFailedPrecondition, qbroker.ErrAlreadyExists} {
+		if errors.Is(err, refusal) {
+			return true
+		}
+	}
+	return false
 }
 
 // sleepUntil waits until t; false when ctx ended first.

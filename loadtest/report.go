@@ -291,8 +291,8 @@ func writeSummary(out io.Writer, r *Report) {
 		b.WriteString("\n")
 	}
 	v := r.Check
-	fmt.Fprintf(&b, "check        %d published (%d uncertain), %d delivered, %d deliveries, %d redeliveries",
-		v.Published, v.Uncertain, v.Delivered, v.Deliveries, v.Redeliveries)
+	fmt.Fprintf(&b, "check        %d published (%d uncertain, %d refused), %d delivered, %d deliveries, %d redeliveries",
+		v.Published, v.Uncertain, v.Refused, v.Delivered, v.Deliveries, v.Redeliveries)
 	if c.Mode == qbroker.AtLeastOnce {
 		fmt.Fprintf(&b, ", %d acked", v.Acked)
 	}

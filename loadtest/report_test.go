@@ -175,6 +175,17 @@ func TestBuildReportFailures(t *testing.T) {
 		t.Errorf("order report: got OK %v, failures %q, warnings %q, summary:\n%s", r.OK, r.Failures, r.Warnings, &sum)
 	}
 
+	// Refused publishes (a full queue) are reported apart from uncertain
+	// ones, and fail nothing.
+	w = fakeWorkload()
+	w.Verdict.Uncertain, w.Verdict.Refused = 2, 40
+	r = buildReport(reportInput{Topology: &Topology{}, Workload: w})
+	sum.Reset()
+	writeSummary(&sum, r)
+	if !r.OK || !strings.Contains(sum.String(), "9000 published (2 uncertain, 40 refused)") {
+		t.Errorf("refusals: got OK %v, summary:\n%s", r.OK, &sum)
+	}
+
 	w = fakeWorkload()
 	w.Interrupted = true
 	if r := buildReport(reportInput{Topology: &Topology{}, Workload: w}); r.OK || !strings.Contains(r.Failures[0], "interrupted") {
