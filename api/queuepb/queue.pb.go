@@ -899,6 +899,17 @@ func (x *OutMessage) GetPriority() uint32 {
 	return 0
 }
 
+// PublishRequest publishes one message, or a batch atomically. Limits (the
+// broker's --max-payload, --max-batch-count, --max-batch-bytes): each payload
+// at most the payload limit (default 512 KiB, configurable up to 1032192
+// bytes); a batch at most the count limit (default 1000) and the byte limit
+// (default 900 KiB), where each message counts its payload plus a
+// per-message overhead of 157 bytes plus the queue name's length (its header,
+// node path and op framing in the batch's one ZooKeeper transaction, under
+// the default root /qbroker). Over a limit: InvalidArgument, naming it
+// ("N bytes including X bytes of per-message overhead > limit"). A request
+// larger than the broker's gRPC receive limit (the larger of the payload
+// and byte limits, plus 1 KiB) fails with ResourceExhausted from gRPC.
 type PublishRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Queue name.
