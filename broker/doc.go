@@ -16,6 +16,8 @@
 //	/<root>/queues/<name>/start                sync queue opened
 //	/<root>/brokers/<id>                       EPHEMERAL, live brokers
 //	/<root>/election/n-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, leader election
+//	/<root>/token-key                          random key signing ack tokens, created by
+//	                                           the first broker, read by all
 //
 // # Dispatch
 //
@@ -40,7 +42,12 @@
 // expiry (released by the elected leader every SweepInterval) or the end of
 // the Consume stream put it back in its place; past max deliveries it moves
 // to the dead letters. Leases are persistent nodes, independent of any
-// broker's session.
+// broker's session. An ack token carries the lease's deadline, signed with
+// the root's token key: an ack of a token whose signature verifies, before
+// that deadline, deletes the lease without reading it; any other token is
+// settled after reading the lease's real deadline. A delayed Nack settles
+// the delivery too: the lease moves to a new name, so the token no longer
+// names it.
 //
 // # Errors
 //
