@@ -19,12 +19,16 @@ import (
 func TestMain(m *testing.M) { zktest.Main(m) }
 
 // startBroker runs an in-process broker on a 127.0.0.1 listener until the
-// test ends and returns its address.
-func startBroker(t *testing.T) string {
+// test ends and returns its address. mods adjust its Config.
+func startBroker(t *testing.T, mods ...func(*broker.Config)) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := broker.New(ctx, broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t), SweepInterval: 100 * time.Millisecond})
+	cfg := broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t), SweepInterval: 100 * time.Millisecond}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	b, err := broker.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

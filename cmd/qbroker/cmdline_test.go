@@ -94,6 +94,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "negative duration", args: []string{"serve", "--zk", noZK, "--sweep-interval", "-1s"}, status: 2, stderr: "--sweep-interval (or $QBROKER_SWEEP_INTERVAL) -1s"},
 		{name: "negative duration in env", env: []string{"QBROKER_SHUTDOWN_TIMEOUT=-5s"}, args: []string{"serve", "--zk", noZK}, status: 2, stderr: "--shutdown-timeout (or $QBROKER_SHUTDOWN_TIMEOUT) -5s"},
 		{name: "batch below payload", args: []string{"serve", "--zk", noZK, "--max-payload", "4096", "--max-batch-bytes", "1024"}, status: 2, stderr: "--max-batch-bytes 1024 < --max-payload 4096"},
+		{name: "bad log level of dev", args: []string{"dev", "--log-level", "loud"}, status: 2, stderr: "--log-level"},
 		{name: "payload over the bound", args: []string{"serve", "--zk", noZK, "--max-payload", "2000000"}, status: 2, stderr: "--max-payload (or $QBROKER_MAX_PAYLOAD) 2000000: at most 1032192"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

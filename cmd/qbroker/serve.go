@@ -204,6 +204,9 @@ func (o *serveOptions) validate() error {
 	if o.maxBatchBytes > 0 && o.maxBatchBytes < o.maxPayload {
 		errs = append(errs, fmt.Errorf("--max-batch-bytes %d < --max-payload %d: a batch could not hold one message of the largest payload", o.maxBatchBytes, o.maxPayload))
 	}
+	if _, err := newLogger(o.logFormat, o.logLevel); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) > 0 {
 		return usageError{errors.Join(errs...)}
 	}
