@@ -515,7 +515,12 @@ type fitter struct {
 	full  bool
 }
 
+// newFitter returns the fitter of n candidates; nil for an unbounded
+// Room, which admits everything.
 func newFitter(room Room, n int) *fitter {
+	if room.Bytes <= 0 {
+		return nil
+	}
 	f := &fitter{room: room, decided: make([]chan struct{}, n), once: make([]sync.Once, n)}
 	for i := range f.decided {
 		f.decided[i] = make(chan struct{})
@@ -525,10 +530,14 @@ func newFitter(room Room, n int) *fitter {
 
 // done marks candidate i decided (called after its claim too, for claims
 // that ended before asking).
-func (f *fitter) done(i int) { f.once[i].Do(func() { close(f.decided[i]) }) }
+func (f *fitter) done(i int) {
+	if f != nil {
+		f.once[i].Do(func() { close(f.decided[i]) })
+	}
+}
 
 func (f *fitter) fit(ctx context.Context, i int) Fit {
-	if f.room.Bytes <= 0 {
+	if f == nil {
 		return nil
 	}
 	return func(payload int) bool {
