@@ -435,7 +435,7 @@ func TestPausedReaderGetsNoLateSends(t *testing.T) {
 	}
 	ack(first.GetMessage())
 
-	// The other consumer, started once the paused one has stalled.
+	// The other consumer, from the start of the pause.
 	otherDone := make(chan error, 1)
 	go func() {
 		otherDone <- func() error {
