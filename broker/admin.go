@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"sort"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -57,16 +58,42 @@ func (b *Broker) GetQueue(ctx context.Context, req *pb.GetQueueRequest) (*pb.Que
 	return q.meta.info(q.name), nil
 }
 
+// Pages of ListQueues. A QueueInfo takes under 400 bytes, so a full page
+// stays far below MaxResponseBytes.
+const (
+	defaultQueuePage = 100
+	maxQueuePage     = 1000
+)
+
 // ListQueues implements pb.QueueServer.
 func (b *Broker) ListQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb.ListQueuesResponse, error) {
+	size := int(req.GetPageSize())
+	if size == 0 {
+		size = defaultQueuePage
+	}
+	if size > maxQueuePage {
+		return nil, b.fail(invalidf("page_size %d > %d", size, maxQueuePage))
+	}
+	// The page token is the last name the previous page looked at.
+	after := req.GetPageToken()
+	if after != "" {
+		if err := validName("page_token", after); err != nil {
+			return nil, b.fail(err)
+		}
+	}
 	names, err := b.listQueues(req.GetPrefix())
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	names = names[sort.Search(len(names), func(i int) bool { return names[i] > after }):]
 	resp := &pb.ListQueuesResponse{}
-	for _, n := range names {
+	for i, n := range names {
 		if ctx.Err() != nil {
 			return nil, b.fail(ctx.Err())
+		}
+		if len(resp.Queues) == size {
+			resp.NextPageToken = names[i-1]
+			break
 		}
 		q, err := b.queue(ctx, n)
 		if err != nil {

@@ -182,31 +182,120 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 		b.releaseHeld(q, st)
 	}()
 
+	// Deliveries are claimed in batches bounded by count and bytes (about
+	// what the transport takes without waiting), each only after the
+	// previous one was sent, and each is checked just before its send:
+	// a delivery whose lease ran out (or nearly) meanwhile is given back
+	// unsent. A send held up by flow control (a client that stopped
+	// reading) must not outlast its lease either: it runs on the
+	// stream's sender, and if the lease gets within sendMargin of its
+	// deadline first, the stream ends, which abandons the send before the
+	// message reaches the transport.
+	snd := b.newSender(stream)
+	defer snd.close()
 	for {
 		credit, err := st.takeCredit(ctx, maxClaimBatch)
 		if err != nil {
 			return b.streamEnd()
 		}
-		ms, err := b.take(ctx, q, d, credit, true)
+		cs, err := b.take(ctx, q, d, credit, consumeBatchBytes, true)
 		if err != nil {
 			if ctx.Err() != nil {
 				return b.streamEnd()
 			}
 			return b.fail(err)
 		}
-		st.addCredit(credit - len(ms))
-		for _, m := range ms {
-			if d.ack {
-				st.hold(tokenLease(m.GetAckToken()), m.GetLeaseDeadline().AsTime())
+		st.addCredit(credit - len(cs))
+		if d.ack {
+			for _, c := range cs {
+				st.hold(c.lease, c.expires)
 			}
 		}
-		for _, m := range ms {
-			if err := stream.Send(&pb.Delivery{Message: m}); err != nil {
+		for i, c := range cs {
+			if !b.sendable(d, c) {
+				st.settled(c.lease)
+				b.unsent(q, c)
+				st.addCredit(1)
+				continue
+			}
+			switch err := snd.send(ctx, c, d); {
+			case err == nil:
+				b.delivered(q, d, c)
+			case errors.Is(err, errStalled):
+				// The lease runs out while the send waits: leave it
+				// to the sweep rather than release it under a send
+				// that may still complete; give the rest back.
+				st.settled(c.lease)
+				b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
+				for _, r := range cs[i+1:] {
+					st.settled(r.lease)
+					b.unsent(q, r)
+				}
+				b.log.Debug("consume stream stalled: ending it", "queue", q.name)
+				return b.fail(err)
+			case err != nil:
+				if ctx.Err() != nil {
+					return b.streamEnd()
+				}
 				return nil // the client is gone; held leases are released
 			}
 		}
 	}
 }
+
+// errStalled ends a Consume stream whose client did not take a delivery
+// before its lease ran out.
+var errStalled = errors.New("consumer did not read a delivery before its lease ran out; the stream ends and its leases are released")
+
+// sender sends one Consume stream's deliveries, so that the stream's
+// handler can stop waiting for a send: a send held up by flow control
+// returns only when the client reads again or the stream ends. It ends
+// after the handler has returned and its last send came back; the
+// broker's WaitGroup counts it.
+type sender struct {
+	stream pb.Queue_ConsumeServer
+	in     chan *pb.Delivery
+	out    chan error
+}
+
+func (b *Broker) newSender(stream pb.Queue_ConsumeServer) *sender {
+	s := &sender{stream: stream, in: make(chan *pb.Delivery), out: make(chan error, 1)}
+	b.wg.Add(1) // within the stream's own count, so never from zero
+	go func() {
+		defer b.wg.Done()
+		for d := range s.in {
+			s.out <- s.stream.Send(d)
+		}
+	}()
+	return s
+}
+
+// send hands c to the transport. At least once it gives up with
+// errStalled when the lease gets within sendMargin of its deadline first.
+func (s *sender) send(ctx context.Context, c claimed, d delivery) error {
+	var stall <-chan time.Time
+	if d.ack {
+		t := time.NewTimer(time.Until(c.expires) - sendMargin(d.ttl))
+		defer t.Stop()
+		stall = t.C
+	}
+	select {
+	case s.in <- &pb.Delivery{Message: c.msg}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-s.out:
+		return err
+	case <-stall:
+		return errStalled
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// close lets the sender end once its send under way, if any, returns.
+func (s *sender) close() { close(s.in) }
 
 // streamEnd is the status of a stream that ended because the client
 // left (nil) or the broker is shutting down (Unavailable).

@@ -49,6 +49,15 @@
 // the delivery too: the lease moves to a new name, so the token no longer
 // names it.
 //
+// No answer is larger than MaxResponseBytes: Receive claims no message
+// that would not fit (it stays in the queue, unclaimed), and list calls
+// page. An at-least-once delivery is checked just before it is sent: one
+// whose lease has less than a safety margin left, or claimed before the
+// broker lost its ZooKeeper session, is given back unsent. A Consume
+// stream claims about one stream window at a time, each batch once the
+// previous was sent, and ends when a send held up by flow control would
+// outlast its lease.
+//
 // # Errors
 //
 // One function, toStatus, maps errors to gRPC codes: InvalidArgument,
@@ -67,6 +76,7 @@
 //	qbroker_messages_redelivered_total{queue}      counter: deliveries with count > 1
 //	qbroker_messages_dead_lettered_total{queue}    counter
 //	qbroker_claim_conflicts_total{queue}           counter: claims lost to another consumer
+//	qbroker_deliveries_expired_unsent_total{queue} counter: at-least-once claims given back unsent
 //	qbroker_message_queue_seconds{queue}           histogram: publish to delivery
 //	qbroker_zk_request_duration_seconds{op,result} histogram
 //	qbroker_zk_session_state                       gauge: 1 with a session

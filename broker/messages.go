@@ -136,46 +136,37 @@ func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Durat
 	return delivery{}, invalidf("unknown delivery mode %d", mode)
 }
 
-// take claims up to k messages, in queue order, waiting for the first
-// when block is set (qcore.TakeN: the claims run concurrently and their
-// writes share a Multi).
-func (b *Broker) take(ctx context.Context, q *queue, d delivery, k int, block bool) ([]*pb.Message, error) {
+// take claims up to k messages, and no more than maxBytes of them on the
+// wire (see MaxResponseBytes; the first always fits), in queue order,
+// waiting for the first when block is set (qcore.TakeWithin: the claims
+// run concurrently and their writes share a Multi). A message that does
+// not fit is not claimed: it stays at its place in the queue. The caller
+// sends each (see sendable) and accounts for it with delivered.
+func (b *Broker) take(ctx context.Context, q *queue, d delivery, k, maxBytes int, block bool) ([]claimed, error) {
 	if q.sync != nil {
 		if err := q.sync.checkOpen(ctx); err != nil {
 			return nil, err
 		}
 	}
-	var out []*pb.Message
-	var ms []qcore.Message
-	mode := modeAtMostOnce
+	session := b.sessions.Load()
+	var out []claimed
 	if d.ack {
-		mode = modeAtLeastOnce
-		ls, err := q.leases.TakeLeases(ctx, k, d.ttl, block)
+		ls, err := q.leases.TakeLeasesWithin(ctx, k, room(q, maxBytes), d.ttl, block)
 		if err != nil {
 			return nil, b.gone(q, err)
 		}
 		for i := range ls {
-			ms = append(ms, ls[i].Message)
-			out = append(out, b.leasedPB(q.name, &ls[i]))
+			out = append(out, claimed{msg: b.leasedPB(q.name, &ls[i]), m: ls[i].Message,
+				lease: ls[i].Token, expires: ls[i].Deadline, session: session})
 		}
-	} else {
-		var err error
-		ms, err = qcore.TakeN(ctx, q.items, k, block, q.items.ClaimDelete)
-		if err != nil {
-			return nil, b.gone(q, err)
-		}
-		for _, m := range ms {
-			out = append(out, toPB(q.name, m, nil))
-		}
+		return out, nil
 	}
-	b.metrics.delivered.WithLabelValues(q.label, mode).Add(float64(len(ms)))
-	queueTime := b.metrics.queueTime.WithLabelValues(q.label)
+	ms, err := qcore.TakeWithin(ctx, q.items, k, room(q, maxBytes), block, q.items.ClaimDeleteFit)
+	if err != nil {
+		return nil, b.gone(q, err)
+	}
 	for _, m := range ms {
-		queueTime.Observe(time.Since(m.Published).Seconds())
-		if m.Deliveries > 1 {
-			b.metrics.redelivered.WithLabelValues(q.label).Inc()
-		}
-		b.emit(events.Delivered, q, m, "")
+		out = append(out, claimed{msg: toPB(q.name, m, nil), m: m, session: session})
 	}
 	return out, nil
 }
@@ -212,14 +203,21 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 		first, c = context.WithTimeout(ctx, wait)
 		defer c()
 	}
-	ms, err := b.take(first, q, d, max, wait > 0)
+	cs, err := b.take(first, q, d, max, MaxResponseBytes, wait > 0)
 	switch {
 	case errors.Is(err, qcore.ErrEmpty), wait > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		return resp, nil
 	case err != nil:
 		return nil, b.fail(err)
 	}
-	resp.Messages = ms
+	for _, c := range cs {
+		if !b.sendable(d, c) {
+			b.unsent(q, c)
+			continue
+		}
+		b.delivered(q, d, c)
+		resp.Messages = append(resp.Messages, c.msg)
+	}
 	return resp, nil
 }
 
@@ -340,11 +338,17 @@ func (b *Broker) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	if limit > maxDeadLimit {
 		return nil, b.fail(invalidf("limit %d > %d", limit, maxDeadLimit))
 	}
-	ms, err := q.leases.DeadLetters(ctx, limit)
+	// The page token is the id of the last dead letter of the previous
+	// page: a page starts after it, wherever it went since.
+	after := req.GetPageToken()
+	if _, ok := qcore.ParseName(after); after != "" && !ok {
+		return nil, b.fail(invalidf("malformed page_token %q", printable(after)))
+	}
+	ms, next, err := q.leases.DeadLettersAfter(ctx, after, limit, room(q, MaxResponseBytes))
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	resp := &pb.ListDeadLettersResponse{}
+	resp := &pb.ListDeadLettersResponse{NextPageToken: next}
 	for _, m := range ms {
 		resp.Messages = append(resp.Messages, toPB(q.name, m, nil))
 	}

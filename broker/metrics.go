@@ -37,6 +37,10 @@ type metrics struct {
 	consumers    *prometheus.GaugeVec
 	leader       prometheus.Gauge
 	grpc         *grpcprom.ServerMetrics
+
+	// expiredUnsent: at-least-once deliveries claimed but given back
+	// unsent (lease nearly run out, or session lost, before the send).
+	expiredUnsent *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -78,6 +82,8 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30}))),
 	}
+	m.expiredUnsent = qv("qbroker_deliveries_expired_unsent_total",
+		"At-least-once deliveries claimed but given back unsent: their lease had (nearly) run out, or the ZooKeeper session was lost, before they could be sent.")
 	if reg == nil {
 		return m
 	}
@@ -90,7 +96,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
-		m.oldestAge, m.consumers, m.leader, m.grpc, build} {
+		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build} {
 		reg.MustRegister(c)
 	}
 	return m

@@ -67,7 +67,8 @@ func codeOf(err error) codes.Code {
 		return codes.FailedPrecondition
 	case errors.Is(err, errLimit):
 		return codes.ResourceExhausted
-	case errors.Is(err, errClosing), errors.Is(err, qcore.ErrBatcherClosed), zkutil.IsUnavailable(err):
+	case errors.Is(err, errClosing), errors.Is(err, qcore.ErrBatcherClosed), zkutil.IsUnavailable(err),
+		errors.Is(err, errStalled):
 		return codes.Unavailable
 	case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
 		// A race lost after the recipe's own retries.

@@ -431,7 +431,12 @@ func (x *GetQueueRequest) GetName() string {
 type ListQueuesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only names starting with prefix; empty lists all.
-	Prefix        string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Most queues to return; unset means 100, at most 1000.
+	PageSize uint32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// Continue after the page that returned this next_page_token; unset
+	// starts at the first name.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -473,10 +478,26 @@ func (x *ListQueuesRequest) GetPrefix() string {
 	return ""
 }
 
+func (x *ListQueuesRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListQueuesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListQueuesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The queues, sorted by name.
-	Queues        []*QueueInfo `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
+	Queues []*QueueInfo `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -516,6 +537,13 @@ func (x *ListQueuesResponse) GetQueues() []*QueueInfo {
 		return x.Queues
 	}
 	return nil
+}
+
+func (x *ListQueuesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type DeleteQueueRequest struct {
@@ -1028,7 +1056,10 @@ type Message struct {
 	// accepts it. Empty in at-most-once mode.
 	AckToken string `protobuf:"bytes,7,opt,name=ack_token,json=ackToken,proto3" json:"ack_token,omitempty"`
 	// At-least-once: when the lease expires and the message becomes
-	// deliverable again.
+	// deliverable again. The broker sends no delivery whose lease has run
+	// out, but one can wait in transport buffers (a client that stopped
+	// reading): a consumer should not act on a delivery received after its
+	// lease_deadline, since the message may have been redelivered already.
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1450,7 +1481,9 @@ func (x *ReceiveRequest) GetVisibilityTimeout() *durationpb.Duration {
 
 type ReceiveResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The messages, possibly none when the wait ran out.
+	// The messages, possibly none when the wait ran out. At least once,
+	// each had at least a safety margin of its lease left when the broker
+	// answered.
 	Messages      []*Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1886,8 +1919,12 @@ type ListDeadLettersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Queue name.
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
-	// Most dead letters to return; unset means 100, at most 1000.
-	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Most dead letters to return; unset means 100, at most 1000. A page
+	// holds fewer when more would not fit the response size limit.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Continue after the page that returned this next_page_token; unset
+	// starts at the oldest.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1936,10 +1973,19 @@ func (x *ListDeadLettersRequest) GetLimit() uint32 {
 	return 0
 }
 
+func (x *ListDeadLettersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListDeadLettersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Dead letters, oldest first (ack_token empty).
-	Messages      []*Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	Messages []*Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1979,6 +2025,13 @@ func (x *ListDeadLettersResponse) GetMessages() []*Message {
 		return x.Messages
 	}
 	return nil
+}
+
+func (x *ListDeadLettersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type RedriveRequest struct {
@@ -2105,11 +2158,15 @@ const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"+\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +
-	"\x06prefix\x18\x01 \x01(\tR\x06prefix\"C\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"k\n" +
 	"\x12ListQueuesResponse\x12-\n" +
-	"\x06queues\x18\x01 \x03(\v2\x15.qbroker.v1.QueueInfoR\x06queues\"(\n" +
+	"\x06queues\x18\x01 \x03(\v2\x15.qbroker.v1.QueueInfoR\x06queues\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"(\n" +
 	"\x12DeleteQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
 	"\x13DeleteQueueResponse\"\"\n" +
@@ -2196,12 +2253,15 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_JOINED\x10\x01\x12\x0e\n" +
 	"\n" +
-	"STATE_OPEN\x10\x02\"D\n" +
+	"STATE_OPEN\x10\x02\"c\n" +
 	"\x16ListDeadLettersRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\rR\x05limit\"J\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"r\n" +
 	"\x17ListDeadLettersResponse\x12/\n" +
-	"\bmessages\x18\x01 \x03(\v2\x13.qbroker.v1.MessageR\bmessages\"8\n" +
+	"\bmessages\x18\x01 \x03(\v2\x13.qbroker.v1.MessageR\bmessages\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"8\n" +
 	"\x0eRedriveRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x10\n" +
 	"\x03ids\x18\x02 \x03(\tR\x03ids\"-\n" +

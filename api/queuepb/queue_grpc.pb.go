@@ -55,13 +55,19 @@ const (
 // unknown or expired lease), ResourceExhausted (a limit of the broker),
 // Unavailable (ZooKeeper unreachable: retry), Aborted (claim lost too often:
 // retry), DeadlineExceeded/Canceled (the caller's context).
+//
+// Response size: no message the broker sends is larger than 4 MiB less
+// 64 KiB (4,128,768 bytes encoded), so a client with gRPC's default
+// receive limit (4 MiB, in every language) receives every answer.
+// Receive returns fewer messages than asked for rather than more bytes;
+// list calls page.
 type QueueClient interface {
 	// CreateQueue creates a queue. Creating an existing queue with the same
 	// configuration succeeds (idempotent); with another, AlreadyExists.
 	CreateQueue(ctx context.Context, in *CreateQueueRequest, opts ...grpc.CallOption) (*QueueInfo, error)
 	// GetQueue returns a queue's configuration.
 	GetQueue(ctx context.Context, in *GetQueueRequest, opts ...grpc.CallOption) (*QueueInfo, error)
-	// ListQueues lists queues by name.
+	// ListQueues lists queues by name, a page at a time.
 	ListQueues(ctx context.Context, in *ListQueuesRequest, opts ...grpc.CallOption) (*ListQueuesResponse, error)
 	// DeleteQueue deletes a queue with all its messages, leases and dead
 	// letters.
@@ -80,7 +86,9 @@ type QueueClient interface {
 	// not settled when it ends are released for redelivery.
 	Consume(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConsumeRequest, Delivery], error)
 	// Receive long-polls for up to max_messages, waiting up to wait for the
-	// first one.
+	// first one. It returns fewer when more would not fit the response size
+	// limit (the first message always does); the rest stay in the queue,
+	// unclaimed.
 	Receive(ctx context.Context, in *ReceiveRequest, opts ...grpc.CallOption) (*ReceiveResponse, error)
 	// Ack acknowledges an at-least-once delivery: the message is gone.
 	// FailedPrecondition when the lease is unknown or expired.
@@ -94,7 +102,8 @@ type QueueClient interface {
 	// long as the stream; the stream reports the group's progress and tells
 	// the member when the queue opens.
 	JoinSync(ctx context.Context, in *JoinSyncRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SyncEvent], error)
-	// ListDeadLetters lists a queue's dead letters, oldest first.
+	// ListDeadLetters lists a queue's dead letters, oldest first, a page at
+	// a time.
 	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
 	// Redrive moves dead letters back to the queue with a fresh delivery
 	// count.
@@ -284,13 +293,19 @@ func (c *queueClient) Redrive(ctx context.Context, in *RedriveRequest, opts ...g
 // unknown or expired lease), ResourceExhausted (a limit of the broker),
 // Unavailable (ZooKeeper unreachable: retry), Aborted (claim lost too often:
 // retry), DeadlineExceeded/Canceled (the caller's context).
+//
+// Response size: no message the broker sends is larger than 4 MiB less
+// 64 KiB (4,128,768 bytes encoded), so a client with gRPC's default
+// receive limit (4 MiB, in every language) receives every answer.
+// Receive returns fewer messages than asked for rather than more bytes;
+// list calls page.
 type QueueServer interface {
 	// CreateQueue creates a queue. Creating an existing queue with the same
 	// configuration succeeds (idempotent); with another, AlreadyExists.
 	CreateQueue(context.Context, *CreateQueueRequest) (*QueueInfo, error)
 	// GetQueue returns a queue's configuration.
 	GetQueue(context.Context, *GetQueueRequest) (*QueueInfo, error)
-	// ListQueues lists queues by name.
+	// ListQueues lists queues by name, a page at a time.
 	ListQueues(context.Context, *ListQueuesRequest) (*ListQueuesResponse, error)
 	// DeleteQueue deletes a queue with all its messages, leases and dead
 	// letters.
@@ -309,7 +324,9 @@ type QueueServer interface {
 	// not settled when it ends are released for redelivery.
 	Consume(grpc.BidiStreamingServer[ConsumeRequest, Delivery]) error
 	// Receive long-polls for up to max_messages, waiting up to wait for the
-	// first one.
+	// first one. It returns fewer when more would not fit the response size
+	// limit (the first message always does); the rest stay in the queue,
+	// unclaimed.
 	Receive(context.Context, *ReceiveRequest) (*ReceiveResponse, error)
 	// Ack acknowledges an at-least-once delivery: the message is gone.
 	// FailedPrecondition when the lease is unknown or expired.
@@ -323,7 +340,8 @@ type QueueServer interface {
 	// long as the stream; the stream reports the group's progress and tells
 	// the member when the queue opens.
 	JoinSync(*JoinSyncRequest, grpc.ServerStreamingServer[SyncEvent]) error
-	// ListDeadLetters lists a queue's dead letters, oldest first.
+	// ListDeadLetters lists a queue's dead letters, oldest first, a page at
+	// a time.
 	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
 	// Redrive moves dead letters back to the queue with a fresh delivery
 	// count.

@@ -179,24 +179,36 @@ func (c *Client) GetQueue(ctx context.Context, name string) (QueueInfo, error) {
 	return infoFromPB(q), nil
 }
 
+// queuePage is the page size ListQueues asks for: the broker's largest.
+const queuePage = 1000
+
 // ListQueues lists the queues whose names start with prefix (all when
-// empty), sorted by name.
+// empty), sorted by name. It follows the broker's pages, one call each.
 func (c *Client) ListQueues(ctx context.Context, prefix string) ([]QueueInfo, error) {
+	var out []QueueInfo
+	token := ""
+	for {
+		resp, err := c.listQueues(ctx, &pb.ListQueuesRequest{Prefix: prefix, PageSize: queuePage, PageToken: token})
+		if err != nil {
+			op := "list queues"
+			if prefix != "" {
+				op += " " + prefix
+			}
+			return nil, fmt.Errorf("qbroker: %s: %w", op, convErr(err))
+		}
+		for _, q := range resp.GetQueues() {
+			out = append(out, infoFromPB(q))
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return out, nil
+		}
+	}
+}
+
+func (c *Client) listQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb.ListQueuesResponse, error) {
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
-	resp, err := c.rpc.ListQueues(ctx, &pb.ListQueuesRequest{Prefix: prefix})
-	if err != nil {
-		op := "list queues"
-		if prefix != "" {
-			op += " " + prefix
-		}
-		return nil, fmt.Errorf("qbroker: %s: %w", op, convErr(err))
-	}
-	out := make([]QueueInfo, len(resp.GetQueues()))
-	for i, q := range resp.GetQueues() {
-		out[i] = infoFromPB(q)
-	}
-	return out, nil
+	return c.rpc.ListQueues(ctx, req)
 }
 
 // DeleteQueue deletes a queue with its messages, leases and dead letters.
@@ -242,20 +254,52 @@ func (c *Client) Stats(ctx context.Context, name string) (Stats, error) {
 	}, nil
 }
 
+// deadPage is the broker's largest page of dead letters.
+const deadPage = 1000
+
 // DeadLetters lists up to limit of a queue's dead letters, oldest first
-// (limit 0 means the broker's default, 100; at most 1000). The messages
-// have no lease. Errors: ErrNotFound, ErrInvalidArgument.
+// (limit 0 means 100). It follows the broker's pages, one call each; see
+// DeadLettersPage to list them page by page. The messages have no lease.
+// Errors: ErrNotFound, ErrInvalidArgument.
 func (c *Client) DeadLetters(ctx context.Context, queue string, limit int) ([]*Message, error) {
 	if limit < 0 {
 		return nil, fmt.Errorf("qbroker: dead letters of %s: negative limit: %w", queue, ErrInvalidArgument)
 	}
+	if limit == 0 {
+		limit = 100
+	}
+	var out []*Message
+	token := ""
+	for len(out) < limit {
+		ms, next, err := c.DeadLettersPage(ctx, queue, token, min(limit-len(out), deadPage))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ms...)
+		if token = next; token == "" {
+			break
+		}
+	}
+	return out, nil
+}
+
+// DeadLettersPage lists one page of a queue's dead letters, oldest first:
+// up to limit of them (0 means 100; at most 1000), fewer when more would
+// not fit one response. pageToken is "" for the first page, then the next
+// token the previous page returned; next is "" after the last page. The
+// messages have no lease. Errors: ErrNotFound, ErrInvalidArgument (limit
+// out of range, malformed token).
+func (c *Client) DeadLettersPage(ctx context.Context, queue, pageToken string, limit int) (ms []*Message, next string, err error) {
+	if limit < 0 {
+		return nil, "", fmt.Errorf("qbroker: dead letters of %s: negative limit: %w", queue, ErrInvalidArgument)
+	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
-	resp, err := c.rpc.ListDeadLetters(ctx, &pb.ListDeadLettersRequest{Queue: queue, Limit: uint32(limit)})
+	resp, err := c.rpc.ListDeadLetters(ctx, &pb.ListDeadLettersRequest{Queue: queue, Limit: uint32(limit), PageToken: pageToken})
 	if err != nil {
-		return nil, fmt.Errorf("qbroker: dead letters of %s: %w", queue, convErr(err))
+		return nil, "", fmt.Errorf("qbroker: dead letters of %s: %w", queue, convErr(err))
 	}
-	return c.messages(resp.GetMessages(), nil, 0), nil
+	return c.messages(resp.GetMessages(), nil, 0), resp.GetNextPageToken(), nil
 }
 
 // Redrive moves dead letters back to their queue with a fresh delivery

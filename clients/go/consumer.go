@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -48,7 +49,9 @@ type ConsumeOptions struct {
 // At least once, a message's Ack and Nack travel on the stream that
 // delivered it while it is open; after it broke, they call the broker,
 // and usually fail with ErrFailedPrecondition because the broker released
-// the stream's leases for redelivery.
+// the stream's leases for redelivery. A delivery whose lease runs out
+// before the application takes it is dropped, not handed out (see
+// Expired): the broker redelivers it.
 //
 // A Consumer is safe for concurrent use. Close it when done.
 type Consumer struct {
@@ -65,6 +68,8 @@ type Consumer struct {
 
 	mu  sync.Mutex
 	err error
+
+	expired atomic.Int64 // deliveries dropped: lease ran out before handed out
 }
 
 type settleReq struct {
@@ -142,6 +147,14 @@ func (k *Consumer) Err() error {
 	defer k.mu.Unlock()
 	return k.err
 }
+
+// Expired returns how many at-least-once deliveries the consumer dropped
+// because their lease had run out before the application took them (it
+// did not read for longer than the visibility timeout, or they waited
+// that long in transit): the broker redelivers those, possibly to another
+// consumer already, so handing them out could have the same message
+// handled twice at once.
+func (k *Consumer) Expired() int64 { return k.expired.Load() }
 
 // Done is closed when the consumer's goroutine has ended.
 func (k *Consumer) Done() <-chan struct{} { return k.done }
@@ -223,6 +236,11 @@ type consumeLoop struct {
 	pending    []*Message // received, not yet taken by the application
 	handed     int        // messages the application took
 	msgsClosed bool
+	// headTimer fires when the lease of the pending head runs out, so
+	// that a head waiting for the application is dropped, not handed out
+	// late; timed is the head it is set for.
+	headTimer *time.Timer
+	timed     *Message
 
 	// The current stream: gen counts streams; stream is non-nil once the
 	// subscribe was sent; credit is granted on it and not yet used.
@@ -268,6 +286,9 @@ func (l *consumeLoop) closeMsgs() {
 }
 
 func (l *consumeLoop) run(ctx context.Context) error {
+	l.headTimer = time.NewTimer(time.Hour)
+	l.headTimer.Stop()
+	defer l.headTimer.Stop()
 	for {
 		if l.finished() {
 			return nil
@@ -275,12 +296,20 @@ func (l *consumeLoop) run(ctx context.Context) error {
 		if !l.active && l.retry == nil && l.initialCredit() > 0 {
 			l.subscribe(ctx)
 		}
+		l.dropExpired()
 		var out chan *Message
 		var head *Message
+		var expiry <-chan time.Time
 		if len(l.pending) > 0 && !l.msgsClosed { // closed: Max reached, and then nothing is pending
 			out, head = l.k.msgs, l.pending[0]
+			expiry = l.expiry(head)
 		}
 		select {
+		case <-expiry:
+			// The head's lease ran out while it waited: dropped at the
+			// top of the loop (or the timer re-armed, should the clock
+			// have been set back).
+			l.timed = nil
 		case out <- head:
 			l.pending[0] = nil
 			l.pending = l.pending[1:]
@@ -308,6 +337,38 @@ func (l *consumeLoop) run(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// dropExpired drops the pending at-least-once deliveries at the head
+// whose lease has run out (Consumer.Expired counts them). Each gives its
+// credit back to its stream: it will never be settled.
+func (l *consumeLoop) dropExpired() {
+	now := time.Now()
+	for len(l.pending) > 0 {
+		m := l.pending[0]
+		if m.LeaseDeadline.IsZero() || now.Before(m.LeaseDeadline) {
+			return
+		}
+		l.pending[0] = nil
+		l.pending = l.pending[1:]
+		l.k.expired.Add(1)
+		if m.gen == l.gen {
+			l.grant(1)
+		}
+	}
+}
+
+// expiry returns a channel that fires when head's lease runs out; nil at
+// most once.
+func (l *consumeLoop) expiry(head *Message) <-chan time.Time {
+	if head.LeaseDeadline.IsZero() {
+		return nil
+	}
+	if l.timed != head {
+		l.timed = head
+		l.headTimer.Reset(time.Until(head.LeaseDeadline))
+	}
+	return l.headTimer.C
 }
 
 // subscribe starts a stream and its receiving goroutine.

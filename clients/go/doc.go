@@ -35,7 +35,11 @@
 // Nack, an expired lease or a consumer that goes away redelivers it,
 // with a higher DeliveryCount; past the queue's MaxDeliveries it becomes
 // a dead letter (DeadLetters, Redrive). Ack tokens are opaque and any
-// broker accepts them.
+// broker accepts them. A message handed to the application had a live
+// lease at that moment: a delivery whose lease ran out before the
+// application took it (one that waited in transit or in the prefetch
+// while the application was busy) is dropped, since the broker redelivers
+// it (Consumer.Expired counts them).
 //
 // A Consumer grants the broker credit, so it is never flooded: Prefetch
 // messages may be in flight; at most once, one more is granted each time

@@ -3,6 +3,7 @@ package qbroker
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -259,8 +260,11 @@ type ReceiveOptions struct {
 }
 
 // Receive takes up to o.Max messages, waiting up to o.Wait for the first
-// one; it returns no messages and no error when the wait runs out.
-// Receive is not retried. Ack and Nack of its messages call the broker.
+// one; it returns no messages and no error when the wait runs out. It
+// returns fewer than o.Max when more would not fit one response (4 MiB);
+// the rest stay in the queue. At least once, a message whose lease had run
+// out by the time the answer arrived is left out: the broker redelivers
+// it. Receive is not retried. Ack and Nack of its messages call the broker.
 // Errors: ErrNotFound, ErrInvalidArgument (options out of range),
 // ErrFailedPrecondition (a KindSync queue that is not open).
 func (c *Client) Receive(ctx context.Context, queue string, o ReceiveOptions) ([]*Message, error) {
@@ -283,5 +287,9 @@ func (c *Client) Receive(ctx context.Context, queue string, o ReceiveOptions) ([
 	if err != nil {
 		return nil, fmt.Errorf("qbroker: receive from %s: %w", queue, convErr(err))
 	}
-	return c.messages(resp.GetMessages(), nil, 0), nil
+	ms := c.messages(resp.GetMessages(), nil, 0)
+	now := time.Now()
+	return slices.DeleteFunc(ms, func(m *Message) bool {
+		return !m.LeaseDeadline.IsZero() && !now.Before(m.LeaseDeadline)
+	}), nil
 }

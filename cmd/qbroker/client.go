@@ -473,14 +473,18 @@ func runDLQ(ctx context.Context, std stdio, args []string) error {
 	fs, cf := newFlagSet("dlq", "[flags] queue [id...]", `
 Lists a queue's dead letters, oldest first, one line each:
 	<id> <tab> <delivery count> <tab> <published at> <tab> <payload>
+It lists all of them (or --limit), fetching them a page at a time.
 With --redrive, moves the dead letters with the given ids (all when none
 are given) back to the queue with a fresh delivery count, and prints how
 many moved.`, std)
 	redrive := fs.Bool("redrive", false, "move dead letters back to the queue")
-	limit := fs.Int("limit", 100, "most dead letters to list (1..1000)")
+	limit := fs.Int("limit", 0, "most dead letters to list (0: all)")
 	pos, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
+	}
+	if *limit < 0 {
+		return fmt.Errorf("--limit %d: want 0 (all) or more", *limit)
 	}
 	queue, ids := pos[0], pos[1:]
 	if !*redrive && len(ids) > 0 {
@@ -499,12 +503,27 @@ many moved.`, std)
 		fmt.Fprintf(std.out, "%s: redriven %d\n", queue, n)
 		return nil
 	}
-	ms, err := c.DeadLetters(ctx, queue, *limit)
-	if err != nil {
-		return err
+	// Page by page, printed as they come: the list may not fit in one
+	// answer, nor in memory.
+	listed, token := 0, ""
+	for {
+		page := dlqPage
+		if *limit > 0 {
+			page = min(page, *limit-listed)
+		}
+		ms, next, err := c.DeadLettersPage(ctx, queue, token, page)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			fmt.Fprintf(std.out, "%s\t%d\t%s\t%s\n", m.ID, m.DeliveryCount, m.PublishedAt.Local().Format(time.RFC3339), printable(m.Payload))
+		}
+		listed += len(ms)
+		if token = next; token == "" || (*limit > 0 && listed >= *limit) {
+			return nil
+		}
 	}
-	for _, m := range ms {
-		fmt.Fprintf(std.out, "%s\t%d\t%s\t%s\n", m.ID, m.DeliveryCount, m.PublishedAt.Local().Format(time.RFC3339), printable(m.Payload))
-	}
-	return nil
 }
+
+// dlqPage is how many dead letters `qbroker dlq` asks for at a time.
+const dlqPage = 100

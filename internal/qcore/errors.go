@@ -13,4 +13,7 @@ var (
 	ErrUnknownLease  = errors.New("unknown or expired lease")
 	ErrNotFound      = errors.New("message not found")
 	ErrBadData       = errors.New("corrupt message data")
+	// ErrNoRoom: a candidate did not fit the Room of its take and was
+	// given back unclaimed.
+	ErrNoRoom = errors.New("no room left for the message")
 )

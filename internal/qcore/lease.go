@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -165,6 +166,12 @@ func decodeLeaseState(data []byte) (deadline time.Time, itemData []byte, nacked 
 // Claim moves candidate n into a lease lasting ttl. It returns
 // zk.ErrNoNode or zk.ErrBadVersion when another consumer won the race.
 func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, error) {
+	return l.ClaimFit(ctx, n, ttl, nil)
+}
+
+// ClaimFit is Claim within a Room (see FitClaimFunc): a message that does
+// not fit stays in the queue, unleased.
+func (l *Leases) ClaimFit(ctx context.Context, n Name, ttl time.Duration, fit Fit) (Lease, error) {
 	itemPath := l.items.path + "/" + n.Raw
 	data, version, ctime, err := l.items.readItem(itemPath, n)
 	if err != nil {
@@ -173,6 +180,10 @@ func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, e
 	m, err := decodeMessage(n, data, ctime, 1)
 	if err != nil {
 		return Lease{}, err
+	}
+	if !fit.admits(len(m.Payload)) {
+		l.items.unread(n, data, version)
+		return Lease{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}
 	deadline := time.Now().Add(ttl)
 	token := newLeaseName(n.Raw)
@@ -191,11 +202,15 @@ func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, e
 
 // TakeLeases claims up to k messages with leases of ttl (see TakeN).
 func (l *Leases) TakeLeases(ctx context.Context, k int, ttl time.Duration, block bool) ([]Lease, error) {
-	return TakeN(ctx, l.items, k, block, l.claimFunc(ttl))
+	return l.TakeLeasesWithin(ctx, k, Room{}, ttl, block)
 }
 
-func (l *Leases) claimFunc(ttl time.Duration) ClaimFunc[Lease] {
-	return func(ctx context.Context, n Name) (Lease, error) { return l.Claim(ctx, n, ttl) }
+// TakeLeasesWithin claims up to k messages with leases of ttl, within
+// room (see TakeWithin).
+func (l *Leases) TakeLeasesWithin(ctx context.Context, k int, room Room, ttl time.Duration, block bool) ([]Lease, error) {
+	return TakeWithin(ctx, l.items, k, room, block, func(ctx context.Context, n Name, fit Fit) (Lease, error) {
+		return l.ClaimFit(ctx, n, ttl, fit)
+	})
 }
 
 // get reads a lease that is not settled. Unknown leases and leases settled
@@ -402,6 +417,38 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 	return m, out, err == nil, err
 }
 
+// Unclaim undoes a claim whose message was never handed to a consumer:
+// the message goes back to its place in the queue with the delivery count
+// it had before the claim, whatever the lease's deadline. A lease already
+// released or settled is not an error.
+func (l *Leases) Unclaim(ctx context.Context, token string) error {
+	item, valid := ParseLeaseName(token)
+	if !valid {
+		return ErrUnknownLease
+	}
+	data, stat, err := l.items.zk.Get(l.leases + "/" + token)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get lease %s: %w", token, err)
+	}
+	_, itemData, err := decodeLease(data)
+	if err != nil {
+		return err
+	}
+	m, err := decodeMessage(item, itemData, ctimeOf(stat), 0)
+	if err != nil {
+		return err
+	}
+	m.Deliveries = max(m.Deliveries-1, 0)
+	_, err = l.release(token, item, EncodeData(m.Payload, m.Published, m.Deliveries), stat.Version, m, Policy{})
+	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+		return nil
+	}
+	return err
+}
+
 // Expired is one lease the sweep released.
 type Expired struct {
 	Message Message
@@ -475,30 +522,59 @@ func numChildren(conn *zk.Conn, p string) (int, error) {
 // DeadLetters returns up to limit dead letters, oldest (in queue order)
 // first.
 func (l *Leases) DeadLetters(ctx context.Context, limit int) ([]Message, error) {
+	ms, _, err := l.DeadLettersAfter(ctx, "", limit, Room{})
+	return ms, err
+}
+
+// DeadLettersAfter returns, in queue order, the dead letters that sort
+// after the one named after ("" starts at the oldest): up to limit of
+// them (0: no limit), and no more than fit room (the first always does).
+// next names the last one looked at when more may follow, for the next
+// call's after; it is "" when the list is exhausted.
+func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, room Room) (ms []Message, next string, err error) {
 	children, _, err := l.items.zk.Children(l.dead)
 	if err != nil {
-		return nil, fmt.Errorf("children %s: %w", l.dead, err)
+		return nil, "", fmt.Errorf("children %s: %w", l.dead, err)
 	}
 	names, _ := SortNames(children)
-	var out []Message
-	for _, n := range names {
-		if len(out) >= limit {
-			break
+	if after != "" {
+		a, ok := ParseName(after)
+		if !ok {
+			return nil, "", fmt.Errorf("dead letters after %q: malformed name", after)
+		}
+		i, _ := slices.BinarySearchFunc(names, a, Compare)
+		for i < len(names) && Compare(names[i], a) == 0 {
+			i++
+		}
+		names = names[i:]
+	}
+	used := 0
+	for i, n := range names {
+		if err := ctx.Err(); err != nil {
+			return ms, "", err
+		}
+		if limit > 0 && len(ms) >= limit {
+			return ms, names[i-1].Raw, nil
 		}
 		data, stat, err := l.items.zk.Get(l.dead + "/" + n.Raw)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
 		if err != nil {
-			return out, fmt.Errorf("get %s: %w", n.Raw, err)
+			return ms, "", fmt.Errorf("get %s: %w", n.Raw, err)
 		}
 		m, err := decodeMessage(n, data, ctimeOf(stat), 0)
 		if err != nil {
 			continue
 		}
-		out = append(out, m)
+		size := len(m.Payload) + room.Overhead
+		if room.Bytes > 0 && len(ms) > 0 && used+size > room.Bytes {
+			return ms, names[i-1].Raw, nil
+		}
+		used += size
+		ms = append(ms, m)
 	}
-	return out, nil
+	return ms, "", nil
 }
 
 // Redrive moves dead letters back into the queue, under their original

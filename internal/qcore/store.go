@@ -432,6 +432,26 @@ func (s *Store) Done(n Name) {
 	s.mu.Unlock()
 }
 
+// giveBack returns a candidate from Next whose claim was not attempted
+// (it did not fit the caller's Room): it is handed out again first. A FIFO
+// snapshot would otherwise pass it by until the children change.
+func (s *Store) giveBack(n Name) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.claims[n.Raw]--; s.claims[n.Raw] <= 0 {
+		delete(s.claims, n.Raw)
+	}
+	// A listing under way includes it (it was not deleted) and replaces
+	// the snapshot anyway.
+	i, _ := slices.BinarySearchFunc(s.pending, n, Compare)
+	for j := i; j < len(s.pending) && Compare(s.pending[j], n) == 0; j++ {
+		if s.pending[j].Raw == n.Raw {
+			return
+		}
+	}
+	s.pending = slices.Insert(s.pending, i, n)
+}
+
 // splitShare divides a sorted snapshot between the processes consuming the
 // queue: a message belongs to process seq mod n, which takes its own share
 // first. Shares are stable across snapshots (the sequence number never
@@ -471,6 +491,95 @@ func (s *Store) Reset() {
 // zk.ErrBadVersion when another consumer won the race.
 type ClaimFunc[T any] func(ctx context.Context, n Name) (T, error)
 
+// FitClaimFunc claims one candidate within a Room: after reading the
+// candidate and before writing anything, it asks fit whether the
+// message's payload still fits, and if not returns an error wrapping
+// ErrNoRoom with the candidate untouched. It calls fit at most once.
+// Lost races are as for ClaimFunc.
+type FitClaimFunc[T any] func(ctx context.Context, n Name, fit Fit) (T, error)
+
+// Fit reports whether a message with a payload of the given size fits
+// what the caller can still take. A nil Fit admits everything.
+type Fit func(payload int) bool
+
+func (f Fit) admits(payload int) bool { return f == nil || f(payload) }
+
+// Room bounds the bytes of the messages one take hands out, for callers
+// whose answer has a size limit (a gRPC response). Each message counts
+// its payload plus Overhead. The first message claimed always fits, so a
+// message larger than Bytes is still delivered, alone; the zero Room is
+// unbounded.
+type Room struct {
+	Bytes    int
+	Overhead int
+}
+
+// fitter decides, in queue order, which of one round's candidates fit its
+// Room: candidate i's decision waits for candidate i-1's, so the messages
+// taken are a prefix of the round's candidates in queue order (less the
+// races lost), whatever order their reads finish in. Once one does not
+// fit, no later one does.
+type fitter struct {
+	room    Room
+	decided []chan struct{} // decided[i] is closed once candidate i is decided
+	once    []sync.Once
+
+	mu    sync.Mutex
+	used  int
+	taken int
+	full  bool
+}
+
+// newFitter returns the fitter of n candidates; nil for an unbounded
+// Room, which admits everything.
+func newFitter(room Room, n int) *fitter {
+	if room.Bytes <= 0 {
+		return nil
+	}
+	f := &fitter{room: room, decided: make([]chan struct{}, n), once: make([]sync.Once, n)}
+	for i := range f.decided {
+		f.decided[i] = make(chan struct{})
+	}
+	return f
+}
+
+// done marks candidate i decided (called after its claim too, for claims
+// that ended before asking).
+func (f *fitter) done(i int) {
+	if f != nil {
+		f.once[i].Do(func() { close(f.decided[i]) })
+	}
+}
+
+func (f *fitter) fit(ctx context.Context, i int) Fit {
+	if f == nil {
+		return nil
+	}
+	return func(payload int) bool {
+		defer f.done(i)
+		if i > 0 {
+			select {
+			case <-f.decided[i-1]:
+			case <-ctx.Done():
+				return false
+			}
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		size := payload + f.room.Overhead
+		switch {
+		case f.full:
+			return false
+		case f.taken == 0 || f.used+size <= f.room.Bytes:
+			f.used += size
+			f.taken++
+			return true
+		}
+		f.full = true
+		return false
+	}
+}
+
 // Take walks the candidates, claiming with claim until one succeeds. Lost
 // races move on to the next candidate; the snapshot is re-scanned only when
 // used up. With block it waits on the children watch for new messages
@@ -491,6 +600,17 @@ func Take[T any](ctx context.Context, s *Store, block bool, claim ClaimFunc[T]) 
 // all were lost, TakeN tries again). It returns ErrEmpty when nothing is
 // there and block is false.
 func TakeN[T any](ctx context.Context, s *Store, k int, block bool, claim ClaimFunc[T]) ([]T, error) {
+	return TakeWithin(ctx, s, k, Room{}, block, func(ctx context.Context, n Name, _ Fit) (T, error) {
+		return claim(ctx, n)
+	})
+}
+
+// TakeWithin is TakeN bounded by room as well as by count: claims stop
+// at the first message that would take the total past room.Bytes (the
+// first message always fits). A candidate that does not fit is given back
+// untouched, at its place in the queue, and is the first one handed out
+// next.
+func TakeWithin[T any](ctx context.Context, s *Store, k int, room Room, block bool, claim FitClaimFunc[T]) ([]T, error) {
 	s.recent.taking(+1)
 	defer s.recent.taking(-1)
 	for {
@@ -520,19 +640,27 @@ func TakeN[T any](ctx context.Context, s *Store, k int, block bool, claim ClaimF
 			}
 			cands = append(cands, n)
 		}
+		f := newFitter(room, len(cands))
 		vals := make([]T, len(cands))
 		errs := make([]error, len(cands))
+		claimOne := func(i int) {
+			vals[i], errs[i] = claim(ctx, cands[i], f.fit(ctx, i))
+			f.done(i)
+			if errors.Is(errs[i], ErrNoRoom) {
+				s.giveBack(cands[i])
+			} else {
+				s.Done(cands[i])
+			}
+		}
 		if len(cands) == 1 {
-			vals[0], errs[0] = claim(ctx, cands[0])
-			s.Done(cands[0])
+			claimOne(0)
 		} else {
 			var wg sync.WaitGroup
-			for i, c := range cands {
+			for i := range cands {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					vals[i], errs[i] = claim(ctx, c)
-					s.Done(c)
+					claimOne(i)
 				}()
 			}
 			wg.Wait()
@@ -543,6 +671,7 @@ func TakeN[T any](ctx context.Context, s *Store, k int, block bool, claim ClaimF
 			switch {
 			case err == nil:
 				out = append(out, vals[i])
+			case errors.Is(err, ErrNoRoom):
 			case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
 				if s.cfg.ConflictHook != nil {
 					s.cfg.ConflictHook()
@@ -568,15 +697,28 @@ func TakeN[T any](ctx context.Context, s *Store, k int, block bool, claim ClaimF
 // outcome is unknown (connection lost), the message is not returned: it
 // may be lost, never delivered twice.
 func (s *Store) ClaimDelete(ctx context.Context, n Name) (Message, error) {
+	return s.ClaimDeleteFit(ctx, n, nil)
+}
+
+// ClaimDeleteFit is ClaimDelete within a Room (see FitClaimFunc): a
+// message that does not fit is not deleted.
+func (s *Store) ClaimDeleteFit(ctx context.Context, n Name, fit Fit) (Message, error) {
 	p := s.path + "/" + n.Raw
 	data, version, ctime, err := s.readItem(p, n)
 	if err != nil {
 		return Message{}, err
 	}
+	// Undecodable data is deleted all the same (and reported), so that
+	// it cannot block the queue.
+	m, decodeErr := decodeMessage(n, data, ctime, 1)
+	if decodeErr == nil && !fit.admits(len(m.Payload)) {
+		s.unread(n, data, version)
+		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
+	}
 	if _, err := s.write(&zk.DeleteRequest{Path: p, Version: version}); err != nil {
 		return Message{}, fmt.Errorf("delete %s: %w", p, err)
 	}
-	return decodeMessage(n, data, ctime, 1)
+	return m, decodeErr
 }
 
 // readItem returns the data, version and creation time of candidate n at
@@ -591,6 +733,15 @@ func (s *Store) readItem(p string, n Name) (data []byte, version int32, ctime ti
 		return nil, 0, time.Time{}, fmt.Errorf("get %s: %w", p, err)
 	}
 	return data, stat.Version, ctimeOf(stat), nil
+}
+
+// unread puts back what readItem took from the memory of published
+// messages, for a candidate given back unclaimed. Data at version 0 is
+// what the message was created with, whoever read it.
+func (s *Store) unread(n Name, data []byte, version int32) {
+	if version == 0 {
+		s.recent.put(n, data)
+	}
 }
 
 func ctimeOf(stat *zk.Stat) time.Time { return time.UnixMilli(stat.Ctime) }

@@ -1,0 +1,93 @@
+package broker
+
+import (
+	"context"
+	"time"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/qcore"
+)
+
+// MaxResponseBytes bounds every message the broker sends: 4 MiB, gRPC's
+// default receive limit in every language, less a 64 KiB margin for what
+// the size estimate of a response leaves out. Receive answers with fewer
+// messages than asked for rather than more bytes, and list calls page,
+// so a client with default settings can receive every answer. The
+// largest payload (under 1 MiB) always fits.
+const MaxResponseBytes = 4<<20 - 64<<10
+
+// consumeBatchBytes bounds what a Consume stream claims at once beyond
+// what it has sent: about one HTTP/2 stream window (64 KiB), so that the
+// messages it holds claimed can be handed to the transport at once (the
+// first one always fits, whatever its size).
+const consumeBatchBytes = 64 << 10
+
+// msgOverhead bounds what a delivered message of queue costs on the wire
+// beyond its payload: the queue name (twice: in the message and in the
+// ack token), id, lease name, timestamps, counts and protobuf framing.
+func msgOverhead(queue string) int { return 2*len(queue) + 512 }
+
+// room is the byte budget of one answer's messages from q.
+func room(q *queue, bytes int) qcore.Room {
+	return qcore.Room{Bytes: bytes, Overhead: msgOverhead(q.name)}
+}
+
+// sendMargin is how much of a lease must be left for the broker to hand
+// the delivery to the transport: max(200ms, ttl/10), but at most half the
+// lease. It covers the time to reach the consumer and clock differences.
+func sendMargin(ttl time.Duration) time.Duration {
+	return min(max(200*time.Millisecond, ttl/10), ttl/2)
+}
+
+// claimed is one message taken for a consumer and not yet sent.
+type claimed struct {
+	msg     *pb.Message
+	m       qcore.Message
+	lease   string    // at least once: the lease node's name
+	expires time.Time // at least once: the lease deadline
+	session int64     // the broker's session count when claimed
+}
+
+// sendable reports whether a claimed delivery may still be handed to the
+// transport. At most once always (the message is deleted: not sending it
+// would lose it). At least once only if its lease has sendMargin left and
+// the broker has kept its ZooKeeper session since the claim: a broker
+// paused (or cut off) long enough may find its leases expired and their
+// messages redelivered elsewhere.
+func (b *Broker) sendable(d delivery, c claimed) bool {
+	if !d.ack {
+		return true
+	}
+	return time.Until(c.expires) > sendMargin(d.ttl) && b.hasSession.Load() && b.sessions.Load() == c.session
+}
+
+// unsent gives back at once, and counts, an at-least-once delivery that
+// will not be sent. The claim is undone: the message keeps its place and
+// its delivery count. If the sweep has released the lease already, or the
+// release fails, the sweep's release stands.
+func (b *Broker) unsent(q *queue, c claimed) {
+	b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := q.leases.Unclaim(ctx, c.lease); err != nil {
+		b.log.Debug("giving back an unsent delivery failed; the sweep releases it", "queue", q.name, "err", err)
+	}
+}
+
+// releaseTimeout bounds a release that runs without the caller's context.
+const releaseTimeout = 10 * time.Second
+
+// delivered accounts for a delivery handed to the transport.
+func (b *Broker) delivered(q *queue, d delivery, c claimed) {
+	mode := modeAtMostOnce
+	if d.ack {
+		mode = modeAtLeastOnce
+	}
+	b.metrics.delivered.WithLabelValues(q.label, mode).Inc()
+	b.metrics.queueTime.WithLabelValues(q.label).Observe(time.Since(c.m.Published).Seconds())
+	if c.m.Deliveries > 1 {
+		b.metrics.redelivered.WithLabelValues(q.label).Inc()
+	}
+	b.emit(events.Delivered, q, c.m, "")
+}

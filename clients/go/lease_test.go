@@ -1,0 +1,130 @@
+package qbroker_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+// An application that stops taking messages for longer than the lease
+// (4s against 1s, prefetch 10, 60 KiB messages) while another consumer
+// acks what is redelivered: the Consumer never hands out a message whose
+// lease had run out, it drops and counts those, and the applications ack
+// every message exactly once overall.
+func TestConsumerDropsExpiredDeliveries(t *testing.T) {
+	tb, c := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const queue, n, size = "paused", 20, 60 << 10
+	createQueue(t, c, queue, qbroker.QueueOptions{VisibilityTimeout: time.Second})
+	for i := range n {
+		p := bytes.Repeat([]byte{'.'}, size)
+		copy(p, fmt.Sprintf("m%04d", i))
+		if _, err := c.Publish(ctx, queue, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	acked := map[string]int{}
+	var errs []error
+	ack := func(m *qbroker.Message) {
+		err := m.Ack(ctx)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err == nil:
+			acked[m.ID]++
+		case !errors.Is(err, qbroker.ErrFailedPrecondition):
+			errs = append(errs, err)
+		}
+	}
+	ackedAll := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked) == n
+	}
+	// take checks what the application gets.
+	take := func(k *qbroker.Consumer, who string) *qbroker.Message {
+		m, err := k.Next(ctx)
+		if err != nil {
+			return nil
+		}
+		if now := time.Now(); !now.Before(m.LeaseDeadline) {
+			t.Errorf("%s got %s %v after its lease ran out", who, m.ID, now.Sub(m.LeaseDeadline))
+		}
+		return m
+	}
+
+	// The paused application and the other consumer each have a client.
+	paused, err := c.Consume(ctx, queue, qbroker.ConsumeOptions{Mode: qbroker.AtLeastOnce, Prefetch: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer paused.Close()
+	if m := take(paused, "the paused consumer"); m != nil {
+		ack(m)
+	}
+	other, err := dial(t, tb.addr).Consume(ctx, queue, qbroker.ConsumeOptions{Mode: qbroker.AtLeastOnce})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !ackedAll() {
+			if m := take(other, "the other consumer"); m != nil {
+				ack(m)
+			}
+		}
+	}()
+
+	time.Sleep(4 * time.Second) // the pause under test (not waiting for a condition)
+	// The paused application takes what it is given until every message
+	// is acked and it is given nothing more.
+	for ctx.Err() == nil {
+		nctx, ncancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		m, err := paused.Next(nctx)
+		ncancel()
+		if err == nil {
+			if now := time.Now(); !now.Before(m.LeaseDeadline) {
+				t.Errorf("the paused consumer got %s %v after its lease ran out", m.ID, now.Sub(m.LeaseDeadline))
+			}
+			ack(m)
+		} else if ackedAll() {
+			break
+		}
+	}
+	cancel() // ends the other consumer's Next
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(acked) != n {
+		t.Fatalf("%d of %d messages acked; ack errors: %v", len(acked), n, errs)
+	}
+	for id, k := range acked {
+		if k != 1 {
+			t.Errorf("message %s acked %d times", id, k)
+		}
+	}
+	if len(errs) > 0 {
+		t.Errorf("ack errors: %v", errs)
+	}
+	// Acks on a stream report no outcome: the queue tells whether they
+	// all took effect.
+	eventually(t, "queue empty", func() (bool, error) {
+		st, err := c.Stats(context.Background(), queue)
+		return st.Ready == 0 && st.InFlight == 0, err
+	})
+	t.Logf("the paused consumer dropped %d expired deliveries", paused.Expired())
+	if paused.Expired() == 0 {
+		t.Error("the paused consumer dropped no expired delivery: the test did not pause it long enough")
+	}
+}
