@@ -62,9 +62,13 @@ type Leases struct {
 }
 
 // NewLeases returns the lease layer of items, keeping leases under
-// leasesPath and dead letters under deadPath (created when missing).
+// leasesPath and dead letters under deadPath (created when missing, unless
+// the Store's Config has NoCreate).
 func NewLeases(items *Store, leasesPath, deadPath string) (*Leases, error) {
 	for _, p := range []string{leasesPath, deadPath} {
+		if items.cfg.NoCreate {
+			break
+		}
 		if err := zkutil.EnsurePath(items.conn, p); err != nil {
 			return nil, err
 		}
