@@ -292,27 +292,29 @@ func tooMany(m Message, p Policy) bool {
 // release moves a lease back to the items (or to the dead letters) in one
 // Multi, conditional on the lease's version.
 func (l *Leases) release(token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
-	leasePath := l.leases + "/" + token
-	del := &zk.DeleteRequest{Path: leasePath, Version: version}
-	var ops []any
-	out := Requeued
-	switch {
-	case !tooMany(m, p):
-		ops = []any{del, &zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(item), Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}
-	case p.DeadLetter:
-		out = DeadLettered
-		ops = []any{del, &zk.CreateRequest{Path: l.dead + "/" + item.Base, Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}
-	default:
-		out = Dropped
-		ops = []any{del}
-	}
+	ops, out := releaseOps(l.items.path, l.leases, l.dead, token, item, itemData, version, m, p)
 	if _, err := l.items.write(ops...); err != nil {
-		return 0, fmt.Errorf("release %s: %w", leasePath, err)
+		return 0, fmt.Errorf("release %s/%s: %w", l.leases, token, err)
 	}
 	if out == Requeued {
 		l.items.Reset()
 	}
 	return out, nil
+}
+
+// releaseOps is the transaction that releases lease token (of item, at
+// version): back into itemsPath under a new incarnation, or into deadPath,
+// or deleted, by the policy.
+func releaseOps(itemsPath, leasesPath, deadPath, token string, item Name, itemData []byte, version int32, m Message, p Policy) ([]any, Outcome) {
+	del := &zk.DeleteRequest{Path: leasesPath + "/" + token, Version: version}
+	switch {
+	case !tooMany(m, p):
+		return []any{del, &zk.CreateRequest{Path: itemsPath + "/" + newIncarnation(item), Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}, Requeued
+	case p.DeadLetter:
+		return []any{del, &zk.CreateRequest{Path: deadPath + "/" + item.Base, Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}, DeadLettered
+	default:
+		return []any{del}, Dropped
+	}
 }
 
 // Release gives a lease back regardless of its deadline (a consumer's
@@ -342,12 +344,6 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 		return Message{}, 0, false, nil
 	}
 	return m, out, err == nil, err
-}
-
-// Expired is one lease the sweep released.
-type Expired struct {
-	Message Message
-	Outcome Outcome
 }
 
 // Sweep releases every lease whose deadline is before now. Leases settled
