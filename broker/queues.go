@@ -242,7 +242,7 @@ func (b *Broker) deleteQueue(ctx context.Context, name string) error {
 		return fmt.Errorf("%w: %s", errQueueNotFound, name)
 	}
 	b.evict(name)
-	return zkutil.DeleteTree(b.conn, p)
+	return zkutil.DeleteTree(ctx, b.conn, p, nil)
 }
 
 // runStats refreshes the queue gauges of the queues this broker has
