@@ -58,6 +58,7 @@ type serveOptions struct {
 	maxBatchBytes  int
 	maxBatchCount  int
 	maxDepth       int
+	maxQueues      int
 	zkSessions     int
 	visibility     time.Duration
 	sweep          time.Duration
@@ -111,6 +112,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", envInt("MAX_BATCH_BYTES", 900<<10), "largest publish batch in bytes ($QBROKER_MAX_BATCH_BYTES)")
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", envInt("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
 	fs.IntVar(&o.maxDepth, "max-depth", envInt("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
+	fs.IntVar(&o.maxQueues, "max-queues", envInt("MAX_QUEUES", 10_000), "most queues, at most 20000; creating beyond fails with ResourceExhausted ($QBROKER_MAX_QUEUES)")
 	fs.DurationVar(&o.visibility, "visibility-timeout", envDur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
 	fs.DurationVar(&o.sweep, "sweep-interval", envDur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
 	fs.IntVar(&o.zkSessions, "zk-sessions", envInt("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
@@ -178,6 +180,7 @@ func serve(o *serveOptions) error {
 		MaxBatchBytes:     o.maxBatchBytes,
 		MaxBatchCount:     o.maxBatchCount,
 		MaxDepth:          o.maxDepth,
+		MaxQueues:         o.maxQueues,
 		ZKSessions:        o.zkSessions,
 		DefaultVisibility: o.visibility,
 		SweepInterval:     o.sweep,
