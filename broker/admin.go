@@ -95,11 +95,11 @@ func (b *Broker) ListQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb
 			resp.NextPageToken = names[i-1]
 			break
 		}
-		q, err := b.queue(ctx, n)
+		m, err := b.queueInfo(n)
 		if err != nil {
-			continue // deleted meanwhile, or half-created
+			continue // deleted meanwhile, or being deleted
 		}
-		resp.Queues = append(resp.Queues, q.meta.info(n))
+		resp.Queues = append(resp.Queues, m.info(n))
 	}
 	return resp, nil
 }
@@ -123,7 +123,7 @@ func (b *Broker) Purge(ctx context.Context, req *pb.PurgeRequest) (*pb.PurgeResp
 	}
 	n, err := q.items.Purge(ctx)
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(b.gone(q, err))
 	}
 	return &pb.PurgeResponse{Purged: uint64(n)}, nil
 }
@@ -137,32 +137,39 @@ func (b *Broker) Stats(ctx context.Context, req *pb.StatsRequest) (*pb.QueueStat
 	st := &pb.QueueStats{Name: q.name}
 	ready, err := q.items.Len(ctx)
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(b.gone(q, err))
 	}
 	inFlight, err := q.leases.InFlight(ctx)
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(b.gone(q, err))
 	}
 	dead, err := q.leases.DeadCount(ctx)
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(b.gone(q, err))
 	}
 	age, err := q.items.OldestAge(ctx)
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(b.gone(q, err))
 	}
 	consumers, err := b.countConsumers(q)
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(b.gone(q, err))
 	}
 	st.Ready, st.InFlight, st.Dead, st.Consumers = uint64(ready), uint64(inFlight), uint64(dead), uint64(consumers)
 	st.OldestAge = durationpb.New(age)
 	if q.sync != nil {
 		joined, open, err := q.sync.state(ctx)
 		if err != nil {
-			return nil, b.fail(err)
+			return nil, b.fail(b.gone(q, err))
 		}
 		st.SyncJoined, st.SyncOpen = uint32(joined), open
+	}
+	if q.stale() {
+		// Marked for deletion during the reads (the watch event comes
+		// before any read that sees the deletion): answer as of now.
+		if _, err := b.queue(ctx, q.name); err != nil {
+			return nil, b.fail(err)
+		}
 	}
 	return st, nil
 }

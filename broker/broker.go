@@ -63,6 +63,11 @@ type Config struct {
 	// 4 MiB, so a deeper queue could not be read. Publishing beyond it
 	// fails with ResourceExhausted.
 	MaxDepth int
+	// MaxQueues bounds the number of queues (default 10,000, at most
+	// 20,000: the list of queues is read in one packet of at most 4 MiB).
+	// CreateQueue beyond it fails with ResourceExhausted; concurrent
+	// creates may pass it by their number.
+	MaxQueues int
 	// DefaultVisibility is the lease of queues created without one;
 	// default 30s.
 	DefaultVisibility time.Duration
@@ -128,6 +133,12 @@ func (c *Config) setDefaults() error {
 	if c.MaxDepth < 1 || c.MaxDepth > 120_000 {
 		return fmt.Errorf("broker: MaxDepth %d out of range [1, 120000]", c.MaxDepth)
 	}
+	if c.MaxQueues == 0 {
+		c.MaxQueues = 10_000
+	}
+	if c.MaxQueues < 1 || c.MaxQueues > maxMaxQueues {
+		return fmt.Errorf("broker: MaxQueues %d out of range [1, %d]", c.MaxQueues, maxMaxQueues)
+	}
 	if c.ZKSessions == 0 {
 		c.ZKSessions = 5
 	}
@@ -170,6 +181,10 @@ const requestSlack = 1 << 10
 func (c *Config) maxRequest() int {
 	return max(c.MaxPayload, c.MaxBatchBytes) + requestSlack
 }
+
+// maxMaxQueues keeps the list of queues (names up to 200 bytes, 4 bytes
+// of framing each) within the 4 MiB the broker's ZooKeeper client reads.
+const maxMaxQueues = 20_000
 
 // Broker serves the qbroker.v1.Queue gRPC service. It keeps no state of
 // its own: queues, messages, leases and group membership live in

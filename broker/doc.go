@@ -6,7 +6,8 @@
 // # Layout
 //
 //	/<root>/queues/<name>                      metadata (JSON, "v":1): kind, sync members,
-//	                                           visibility, max deliveries, dead letter, created
+//	                                           visibility, max deliveries, dead letter, created;
+//	                                           "deleting":true while DeleteQueue removes the queue
 //	/<root>/queues/<name>/items/qn-NNNNNNNNNN  ready messages (pNNN-... for priority queues;
 //	                                           ".<hex>" incarnation suffix after a redelivery)
 //	/<root>/queues/<name>/leases/<item>~<hex>  at-least-once deliveries in flight

@@ -14,6 +14,13 @@ import (
 // queueMeta is a queue's configuration, stored as JSON in the data of
 // /<root>/queues/<name>. V is the encoding version; readers reject
 // versions they do not know.
+//
+// Deleting marks a queue that DeleteQueue is removing. The mark is set
+// with a versioned setData, the only write of a queue's metadata after its
+// creation, so the version it produces identifies this incarnation of the
+// queue while its nodes are deleted, and the change fires every broker's
+// metadata watch: handles are dropped, and a queue marked so is absent to
+// every call but DeleteQueue and CreateQueue, which finish the deletion.
 type queueMeta struct {
 	V             int       `json:"v"`
 	Kind          string    `json:"kind"` // fifo, priority, sync
@@ -22,6 +29,7 @@ type queueMeta struct {
 	MaxDeliveries int       `json:"max_deliveries,omitempty"`
 	DeadLetter    bool      `json:"dead_letter,omitempty"`
 	Created       time.Time `json:"created"`
+	Deleting      bool      `json:"deleting,omitempty"`
 }
 
 const metaVersion = 1
@@ -69,6 +77,11 @@ func decodeMeta(data []byte) (queueMeta, error) {
 	var m queueMeta
 	if err := json.Unmarshal(data, &m); err != nil {
 		return m, fmt.Errorf("queue metadata: %w", err)
+	}
+	if m.Deleting {
+		// Whatever else it says, the queue is going away (a mark over
+		// metadata that did not decode carries nothing else).
+		return m, nil
 	}
 	if m.V != metaVersion {
 		return m, fmt.Errorf("queue metadata version %d, want %d", m.V, metaVersion)

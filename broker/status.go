@@ -25,6 +25,7 @@ var (
 	errNotOpen       = errors.New("synchronizing queue is not open")
 	errClosing       = errors.New("broker is shutting down")
 	errLimit         = errors.New("broker limit reached")
+	errQueueDeleting = errors.New("queue is being deleted")
 )
 
 func invalidf(format string, args ...any) error {
@@ -70,6 +71,9 @@ func codeOf(err error) codes.Code {
 	case errors.Is(err, errClosing), errors.Is(err, qcore.ErrBatcherClosed), zkutil.IsUnavailable(err),
 		errors.Is(err, errStalled):
 		return codes.Unavailable
+	case errors.Is(err, errQueueDeleting):
+		// Retry: the deletion is finished by the next call.
+		return codes.Aborted
 	case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
 		// A race lost after the recipe's own retries.
 		return codes.Aborted

@@ -72,6 +72,12 @@ func WithLogger(l *slog.Logger) Option { return func(c *qcore.Config) { c.Logger
 // WithConflictHook sets a function called once per lost race for the head.
 func WithConflictHook(f func()) Option { return func(c *qcore.Config) { c.ConflictHook = f } }
 
+// WithoutCreate makes New read only: the queue's nodes (path, path/items,
+// path/members) must exist already. A process that also deletes queues
+// needs it, so that a Queue opened while its queue is being deleted does
+// not create the nodes again.
+func WithoutCreate() Option { return func(c *qcore.Config) { c.NoCreate = true } }
+
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
 func checkID(id string) error {
@@ -104,7 +110,8 @@ type Queue struct {
 
 // New returns the synchronizing queue at path for a group of members
 // members (1 to MaxMembers), creating path, path/members and path/items as
-// needed. Every process using the queue must pass the same members.
+// needed (see WithoutCreate). Every process using the queue must pass the
+// same members.
 func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error) {
 	if members < 1 || members > MaxMembers {
 		return nil, fmt.Errorf("syncqueue: members %d out of range [1, %d]", members, MaxMembers)
@@ -120,8 +127,10 @@ func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error
 	if err != nil {
 		return nil, fmt.Errorf("syncqueue: %w", err)
 	}
-	if err := zkutil.EnsurePath(conn, path+"/members"); err != nil {
-		return nil, fmt.Errorf("syncqueue: %w", err)
+	if !cfg.NoCreate {
+		if err := zkutil.EnsurePath(conn, path+"/members"); err != nil {
+			return nil, fmt.Errorf("syncqueue: %w", err)
+		}
 	}
 	return &Queue{conn: conn, path: path, members: members, store: s}, nil
 }

@@ -57,6 +57,7 @@ type serveOptions struct {
 	maxBatchBytes  int
 	maxBatchCount  int
 	maxDepth       int
+	maxQueues      int
 	zkSessions     int
 	visibility     time.Duration
 	sweep          time.Duration
@@ -152,6 +153,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", e.int("MAX_BATCH_BYTES", 0), "largest publish batch in bytes: the payloads plus about 160 bytes per message (its header and node path); 0 means 921600, or --max-payload when larger ($QBROKER_MAX_BATCH_BYTES)")
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", e.int("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
 	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
+	fs.IntVar(&o.maxQueues, "max-queues", e.int("MAX_QUEUES", 10_000), "most queues, at most 20000; creating beyond fails with ResourceExhausted ($QBROKER_MAX_QUEUES)")
 	fs.DurationVar(&o.visibility, "visibility-timeout", e.dur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
 	fs.DurationVar(&o.sweep, "sweep-interval", e.dur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
 	fs.IntVar(&o.zkSessions, "zk-sessions", e.int("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
@@ -256,6 +258,7 @@ func serve(ctx context.Context, o *serveOptions) error {
 		MaxBatchBytes:     o.maxBatchBytes,
 		MaxBatchCount:     o.maxBatchCount,
 		MaxDepth:          o.maxDepth,
+		MaxQueues:         o.maxQueues,
 		ZKSessions:        o.zkSessions,
 		DefaultVisibility: o.visibility,
 		SweepInterval:     o.sweep,

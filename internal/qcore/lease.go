@@ -74,9 +74,13 @@ type Leases struct {
 }
 
 // NewLeases returns the lease layer of items, keeping leases under
-// leasesPath and dead letters under deadPath (created when missing).
+// leasesPath and dead letters under deadPath (created when missing, unless
+// the Store's Config has NoCreate).
 func NewLeases(items *Store, leasesPath, deadPath string) (*Leases, error) {
 	for _, p := range []string{leasesPath, deadPath} {
+		if items.cfg.NoCreate {
+			break
+		}
 		if err := zkutil.EnsurePath(items.conn, p); err != nil {
 			return nil, err
 		}
@@ -365,27 +369,29 @@ func tooMany(m Message, p Policy) bool {
 // release moves a lease back to the items (or to the dead letters) in one
 // Multi, conditional on the lease's version.
 func (l *Leases) release(token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
-	leasePath := l.leases + "/" + token
-	del := &zk.DeleteRequest{Path: leasePath, Version: version}
-	var ops []any
-	out := Requeued
-	switch {
-	case !tooMany(m, p):
-		ops = []any{del, &zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(item), Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}
-	case p.DeadLetter:
-		out = DeadLettered
-		ops = []any{del, &zk.CreateRequest{Path: l.dead + "/" + item.Base, Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}
-	default:
-		out = Dropped
-		ops = []any{del}
-	}
+	ops, out := releaseOps(l.items.path, l.leases, l.dead, token, item, itemData, version, m, p)
 	if _, err := l.items.write(ops...); err != nil {
-		return 0, fmt.Errorf("release %s: %w", leasePath, err)
+		return 0, fmt.Errorf("release %s/%s: %w", l.leases, token, err)
 	}
 	if out == Requeued {
 		l.items.Reset()
 	}
 	return out, nil
+}
+
+// releaseOps is the transaction that releases lease token (of item, at
+// version): back into itemsPath under a new incarnation, or into deadPath,
+// or deleted, by the policy.
+func releaseOps(itemsPath, leasesPath, deadPath, token string, item Name, itemData []byte, version int32, m Message, p Policy) ([]any, Outcome) {
+	del := &zk.DeleteRequest{Path: leasesPath + "/" + token, Version: version}
+	switch {
+	case !tooMany(m, p):
+		return []any{del, &zk.CreateRequest{Path: itemsPath + "/" + newIncarnation(item), Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}, Requeued
+	case p.DeadLetter:
+		return []any{del, &zk.CreateRequest{Path: deadPath + "/" + item.Base, Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}, DeadLettered
+	default:
+		return []any{del}, Dropped
+	}
 }
 
 // Release gives a lease back regardless of its deadline (a consumer's
@@ -447,55 +453,6 @@ func (l *Leases) Unclaim(ctx context.Context, token string) error {
 		return nil
 	}
 	return err
-}
-
-// Expired is one lease the sweep released.
-type Expired struct {
-	Message Message
-	Outcome Outcome
-}
-
-// Sweep releases every lease whose deadline is before now. Leases settled
-// concurrently are skipped.
-func (l *Leases) Sweep(ctx context.Context, now time.Time, p Policy) ([]Expired, error) {
-	children, _, err := l.items.zk.Children(l.leases)
-	if err != nil {
-		return nil, fmt.Errorf("children %s: %w", l.leases, err)
-	}
-	var out []Expired
-	for _, c := range children {
-		if err := ctx.Err(); err != nil {
-			return out, err
-		}
-		item, ok := ParseLeaseName(c)
-		if !ok {
-			continue
-		}
-		data, stat, err := l.items.zk.Get(l.leases + "/" + c)
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
-		}
-		if err != nil {
-			return out, fmt.Errorf("get lease %s: %w", c, err)
-		}
-		deadline, itemData, err := decodeLease(data)
-		if err != nil || !now.After(deadline) {
-			continue
-		}
-		m, err := decodeMessage(item, itemData, ctimeOf(stat), 0)
-		if err != nil {
-			continue
-		}
-		o, err := l.release(c, item, itemData, stat.Version, m, p)
-		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
-			continue
-		}
-		if err != nil {
-			return out, err
-		}
-		out = append(out, Expired{Message: m, Outcome: o})
-	}
-	return out, nil
 }
 
 // InFlight returns the number of leases, from the parent's Stat.

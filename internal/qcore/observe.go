@@ -30,6 +30,13 @@ func (o observed) Get(p string) ([]byte, *zk.Stat, error) {
 	return data, stat, err
 }
 
+func (o observed) GetW(p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
+	start := time.Now()
+	data, stat, w, err := o.conn.GetW(p)
+	o.done("get", start, err)
+	return data, stat, w, err
+}
+
 func (o observed) Create(p string, data []byte, flags int32, acl []zk.ACL) (string, error) {
 	start := time.Now()
 	s, err := o.conn.Create(p, data, flags, acl)

@@ -69,6 +69,11 @@ type Config struct {
 	// process to bound the total; nil means a Budget of
 	// DefaultRecentBytes for this Store alone.
 	Recent *Budget
+	// NoCreate: NewStore and NewLeases only read; the parents must exist
+	// (a missing one fails the requests that need it with zk.ErrNoNode).
+	// A process that also deletes queues needs this: a Store opened while
+	// its queue is being deleted would otherwise create the parents again.
+	NoCreate bool
 }
 
 // Validate fills defaults and checks the limits.
@@ -129,7 +134,7 @@ type Store struct {
 }
 
 // NewStore returns the Store of the messages under p, creating p and its
-// parents when missing.
+// parents when missing (unless cfg.NoCreate).
 func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 	if conn == nil {
 		return nil, errors.New("nil zk conn")
@@ -140,8 +145,10 @@ func NewStore(conn *zk.Conn, p string, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := zkutil.EnsurePath(conn, p); err != nil {
-		return nil, err
+	if !cfg.NoCreate {
+		if err := zkutil.EnsurePath(conn, p); err != nil {
+			return nil, err
+		}
 	}
 	s := &Store{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg,
 		recent: newRecent(cfg.Recent), foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}

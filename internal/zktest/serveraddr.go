@@ -1,6 +1,7 @@
 package zktest
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"time"
@@ -44,7 +45,7 @@ func ExampleSession(name string) (conn *zk.Conn, root string, cleanup func()) {
 	_, _ = rand.Read(b[:])
 	root = "/examples/" + name + "-" + hex.EncodeToString(b[:])
 	return conn, root, func() {
-		_ = zkutil.DeleteTree(conn, root)
+		_ = zkutil.DeleteTree(context.Background(), conn, root, nil)
 		conn.Close()
 	}
 }

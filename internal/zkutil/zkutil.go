@@ -4,6 +4,7 @@
 package zkutil
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,25 +82,167 @@ func EnsurePath(conn *zk.Conn, p string) error {
 	return nil
 }
 
-// DeleteTree deletes p and everything below it. Nodes that vanish
-// concurrently are not an error.
-func DeleteTree(conn *zk.Conn, p string) error {
-	children, _, err := conn.Children(p)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("children %s: %w", p, err)
-	}
-	for _, c := range children {
-		if err := DeleteTree(conn, path.Join(p, c)); err != nil {
+// ErrGuardChanged is returned by DeleteTree when its Guard no longer holds:
+// the guarded node is gone or has another version.
+var ErrGuardChanged = errors.New("zk: delete guard changed")
+
+// Guard makes DeleteTree conditional on a node's version: every delete
+// checks it in the same transaction, and the guarded node itself, when it
+// is part of the tree, is deleted at that version. A caller that marked a
+// node for deletion with a versioned setData guards with the version the
+// mark produced, so the deletion never reaches into a node created anew
+// under the same path.
+type Guard struct {
+	Path    string
+	Version int32
+}
+
+// testHookListed, set by tests only, runs after DeleteTree listed p's
+// children: tests create nodes there to stage a concurrent writer.
+var testHookListed func(p string)
+
+// deleteChunk bounds the deletes of one Multi: 500 paths of a few hundred
+// bytes stay far below jute.maxbuffer.
+const deleteChunk = 500
+
+// DeleteTree deletes p and everything below it, bottom-up, until ctx ends.
+// Children created concurrently are deleted too: a node that is not empty
+// when its delete runs is listed again. Nodes that vanish concurrently are
+// not an error, and a p that does not exist is deleted already. Siblings
+// are deleted up to 500 to a Multi.
+//
+// With guard set, DeleteTree returns ErrGuardChanged, without deleting
+// anything more, once the guard no longer holds.
+func DeleteTree(ctx context.Context, conn *zk.Conn, p string, guard *Guard) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		children, _, err := conn.Children(p)
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("children %s: %w", p, err)
+		}
+		if testHookListed != nil {
+			testHookListed(p)
+		}
+		for len(children) > 0 {
+			chunk := children[:min(deleteChunk, len(children))]
+			children = children[len(chunk):]
+			if err := deleteChildren(ctx, conn, p, chunk, guard); err != nil {
+				return err
+			}
+		}
+		err = deleteNode(conn, p, guard)
+		switch {
+		case err == nil, errors.Is(err, zk.ErrNoNode):
+			return nil
+		case errors.Is(err, zk.ErrNotEmpty):
+			// A child was created since the listing: list again.
+		default:
 			return err
 		}
 	}
-	if err := conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-		return fmt.Errorf("delete %s: %w", p, err)
+}
+
+// deleteChildren deletes the children names of p in one Multi (with the
+// guard's check). An op that fails is taken out: a child that vanished is
+// dropped, a child with children of its own is deleted as a tree; then the
+// rest is tried again.
+func deleteChildren(ctx context.Context, conn *zk.Conn, p string, names []string, guard *Guard) error {
+	for len(names) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ops := make([]any, 0, len(names)+1)
+		if guard != nil {
+			ops = append(ops, &zk.CheckVersionRequest{Path: guard.Path, Version: guard.Version})
+		}
+		for _, c := range names {
+			ops = append(ops, &zk.DeleteRequest{Path: path.Join(p, c), Version: -1})
+		}
+		res, err := conn.Multi(ops...)
+		if err == nil {
+			return nil
+		}
+		i, cause := failedOp(res, err)
+		if guard != nil {
+			if i == 0 {
+				return guardErr(cause)
+			}
+			i--
+		}
+		if i < 0 || i >= len(names) {
+			return fmt.Errorf("delete children of %s: %w", p, cause)
+		}
+		switch {
+		case errors.Is(cause, zk.ErrNoNode):
+		case errors.Is(cause, zk.ErrNotEmpty):
+			if err := DeleteTree(ctx, conn, path.Join(p, names[i]), guard); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("delete %s: %w", path.Join(p, names[i]), cause)
+		}
+		names = append(names[:i:i], names[i+1:]...)
 	}
 	return nil
+}
+
+// deleteNode deletes p alone: at the guard's version when p is the guarded
+// node, in a Multi with the guard's check when it is below it.
+func deleteNode(conn *zk.Conn, p string, guard *Guard) error {
+	switch {
+	case guard == nil:
+		return wrapDelete(p, conn.Delete(p, -1))
+	case guard.Path == p:
+		err := conn.Delete(p, guard.Version)
+		if errors.Is(err, zk.ErrBadVersion) {
+			return ErrGuardChanged
+		}
+		return wrapDelete(p, err)
+	}
+	res, err := conn.Multi(&zk.CheckVersionRequest{Path: guard.Path, Version: guard.Version},
+		&zk.DeleteRequest{Path: p, Version: -1})
+	if err == nil {
+		return nil
+	}
+	i, cause := failedOp(res, err)
+	if i == 0 {
+		return guardErr(cause)
+	}
+	return wrapDelete(p, cause)
+}
+
+func wrapDelete(p string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("delete %s: %w", p, err)
+}
+
+// guardErr is the outcome of a failed guard check: a guarded node that is
+// gone or has another version has changed; anything else (the session
+// lost) is returned as is.
+func guardErr(err error) error {
+	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+		return ErrGuardChanged
+	}
+	return err
+}
+
+// failedOp returns the index and error of the op that failed a Multi, or
+// -1 and the transaction's error when no op says (the request itself
+// failed).
+func failedOp(res []zk.MultiResponse, err error) (int, error) {
+	for i, r := range res {
+		if r.Error != nil {
+			return i, r.Error
+		}
+	}
+	return -1, err
 }
 
 // IsUnavailable reports whether err means ZooKeeper could not be reached or

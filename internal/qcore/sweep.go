@@ -1,0 +1,210 @@
+package qcore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// Expired is one lease the sweep released.
+type Expired struct {
+	Message Message
+	Outcome Outcome
+}
+
+// SweeperConfig tunes a LeaseSweeper.
+type SweeperConfig struct {
+	// Observer, when set, sees every ZooKeeper request of the sweeper.
+	Observer Observer
+	// Batcher, when set, carries the releases (see Config.Batcher).
+	Batcher *Batcher
+}
+
+// LeaseSweeper releases the expired leases of one queue for a process
+// that need not consume it (the broker's leader sweeps every queue). It
+// opens no Store and creates nothing. It keeps a children watch on the
+// leases parent and each lease's deadline, read once: a queue without
+// leases, or whose leases are all known to be live, costs no request.
+//
+// A lease's deadline is read when the lease first shows up, with a data
+// watch; when the watch fires (Extend or a delayed Nack moved the
+// deadline, or the lease was settled) the lease is read again at the next
+// Sweep. A lease is released only after a read shows its deadline passed,
+// and the release is conditional on the version read, so a concurrent
+// Extend or settlement wins.
+//
+// A LeaseSweeper is not safe for concurrent use.
+type LeaseSweeper struct {
+	zk      observed
+	batcher *Batcher
+	items   string
+	leases  string
+	dead    string
+
+	watch <-chan zk.Event        // children watch of leases; nil when none is armed
+	known map[string]*sweptLease // lease name -> what the sweeper knows
+}
+
+type sweptLease struct {
+	item     Name
+	deadline time.Time       // zero until read
+	watch    <-chan zk.Event // data watch of the last read; nil when none
+}
+
+// NewLeaseSweeper returns the sweeper of the leases under leasesPath,
+// requeueing into itemsPath and dead-lettering into deadPath. It makes no
+// request.
+func NewLeaseSweeper(conn *zk.Conn, itemsPath, leasesPath, deadPath string, cfg SweeperConfig) *LeaseSweeper {
+	return &LeaseSweeper{zk: observed{conn, cfg.Observer}, batcher: cfg.Batcher,
+		items: itemsPath, leases: leasesPath, dead: deadPath, known: map[string]*sweptLease{}}
+}
+
+// Fired reports whether watch w has fired, or is nil (none armed). A
+// fired watch channel is closed by the client, so it keeps reporting so.
+func Fired(w <-chan zk.Event) bool {
+	if w == nil {
+		return true
+	}
+	select {
+	case <-w:
+		return true
+	default:
+		return false
+	}
+}
+
+// Due reports whether Sweep has anything to do at now: the leases changed
+// since the last listing, a known lease changed, or a known deadline is
+// not after now. It makes no request.
+func (s *LeaseSweeper) Due(now time.Time) bool {
+	if Fired(s.watch) {
+		return true
+	}
+	for _, l := range s.known {
+		if !now.Before(l.deadline) || Fired(l.watch) {
+			return true
+		}
+	}
+	return false
+}
+
+// InFlight returns the number of leases the last listing saw.
+func (s *LeaseSweeper) InFlight() int { return len(s.known) }
+
+// Sweep releases every lease whose deadline is before now: back into the
+// queue, or past the policy's MaxDeliveries into the dead letters (or
+// dropped). Leases settled or extended concurrently are left alone. When
+// the leases parent does not exist it returns an error wrapping
+// zk.ErrNoNode.
+func (s *LeaseSweeper) Sweep(ctx context.Context, now time.Time, p Policy) ([]Expired, error) {
+	if Fired(s.watch) {
+		s.watch = nil
+		children, _, w, err := s.zk.ChildrenW(s.leases)
+		if err != nil {
+			return nil, fmt.Errorf("children %s: %w", s.leases, err)
+		}
+		s.watch = w
+		listed := make(map[string]bool, len(children))
+		for _, c := range children {
+			item, ok := ParseLeaseName(c)
+			if !ok {
+				continue // not a lease: never touched
+			}
+			listed[c] = true
+			if s.known[c] == nil {
+				s.known[c] = &sweptLease{item: item}
+			}
+		}
+		for c := range s.known {
+			if !listed[c] {
+				delete(s.known, c)
+			}
+		}
+	}
+	var out []Expired
+	for name, l := range s.known {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		changed := Fired(l.watch)
+		if !changed && now.Before(l.deadline) {
+			continue
+		}
+		e, done, err := s.sweepOne(name, l, changed, now, p)
+		if err != nil {
+			return out, err
+		}
+		if done {
+			delete(s.known, name)
+		}
+		if e != nil {
+			out = append(out, *e)
+		}
+	}
+	return out, nil
+}
+
+// farFuture is the deadline of a lease that does not decode: the sweeper
+// leaves it alone until it changes.
+var farFuture = time.Unix(1<<62, 0)
+
+// sweepOne reads lease name (arming a new data watch when the last one
+// fired) and releases it when its deadline is before now. done means the
+// sweeper can forget the lease (gone or released).
+func (s *LeaseSweeper) sweepOne(name string, l *sweptLease, changed bool, now time.Time, p Policy) (e *Expired, done bool, err error) {
+	leasePath := s.leases + "/" + name
+	var data []byte
+	var stat *zk.Stat
+	if changed {
+		l.watch = nil
+		var w <-chan zk.Event
+		data, stat, w, err = s.zk.GetW(leasePath)
+		if err == nil {
+			l.watch = w
+		}
+	} else {
+		data, stat, err = s.zk.Get(leasePath)
+	}
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, true, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("get lease %s: %w", leasePath, err)
+	}
+	deadline, itemData, err := decodeLease(data)
+	if err != nil {
+		l.deadline = farFuture
+		return nil, false, nil
+	}
+	l.deadline = deadline
+	if !now.After(deadline) {
+		return nil, false, nil
+	}
+	m, err := decodeMessage(l.item, itemData, ctimeOf(stat), 0)
+	if err != nil {
+		l.deadline = farFuture
+		return nil, false, nil
+	}
+	ops, out := releaseOps(s.items, s.leases, s.dead, name, l.item, itemData, stat.Version, m, p)
+	if _, err := s.write(ops...); err != nil {
+		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+			// Settled, extended or released meanwhile (or the queue is
+			// being deleted): read again at the next Sweep, with a new
+			// watch if this one fired.
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("release %s: %w", leasePath, err)
+	}
+	return &Expired{Message: m, Outcome: out}, true, nil
+}
+
+func (s *LeaseSweeper) write(ops ...any) ([]zk.MultiResponse, error) {
+	if s.batcher != nil {
+		return s.batcher.Do(ops...)
+	}
+	res, err := s.zk.Multi(ops...)
+	return res, multiErr(res, err)
+}

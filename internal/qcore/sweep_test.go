@@ -1,0 +1,157 @@
+package qcore_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/internal/zktest"
+)
+
+// countAll returns an Observer counting every request.
+func countAll(n *atomic.Int64) qcore.Observer {
+	return func(string, time.Duration, error) { n.Add(1) }
+}
+
+// waitFor polls cond until it holds or 20s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The sweeper reads a lease once; while nothing changes and no deadline
+// passes it has nothing to do (Due is false) and makes no request. An
+// Extend or a delayed Nack that moves a deadline earlier is seen through
+// the lease's data watch, and the lease is released at its new deadline.
+func TestLeaseSweeper(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	items, err := qcore.NewStore(conn, root+"/items", qcore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases, err := qcore.NewLeases(items, root+"/leases", root+"/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs atomic.Int64
+	sw := qcore.NewLeaseSweeper(zktest.Conn(t), root+"/items", root+"/leases", root+"/dead",
+		qcore.SweeperConfig{Observer: countAll(&reqs)})
+	sweep := func(want int) []qcore.Expired {
+		t.Helper()
+		out, err := sw.Sweep(ctx, time.Now(), qcore.Policy{})
+		if err != nil || len(out) != want {
+			t.Fatalf("Sweep: got %d released, %v; want %d", len(out), err, want)
+		}
+		return out
+	}
+
+	// No leases: one listing, then nothing to do.
+	if !sw.Due(time.Now()) {
+		t.Fatal("a new sweeper is not due")
+	}
+	sweep(0)
+	if sw.Due(time.Now()) || reqs.Load() != 1 {
+		t.Fatalf("after sweeping no leases: due %v, %d requests; want false, 1", sw.Due(time.Now()), reqs.Load())
+	}
+
+	// A long lease: read once, then nothing to do.
+	for _, p := range []string{"a", "b"} {
+		if _, err := items.Publish(ctx, qcore.FIFOPrefix, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls, err := leases.TakeLeases(ctx, 2, time.Hour, false)
+	if err != nil || len(ls) != 2 {
+		t.Fatalf("TakeLeases: %v, %v", ls, err)
+	}
+	waitFor(t, "the leases' children watch", func() bool { return sw.Due(time.Now()) })
+	sweep(0)
+	if sw.InFlight() != 2 {
+		t.Fatalf("InFlight: got %d, want 2", sw.InFlight())
+	}
+	before := reqs.Load()
+	if sw.Due(time.Now()) {
+		t.Fatal("due with two live, unchanged leases")
+	}
+
+	// Extend one to a shorter deadline and Nack the other with a short
+	// delay: both are released at their new deadlines.
+	if _, err := leases.Extend(ctx, ls[0].Token, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, out, err := leases.Nack(ctx, ls[1].Token, 300*time.Millisecond, qcore.Policy{}); err != nil || out != qcore.Delayed {
+		t.Fatalf("Nack: %v, %v", out, err)
+	}
+	waitFor(t, "the leases' data watches", func() bool { return sw.Due(time.Now()) })
+	if reqs.Load() != before {
+		t.Fatalf("%d requests while nothing changed", reqs.Load()-before)
+	}
+	var released []qcore.Expired
+	waitFor(t, "both leases released", func() bool {
+		if sw.Due(time.Now()) {
+			out, err := sw.Sweep(ctx, time.Now(), qcore.Policy{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			released = append(released, out...)
+		}
+		return len(released) == 2
+	})
+	for _, e := range released {
+		if e.Outcome != qcore.Requeued {
+			t.Errorf("outcome %v, want Requeued", e.Outcome)
+		}
+	}
+	again, err := leases.TakeLeases(ctx, 2, time.Hour, false)
+	if err != nil || len(again) != 2 || again[0].Deliveries != 2 || again[1].Deliveries != 2 {
+		t.Fatalf("redelivery: %+v, %v; want 2 messages delivered twice", again, err)
+	}
+
+	// Past MaxDeliveries an expired lease is dead-lettered.
+	for _, l := range again {
+		if _, err := leases.Extend(ctx, l.Token, 100*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var dead []qcore.Expired
+	waitFor(t, "dead-lettering", func() bool {
+		if sw.Due(time.Now()) {
+			out, err := sw.Sweep(ctx, time.Now(), qcore.Policy{MaxDeliveries: 2, DeadLetter: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dead = append(dead, out...)
+		}
+		return len(dead) == 2
+	})
+	if n, err := leases.DeadCount(ctx); err != nil || n != 2 || dead[0].Outcome != qcore.DeadLettered {
+		t.Fatalf("dead letters: %d, %v, outcome %v", n, err, dead[0].Outcome)
+	}
+}
+
+// A sweeper whose leases parent is missing says so with ErrNoNode, and
+// creates nothing.
+func TestLeaseSweeperMissingParent(t *testing.T) {
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	sw := qcore.NewLeaseSweeper(conn, root+"/items", root+"/leases", root+"/dead", qcore.SweeperConfig{})
+	if _, err := sw.Sweep(context.Background(), time.Now(), qcore.Policy{}); !errors.Is(err, zk.ErrNoNode) {
+		t.Fatalf("got %v, want ErrNoNode", err)
+	}
+	if ok, _, err := conn.Exists(root); err != nil || ok {
+		t.Fatalf("root exists: %v, %v", ok, err)
+	}
+}
