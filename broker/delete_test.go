@@ -304,6 +304,29 @@ func TestQueueMissingParents(t *testing.T) {
 	}
 }
 
+// The leader finishes a deletion abandoned longer than abandonedAfter.
+func TestLeaderFinishesAbandonedDeletion(t *testing.T) {
+	defer broker.SetAbandonedAfter(0)()
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	b := newBroker(t, root)
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "q"})
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "kept"})
+	publishN(t, b.client, "q", 10)
+	markDeleting(t, conn, root, "q")
+	deadline := time.Now().Add(30 * time.Second)
+	for nodeExists(t, conn, root+"/queues/q") {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader did not finish the deletion")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !listed(t, b.client, "kept") {
+		t.Fatal("the leader deleted another queue")
+	}
+	b.stop() // before the restore runs
+}
+
 // CreateQueue beyond MaxQueues fails with ResourceExhausted naming the
 // limit; an existing queue can still be "created" again, and a deletion
 // makes room. Out-of-range limits fail at startup.
@@ -386,4 +409,254 @@ func TestDeletedQueueStaysDeleted(t *testing.T) {
 	if nodeExists(t, conn, root+"/queues/q") {
 		t.Fatal("the deleted queue came back")
 	}
+}
+
+// adminOp is one CreateQueue or DeleteQueue call of the stress test.
+type adminOp struct {
+	create     bool
+	start, end time.Time
+	code       codes.Code
+}
+
+// effect is what a call did to its queue: present (a create), absent (a
+// delete), none, or unknown (a delete that failed may have marked the
+// queue, which makes it absent).
+func (o adminOp) effect() (present, definite, maybeAbsent bool) {
+	switch {
+	case o.create && o.code == codes.OK:
+		return true, true, false
+	case !o.create && o.code == codes.OK:
+		return false, true, false
+	case !o.create && o.code != codes.NotFound:
+		return false, false, true
+	}
+	return false, false, false
+}
+
+// allowedFinal returns the states (present true/false) a queue may be in
+// after ops: the effect of any op that can be linearized last, that is,
+// no op with an effect started after it ended.
+func allowedFinal(ops []adminOp) map[bool]bool {
+	allowed := map[bool]bool{}
+	var definite []adminOp
+	for _, o := range ops {
+		if _, d, _ := o.effect(); d {
+			definite = append(definite, o)
+		}
+	}
+	if len(definite) == 0 {
+		allowed[false] = true // never created
+	}
+	for _, x := range ops {
+		present, d, maybe := x.effect()
+		if !d && !maybe {
+			continue
+		}
+		last := true
+		for _, y := range definite {
+			if y.start.After(x.end) {
+				last = false
+				break
+			}
+		}
+		if last {
+			allowed[present] = true
+		}
+	}
+	return allowed
+}
+
+// Publishers, consumers (Consume streams and Receive, acking or letting
+// leases expire), Stats and listing callers, and two callers per queue
+// name creating and deleting it, on two brokers: no call answers Internal
+// (nor Unknown, Unavailable or DeadlineExceeded), and afterwards each
+// queue is present or absent as its successful creates and deletes left
+// it (nothing deleted comes back, nothing created is lost), complete if
+// present and without a node if absent.
+func TestDeleteQueueStress(t *testing.T) {
+	defer broker.SetAbandonedAfter(time.Second)()
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	brokers := []*testBroker{newBroker(t, root), newBroker(t, root)}
+	names := []string{"q0", "q1", "q2", "q3", "q4", "q5"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	stopAt := time.Now().Add(8 * time.Second)
+	cfg := func(name string) *pb.CreateQueueRequest {
+		return &pb.CreateQueueRequest{Name: name, VisibilityTimeout: durationpb.New(time.Second)}
+	}
+
+	var mu sync.Mutex
+	seen := map[string]map[codes.Code]int{}
+	ops := map[string][]adminOp{}
+	record := func(call string, err error) codes.Code {
+		c := status.Code(err)
+		mu.Lock()
+		if seen[call] == nil {
+			seen[call] = map[codes.Code]int{}
+		}
+		seen[call][c]++
+		mu.Unlock()
+		return c
+	}
+	pick := func(r *uint64, n int) int { // xorshift: no shared rand state
+		*r ^= *r << 13
+		*r ^= *r >> 7
+		*r ^= *r << 17
+		return int(*r % uint64(n))
+	}
+	var wg sync.WaitGroup
+	run := func(seed uint64, f func(r *uint64) bool) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := seed
+			for time.Now().Before(stopAt) && ctx.Err() == nil && f(&r) {
+			}
+		}()
+	}
+
+	// Two admins per name, one per broker; the second stops earlier, so
+	// most names end with a call no other overlaps.
+	for i, name := range names {
+		for j, tb := range brokers {
+			stop := stopAt.Add(-time.Duration(j) * 700 * time.Millisecond)
+			run(uint64(i*10+j+1), func(r *uint64) bool {
+				if time.Now().After(stop) {
+					return false
+				}
+				op := adminOp{create: pick(r, 2) == 0, start: time.Now()}
+				var err error
+				if op.create {
+					_, err = tb.client.CreateQueue(ctx, cfg(name))
+					op.code = record("CreateQueue", err)
+				} else {
+					_, err = tb.client.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: name})
+					op.code = record("DeleteQueue", err)
+				}
+				op.end = time.Now()
+				mu.Lock()
+				ops[name] = append(ops[name], op)
+				mu.Unlock()
+				time.Sleep(time.Duration(pick(r, 100)) * time.Millisecond)
+				return true
+			})
+		}
+	}
+	for i := 0; i < 4; i++ { // publishers
+		run(uint64(100+i), func(r *uint64) bool {
+			tb, name := brokers[pick(r, 2)], names[pick(r, len(names))]
+			req := &pb.PublishRequest{Queue: name}
+			for n := pick(r, 10); n >= 0; n-- {
+				req.Messages = append(req.Messages, &pb.OutMessage{Payload: []byte("m")})
+			}
+			_, err := tb.client.Publish(ctx, req)
+			record("Publish", err)
+			return true
+		})
+	}
+	for i := 0; i < 2; i++ { // receivers: ack some, let the rest expire
+		run(uint64(200+i), func(r *uint64) bool {
+			tb, name := brokers[pick(r, 2)], names[pick(r, len(names))]
+			resp, err := tb.client.Receive(ctx, &pb.ReceiveRequest{Queue: name, Mode: alo, MaxMessages: 5})
+			if record("Receive", err) == codes.OK {
+				for _, m := range resp.GetMessages() {
+					if pick(r, 3) > 0 {
+						_, err := brokers[pick(r, 2)].client.Ack(ctx, &pb.AckRequest{AckToken: m.GetAckToken()})
+						record("Ack", err)
+					}
+				}
+			}
+			return true
+		})
+	}
+	for i := 0; i < 2; i++ { // Consume streams, acking on the stream
+		run(uint64(300+i), func(r *uint64) bool {
+			tb, name := brokers[pick(r, 2)], names[pick(r, len(names))]
+			sctx, scancel := context.WithTimeout(ctx, time.Duration(100+pick(r, 500))*time.Millisecond)
+			defer scancel()
+			stream, err := tb.client.Consume(sctx)
+			if err == nil {
+				err = stream.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: name, Mode: alo, Prefetch: 10}})
+			}
+			for err == nil {
+				var d *pb.Delivery
+				if d, err = stream.Recv(); err == nil {
+					err = stream.Send(&pb.ConsumeRequest{Credit: 1, Settle: []*pb.Settle{{AckToken: d.GetMessage().GetAckToken()}}})
+				}
+			}
+			if dl, _ := sctx.Deadline(); time.Now().Before(dl) {
+				record("Consume", err) // ended by the broker, not by our timeout
+			}
+			return true
+		})
+	}
+	for i := 0; i < 2; i++ { // observers
+		run(uint64(400+i), func(r *uint64) bool {
+			tb, name := brokers[pick(r, 2)], names[pick(r, len(names))]
+			_, err := tb.client.Stats(ctx, &pb.StatsRequest{Name: name})
+			record("Stats", err)
+			_, err = tb.client.GetQueue(ctx, &pb.GetQueueRequest{Name: name})
+			record("GetQueue", err)
+			_, err = tb.client.ListQueues(ctx, &pb.ListQueuesRequest{})
+			record("ListQueues", err)
+			return true
+		})
+	}
+	wg.Wait()
+	t.Logf("codes by call: %v", seen)
+	for call, cs := range seen {
+		for _, c := range []codes.Code{codes.Internal, codes.Unknown, codes.Unavailable, codes.DeadlineExceeded, codes.AlreadyExists} {
+			if cs[c] > 0 {
+				t.Errorf("%s answered %v %d times", call, c, cs[c])
+			}
+		}
+	}
+	if seen["DeleteQueue"][codes.OK] == 0 || seen["CreateQueue"][codes.OK] == 0 || seen["Publish"][codes.OK] == 0 {
+		t.Fatalf("the load did not run: %v", seen)
+	}
+
+	// Deletions left marked by failed calls are finished by the leader.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, name := range names {
+		for {
+			data, _, err := conn.Get(root + "/queues/" + name)
+			if err != nil || !strings.Contains(string(data), `"deleting":true`) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s stays marked for deletion", name)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	determinate := 0
+	for _, name := range names {
+		allowed := allowedFinal(ops[name])
+		if len(allowed) == 1 {
+			determinate++
+		}
+		p := root + "/queues/" + name
+		present := nodeExists(t, conn, p)
+		if !allowed[present] {
+			t.Errorf("%s: present %v, but its calls allow only %v", name, present, allowed)
+			continue
+		}
+		if !present {
+			continue
+		}
+		for _, c := range []string{"items", "leases", "dead", "consumers", "members"} {
+			if !nodeExists(t, conn, p+"/"+c) {
+				t.Errorf("%s: present without %s", name, c)
+			}
+		}
+		publishN(t, brokers[0].client, name, 1)
+		deadline := time.Now().Add(20 * time.Second)
+		for len(receive(t, brokers[1].client, &pb.ReceiveRequest{Queue: name})) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: a message published after the run is not delivered", name)
+			}
+		}
+	}
+	t.Logf("%d of %d names ended with one possible state", determinate, len(names))
 }

@@ -1,6 +1,17 @@
 package broker
 
-import "context"
+import (
+	"context"
+	"time"
+)
+
+// SetAbandonedAfter sets how long the leader waits before finishing a
+// deletion it takes for abandoned; the returned func restores it. Call it
+// before starting brokers and restore after they stopped.
+func SetAbandonedAfter(d time.Duration) (restore func()) {
+	old := abandonedAfter.Swap(int64(d))
+	return func() { abandonedAfter.Store(old) }
+}
 
 // RemoveQueueAt runs the second step of a deletion as a deleter that marked
 // the queue at version would.

@@ -116,6 +116,7 @@ func (b *Broker) lead() error {
 	}()
 	t := time.NewTicker(b.cfg.SweepInterval)
 	defer t.Stop()
+	sw := b.newLeaseSweep()
 	for {
 		select {
 		case <-b.ctx.Done():
@@ -124,41 +125,8 @@ func (b *Broker) lead() error {
 			return errors.New("session expired")
 		case <-t.C:
 		}
-		if err := b.sweep(); err != nil {
+		if err := sw.run(); err != nil {
 			b.log.Debug("sweep", "err", err)
 		}
 	}
-}
-
-// sweep releases the expired leases of every queue. Queues without leases
-// cost one Exists each.
-func (b *Broker) sweep() error {
-	names, err := b.listQueues("")
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	for _, name := range names {
-		if b.ctx.Err() != nil {
-			return nil
-		}
-		q, err := b.queue(b.ctx, name)
-		if err != nil {
-			continue
-		}
-		if n, err := q.leases.InFlight(b.ctx); err != nil || n == 0 {
-			continue
-		}
-		expired, err := q.leases.Sweep(b.ctx, now, q.policy)
-		for _, e := range expired {
-			b.released(q, e.Message, e.Outcome)
-		}
-		if len(expired) > 0 {
-			b.log.Debug("released expired leases", "queue", name, "count", len(expired))
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }

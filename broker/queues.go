@@ -88,6 +88,11 @@ func (q *queue) depth(ctx context.Context) (int, error) {
 // touch notes that the queue is in use on this broker (see runStats).
 func (q *queue) touch() { q.used.Store(time.Now().UnixNano()) }
 
+// idle reports whether the handle went unused for d.
+func (q *queue) idle(d time.Duration) bool {
+	return time.Since(time.Unix(0, q.used.Load())) > d
+}
+
 func (q *queue) stale() bool {
 	select {
 	case <-q.gone:
@@ -449,13 +454,23 @@ func (b *Broker) removeQueue(ctx context.Context, name string, version int32) er
 	return nil
 }
 
+// A handle unused for statsIdleAfter (no call, no scan by a local
+// consumer) has its gauges refreshed only every statsIdleEvery-th
+// interval: a broker that once served many queues does not keep reading
+// all of them, while a backlog nobody consumes still shows.
+const (
+	statsIdleAfter = 5 * time.Minute
+	statsIdleEvery = 10
+)
+
 // runStats refreshes the queue gauges of the queues this broker has
-// served, every StatsInterval. Reads only (Stat of three parents).
+// served, every StatsInterval (see statsIdleAfter). Reads only: Stats of
+// two parents, and the head message of a queue that has one.
 func (b *Broker) runStats() {
 	defer b.wg.Done()
 	t := time.NewTicker(b.cfg.StatsInterval)
 	defer t.Stop()
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-b.ctx.Done():
 			return
@@ -463,21 +478,28 @@ func (b *Broker) runStats() {
 		}
 		b.queuesMu.Lock()
 		qs := make([]*queue, 0, len(b.queues))
-		for _, q := range b.queues {
+		for name, q := range b.queues {
+			if q.stale() {
+				delete(b.queues, name) // deleted or changed: reloaded when used
+				continue
+			}
 			qs = append(qs, q)
 		}
 		b.queuesMu.Unlock()
 		for _, q := range qs {
-			if q.label == OtherQueue || q.stale() {
+			if q.label == OtherQueue || (q.idle(statsIdleAfter) && tick%statsIdleEvery != 0) {
 				continue
 			}
-			if n, err := q.items.Len(b.ctx); err == nil {
+			n, err := q.items.Len(b.ctx)
+			if err == nil {
 				b.metrics.depth.WithLabelValues(q.label).Set(float64(n))
 			}
 			if n, err := q.leases.InFlight(b.ctx); err == nil {
 				b.metrics.inFlight.WithLabelValues(q.label).Set(float64(n))
 			}
-			if age, err := q.items.OldestAge(b.ctx); err == nil {
+			if n == 0 && err == nil {
+				b.metrics.oldestAge.WithLabelValues(q.label).Set(0)
+			} else if age, err := q.items.OldestAge(b.ctx); err == nil {
 				b.metrics.oldestAge.WithLabelValues(q.label).Set(age.Seconds())
 			}
 		}

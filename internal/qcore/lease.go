@@ -346,49 +346,6 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 	return m, out, err == nil, err
 }
 
-// Sweep releases every lease whose deadline is before now. Leases settled
-// concurrently are skipped.
-func (l *Leases) Sweep(ctx context.Context, now time.Time, p Policy) ([]Expired, error) {
-	children, _, err := l.items.zk.Children(l.leases)
-	if err != nil {
-		return nil, fmt.Errorf("children %s: %w", l.leases, err)
-	}
-	var out []Expired
-	for _, c := range children {
-		if err := ctx.Err(); err != nil {
-			return out, err
-		}
-		item, ok := ParseLeaseName(c)
-		if !ok {
-			continue
-		}
-		data, stat, err := l.items.zk.Get(l.leases + "/" + c)
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
-		}
-		if err != nil {
-			return out, fmt.Errorf("get lease %s: %w", c, err)
-		}
-		deadline, itemData, err := decodeLease(data)
-		if err != nil || !now.After(deadline) {
-			continue
-		}
-		m, err := decodeMessage(item, itemData, ctimeOf(stat), 0)
-		if err != nil {
-			continue
-		}
-		o, err := l.release(c, item, itemData, stat.Version, m, p)
-		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
-			continue
-		}
-		if err != nil {
-			return out, err
-		}
-		out = append(out, Expired{Message: m, Outcome: o})
-	}
-	return out, nil
-}
-
 // InFlight returns the number of leases, from the parent's Stat.
 func (l *Leases) InFlight(ctx context.Context) (int, error) {
 	return numChildren(l.items.conn, l.leases)

@@ -1,0 +1,223 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/qcore"
+)
+
+// The leader's lease sweep.
+//
+// The leader keeps one children watch on queues/ and, for every queue, a
+// data watch on its metadata (for its policy, and whether it is being
+// deleted) and a qcore.LeaseSweeper: a children watch on the queue's
+// leases parent and the deadlines of its leases, each read once. A sweep
+// visits only the queues where something changed or a known deadline
+// passed, so while nothing happens it makes no ZooKeeper request: an idle
+// queue costs the leader a few hundred bytes and two watches. It never
+// opens a queue's handle (Store). Its requests are observed like the
+// Stores' (qbroker_zk_request_duration_seconds).
+//
+// The sweep also finishes deletions that were abandoned: a queue marked
+// for deletion (see deleteQueue) more than abandonedAfter ago.
+
+// sweepWorkers visit queues concurrently within one sweep (their requests
+// pipeline on the session).
+const sweepWorkers = 8
+
+// abandonedAfter is how long after its mark a queue still being deleted
+// is taken for abandoned (its deleter died) and deleted by the leader.
+// Deleting it earlier would only duplicate the deleter's work. It is a
+// variable for tests.
+var abandonedAfter atomic.Int64
+
+func init() { abandonedAfter.Store(int64(30 * time.Second)) }
+
+// leaseSweep is the leader's sweep state; it lives while this broker
+// leads and is used by one goroutine.
+type leaseSweep struct {
+	b      *Broker
+	watch  <-chan zk.Event // children watch of queues/; nil when none is armed
+	queues map[string]*sweptQueue
+}
+
+// sweptQueue is what the leader knows of one queue. Within a sweep it is
+// used by one worker.
+type sweptQueue struct {
+	name     string
+	meta     <-chan zk.Event // data watch of the metadata; nil: read it (again)
+	usable   bool            // metadata read and decoded
+	policy   qcore.Policy
+	deleting bool
+	marked   time.Time // when the deletion mark was set
+	version  int32     // of the metadata
+	leases   *qcore.LeaseSweeper
+	noLeases bool // the leases parent is missing: nothing to sweep until the metadata changes
+}
+
+func (b *Broker) newLeaseSweep() *leaseSweep {
+	return &leaseSweep{b: b, queues: map[string]*sweptQueue{}}
+}
+
+// due reports whether q needs a visit at now; it makes no request.
+func (q *sweptQueue) due(now time.Time) bool {
+	switch {
+	case qcore.Fired(q.meta):
+		return true
+	case !q.usable:
+		return false
+	case q.deleting:
+		return now.Sub(q.marked) > time.Duration(abandonedAfter.Load())
+	case q.noLeases:
+		return false
+	}
+	return q.leases == nil || q.leases.Due(now)
+}
+
+// run is one sweep: it follows the queues' creations and deletions, then
+// visits the queues that are due, sweepWorkers at a time.
+func (s *leaseSweep) run() error {
+	if qcore.Fired(s.watch) {
+		s.watch = nil
+		names, _, w, err := s.b.childrenW(s.b.queuesPath())
+		if err != nil {
+			return err
+		}
+		s.watch = w
+		listed := make(map[string]bool, len(names))
+		for _, n := range names {
+			listed[n] = true
+			if s.queues[n] == nil {
+				s.queues[n] = &sweptQueue{name: n}
+			}
+		}
+		for n := range s.queues {
+			if !listed[n] {
+				delete(s.queues, n)
+			}
+		}
+	}
+	now := time.Now()
+	var due []*sweptQueue
+	for _, q := range s.queues {
+		if q.due(now) {
+			due = append(due, q)
+		}
+	}
+	var next atomic.Int64
+	var firstErr error
+	var errOnce sync.Once
+	work := func() {
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= len(due) || s.b.ctx.Err() != nil {
+				return
+			}
+			if err := s.visit(due[i], now); err != nil {
+				errOnce.Do(func() { firstErr = err })
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for i := 1; i < min(sweepWorkers, len(due)); i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); work() }()
+	}
+	work()
+	wg.Wait()
+	return firstErr
+}
+
+// visit reads q's metadata when it changed, finishes an abandoned
+// deletion, or releases q's expired leases.
+func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
+	b := s.b
+	p := b.queuePath(q.name)
+	if qcore.Fired(q.meta) {
+		q.meta = nil
+		data, stat, w, err := b.getW(p)
+		if errors.Is(err, zk.ErrNoNode) {
+			return nil // deleted: the children watch of queues/ drops it
+		}
+		if err != nil {
+			return err
+		}
+		m, err := decodeMeta(data)
+		// Deleted and created anew, or marked: start over.
+		*q = sweptQueue{name: q.name, meta: w, usable: err == nil, deleting: m.Deleting,
+			marked: time.UnixMilli(stat.Mtime), version: stat.Version,
+			policy: qcore.Policy{MaxDeliveries: m.MaxDeliveries, DeadLetter: m.DeadLetter}}
+		if !q.due(now) {
+			return nil
+		}
+	}
+	if !q.usable || q.noLeases {
+		return nil
+	}
+	if q.deleting {
+		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.SweepInterval)
+		defer cancel()
+		b.log.Info("finishing an abandoned queue deletion", "queue", q.name)
+		return b.removeQueue(ctx, q.name, q.version)
+	}
+	if q.leases == nil {
+		q.leases = qcore.NewLeaseSweeper(b.conn, p+"/items", p+"/leases", p+"/dead",
+			qcore.SweeperConfig{Observer: b.observeZK, Batcher: b.batcher})
+	}
+	if !q.leases.Due(now) {
+		return nil
+	}
+	expired, err := q.leases.Sweep(b.ctx, now, q.policy)
+	if errors.Is(err, zk.ErrNoNode) {
+		q.noLeases = true // being deleted, or left half-deleted by an old release
+		return nil
+	}
+	if len(expired) > 0 {
+		s.released(q.name, expired)
+	}
+	return err
+}
+
+// released accounts for the leases a sweep released. A queue this broker
+// consumes also gets its snapshot dropped, so the requeued messages are
+// seen at once.
+func (s *leaseSweep) released(name string, expired []qcore.Expired) {
+	b := s.b
+	b.queuesMu.Lock()
+	q := b.queues[name]
+	b.queuesMu.Unlock()
+	if q == nil || q.stale() {
+		q = &queue{name: name, label: b.metrics.labels.get(name)}
+	}
+	requeued := false
+	for _, e := range expired {
+		b.released(q, e.Message, e.Outcome)
+		requeued = requeued || e.Outcome == qcore.Requeued
+	}
+	if requeued && q.items != nil {
+		q.items.Reset()
+	}
+	b.log.Debug("released expired leases", "queue", name, "count", len(expired))
+}
+
+// childrenW and getW are the sweep's watch-setting reads, observed like
+// the Stores' requests.
+func (b *Broker) childrenW(p string) ([]string, *zk.Stat, <-chan zk.Event, error) {
+	start := time.Now()
+	c, stat, w, err := b.conn.ChildrenW(p)
+	b.observeZK("children", time.Since(start), err)
+	return c, stat, w, err
+}
+
+func (b *Broker) getW(p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
+	start := time.Now()
+	data, stat, w, err := b.conn.GetW(p)
+	b.observeZK("get", time.Since(start), err)
+	return data, stat, w, err
+}
