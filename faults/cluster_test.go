@@ -99,6 +99,7 @@ func newCluster(t *testing.T, name string, o clusterOptions) *cluster {
 			"--listen", p.addr, "--metrics-listen", p.metrics, "--id", p.id,
 			"--session-timeout", sessionTimeout.String(), "--sweep-interval", o.sweep.String(),
 			"--visibility-timeout", visibility.String(), "--shutdown-timeout", "3s",
+			"--max-payload", "524288", "--max-batch-count", "1000", "--max-batch-bytes", "921600",
 			"--log-level", "info"}
 		c.brokers = append(c.brokers, p)
 	}

@@ -14,7 +14,9 @@
 // a temporary directory, starts a 3-member ZooKeeper ensemble on loopback
 // ports, and runs each scenario's brokers as separate `qbroker serve`
 // processes under their own root, with a 3s session timeout, a 500ms
-// sweep interval and a 3s visibility timeout. Each broker reaches each
+// sweep interval, a 3s visibility timeout and the default publish limits
+// given explicitly (512 KiB payloads, batches of 1,000 messages or 900
+// KiB). Each broker reaches each
 // ensemble member through its own loopback proxy (internal/zktest.Proxy),
 // so a partition can cut one broker off. Clients are the Go client
 // (clients/go) and, where a test must speak below it, raw gRPC or HTTP/2.

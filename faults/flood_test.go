@@ -31,8 +31,8 @@ type streamFlood struct {
 }
 
 // ended records how the broker ended a stream (or, stream 0, the
-// connection); a stream counts once.
-func (f *streamFlood) ended(c net.Conn, stream uint32, reason string) {
+// connection) and reports whether the stream was not counted before.
+func (f *streamFlood) ended(c net.Conn, stream uint32, reason string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.reasons == nil {
@@ -42,7 +42,9 @@ func (f *streamFlood) ended(c net.Conn, stream uint32, reason string) {
 	if id := (streamID{c, stream}); stream != 0 && !f.done[id] {
 		f.done[id] = true
 		f.refused.Add(1)
+		return true
 	}
+	return false
 }
 
 type streamID struct {
@@ -90,10 +92,14 @@ func (f *streamFlood) open(c net.Conn, addr string, streams int) error {
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
+		ended := 0 // streams of this connection the broker ended
 		for {
 			frame, err := fr.ReadFrame()
 			if err != nil {
+				// The broker (or release) closed the connection: its
+				// streams are over.
 				f.ended(c, 0, "connection closed")
+				f.refused.Add(int64(max(streams-ended, 0)))
 				return
 			}
 			mu.Lock()
@@ -107,7 +113,9 @@ func (f *streamFlood) open(c net.Conn, addr string, streams int) error {
 					_ = fr.WritePing(true, fm.Data)
 				}
 			case *http2.RSTStreamFrame:
-				f.ended(c, fm.StreamID, "RST_STREAM "+fm.ErrCode.String())
+				if f.ended(c, fm.StreamID, "RST_STREAM "+fm.ErrCode.String()) {
+					ended++
+				}
 			case *http2.GoAwayFrame:
 				f.ended(c, 0, fmt.Sprintf("GOAWAY %s %q", fm.ErrCode, fm.DebugData()))
 			case *http2.MetaHeadersFrame:
@@ -121,7 +129,9 @@ func (f *streamFlood) open(c net.Conn, addr string, streams int) error {
 							msg = hf.Value
 						}
 					}
-					f.ended(c, fm.StreamID, fmt.Sprintf("grpc-status %s %.50s", code, msg))
+					if f.ended(c, fm.StreamID, fmt.Sprintf("grpc-status %s %.50s", code, msg)) {
+						ended++
+					}
 				}
 			}
 			mu.Unlock()

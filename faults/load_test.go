@@ -25,15 +25,16 @@ const callTimeout = 5 * time.Second
 // it (one queue and checker per delivery mode), and the checks every
 // scenario ends with.
 type scenario struct {
-	t      *testing.T
-	name   string
-	c      *cluster
-	admin  *qbroker.Client
-	zk     *zk.Conn
-	loads  []*load
-	dead   []int64 // ZooKeeper sessions of brokers killed or cut off
-	ctx    context.Context
-	cancel context.CancelFunc
+	t       *testing.T
+	name    string
+	c       *cluster
+	admin   *qbroker.Client
+	zk      *zk.Conn
+	loads   []*load
+	clients []*qbroker.Client
+	dead    []int64 // ZooKeeper sessions of brokers killed or cut off
+	ctx     context.Context
+	cancel  context.CancelFunc
 }
 
 func newScenario(t *testing.T, name string, o clusterOptions) *scenario {
@@ -54,15 +55,19 @@ func (s *scenario) dial(addrs ...string) *qbroker.Client {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.t.Cleanup(func() { _ = cl.Close() })
+	s.clients = append(s.clients, cl)
 	return cl
 }
 
+// close stops the loads, then closes the clients.
 func (s *scenario) close() {
 	for _, l := range s.loads {
 		l.stop()
 	}
 	s.cancel()
+	for _, cl := range s.clients {
+		_ = cl.Close()
+	}
 }
 
 // loadOptions shape one queue's traffic.
