@@ -15,7 +15,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/go-zookeeper/zk"
 	"google.golang.org/grpc"
@@ -197,6 +196,11 @@ func (p *brokerProc) start() error {
 	defer logf.Close()
 	fmt.Fprintf(logf, "--- start %s\n", time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(p.bin, p.args...)
+	if p.nofile > 0 {
+		// The limit must hold from the start: a broker sizes its
+		// connection limits from it.
+		cmd = exec.Command("prlimit", append([]string{fmt.Sprintf("--nofile=%d:%d", p.nofile, p.nofile), p.bin}, p.args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = cleanEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -211,28 +215,10 @@ func (p *brokerProc) start() error {
 	p.mu.Lock()
 	p.cmd, p.done = cmd, done
 	p.mu.Unlock()
-	if p.nofile > 0 {
-		if err := setNofile(cmd.Process.Pid, p.nofile); err != nil {
-			return fmt.Errorf("limit descriptors of broker %s: %w", p.id, err)
-		}
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := waitServing(ctx, p.addr, done); err != nil {
 		return fmt.Errorf("broker %s: %w\n%s", p.id, err, p.logTail())
-	}
-	return nil
-}
-
-// setNofile sets a process's descriptor limit (soft and hard) with
-// prlimit(2): the broker raises its soft limit to the hard one at start,
-// so only a lower hard limit holds.
-func setNofile(pid int, n uint64) error {
-	lim := syscall.Rlimit{Cur: n, Max: n}
-	_, _, errno := syscall.RawSyscall6(syscall.SYS_PRLIMIT64, uintptr(pid), uintptr(syscall.RLIMIT_NOFILE),
-		uintptr(unsafe.Pointer(&lim)), 0, 0, 0)
-	if errno != 0 {
-		return errno
 	}
 	return nil
 }
