@@ -54,10 +54,12 @@
 //     then SIGCONTed (three times in the full run). No stale copy of a
 //     message whose lease expired meanwhile may reach a consumer.
 //   - slow-reader (at least once; full): no fault; a raw Consume stream
-//     with a 64 KiB window stops reading while the broker's sends of 60
-//     KiB messages wait on flow control, longer than the 1s visibility
-//     timeout, while another consumer reads. The slow stream must not get
-//     the expired copies when it reads on.
+//     (prefetch 32) with a 64 KiB window stops reading while the broker's
+//     sends of 60 KiB messages wait on flow control, longer than the 1s
+//     visibility timeout, while another consumer reads. When it reads on
+//     it drops deliveries past their lease deadline (what the README asks
+//     of clients other than the Go client); only those in transit when it
+//     stopped (at most 4) may arrive that late.
 //   - zk-leader-kill (both modes; full): the ensemble's leader is
 //     SIGKILLed and restarted, twice.
 //   - quorum-loss (both modes; full): two of the three members are
