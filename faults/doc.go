@@ -4,7 +4,7 @@
 //
 // # Running it
 //
-//	make faults                               # full run, about 10 minutes on 2 cores
+//	make faults                               # full run: 3-10 minutes on 2 cores
 //	go test ./faults -args -faults.full -faults.out results.md   # the same
 //	go test ./faults                          # short run (part of make test)
 //	go test ./faults -run TestPauseBroker -v -args -faults.full  # one scenario

@@ -99,7 +99,7 @@ func writeResults(path string, rows []faults.Row, took time.Duration) error {
 
 func command() string {
 	if *fullRun {
-		return "make faults"
+		return "make faults (go test ./faults -args -faults.full)"
 	}
 	return "go test ./faults"
 }
