@@ -7,7 +7,7 @@ ZK_JAR   := /usr/share/java/zookeeper.jar
 GOBIN    := $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all deps test run build generate bench loadtest fmt vet clean
+.PHONY: all deps test faults run build generate bench loadtest fmt vet clean
 
 all: build
 
@@ -30,6 +30,14 @@ test: deps
 		if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
+
+# faults runs the fault and abuse suite at full length (faults/doc.go):
+# brokers killed, paused and partitioned, ZooKeeper's leader killed and
+# its quorum lost, abusive clients. It ends with the results table, also
+# written to faults/results.md, and fails when a scenario misses the bar.
+# (make test runs a short version.)
+faults: deps
+	$(GO) test -count=1 -timeout 30m -v -run . ./faults -args -faults.full -faults.out results.md
 
 run: deps
 	$(GO) run ./cmd/qbroker dev

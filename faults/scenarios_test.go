@@ -1,0 +1,313 @@
+package faults_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	qbroker "github.com/qbroker/qbroker/clients/go"
+	"github.com/qbroker/qbroker/faults"
+	"github.com/qbroker/qbroker/internal/zkserver"
+)
+
+// A broker is killed with SIGKILL mid-load and restarted at once, within
+// its old session's timeout. At least once, its stream's leases come back
+// after the visibility timeout; at most once, the streams are on the
+// other brokers (a stream on a killed broker may lose what it claimed, as
+// the contract allows) and Receive calls that failed on the victim count
+// as in doubt. The restarted broker must register again under its new
+// session once the old one expires.
+func TestKillBroker(t *testing.T) {
+	s := newScenario(t, "kill-broker", clusterOptions{brokers: 3})
+	s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 1, 2}, receivers: 1})
+	s.load(qbroker.AtMostOnce, loadOptions{streams: []int{1, 2}, receivers: 1})
+	victim := s.c.brokers[0]
+	s.progress(pick(100, 300), time.Minute, "warm-up")
+	for round := range pick(1, 3) {
+		owner := s.c.sessionOf(s.zk, victim)
+		victim.kill()
+		killed := s.mark(faults.Fault, fmt.Sprintf("SIGKILL broker 0 (round %d)", round+1))
+		s.dead = append(s.dead, owner)
+		if err := victim.start(); err != nil {
+			t.Fatal(err)
+		}
+		s.mark(faults.Heal, "broker 0 restarted")
+		s.recovered(killed, time.Minute, "the kill")
+		if !s.c.registered(s.zk, victim, 30*time.Second, s.dead...) {
+			s.fail("restarted broker %s not registered under its new session within 30s", victim.id)
+		}
+		s.progress(pick(100, 300), time.Minute, "after the restart")
+	}
+	s.finish()
+}
+
+// A broker is paused with SIGSTOP for longer than its session timeout and
+// the visibility timeout, right after a burst of messages (so it is
+// claiming when it stops), then continued. The other brokers redeliver
+// what its leases held; once continued it must not hand out a copy whose
+// lease expired meanwhile (a stale copy, delivered after the newer copy).
+func TestPauseBroker(t *testing.T) {
+	s := newScenario(t, "pause-broker", clusterOptions{brokers: 3})
+	l := s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 0, 1, 2}, prefetch: 16, receivers: 1, size: 1024})
+	victim := s.c.brokers[0]
+	viaVictim := s.dial(victim.addr)
+	for cycle := range pick(1, 3) {
+		s.progress(pick(100, 200), time.Minute, "before the pause")
+		owner := s.c.sessionOf(s.zk, victim)
+		_ = l.burst(viaVictim, 100)
+		victim.pause()
+		paused := s.mark(faults.Fault, fmt.Sprintf("SIGSTOP broker 0 (cycle %d)", cycle+1))
+		s.dead = append(s.dead, owner)
+		if !s.c.unregistered(s.zk, victim, owner, 30*time.Second) {
+			s.fail("paused broker's session did not expire within 30s")
+		}
+		// Past the visibility timeout too, and a sweep or two after it.
+		waitFor(time.Minute, func() bool { return time.Since(paused) > visibility+3*sweepInterval })
+		s.recovered(paused, time.Minute, "the pause")
+		victim.resume()
+		healed := s.mark(faults.Heal, "SIGCONT broker 0")
+		if !s.c.registered(s.zk, victim, 30*time.Second, s.dead...) {
+			s.fail("continued broker %s not registered under a new session within 30s", victim.id)
+		}
+		s.recovered(healed, time.Minute, "the continue")
+	}
+	s.progress(pick(100, 200), time.Minute, "after the pauses")
+	s.finish()
+}
+
+// No fault: a Consume stream whose reader stops reading while HTTP/2 flow
+// control holds the broker's sends, longer than the visibility timeout,
+// while another consumer reads at once. The messages the slow stream had
+// claimed are redelivered to the other consumer. The slow reader is a raw
+// gRPC client that does what the README asks of clients other than the
+// Go client: it drops a delivery that arrives past its lease deadline.
+// Only what was already in transit when it stopped reading may arrive
+// that late: a 64 KiB stream window on the wire and about as much queued
+// in the broker's transport (each may split a message), and the send
+// blocked behind them: 4 messages of 60 KiB. A broker that claims the
+// stream's whole prefetch (32) at once and sends without looking at the
+// deadline delivers nearly all of it late.
+func TestSlowReader(t *testing.T) {
+	full(t)
+	s := newScenario(t, "slow-reader", clusterOptions{brokers: 1})
+	const (
+		vis      = time.Second
+		size     = 60 << 10
+		window   = 64 << 10
+		prefetch = 32
+	)
+	inTransit := 2*window/size + 2
+	l := s.load(qbroker.AtLeastOnce, loadOptions{quiet: true, size: size, vis: vis})
+	for range 4 {
+		if err := l.burst(s.admin, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A raw stream with a fixed window: one message fills it.
+	conn, err := grpc.NewClient(s.c.brokers[0].addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	stream, err := pb.NewQueueClient(conn).Consume(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: l.queue,
+		Mode: pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE, VisibilityTimeout: durationpb.New(vis), Prefetch: prefetch}}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *pb.Delivery)
+	go func() {
+		defer close(got)
+		for {
+			d, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			select {
+			case got <- d:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	late := 0
+	take := func(d *pb.Delivery) {
+		m, now := d.GetMessage(), time.Now()
+		k, err := faults.ParsePayload(m.GetPayload())
+		if err != nil {
+			l.check.Corrupt(m.GetId(), err)
+			return
+		}
+		if deadline := m.GetLeaseDeadline().AsTime(); now.After(deadline) {
+			late++ // dropped: its lease ran out before it arrived
+			return
+		}
+		l.check.Delivered(faults.Delivery{Key: k, ID: m.GetId(), Count: int(m.GetDeliveryCount()),
+			Deadline: m.GetLeaseDeadline().AsTime(), At: now, Consumer: "slow-reader"})
+		_ = stream.Send(&pb.ConsumeRequest{Settle: []*pb.Settle{{AckToken: m.GetAckToken()}}, Credit: 1})
+	}
+	select {
+	case d, ok := <-got:
+		if !ok {
+			t.Fatal("slow reader's stream ended before its first message")
+		}
+		take(d)
+	case <-time.After(30 * time.Second):
+		t.Fatal("slow reader got no message within 30s")
+	}
+	// Stop reading; another consumer reads at once.
+	paused := time.Now()
+	t.Log("the slow reader stops reading")
+	l.startStream(0)
+	redelivered := func() bool { return l.check.Result().Redelivered > 0 }
+	waitFor(30*time.Second, func() bool {
+		return time.Since(paused) > 4*vis && (redelivered() || time.Since(paused) > 10*vis)
+	})
+	t.Log("the slow reader reads again")
+	for idle := false; !idle; {
+		select {
+		case d, ok := <-got:
+			if !ok {
+				idle = true
+				break
+			}
+			take(d)
+		case <-time.After(3 * time.Second):
+			idle = true
+		}
+	}
+	_ = stream.CloseSend()
+	cancel()
+	for range got {
+	}
+	t.Logf("the slow reader dropped %d deliveries that arrived past their lease deadline (at most %d may)", late, inTransit)
+	if late > inTransit {
+		l.check.Fail("%d deliveries reached the slow reader after their lease ran out; only the %d in transit when it stopped reading may",
+			late, inTransit)
+	}
+	s.finish()
+}
+
+// The ZooKeeper ensemble's leader is killed mid-load (twice), then
+// restarted. Every broker's sessions move to the other members; nothing
+// may be lost or delivered uncounted.
+func TestZooKeeperLeaderKill(t *testing.T) {
+	full(t)
+	s := newScenario(t, "zk-leader-kill", clusterOptions{brokers: 3})
+	s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 1, 2}, receivers: 1})
+	s.load(qbroker.AtMostOnce, loadOptions{receivers: 2})
+	zkc := s.c.s.zk
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
+	defer cancel()
+	for round := range 2 {
+		s.progress(200, time.Minute, "before the kill")
+		leader, err := zkc.Leader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		leader.Kill()
+		killed := s.mark(faults.Fault, fmt.Sprintf("SIGKILL ZooKeeper leader, member %d (round %d)", leader.ID, round+1))
+		s.recovered(killed, time.Minute, "the leader kill")
+		if err := leader.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		healed := s.mark(faults.Heal, fmt.Sprintf("member %d restarted", leader.ID))
+		if _, err := zkc.WaitServing(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s.recovered(healed, time.Minute, "the restart")
+	}
+	s.progress(200, time.Minute, "after the kills")
+	s.finish()
+}
+
+// Two of the three ZooKeeper members are killed (the leader and a
+// follower): the ensemble has no quorum for longer than the brokers'
+// session timeout, then both come back.
+func TestQuorumLoss(t *testing.T) {
+	full(t)
+	s := newScenario(t, "quorum-loss", clusterOptions{brokers: 3})
+	s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 1, 2}, receivers: 1})
+	s.load(qbroker.AtMostOnce, loadOptions{receivers: 2})
+	zkc := s.c.s.zk
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
+	defer cancel()
+	s.progress(200, time.Minute, "before the loss")
+	leader, err := zkc.Leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := []*zkserver.Server{leader}
+	for _, m := range zkc.Servers {
+		if m != leader {
+			down = append(down, m)
+			break
+		}
+	}
+	for _, m := range down {
+		m.Kill()
+	}
+	s.mark(faults.Fault, fmt.Sprintf("SIGKILL ZooKeeper members %d and %d: no quorum", down[0].ID, down[1].ID))
+	// The outage lasts past the brokers' session timeout.
+	time.Sleep(2 * sessionTimeout)
+	for _, m := range down {
+		if err := m.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	healed := s.mark(faults.Heal, "quorum restored")
+	if _, err := zkc.WaitServing(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.recovered(healed, 90*time.Second, "the quorum's return")
+	s.progress(200, time.Minute, "after the loss")
+	s.finish()
+}
+
+// One broker is partitioned from ZooKeeper (its proxies stop forwarding
+// without closing anything) for longer than its session timeout and the
+// visibility timeout, then healed. Its session expires; the others
+// redeliver its leases; once healed it must re-register and must not hand
+// out stale copies.
+func TestPartition(t *testing.T) {
+	full(t)
+	s := newScenario(t, "partition", clusterOptions{brokers: 3})
+	alo := s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 1, 2}, receivers: 1})
+	amo := s.load(qbroker.AtMostOnce, loadOptions{streams: []int{1, 2}, receivers: 1})
+	victim := s.c.brokers[0]
+	viaVictim := s.dial(victim.addr)
+	for cycle := range 2 {
+		s.progress(200, time.Minute, "before the partition")
+		owner := s.c.sessionOf(s.zk, victim)
+		// A burst through the victim, so it is claiming when cut off.
+		_ = alo.burst(viaVictim, 50)
+		_ = amo.burst(viaVictim, 50)
+		victim.stall()
+		cut := s.mark(faults.Fault, fmt.Sprintf("broker 0 partitioned from ZooKeeper (cycle %d)", cycle+1))
+		s.dead = append(s.dead, owner)
+		if !s.c.unregistered(s.zk, victim, owner, 30*time.Second) {
+			s.fail("partitioned broker's session did not expire within 30s")
+		}
+		waitFor(time.Minute, func() bool { return time.Since(cut) > visibility+3*sweepInterval })
+		s.recovered(cut, time.Minute, "the partition")
+		victim.heal()
+		healed := s.mark(faults.Heal, "partition healed")
+		if !s.c.registered(s.zk, victim, 30*time.Second, s.dead...) {
+			s.fail("healed broker %s not registered under a new session within 30s", victim.id)
+		}
+		s.recovered(healed, time.Minute, "the heal")
+	}
+	s.progress(200, time.Minute, "after the partition")
+	s.finish()
+}
