@@ -37,6 +37,10 @@ type metrics struct {
 	consumers    *prometheus.GaugeVec
 	leader       prometheus.Gauge
 	grpc         *grpcprom.ServerMetrics
+
+	streamsRefused *prometheus.CounterVec
+	connsRefused   *prometheus.CounterVec
+	connsOpen      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -77,6 +81,14 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 			Help: "1 while this broker holds leadership (lease sweeping)."}),
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30}))),
+		streamsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "qbroker_streams_refused_total",
+			Help: "Consume and JoinSync streams refused (max_streams) or ended for sending no subscribe request in time (no_subscribe)."},
+			[]string{"reason"}),
+		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "qbroker_connections_refused_total",
+			Help: "Client connections refused or closed by a limit (max_conns, per_ip, evicted_unproven, handshake_timeout)."},
+			[]string{"reason"}),
+		connsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_connections_open",
+			Help: "Client connections open on the broker's limited listeners."}),
 	}
 	if reg == nil {
 		return m
@@ -90,7 +102,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
-		m.oldestAge, m.consumers, m.leader, m.grpc, build} {
+		m.oldestAge, m.consumers, m.leader, m.grpc, build, m.streamsRefused, m.connsRefused, m.connsOpen} {
 		reg.MustRegister(c)
 	}
 	return m
