@@ -252,7 +252,7 @@ func closedByPeer(c net.Conn, d time.Duration) bool {
 // ones make room, so a new client's call and an established client's
 // calls succeed throughout, and every eviction is counted.
 func TestHalfOpenConnectionsDoNotStarveClients(t *testing.T) {
-	const maxConns, floodFirst, floodMax = 64, 2000, 10000
+	const maxConns, floodFirst, floodMax = 64, 2000, 15000
 	reg := prometheus.NewRegistry()
 	tb := startLimited(t, reg, func(c *broker.Config) {
 		c.MaxConns = maxConns
