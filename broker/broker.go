@@ -87,7 +87,8 @@ type Config struct {
 	// proxy share an address).
 	MaxConnsPerIP int
 	// HandshakeTimeout is how long a new connection may stay silent
-	// (LimitListener) and complete the HTTP/2 handshake; default 10s.
+	// (LimitListener); it has twice that to complete the HTTP/2
+	// handshake. Default 10s.
 	HandshakeTimeout time.Duration
 	// MaxConnectionIdle closes (GOAWAY) a client connection without calls
 	// for this long; clients reconnect on their next call. Default 5m.
@@ -383,8 +384,9 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		grpc.MaxRecvMsgSize(b.cfg.MaxBatchBytes + 64<<10),
 		grpc.MaxConcurrentStreams(uint32(b.cfg.MaxStreamsPerConn)),
 		// The HTTP/2 handshake (preface and settings) must complete within
-		// this, or the connection is closed.
-		grpc.ConnectionTimeout(b.cfg.HandshakeTimeout),
+		// twice HandshakeTimeout, or the connection is closed; a
+		// LimitListener closes (and counts) silent ones before.
+		grpc.ConnectionTimeout(2 * b.cfg.HandshakeTimeout),
 		// Find dead peers of long streams; close connections idle (no
 		// call) for MaxConnectionIdle; let clients ping every 10s, and
 		// close the connection of one that pings more often.

@@ -134,7 +134,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.limits.maxStreamsPerConn, "max-streams-per-conn", envInt("MAX_STREAMS_PER_CONN", 1000), "most concurrent calls and streams on one client connection ($QBROKER_MAX_STREAMS_PER_CONN)")
 	fs.IntVar(&o.limits.maxConns, "max-conns", envInt("MAX_CONNS", 0), "most open client connections; 0: the open-file limit (raised to its hard limit) less a tenth ($QBROKER_MAX_CONNS)")
 	fs.IntVar(&o.limits.maxConnsPerIP, "max-conns-per-ip", envInt("MAX_CONNS_PER_IP", 0), "most open connections from one client IP address; 0: no limit ($QBROKER_MAX_CONNS_PER_IP)")
-	fs.DurationVar(&o.limits.handshake, "handshake-timeout", envDur("HANDSHAKE_TIMEOUT", 10*time.Second), "a new connection that sends nothing, or does not complete the HTTP/2 handshake, within this is closed ($QBROKER_HANDSHAKE_TIMEOUT)")
+	fs.DurationVar(&o.limits.handshake, "handshake-timeout", envDur("HANDSHAKE_TIMEOUT", 10*time.Second), "a new connection that sends nothing within this, or does not complete the HTTP/2 handshake within twice this, is closed ($QBROKER_HANDSHAKE_TIMEOUT)")
 	fs.DurationVar(&o.limits.maxConnIdle, "max-connection-idle", envDur("MAX_CONNECTION_IDLE", 5*time.Minute), "a client connection without calls for this long is closed; clients reconnect ($QBROKER_MAX_CONNECTION_IDLE)")
 	fs.BoolVar(&o.pprof, "pprof", envBool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
 	fs.StringVar(&o.logFormat, "log-format", env("LOG_FORMAT", "text"), "log format: text or json ($QBROKER_LOG_FORMAT)")

@@ -4,10 +4,13 @@
 //
 // A Listener wraps a net.Listener. Every accepted connection is in one of
 // three states: new (nothing received yet), greeted (it sent the 24-byte
-// HTTP/2 client preface) and proven (a call arrived on it, reported by the
-// server through Proven). When the bound is reached, the oldest new
-// connection is closed to make room, else the oldest greeted one; only when
-// every connection is proven is the new one refused. A new connection that
+// HTTP/2 client preface, or bytes wait unread on it) and proven (a call
+// arrived on it, reported by the server through Proven). When the bound is
+// reached, the oldest silent connection is closed to make room, else the
+// oldest greeted one; only when every connection is proven is the new one
+// refused. Before closing a new connection the Listener peeks at its
+// socket: a client that sent its preface while the server was busy
+// accepting others is not taken for a silent one. A new connection that
 // sends nothing for HandshakeTimeout is closed. An optional per-IP bound
 // refuses a remote address's connections beyond it.
 //
@@ -19,6 +22,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -164,13 +168,41 @@ func (l *Listener) admit(c net.Conn) (w, victim *conn, reason Reason) {
 	return w, victim, ""
 }
 
+// oldestUnproven picks the connection to close: the oldest silent one,
+// else the oldest greeted one. A connection whose bytes wait unread (the
+// server has not got to it yet, as in a burst of accepts) is not silent:
+// it joins the greeted ones instead. mu is held.
 func (l *Listener) oldestUnproven() *conn {
-	for _, lst := range []*list.List{l.fresh, l.greet} {
-		if e := lst.Front(); e != nil {
-			return e.Value.(*conn)
+	for e := l.fresh.Front(); e != nil; e = l.fresh.Front() {
+		c := e.Value.(*conn)
+		if c.read.Load() == 0 && !pending(c.Conn) {
+			return c
 		}
+		l.promoteLocked(c, stateGreeted)
+	}
+	if e := l.greet.Front(); e != nil {
+		return e.Value.(*conn)
 	}
 	return nil
+}
+
+// pending reports whether bytes from the peer wait unread on c. It peeks
+// without blocking and without the read lock a blocked Read holds.
+func pending(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var buf [1]byte
+	n := 0
+	_ = rc.Control(func(fd uintptr) {
+		n, _, _ = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	})
+	return n > 0
 }
 
 // untrack forgets c; mu is held. It reports whether c was tracked.
@@ -207,6 +239,10 @@ func (l *Listener) unlist(c *conn) {
 func (l *Listener) promote(c *conn, st int32) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.promoteLocked(c, st)
+}
+
+func (l *Listener) promoteLocked(c *conn, st int32) {
 	if !c.live || c.state.Load() >= st {
 		return
 	}
