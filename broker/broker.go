@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zkutil"
@@ -79,8 +80,31 @@ type Config struct {
 	// MaxQueueLabels caps the distinct queue label values; default 1000.
 	MaxQueueLabels int
 	// MaxStreams caps the Consume and JoinSync streams open on this
-	// broker; default 10000.
+	// broker; default 10000. Streams beyond it are refused with
+	// ResourceExhausted.
 	MaxStreams int
+	// FirstMessageTimeout is how long a Consume stream may take to send
+	// its subscribe request; default 10s. A stream that has not sent it
+	// by then ends with InvalidArgument, freeing its place.
+	FirstMessageTimeout time.Duration
+	// MaxStreamsPerConn bounds the concurrent calls and streams of one
+	// client connection (HTTP/2 MAX_CONCURRENT_STREAMS); default 1000.
+	MaxStreamsPerConn int
+	// MaxConns bounds the open client connections of listeners wrapped
+	// by LimitListener; default: the process's open-file limit less a
+	// headroom of a tenth (connlimit.DefaultMax).
+	MaxConns int
+	// MaxConnsPerIP bounds the open connections of one client IP address
+	// (LimitListener); default 0, no bound (clients behind one NAT or
+	// proxy share an address).
+	MaxConnsPerIP int
+	// HandshakeTimeout is how long a new connection may stay silent
+	// (LimitListener); it has twice that to complete the HTTP/2
+	// handshake. Default 10s.
+	HandshakeTimeout time.Duration
+	// MaxConnectionIdle closes (GOAWAY) a client connection without calls
+	// for this long; clients reconnect on their next call. Default 5m.
+	MaxConnectionIdle time.Duration
 	// Logger; default discards.
 	Logger *slog.Logger
 	// Registerer receives the broker's metrics; nil registers none.
@@ -151,6 +175,35 @@ func (c *Config) setDefaults() error {
 	if c.MaxStreams == 0 {
 		c.MaxStreams = 10000
 	}
+	def("FirstMessageTimeout", &c.FirstMessageTimeout, 10*time.Second)
+	def("HandshakeTimeout", &c.HandshakeTimeout, 10*time.Second)
+	def("MaxConnectionIdle", &c.MaxConnectionIdle, 5*time.Minute)
+	if c.MaxStreamsPerConn == 0 {
+		c.MaxStreamsPerConn = 1000
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 1000
+		if n, err := connlimit.FileLimit(); err == nil {
+			c.MaxConns = connlimit.DefaultMax(n)
+		}
+	}
+	if durErr != nil {
+		return durErr
+	}
+	for _, v := range []struct {
+		name string
+		val  int
+		min  int
+	}{
+		{"MaxStreams", c.MaxStreams, 1},
+		{"MaxStreamsPerConn", c.MaxStreamsPerConn, 1},
+		{"MaxConns", c.MaxConns, 1},
+		{"MaxConnsPerIP", c.MaxConnsPerIP, 0},
+	} {
+		if v.val < v.min {
+			return fmt.Errorf("broker: %s %d out of range: want at least %d", v.name, v.val, v.min)
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -220,6 +273,15 @@ type Broker struct {
 	hasSession atomic.Bool
 	sessions   atomic.Int64  // sessions established so far
 	expired    chan struct{} // signalled when the session expired
+	lostAt     atomic.Int64  // unix nanoseconds the session was lost; 0 with a session
+	zkState    atomic.Int32  // the last session state seen (zk.State)
+	leading    atomic.Bool   // leading the election (sweeping while it has a session)
+
+	reg *registry // ephemeral nodes kept through session changes (registry.go)
+
+	listenersMu sync.Mutex
+	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
+	warnings    rateLimit             // refusals' warnings
 }
 
 var _ pb.QueueServer = (*Broker)(nil)
@@ -239,12 +301,16 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		events:  cfg.Events,
 		queues:  make(map[string]*queue),
 		expired: make(chan struct{}, 1),
+		reg:     newRegistry(),
 	}
+	// Set before the first session event can read it (setServing).
+	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 
 	conn, err := zkutil.Connect(cfg.ZooKeeper, cfg.SessionTimeout, b.log, b.onZKEvent)
 	if err != nil {
+		b.cancel()
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	b.conn = conn
@@ -252,6 +318,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		c, err := zkutil.Connect(cfg.ZooKeeper, cfg.SessionTimeout, b.log, nil)
 		if err != nil {
 			b.closeConns()
+			b.cancel()
 			return nil, fmt.Errorf("broker: %w", err)
 		}
 		b.extra = append(b.extra, c)
@@ -264,6 +331,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		case <-ctx.Done():
 			b.batcher.Close()
 			b.closeConns()
+			b.cancel()
 			return nil, fmt.Errorf("broker: waiting for a ZooKeeper session with %v: %w", cfg.ZooKeeper, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
@@ -272,19 +340,24 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		if err := zkutil.EnsurePath(conn, p); err != nil {
 			b.batcher.Close()
 			b.closeConns()
+			b.cancel()
 			return nil, fmt.Errorf("broker: %w", err)
 		}
 	}
 	if b.tokenKey, err = loadTokenKey(conn, cfg.Root); err != nil {
 		b.batcher.Close()
 		b.closeConns()
+		b.cancel()
 		return nil, fmt.Errorf("broker: token key: %w", err)
 	}
-	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.wg.Add(2)
+	b.keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
+	b.wg.Add(4)
+	go b.runRegistry()
+	go b.runSessionWatch()
 	go b.runMembership()
 	go b.runStats()
-	b.log.Info("broker started", "zookeeper", cfg.ZooKeeper, "root", cfg.Root)
+	b.log.Info("broker started", "zookeeper", cfg.ZooKeeper, "root", cfg.Root,
+		"max_streams", cfg.MaxStreams, "max_conns", cfg.MaxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
 	return b, nil
 }
 
@@ -295,29 +368,47 @@ func (b *Broker) ID() string { return b.cfg.ID }
 // ZooKeeper session, NOT_SERVING otherwise and after Close.
 func (b *Broker) Health() *health.Server { return b.health }
 
-// onZKEvent tracks the session for health, metrics and re-registration.
-// It runs on the ZooKeeper client's goroutine and must not block.
+// onZKEvent tracks the session for health, metrics, logs and
+// re-registration. It runs on the ZooKeeper client's goroutine and must
+// not block.
 func (b *Broker) onZKEvent(ev zk.Event) {
 	if ev.Type != zk.EventSession {
 		return
 	}
+	b.zkState.Store(int32(ev.State))
 	switch ev.State {
 	case zk.StateHasSession:
 		if !b.hasSession.Swap(true) {
+			lost := b.lostAt.Swap(0)
 			if b.sessions.Add(1) > 1 {
 				b.metrics.reconnects.Inc()
 			}
 			b.metrics.sessionState.Set(1)
 			b.setServing(true)
-			b.log.Info("zookeeper session established", "server", ev.Server)
+			b.updateLeader()
+			if lost != 0 {
+				b.log.Info("zookeeper session regained", "server", ev.Server,
+					"after", time.Since(time.Unix(0, lost)).Round(time.Millisecond))
+			} else {
+				b.log.Info("zookeeper session established", "server", ev.Server)
+			}
 		}
+		// A new session (after an expiry) has none of the old one's
+		// ephemeral nodes: the registry creates them again.
+		b.reg.wake()
 	case zk.StateDisconnected, zk.StateExpired, zk.StateConnecting, zk.StateAuthFailed:
 		if b.hasSession.Swap(false) {
+			b.lostAt.Store(time.Now().UnixNano())
 			b.metrics.sessionState.Set(0)
 			b.setServing(false)
-			b.log.Info("zookeeper session lost", "state", ev.State.String())
+			b.updateLeader()
+			if ev.State != zk.StateExpired && !b.closing() {
+				b.log.Warn("zookeeper session lost: reconnecting", "state", ev.State.String(),
+					"session_timeout", b.cfg.SessionTimeout)
+			}
 		}
 		if ev.State == zk.StateExpired {
+			b.log.Error("zookeeper session expired: this broker's registrations and leadership are gone; registering again with a new session")
 			select {
 			case b.expired <- struct{}{}:
 			default:
@@ -326,8 +417,21 @@ func (b *Broker) onZKEvent(ev zk.Event) {
 	}
 }
 
+// closing reports whether Shutdown has begun.
+func (b *Broker) closing() bool { return b.ctx != nil && b.ctx.Err() != nil }
+
+// updateLeader sets the leader gauge: 1 only while leading with a
+// session. Without one the broker cannot know whether it still leads.
+func (b *Broker) updateLeader() {
+	v := 0.0
+	if b.leading.Load() && b.hasSession.Load() {
+		v = 1
+	}
+	b.metrics.leader.Set(v)
+}
+
 func (b *Broker) setServing(ok bool) {
-	if b.ctx != nil && b.ctx.Err() != nil {
+	if b.closing() {
 		return // closing: stays NOT_SERVING
 	}
 	st := healthpb.HealthCheckResponse_NOT_SERVING
@@ -342,11 +446,19 @@ func (b *Broker) setServing(ok bool) {
 // reflection and the broker's logging and metrics interceptors.
 func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	opts = append([]grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.unaryLog),
-		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.streamLog),
+		grpc.ChainUnaryInterceptor(b.provenUnary, b.metrics.grpc.UnaryServerInterceptor(), b.unaryLog),
+		grpc.ChainStreamInterceptor(b.provenStream, b.metrics.grpc.StreamServerInterceptor(), b.streamLog),
 		grpc.MaxRecvMsgSize(b.cfg.maxRequest()),
-		// Find dead peers of long streams; let clients ping every 10s.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.MaxConcurrentStreams(uint32(b.cfg.MaxStreamsPerConn)),
+		// The HTTP/2 handshake (preface and settings) must complete within
+		// twice HandshakeTimeout, or the connection is closed; a
+		// LimitListener closes (and counts) silent ones before.
+		grpc.ConnectionTimeout(2 * b.cfg.HandshakeTimeout),
+		// Find dead peers of long streams; close connections idle (no
+		// call) for MaxConnectionIdle; let clients ping every 10s, and
+		// close the connection of one that pings more often.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
+			MaxConnectionIdle: b.cfg.MaxConnectionIdle}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	}, opts...)
 	s := grpc.NewServer(opts...)
@@ -433,6 +545,7 @@ func (b *Broker) enterStream() (func(), error) {
 	}
 	if b.streams.Add(1) > int64(b.cfg.MaxStreams) {
 		b.streams.Add(-1)
+		b.refuseStream(reasonMaxStreams)
 		return nil, fmt.Errorf("%w: %d streams open", errLimit, b.cfg.MaxStreams)
 	}
 	b.wg.Add(1)

@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
-	"slices"
 	"sync"
 	"time"
-
-	"github.com/go-zookeeper/zk"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
@@ -101,7 +98,7 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	ctx, cancel := b.streamCtx(stream.Context())
 	defer cancel()
 
-	first, err := stream.Recv()
+	first, err := b.firstRequest(ctx, stream)
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
@@ -347,72 +344,4 @@ func (b *Broker) releaseHeld(q *queue, st *consumeState) {
 			b.released(q, m, out)
 		}
 	}
-}
-
-// registerConsumer records an open stream as an ephemeral node, so Stats
-// counts consumers on all brokers. It returns the unregister func.
-func (b *Broker) registerConsumer(q *queue) func() {
-	g := b.metrics.consumers.WithLabelValues(q.label)
-	g.Inc()
-	p, err := b.conn.Create(q.path+"/consumers/"+b.cfg.ID+"-", nil, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
-	if err != nil {
-		b.log.Debug("consumer registration failed", "queue", q.name, "err", err)
-	}
-	return func() {
-		g.Dec()
-		if err == nil {
-			_ = b.conn.Delete(p, -1)
-		}
-	}
-}
-
-// shareTTL is how long a read of the consumer registrations serves the
-// queue's scans: a broker joining or leaving shifts the shares within it.
-const shareTTL = time.Second
-
-// share returns the Store's Share func for q: this broker's rank among the
-// brokers with Consume streams on q, from the consumer registrations
-// ("<broker id>-<sequence>"), read at most every shareTTL. A broker
-// without a registered stream (Receive only) takes the whole queue.
-func (q *queue) share(b *Broker) func() (rank, n int) {
-	return func() (int, int) {
-		q.shareMu.Lock()
-		defer q.shareMu.Unlock()
-		if time.Since(q.shareRead) >= shareTTL {
-			q.shareRank, q.shareN = b.readShare(q)
-			q.shareRead = time.Now()
-		}
-		return q.shareRank, q.shareN
-	}
-}
-
-func (b *Broker) readShare(q *queue) (rank, n int) {
-	children, _, err := b.conn.Children(q.path + "/consumers")
-	if err != nil {
-		return 0, 1
-	}
-	ids := make([]string, 0, len(children))
-	for _, c := range children {
-		if len(c) > 11 && c[len(c)-11] == '-' {
-			ids = append(ids, c[:len(c)-11])
-		}
-	}
-	slices.Sort(ids)
-	ids = slices.Compact(ids)
-	rank = slices.Index(ids, b.cfg.ID)
-	if rank < 0 {
-		return 0, 1
-	}
-	return rank, len(ids)
-}
-
-func (b *Broker) countConsumers(q *queue) (int, error) {
-	_, stat, err := b.conn.Exists(q.path + "/consumers")
-	if err != nil {
-		return 0, err
-	}
-	if stat == nil {
-		return 0, nil
-	}
-	return int(stat.NumChildren), nil
 }

@@ -12,7 +12,7 @@
 //	                                           ".<hex>" incarnation suffix after a redelivery)
 //	/<root>/queues/<name>/leases/<item>~<hex>  at-least-once deliveries in flight
 //	/<root>/queues/<name>/dead/<item>          dead letters
-//	/<root>/queues/<name>/consumers/<id>-N     EPHEMERAL, one per open Consume stream
+//	/<root>/queues/<name>/consumers/<id>~<hex> EPHEMERAL, one per open Consume stream
 //	/<root>/queues/<name>/members/<member>     EPHEMERAL, sync queue members
 //	/<root>/queues/<name>/start                sync queue opened
 //	/<root>/brokers/<id>                       EPHEMERAL, live brokers
@@ -86,7 +86,10 @@
 //	qbroker_queue_in_flight{queue}                 gauge
 //	qbroker_queue_oldest_age_seconds{queue}        gauge
 //	qbroker_consumers{queue}                       gauge: Consume streams on this broker
-//	qbroker_leader                                 gauge: 1 on the sweeping leader
+//	qbroker_leader                                 gauge: 1 on the sweeping leader (with a session)
+//	qbroker_streams_refused_total{reason}          counter (max_streams|no_subscribe)
+//	qbroker_connections_refused_total{reason}      counter (max_conns|per_ip|evicted_unproven|handshake_timeout)
+//	qbroker_connections_open                       gauge: connections on LimitListener listeners
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //

@@ -12,12 +12,14 @@ import (
 
 // Membership and leadership.
 //
-// Each broker registers an EPHEMERAL node /<root>/brokers/<id> and takes
-// part in an election (the seeds' recipe): it creates an
-// EPHEMERAL_SEQUENTIAL node under /<root>/election; the lowest node leads,
-// every other broker watches only its predecessor (no herd). The leader
-// sweeps expired leases. When the session expires, both nodes vanish and
-// the broker registers again with its new session.
+// Each broker registers an EPHEMERAL node /<root>/brokers/<id> (kept by
+// the registry, registry.go: created again under every new session, and
+// taken over from an earlier session of the same id) and takes part in an
+// election (the seeds' recipe): it creates an EPHEMERAL_SEQUENTIAL node
+// under /<root>/election; the lowest node leads, every other broker
+// watches only its predecessor (no herd). The leader sweeps expired
+// leases, while it has a session. When the session expires, the election
+// node vanishes and the broker runs again with its new session.
 
 func (b *Broker) runMembership() {
 	defer b.wg.Done()
@@ -37,8 +39,8 @@ func (b *Broker) runMembership() {
 	}
 }
 
-// memberOnce registers, runs the election and, when leading, the sweep,
-// until the session expires or the broker closes.
+// memberOnce runs the election and, when leading, the sweep, until the
+// session expires or the broker closes.
 func (b *Broker) memberOnce() error {
 	// Drop a stale expiry signal: this round starts with a live session.
 	select {
@@ -46,18 +48,14 @@ func (b *Broker) memberOnce() error {
 	default:
 	}
 	acl := zk.WorldACL(zk.PermAll)
-	reg := b.brokersPath() + "/" + b.cfg.ID
-	if _, err := b.conn.Create(reg, []byte(time.Now().UTC().Format(time.RFC3339)), zk.FlagEphemeral, acl); err != nil &&
-		!errors.Is(err, zk.ErrNodeExists) {
-		return err
-	}
 	me, err := b.conn.Create(b.electionPath()+"/n-", []byte(b.cfg.ID), zk.FlagEphemeral|zk.FlagSequence, acl)
 	if err != nil {
 		return err
 	}
 	me = path.Base(me)
 	defer func() {
-		// Best effort: on close or expiry the session takes it anyway.
+		// Best effort: on close or expiry the session takes it anyway;
+		// when this fails, the next round removes it (dropOrphans).
 		_ = b.conn.Delete(b.electionPath()+"/"+me, -1)
 	}()
 	for {
@@ -65,16 +63,22 @@ func (b *Broker) memberOnce() error {
 		if err != nil {
 			return err
 		}
+		if err := b.dropOrphans(children, me); err != nil {
+			return err
+		}
 		pred, lead := predecessor(children, me)
 		if lead {
 			return b.lead()
 		}
-		ok, _, w, err := b.conn.ExistsW(b.electionPath() + "/" + pred)
+		ok, st, w, err := b.conn.ExistsW(b.electionPath() + "/" + pred)
 		if err != nil {
 			return err
 		}
 		if !ok {
 			continue
+		}
+		if st.EphemeralOwner == b.conn.SessionID() {
+			continue // an orphan of ours, deleted by the next pass
 		}
 		select {
 		case <-w:
@@ -84,6 +88,32 @@ func (b *Broker) memberOnce() error {
 			return nil
 		}
 	}
+}
+
+// dropOrphans deletes this session's election nodes other than me: a
+// create whose answer was lost with the connection, or a node whose
+// delete failed, would otherwise stay, owned by a live session, and stall
+// the election (no broker would ever lead past it).
+func (b *Broker) dropOrphans(children []string, me string) error {
+	sid := b.conn.SessionID()
+	for _, c := range children {
+		if c == me {
+			continue
+		}
+		p := b.electionPath() + "/" + c
+		ok, st, err := b.conn.Exists(p)
+		if err != nil {
+			return err
+		}
+		if !ok || st.EphemeralOwner != sid {
+			continue
+		}
+		b.log.Info("removing an orphaned election node of this session", "znode", p)
+		if err := b.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return err
+		}
+	}
+	return nil
 }
 
 // predecessor returns the election node just before me, or lead when me
@@ -106,12 +136,16 @@ func predecessor(children []string, me string) (pred string, lead bool) {
 	return pred, pred == ""
 }
 
-// lead sweeps expired leases every SweepInterval while this broker leads.
+// lead sweeps expired leases every SweepInterval while this broker leads
+// and has a session: without one it cannot know whether it still leads
+// (qbroker_leader is 0 meanwhile).
 func (b *Broker) lead() error {
 	b.log.Info("leadership acquired")
-	b.metrics.leader.Set(1)
+	b.leading.Store(true)
+	b.updateLeader()
 	defer func() {
-		b.metrics.leader.Set(0)
+		b.leading.Store(false)
+		b.updateLeader()
 		b.log.Info("leadership released")
 	}()
 	t := time.NewTicker(b.cfg.SweepInterval)
@@ -124,6 +158,9 @@ func (b *Broker) lead() error {
 		case <-b.expired:
 			return errors.New("session expired")
 		case <-t.C:
+		}
+		if !b.hasSession.Load() {
+			continue
 		}
 		if err := sw.run(); err != nil {
 			b.log.Debug("sweep", "err", err)

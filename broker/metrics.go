@@ -40,7 +40,10 @@ type metrics struct {
 
 	// expiredUnsent: at-least-once deliveries claimed but given back
 	// unsent (lease nearly run out, or session lost, before the send).
-	expiredUnsent *prometheus.CounterVec
+	expiredUnsent  *prometheus.CounterVec
+	streamsRefused *prometheus.CounterVec
+	connsRefused   *prometheus.CounterVec
+	connsOpen      prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -81,6 +84,14 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 			Help: "1 while this broker holds leadership (lease sweeping)."}),
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30}))),
+		streamsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "qbroker_streams_refused_total",
+			Help: "Consume and JoinSync streams refused (max_streams) or ended for sending no subscribe request in time (no_subscribe)."},
+			[]string{"reason"}),
+		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "qbroker_connections_refused_total",
+			Help: "Client connections refused or closed by a limit (max_conns, per_ip, evicted_unproven, handshake_timeout)."},
+			[]string{"reason"}),
+		connsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_connections_open",
+			Help: "Client connections open on the broker's limited listeners."}),
 	}
 	m.expiredUnsent = qv("qbroker_deliveries_expired_unsent_total",
 		"At-least-once deliveries claimed but given back unsent: their lease had (nearly) run out, or the ZooKeeper session was lost, before they could be sent.")
@@ -96,7 +107,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
-		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build} {
+		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen} {
 		reg.MustRegister(c)
 	}
 	return m

@@ -38,7 +38,15 @@ type ConsumeOptions struct {
 	// no message is lost on the way out; at least once, the consumer
 	// stays until the last of them is settled.
 	Max int
+	// ExhaustedTimeout is how long the consumer keeps re-subscribing
+	// while the brokers refuse its stream with ResourceExhausted (their
+	// stream limit) before it ends with ErrResourceExhausted; 0 means
+	// 30s.
+	ExhaustedTimeout time.Duration
 }
+
+// defaultExhaustedTimeout is ConsumeOptions.ExhaustedTimeout's default.
+const defaultExhaustedTimeout = 30 * time.Second
 
 // Consumer receives a queue's messages over a Consume stream. One
 // goroutine owns the stream: it grants the broker credit as the
@@ -81,21 +89,25 @@ type settleReq struct {
 
 // Consume subscribes to a queue and returns a running Consumer. It checks
 // that the queue exists first. The consumer runs until Close, until ctx
-// ends, until it has delivered opts.Max messages, or until the broker
-// reports an error other than Unavailable, Aborted or ResourceExhausted
-// (see Err). Errors: ErrNotFound, ErrInvalidArgument (options out of
-// range).
+// ends, until it has delivered opts.Max messages, until the broker
+// reports an error other than Unavailable, Aborted or ResourceExhausted,
+// or until the brokers have refused it with ResourceExhausted for
+// opts.ExhaustedTimeout (see Err). Errors: ErrNotFound, ErrInvalidArgument
+// (options out of range).
 func (c *Client) Consume(ctx context.Context, queue string, opts ConsumeOptions) (*Consumer, error) {
 	mode, err := opts.Mode.toPB()
 	if err != nil {
 		return nil, err
 	}
-	if opts.Prefetch < 0 || opts.Prefetch > maxPrefetch || opts.Max < 0 || opts.Visibility < 0 {
+	if opts.Prefetch < 0 || opts.Prefetch > maxPrefetch || opts.Max < 0 || opts.Visibility < 0 || opts.ExhaustedTimeout < 0 {
 		return nil, fmt.Errorf("qbroker: consume %s: prefetch %d not in [0, %d], or negative option: %w",
 			queue, opts.Prefetch, maxPrefetch, ErrInvalidArgument)
 	}
 	if opts.Prefetch == 0 {
 		opts.Prefetch = 1
+	}
+	if opts.ExhaustedTimeout == 0 {
+		opts.ExhaustedTimeout = defaultExhaustedTimeout
 	}
 	qctx, cancel := c.callCtx(ctx, 0)
 	_, err = c.rpc.GetQueue(qctx, &pb.GetQueueRequest{Name: queue})
@@ -141,7 +153,9 @@ func (k *Consumer) Next(ctx context.Context) (*Message, error) {
 // Err returns the error that ended the consumer: nil while it runs, after
 // Close and after Max messages; the context's error when its context
 // ended; otherwise the broker's error (ErrNotFound when the queue was
-// deleted, ErrFailedPrecondition when a KindSync queue is not open, ...).
+// deleted, ErrFailedPrecondition when a KindSync queue is not open,
+// ErrResourceExhausted when the brokers kept refusing the stream for
+// ExhaustedTimeout, ...).
 func (k *Consumer) Err() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -254,6 +268,10 @@ type consumeLoop struct {
 	unsettled  int // at least once: taken from this stream, not settled
 	openedAt   time.Time
 	gotMessage bool
+
+	// exhaustedSince is when the brokers began refusing the stream with
+	// ResourceExhausted, without a delivery since; zero otherwise.
+	exhaustedSince time.Time
 
 	retry <-chan time.Time // backoff before the next subscribe
 }
@@ -458,6 +476,15 @@ func (l *consumeLoop) onEvent(ev streamEvent) error {
 		}
 		if l.gotMessage || lived {
 			l.bo.reset()
+			l.exhaustedSince = time.Time{}
+		}
+		if status.Code(ev.err) != codes.ResourceExhausted {
+			l.exhaustedSince = time.Time{}
+		} else if l.exhaustedSince.IsZero() {
+			l.exhaustedSince = time.Now()
+		} else if time.Since(l.exhaustedSince) >= l.k.opts.ExhaustedTimeout {
+			// The broker limit holds: say so rather than retry forever.
+			return convErr(ev.err)
 		}
 		l.retry = time.After(l.bo.next())
 	}

@@ -205,8 +205,10 @@ func WithPriority(p int) PublishOption {
 }
 
 // Publish publishes one message and returns its id. Publish is not
-// retried: when it fails with ErrUnavailable the message may or may not
-// have been published. Errors: ErrNotFound, ErrInvalidArgument (payload
+// retried: when it fails with ErrUnavailable, or with the context's
+// DeadlineExceeded or Canceled (the broker may have applied it after the
+// caller stopped waiting), the message may or may not have been
+// published, so do not publish it again blindly. Errors: ErrNotFound, ErrInvalidArgument (payload
 // over the limit, priority out of range), ErrFailedPrecondition (a
 // priority on a queue that is not KindPriority).
 func (c *Client) Publish(ctx context.Context, queue string, payload []byte, opts ...PublishOption) (string, error) {

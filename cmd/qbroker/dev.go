@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -19,7 +23,7 @@ func init() {
 		o := serveFlags(fs)
 		dir := fs.String("zk-dir", "", "ZooKeeper data directory; default a temporary one, removed on exit")
 		fs.Usage = func() {
-			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nStopping qbroker stops ZooKeeper.\n\nflags (as for serve; --zk is ignored):")
+			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nZooKeeper's output goes to zookeeper.log in its data directory. Stopping\nqbroker stops ZooKeeper; ZooKeeper dying stops qbroker, with an error.\n\nflags (as for serve; --zk is ignored):")
 			fs.PrintDefaults()
 		}
 		if err := parseFlags(fs, args); err != nil {
@@ -28,17 +32,58 @@ func init() {
 		if err := o.validate(); err != nil {
 			return err
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		log, err := newLogger(o.logFormat, o.logLevel)
+		if err != nil {
+			return err
+		}
+		sctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
-		startCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		startCtx, cancel := context.WithTimeout(sctx, 60*time.Second)
 		zk, err := zkserver.Start(startCtx, zkserver.Config{Dir: *dir})
 		cancel()
 		if err != nil {
 			return err
 		}
-		defer zk.Close()
-		fmt.Fprintf(os.Stderr, "ZooKeeper running at %s (data in %s)\n", zk.Addr(), zk.Dir())
+		fmt.Fprintf(os.Stderr, "ZooKeeper running at %s (data in %s, log in %s)\n", zk.Addr(), zk.Dir(), zk.LogPath())
 		o.zk = zk.Addr()
-		return serve(ctx, o)
+		err = devServe(sctx, o, zk, log, os.Stderr)
+		if errors.Is(err, errZKExited) {
+			_ = zk.Stop() // keep the directory: its log tells why
+			return err
+		}
+		_ = zk.Close()
+		return err
 	}})
+}
+
+// errZKExited reports that the development ZooKeeper died under the
+// broker.
+var errZKExited = errors.New("ZooKeeper exited")
+
+// devServe serves until ctx ends or ZooKeeper's process dies. A death is
+// reported loudly: an error log with the exit status and the log's path,
+// the log's last lines on stderr, and an error return (a non-zero exit).
+func devServe(ctx context.Context, o *serveOptions, zk *zkserver.Server, log *slog.Logger, stderr io.Writer) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-zk.Exited():
+			cancel(fmt.Errorf("%w (%v); its log is %s", errZKExited, zk.ExitError(), zk.LogPath()))
+		case <-ctx.Done():
+		}
+	}()
+	err := serveCtx(ctx, o, log)
+	cancel(nil)
+	<-watched
+	if cause := context.Cause(ctx); errors.Is(cause, errZKExited) {
+		log.Error("ZooKeeper exited: the broker stopped", "status", fmt.Sprint(zk.ExitError()), "log", zk.LogPath())
+		if tail, terr := zk.LogTail(20); terr == nil {
+			fmt.Fprintf(stderr, "last lines of %s:\n  %s\n", zk.LogPath(), strings.Join(tail, "\n  "))
+		}
+		return cause
+	}
+	return err
 }

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/qbroker/qbroker/broker"
+	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/qcore"
 )
 
@@ -63,10 +64,22 @@ type serveOptions struct {
 	sweep          time.Duration
 	sessionTimeout time.Duration
 	shutdown       time.Duration
+	limits         limitOptions
 	pprof          bool
 	logFormat      string
 	logLevel       string
 	nats           natsOptions
+}
+
+// limitOptions are the stream and connection limits.
+type limitOptions struct {
+	maxStreams        int
+	firstMessage      time.Duration
+	maxStreamsPerConn int
+	maxConns          int
+	maxConnsPerIP     int
+	handshake         time.Duration
+	maxConnIdle       time.Duration
 }
 
 type natsOptions struct {
@@ -159,6 +172,13 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.zkSessions, "zk-sessions", e.int("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", e.dur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", e.dur("SHUTDOWN_TIMEOUT", 10*time.Second), "graceful shutdown bound ($QBROKER_SHUTDOWN_TIMEOUT)")
+	fs.IntVar(&o.limits.maxStreams, "max-streams", e.int("MAX_STREAMS", 10000), "most Consume and JoinSync streams open at once; more are refused with ResourceExhausted ($QBROKER_MAX_STREAMS)")
+	fs.DurationVar(&o.limits.firstMessage, "stream-first-message-timeout", e.dur("STREAM_FIRST_MESSAGE_TIMEOUT", 10*time.Second), "a Consume stream must send its subscribe request within this ($QBROKER_STREAM_FIRST_MESSAGE_TIMEOUT)")
+	fs.IntVar(&o.limits.maxStreamsPerConn, "max-streams-per-conn", e.int("MAX_STREAMS_PER_CONN", 1000), "most concurrent calls and streams on one client connection ($QBROKER_MAX_STREAMS_PER_CONN)")
+	fs.IntVar(&o.limits.maxConns, "max-conns", e.int("MAX_CONNS", 0), "most open client connections; 0: the open-file limit (raised to its hard limit) less a tenth ($QBROKER_MAX_CONNS)")
+	fs.IntVar(&o.limits.maxConnsPerIP, "max-conns-per-ip", e.int("MAX_CONNS_PER_IP", 0), "most open connections from one client IP address; 0: no limit ($QBROKER_MAX_CONNS_PER_IP)")
+	fs.DurationVar(&o.limits.handshake, "handshake-timeout", e.dur("HANDSHAKE_TIMEOUT", 10*time.Second), "a new connection that sends nothing within this, or does not complete the HTTP/2 handshake within twice this, is closed ($QBROKER_HANDSHAKE_TIMEOUT)")
+	fs.DurationVar(&o.limits.maxConnIdle, "max-connection-idle", e.dur("MAX_CONNECTION_IDLE", 5*time.Minute), "a client connection without calls for this long is closed; clients reconnect ($QBROKER_MAX_CONNECTION_IDLE)")
 	fs.BoolVar(&o.pprof, "pprof", e.bool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
 	fs.StringVar(&o.logFormat, "log-format", env("LOG_FORMAT", "text"), "log format: text or json ($QBROKER_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", env("LOG_LEVEL", "info"), "log level: debug, info, warn, error ($QBROKER_LOG_LEVEL)")
@@ -239,6 +259,19 @@ func serve(ctx context.Context, o *serveOptions) error {
 	if err != nil {
 		return usageError{err}
 	}
+	return serveCtx(ctx, o, log)
+}
+
+// serveCtx runs a broker until ctx ends (see serve).
+func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
+	var err error
+	// Every connection is a file: use all the process may open, and
+	// bound the connections below it (--max-conns).
+	if files, err := connlimit.RaiseFileLimit(); err != nil {
+		log.Warn("cannot raise the open-file limit", "err", err, "limit", files)
+	} else {
+		log.Debug("open-file limit", "limit", files)
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -250,21 +283,28 @@ func serve(ctx context.Context, o *serveOptions) error {
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	b, err := broker.New(startCtx, broker.Config{
-		ZooKeeper:         strings.Split(o.zk, ","),
-		Root:              o.root,
-		ID:                o.id,
-		SessionTimeout:    o.sessionTimeout,
-		MaxPayload:        o.maxPayload,
-		MaxBatchBytes:     o.maxBatchBytes,
-		MaxBatchCount:     o.maxBatchCount,
-		MaxDepth:          o.maxDepth,
-		MaxQueues:         o.maxQueues,
-		ZKSessions:        o.zkSessions,
-		DefaultVisibility: o.visibility,
-		SweepInterval:     o.sweep,
-		Logger:            log,
-		Registerer:        reg,
-		Events:            sink,
+		ZooKeeper:           strings.Split(o.zk, ","),
+		Root:                o.root,
+		ID:                  o.id,
+		SessionTimeout:      o.sessionTimeout,
+		MaxPayload:          o.maxPayload,
+		MaxBatchBytes:       o.maxBatchBytes,
+		MaxBatchCount:       o.maxBatchCount,
+		MaxDepth:            o.maxDepth,
+		MaxQueues:           o.maxQueues,
+		ZKSessions:          o.zkSessions,
+		DefaultVisibility:   o.visibility,
+		SweepInterval:       o.sweep,
+		MaxStreams:          o.limits.maxStreams,
+		FirstMessageTimeout: o.limits.firstMessage,
+		MaxStreamsPerConn:   o.limits.maxStreamsPerConn,
+		MaxConns:            o.limits.maxConns,
+		MaxConnsPerIP:       o.limits.maxConnsPerIP,
+		HandshakeTimeout:    o.limits.handshake,
+		MaxConnectionIdle:   o.limits.maxConnIdle,
+		Logger:              log,
+		Registerer:          reg,
+		Events:              sink,
 	})
 	cancel()
 	if err != nil {
@@ -275,6 +315,7 @@ func serve(ctx context.Context, o *serveOptions) error {
 		b.Close()
 		return err
 	}
+	lis = b.LimitListener(lis)
 	srv := b.GRPCServer()
 	log.Info("serving", "listen", lis.Addr().String(), "metrics", o.metricsListen, "broker", b.ID())
 
@@ -284,6 +325,7 @@ func serve(ctx context.Context, o *serveOptions) error {
 	if o.metricsListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.Handle("/healthz", b.HealthHandler())
 		if o.pprof {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -5,7 +5,11 @@
 // /usr/share/java) or an upstream distribution pointed to by ZOOKEEPER_HOME.
 // Every server listens on free 127.0.0.1 ports, keeps its data in its own
 // directory, and is started in its own process group with a parent-death
-// signal, so a killed test binary leaves no java process behind.
+// signal, so a killed test binary leaves no java process behind. Its console
+// output (ZooKeeper's log at INFO, and anything the JVM prints, such as an
+// OutOfMemoryError) always goes to zookeeper.log in that directory
+// (Server.LogPath), so a server that dies leaves a reason behind; Exited
+// reports its death.
 //
 // A Server and a Cluster are safe for concurrent use.
 package zkserver
@@ -15,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -38,9 +43,14 @@ type Config struct {
 	// TickTime is ZooKeeper's tick; 0 means 200ms, which makes session
 	// timeouts between 400ms and 4s possible (min/max are 2 and 20 ticks).
 	TickTime time.Duration
-	// Stdout receives the server's console output when set.
+	// Stdout also receives the server's console output when set; the
+	// log file in the server's directory always does.
 	Stdout *os.File
 }
+
+// LogName is the file, in a server's directory, that keeps its console
+// output.
+const LogName = "zookeeper.log"
 
 // Classpath returns the Java classpath of the installed ZooKeeper.
 // ZOOKEEPER_HOME (an upstream distribution: lib/*.jar and *.jar) wins over
@@ -61,7 +71,37 @@ func Classpath() (string, error) {
 	if _, err := os.Stat(debian); err != nil {
 		return "", ErrNotInstalled
 	}
+	// Debian's jar brings slf4j-api but no binding, so ZooKeeper would log
+	// nothing at all; slf4j-simple (Debian's libslf4j-java) writes to
+	// stderr, which goes to the log file.
+	if _, err := os.Stat(debianSLF4J); err == nil {
+		return debian + ":" + debianSLF4J, nil
+	}
 	return debian, nil
+}
+
+const debianSLF4J = "/usr/share/java/slf4j-simple.jar"
+
+// logProperties are the JVM properties that make ZooKeeper log at INFO to
+// the console: slf4j-simple's (Debian) and logback's configuration file of
+// an upstream distribution.
+func logProperties() []string {
+	props := []string{
+		"-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+		"-Dorg.slf4j.simpleLogger.showDateTime=true",
+		"-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSSZ",
+	}
+	if home := os.Getenv("ZOOKEEPER_HOME"); home != "" {
+		if f := filepath.Join(home, "conf", "logback.xml"); fileExists(f) {
+			props = append(props, "-Dlogback.configurationFile="+f)
+		}
+	}
+	return props
+}
+
+func fileExists(name string) bool {
+	_, err := os.Stat(name)
+	return err == nil
 }
 
 // Installed reports whether a ZooKeeper installation and java are available.
@@ -84,9 +124,11 @@ type Server struct {
 	clientPort int
 	peers      string // server.N lines, ensemble only
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has been waited for
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when cmd has been waited for
+	exited  chan struct{} // done of the last process started; kept after Stop
+	waitErr error         // the last process's exit status, once exited is closed
 }
 
 // Start starts a standalone server and waits until it serves requests.
@@ -138,6 +180,54 @@ func (s *Server) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.clientPort
 // Dir returns the server's data directory.
 func (s *Server) Dir() string { return s.dir }
 
+// LogPath returns the file that keeps the server's console output,
+// appended to by every start.
+func (s *Server) LogPath() string { return filepath.Join(s.dir, LogName) }
+
+// Exited returns a channel closed when the server process started last
+// ends, whatever ended it: a crash, an OutOfMemoryError, a kill, Stop. It
+// is nil before the first Start. ExitError then tells how it ended.
+func (s *Server) Exited() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exited
+}
+
+// ExitError returns how the last process ended ("signal: killed", "exit
+// status 3"), nil while it runs or when it exited with status 0.
+func (s *Server) ExitError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waitErr
+}
+
+// LogTail returns the last n lines of the server's log.
+func (s *Server) LogTail(n int) ([]string, error) {
+	f, err := os.Open(s.LogPath())
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	const window = 64 << 10
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	off := max(st.Size()-window, 0)
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	lines := strings.Split(strings.TrimRight(string(buf), "\n"), "\n")
+	if off > 0 && len(lines) > 1 {
+		lines = lines[1:] // the first is cut
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return lines, nil
+}
+
 func (s *Server) writeConfig() (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "tickTime=%d\n", s.cfg.TickTime.Milliseconds())
@@ -173,27 +263,47 @@ func (s *Server) Start(ctx context.Context) error {
 		s.mu.Unlock()
 		return fmt.Errorf("zkserver: %w", err)
 	}
-	cmd := exec.Command("java",
+	logFile, err := os.OpenFile(s.LogPath(), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("zkserver: %w", err)
+	}
+	fmt.Fprintf(logFile, "--- zkserver: starting ZooKeeper on %s at %s ---\n", s.Addr(), time.Now().Format(time.RFC3339))
+	args := []string{
 		fmt.Sprintf("-Xmx%dm", s.cfg.HeapMB), "-Xss512k",
 		"-XX:+UseSerialGC", "-Xshare:auto",
+		// A JVM out of memory exits, saying so, instead of serving on
+		// with some of its threads dead.
+		"-XX:+ExitOnOutOfMemoryError",
 		"-Dzookeeper.admin.enableServer=false",
 		"-Dzookeeper.jmx.log4j.disable=true",
-		"-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfgPath)
+	}
+	args = append(args, logProperties()...)
+	args = append(args, "-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", cfgPath)
+	cmd := exec.Command("java", args...)
 	cmd.Dir = s.dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if s.cfg.Stdout != nil {
-		cmd.Stdout, cmd.Stderr = s.cfg.Stdout, s.cfg.Stdout
+		w := io.MultiWriter(logFile, s.cfg.Stdout)
+		cmd.Stdout, cmd.Stderr = w, w
 	}
 	// Own process group (so Stop can kill the whole tree) and SIGKILL when
 	// the parent dies, so no orphaned java survives a killed test binary.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
+		logFile.Close()
 		s.mu.Unlock()
 		return fmt.Errorf("zkserver: start java: %w", err)
 	}
 	done := make(chan struct{})
-	s.cmd, s.done = cmd, done
+	s.cmd, s.done, s.exited, s.waitErr = cmd, done, done, nil
 	go func() {
-		_ = cmd.Wait()
+		err := cmd.Wait()
+		fmt.Fprintf(logFile, "--- zkserver: ZooKeeper exited at %s: %v ---\n", time.Now().Format(time.RFC3339), exitText(err))
+		logFile.Close()
+		s.mu.Lock()
+		s.waitErr = err
+		s.mu.Unlock()
 		close(done)
 	}()
 	s.mu.Unlock()
@@ -216,12 +326,19 @@ func (s *Server) waitReady(ctx context.Context, exited <-chan struct{}) error {
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("zkserver: server %s exited during startup (see %s)", s.Addr(), s.dir)
+			return fmt.Errorf("zkserver: server %s exited during startup: %s (see %s)", s.Addr(), exitText(s.ExitError()), s.LogPath())
 		case <-ctx.Done():
 			return fmt.Errorf("zkserver: server %s not ready: %w", s.Addr(), ctx.Err())
 		case <-t.C:
 		}
 	}
+}
+
+func exitText(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
 }
 
 // ready reports whether the server answers ruok and serves clients

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -202,5 +203,49 @@ func retry(within time.Duration, f func() error) error {
 			return err
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A server that dies on its own is noticed (Exited, ExitError) and leaves
+// its reason behind: ZooKeeper's own log lines and the exit status are in
+// zookeeper.log in its directory.
+func TestDeathIsReported(t *testing.T) {
+	requireZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := zkserver.Start(ctx, zkserver.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if want := filepath.Join(s.Dir(), zkserver.LogName); s.LogPath() != want {
+		t.Fatalf("LogPath = %s, want %s", s.LogPath(), want)
+	}
+	select {
+	case <-s.Exited():
+		t.Fatal("Exited closed while the server runs")
+	default:
+	}
+	// A crash, as the OOM killer or an OutOfMemoryError exit would be.
+	if err := syscall.Kill(s.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the server's death was not noticed")
+	}
+	if err := s.ExitError(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("ExitError = %v, want signal: killed", err)
+	}
+	tail, err := s.LogTail(200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := strings.Join(tail, "\n")
+	for _, want := range []string{"binding to port", "ZooKeeper exited", "signal: killed"} {
+		if !strings.Contains(log, want) {
+			t.Fatalf("log %s lacks %q:\n%s", s.LogPath(), want, log)
+		}
 	}
 }

@@ -1,0 +1,173 @@
+package broker
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/connlimit"
+)
+
+// Stream and connection limits.
+//
+// Streams: at most MaxStreams Consume and JoinSync streams per broker and
+// MaxStreamsPerConn calls per connection; a Consume stream must send its
+// subscribe request within FirstMessageTimeout. Connections (listeners
+// wrapped by LimitListener): at most MaxConns, MaxConnsPerIP per client
+// address; when the bound is reached, the oldest connection that has not
+// proven itself (no call yet) makes room; a connection silent for
+// HandshakeTimeout is closed; one idle for MaxConnectionIdle gets GOAWAY.
+// Every refusal is counted (qbroker_streams_refused_total,
+// qbroker_connections_refused_total) and logged at warn, at most once per
+// warnEvery and reason.
+
+// Reasons of qbroker_streams_refused_total.
+const (
+	reasonMaxStreams  = "max_streams"
+	reasonNoSubscribe = "no_subscribe"
+)
+
+func (b *Broker) refuseStream(reason string) {
+	b.metrics.streamsRefused.WithLabelValues(reason).Inc()
+	msg := "stream refused: broker stream limit reached"
+	if reason == reasonNoSubscribe {
+		msg = "stream ended: no subscribe request in time"
+	}
+	b.warnings.warn(b.log, "stream:"+reason, msg, "reason", reason,
+		"max_streams", b.cfg.MaxStreams, "first_message_timeout", b.cfg.FirstMessageTimeout)
+}
+
+// firstRequest waits up to FirstMessageTimeout for a Consume stream's
+// first request. A stream that sends none is refused: it would hold a
+// place under MaxStreams for nothing. It returns io.EOF when the client
+// left (or the broker is closing and the stream can end quietly).
+func (b *Broker) firstRequest(ctx context.Context, stream pb.Queue_ConsumeServer) (*pb.ConsumeRequest, error) {
+	type result struct {
+		req *pb.ConsumeRequest
+		err error
+	}
+	// Recv has no timeout of its own. This goroutine belongs to the
+	// stream: once the handler returns, gRPC cancels the stream and Recv
+	// returns.
+	got := make(chan result, 1)
+	go func() {
+		req, err := stream.Recv()
+		got <- result{req, err}
+	}()
+	t := time.NewTimer(b.cfg.FirstMessageTimeout)
+	defer t.Stop()
+	select {
+	case r := <-got:
+		return r.req, r.err
+	case <-t.C:
+		b.refuseStream(reasonNoSubscribe)
+		return nil, b.fail(invalidf("no subscribe request within %v", b.cfg.FirstMessageTimeout))
+	case <-ctx.Done():
+		if err := b.streamEnd(); err != nil {
+			return nil, err
+		}
+		return nil, io.EOF
+	}
+}
+
+// LimitListener wraps lis with the broker's connection limits (MaxConns,
+// MaxConnsPerIP, HandshakeTimeout; see package connlimit). Serve the
+// broker's GRPCServer on the result: its calls tell the listener which
+// connections have proven themselves.
+func (b *Broker) LimitListener(lis net.Listener) net.Listener {
+	l := connlimit.New(lis, connlimit.Config{
+		Max:              b.cfg.MaxConns,
+		MaxPerIP:         b.cfg.MaxConnsPerIP,
+		HandshakeTimeout: b.cfg.HandshakeTimeout,
+		OnOpen:           b.metrics.connsOpen.Inc,
+		OnClose:          b.metrics.connsOpen.Dec,
+		OnRefuse:         b.connRefused,
+	})
+	b.listenersMu.Lock()
+	b.listeners = append(b.listeners, l)
+	b.listenersMu.Unlock()
+	return l
+}
+
+func (b *Broker) connRefused(reason connlimit.Reason, remote net.Addr) {
+	b.metrics.connsRefused.WithLabelValues(string(reason)).Inc()
+	msg := "connection refused: connection limit reached"
+	switch reason {
+	case connlimit.ReasonPerIP:
+		msg = "connection refused: per-address connection limit reached"
+	case connlimit.ReasonEvicted:
+		msg = "connection closed to make room: it had made no call"
+	case connlimit.ReasonHandshake:
+		msg = "connection closed: it sent nothing within the handshake timeout"
+	}
+	b.warnings.warn(b.log, "conn:"+string(reason), msg, "reason", string(reason), "remote", remote.String(),
+		"max_conns", b.cfg.MaxConns, "max_conns_per_ip", b.cfg.MaxConnsPerIP)
+}
+
+// proven tells the limiting listeners that the connection of ctx's call
+// works: it is never evicted to make room.
+func (b *Broker) proven(ctx context.Context) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return
+	}
+	b.listenersMu.Lock()
+	ls := b.listeners
+	b.listenersMu.Unlock()
+	for _, l := range ls {
+		l.Proven(p.Addr)
+	}
+}
+
+func (b *Broker) provenUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	b.proven(ctx)
+	return h(ctx, req)
+}
+
+func (b *Broker) provenStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	b.proven(ss.Context())
+	return h(srv, ss)
+}
+
+// warnEvery is how often one kind of refusal is logged.
+const warnEvery = 10 * time.Second
+
+// rateLimit logs a warning per key at most every warnEvery, with the
+// number of occurrences it did not log. The zero value is ready.
+type rateLimit struct {
+	mu   sync.Mutex
+	keys map[string]*rateKey
+}
+
+type rateKey struct {
+	last       time.Time
+	suppressed int
+}
+
+func (r *rateLimit) warn(log *slog.Logger, key, msg string, args ...any) {
+	r.mu.Lock()
+	if r.keys == nil {
+		r.keys = map[string]*rateKey{}
+	}
+	k := r.keys[key]
+	if k == nil {
+		k = &rateKey{}
+		r.keys[key] = k
+	}
+	if !k.last.IsZero() && time.Since(k.last) < warnEvery {
+		k.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	n := k.suppressed
+	k.last, k.suppressed = time.Now(), 0
+	r.mu.Unlock()
+	log.Warn(msg, append(args, "not_logged_since_last", n)...)
+}
