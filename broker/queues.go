@@ -23,7 +23,7 @@ import (
 //	items/      ready messages (qn-... or pNNN-..., PERSISTENT_SEQUENTIAL)
 //	leases/     at-least-once deliveries in flight (<item>~<nonce>)
 //	dead/       dead letters (<item>)
-//	consumers/  one EPHEMERAL_SEQUENTIAL node per open Consume stream
+//	consumers/  one EPHEMERAL node per open Consume stream (<broker id>~<nonce>)
 //	members/    synchronizing queues: one EPHEMERAL node per member
 //	start       synchronizing queues: exists once the group is complete
 //

@@ -38,7 +38,9 @@ type Config struct {
 	// Dir holds data and logs. Empty means a new temporary directory that
 	// Stop removes.
 	Dir string
-	// HeapMB is the JVM heap in MiB; 0 means 256.
+	// HeapMB is the JVM's maximum heap in MiB; 0 means 1024. ZooKeeper
+	// keeps every znode and its recent proposals in the heap: large
+	// messages need room (the heap grows only as it is used).
 	HeapMB int
 	// TickTime is ZooKeeper's tick; 0 means 200ms, which makes session
 	// timeouts between 400ms and 4s possible (min/max are 2 and 20 ticks).
@@ -150,7 +152,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 func newServer(cfg Config, id, clientPort int, peers string) (*Server, error) {
 	if cfg.HeapMB == 0 {
-		cfg.HeapMB = 256
+		cfg.HeapMB = 1024
 	}
 	if cfg.TickTime == 0 {
 		cfg.TickTime = 200 * time.Millisecond
@@ -275,6 +277,11 @@ func (s *Server) Start(ctx context.Context) error {
 		// A JVM out of memory exits, saying so, instead of serving on
 		// with some of its threads dead.
 		"-XX:+ExitOnOutOfMemoryError",
+		// The last proposals are kept in memory to sync followers
+		// (500 by default); with transactions near 1 MiB that alone
+		// can fill a small heap. 100 still lets a follower that fell a
+		// little behind catch up by diff.
+		"-Dzookeeper.commitLogCount=100",
 		"-Dzookeeper.admin.enableServer=false",
 		"-Dzookeeper.jmx.log4j.disable=true",
 	}
