@@ -49,9 +49,10 @@
 //     (three times in the full run). At most once, the stream consumers
 //     sit on the other brokers.
 //   - pause-broker (at least once; short and full): a broker is
-//     SIGSTOPped right after a burst published through it (so it is
-//     claiming), past its session timeout and the visibility timeout,
-//     then SIGCONTed (three times in the full run). No stale copy of a
+//     SIGSTOPped 5 to 100ms after a burst published through it (so its
+//     claims are in flight), past its session timeout and the visibility
+//     timeout, then SIGCONTed (four times in the full run, once in the
+//     short one). No stale copy of a
 //     message whose lease expired meanwhile may reach a consumer.
 //   - slow-reader (at least once; full): no fault; a raw Consume stream
 //     (prefetch 32) with a 64 KiB window stops reading while the broker's

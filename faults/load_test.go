@@ -299,6 +299,25 @@ func (l *load) stopConsumers() {
 	l.consWG.Wait()
 }
 
+// ended describes the stream consumers that ended by themselves (a
+// broker error they do not retry), for a failure message.
+func (l *load) ended() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for i, c := range l.consumers {
+		select {
+		case <-c.Done():
+			out = append(out, fmt.Sprintf("consumer %d ended: %v", i, c.Err()))
+		default:
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(out, "; ") + ")"
+}
+
 func (l *load) stop() {
 	l.stopProducers()
 	l.stopConsumers()
@@ -445,7 +464,10 @@ func (s *scenario) checkRegistrations() {
 			st, err = s.admin.Stats(s.ctx, l.queue)
 			return err == nil && st.Consumers == want
 		}) {
-			l.check.Fail("%s: Stats counts %d consumers with %d Consume streams open", l.queue, st.Consumers, want)
+			regs, _, _ := s.zk.Children(s.c.root + "/queues/" + l.queue + "/consumers")
+			slices.Sort(regs)
+			l.check.Fail("%s: Stats counts %d consumers with %d Consume streams open (registrations %v, streams on brokers %v)%s",
+				l.queue, st.Consumers, want, regs, l.o.streams, l.ended())
 		}
 	}
 	for _, l := range s.loads {
@@ -458,7 +480,9 @@ func (s *scenario) checkRegistrations() {
 			st, err = s.admin.Stats(s.ctx, l.queue)
 			return err == nil && st.Consumers == 0
 		}) {
-			l.check.Fail("%s: Stats counts %d consumers after every stream closed (leaked registrations)", l.queue, st.Consumers)
+			regs, _, _ := s.zk.Children(s.c.root + "/queues/" + l.queue + "/consumers")
+			slices.Sort(regs)
+			l.check.Fail("%s: Stats counts %d consumers after every stream closed (leaked registrations %v)", l.queue, st.Consumers, regs)
 		}
 	}
 	var want []string

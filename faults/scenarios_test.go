@@ -57,12 +57,16 @@ func TestPauseBroker(t *testing.T) {
 	l := s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 0, 1, 2}, prefetch: 16, receivers: 1, size: 1024})
 	victim := s.c.brokers[0]
 	viaVictim := s.dial(victim.addr)
-	for cycle := range pick(1, 3) {
+	// The pause comes a moment after the burst: while the victim's
+	// claims of it are in flight. How long a moment varies per cycle.
+	for cycle, after := range pick([]time.Duration{20 * time.Millisecond},
+		[]time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond}) {
 		s.progress(pick(100, 200), time.Minute, "before the pause")
 		owner := s.c.sessionOf(s.zk, victim)
 		_ = l.burst(viaVictim, 100)
+		time.Sleep(after)
 		victim.pause()
-		paused := s.mark(faults.Fault, fmt.Sprintf("SIGSTOP broker 0 (cycle %d)", cycle+1))
+		paused := s.mark(faults.Fault, fmt.Sprintf("SIGSTOP broker 0, %v after a burst (cycle %d)", after, cycle+1))
 		s.dead = append(s.dead, owner)
 		if !s.c.unregistered(s.zk, victim, owner, 30*time.Second) {
 			s.fail("paused broker's session did not expire within 30s")
