@@ -7,9 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"path"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -250,5 +253,17 @@ func failedOp(res []zk.MultiResponse, err error) (int, error) {
 func IsUnavailable(err error) bool {
 	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrSessionExpired) ||
 		errors.Is(err, zk.ErrNoServer) || errors.Is(err, zk.ErrClosing) ||
-		errors.Is(err, zk.ErrSessionMoved)
+		errors.Is(err, zk.ErrSessionMoved) || isConnError(err)
+}
+
+// isConnError reports a failure of the connection itself: the client hands
+// a request whose write or read failed the socket's error (a broken pipe
+// after a pause or a server's death), not one of its own sentinels.
+func isConnError(err error) bool {
+	if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op)
 }
