@@ -21,8 +21,10 @@ deps:
 	fi
 	@$(GO) mod download
 
+VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
 build:
-	$(GO) build -o bin/qbroker ./cmd/qbroker
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/qbroker ./cmd/qbroker
 	$(GO) build -o bin/loadtest ./loadtest
 
 test: deps
