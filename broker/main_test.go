@@ -28,6 +28,13 @@ type testBroker struct {
 
 func startBroker(t *testing.T, zkAddrs []string, root string, mods ...func(*broker.Config)) *testBroker {
 	t.Helper()
+	return launchBroker(t, zkAddrs, root, false, mods...)
+}
+
+// launchBroker starts a broker on a 127.0.0.1 listener, wrapped by the
+// broker's connection limits (as qbroker serve runs it) when limited.
+func launchBroker(t *testing.T, zkAddrs []string, root string, limited bool, mods ...func(*broker.Config)) *testBroker {
+	t.Helper()
 	cfg := broker.Config{ZooKeeper: zkAddrs, Root: root, SweepInterval: 100 * time.Millisecond, SessionTimeout: 4 * time.Second}
 	for _, m := range mods {
 		m(&cfg)
@@ -43,7 +50,11 @@ func startBroker(t *testing.T, zkAddrs []string, root string, mods ...func(*brok
 		t.Fatal(err)
 	}
 	tb := &testBroker{b: b, srv: b.GRPCServer(), addr: lis.Addr().String()}
-	go func() { _ = tb.srv.Serve(lis) }()
+	var served net.Listener = lis
+	if limited {
+		served = b.LimitListener(lis)
+	}
+	go func() { _ = tb.srv.Serve(served) }()
 	tb.conn, err = grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -27,27 +27,8 @@ import (
 // connection limits (as qbroker serve runs it) and metrics in reg.
 func startLimited(t *testing.T, reg *prometheus.Registry, mods ...func(*broker.Config)) *testBroker {
 	t.Helper()
-	cfg := broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t), SweepInterval: 100 * time.Millisecond,
-		SessionTimeout: 4 * time.Second, Registerer: reg}
-	for _, m := range mods {
-		m(&cfg)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, err := broker.New(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := &testBroker{b: b, srv: b.GRPCServer(), addr: lis.Addr().String()}
-	go func() { _ = tb.srv.Serve(b.LimitListener(lis)) }()
-	tb.conn = dial(t, tb.addr)
-	tb.client = pb.NewQueueClient(tb.conn)
-	t.Cleanup(tb.stop)
-	return tb
+	mods = append([]func(*broker.Config){func(c *broker.Config) { c.Registerer = reg }}, mods...)
+	return launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t), true, mods...)
 }
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {
