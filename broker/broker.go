@@ -24,7 +24,7 @@ import (
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/events"
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -49,10 +49,10 @@ type Config struct {
 	ZKSessions int
 	// MaxPayload, MaxBatchBytes, MaxBatchCount: publish limits (defaults
 	// 512 KiB, 900 KiB or MaxPayload when larger, 1000). MaxPayload is at
-	// most qcore.HardMaxPayload (1008 KiB); MaxBatchBytes is at least
+	// most zkqueue.HardMaxPayload (1008 KiB); MaxBatchBytes is at least
 	// MaxPayload and at most HardMaxPayload, and counts each message's
 	// payload plus its overhead in the ZooKeeper transaction
-	// (qcore.Store.MessageOverhead: 157 bytes plus the queue name's length
+	// (zkqueue.Queue.MessageOverhead: 157 bytes plus the queue name's length
 	// under the default root). The gRPC server accepts requests up to the
 	// larger of the two plus requestSlack; larger ones fail with
 	// ResourceExhausted before the broker sees them.
@@ -207,10 +207,10 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.MaxBatchBytes == 0 && c.MaxPayload > qcore.DefaultMaxBatchBytes {
+	if c.MaxBatchBytes == 0 && c.MaxPayload > zkqueue.DefaultMaxBatchBytes {
 		c.MaxBatchBytes = c.MaxPayload
 	}
-	lim := qcore.Config{MaxPayload: c.MaxPayload, MaxBatchBytes: c.MaxBatchBytes, MaxBatchCount: c.MaxBatchCount}
+	lim := zkqueue.Limits{MaxPayload: c.MaxPayload, MaxBatchBytes: c.MaxBatchBytes, MaxBatchCount: c.MaxBatchCount}
 	if err := lim.Validate(); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
@@ -223,7 +223,7 @@ func (c *Config) setDefaults() error {
 
 // requestSlack is what a publish request within the limits carries besides
 // the bytes the limits count: the queue name and the protobuf framing of one
-// message. (A batch's messages each count qcore.Store.MessageOverhead, far
+// message. (A batch's messages each count zkqueue.Queue.MessageOverhead, far
 // more than their framing.)
 const requestSlack = 1 << 10
 
@@ -253,8 +253,8 @@ type Broker struct {
 	extra   []*zk.Conn     // further sessions, split into writers and readers
 	writers []*zk.Conn     // group-commit sessions
 	readers []*zk.Conn     // claims' read sessions
-	batcher *qcore.Batcher // group commit of all queues' writes
-	recent  *qcore.Budget  // all queues' memory of messages published here
+	batcher *zkqueue.Committer // group commit of all queues' writes
+	recent  *zkqueue.Budget  // all queues' memory of messages published here
 	metrics *metrics
 	health  *health.Server
 	events  events.Sink
@@ -324,8 +324,9 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		b.extra = append(b.extra, c)
 	}
 	b.writers, b.readers = splitSessions(conn, b.extra)
-	b.batcher = qcore.NewBatcher(b.writers, batchWorkers, batchMaxOps, batchMaxBytes, b.observeZK)
-	b.recent = qcore.NewBudget(recentBytes)
+	b.batcher = zkqueue.NewCommitter(b.writers, zkqueue.CommitterConfig{
+		Workers: batchWorkers, MaxOps: batchMaxOps, MaxBytes: batchMaxBytes, Observer: b.observeZK})
+	b.recent = zkqueue.NewBudget(recentBytes)
 	for !b.hasSession.Load() {
 		select {
 		case <-ctx.Done():

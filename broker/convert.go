@@ -4,12 +4,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // toPB converts a delivered message; the lease deadline is set for
 // at-least-once deliveries (leasedPB adds their token).
-func toPB(queue string, m qcore.Message, l *qcore.Lease) *pb.Message {
+func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
 	out := &pb.Message{
 		Queue:         queue,
 		Id:            m.ID,
@@ -25,7 +25,7 @@ func toPB(queue string, m qcore.Message, l *qcore.Lease) *pb.Message {
 }
 
 // leasedPB converts an at-least-once delivery, with its signed ack token.
-func (b *Broker) leasedPB(queue string, l *qcore.Lease) *pb.Message {
+func (b *Broker) leasedPB(queue string, l *zkqueue.Lease) *pb.Message {
 	out := toPB(queue, l.Message, l)
 	out.AckToken = makeToken(b.tokenKey, queue, *l)
 	return out

@@ -6,7 +6,7 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/events"
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // MaxResponseBytes bounds every message the broker sends: 4 MiB, gRPC's
@@ -29,8 +29,8 @@ const consumeBatchBytes = 64 << 10
 func msgOverhead(queue string) int { return 2*len(queue) + 512 }
 
 // room is the byte budget of one answer's messages from q.
-func room(q *queue, bytes int) qcore.Room {
-	return qcore.Room{Bytes: bytes, Overhead: msgOverhead(q.name)}
+func room(q *queue, bytes int) zkqueue.Room {
+	return zkqueue.Room{Bytes: bytes, Overhead: msgOverhead(q.name)}
 }
 
 // sendMargin is how much of a lease must be left for the broker to hand
@@ -43,7 +43,7 @@ func sendMargin(ttl time.Duration) time.Duration {
 // claimed is one message taken for a consumer and not yet sent.
 type claimed struct {
 	msg     *pb.Message
-	m       qcore.Message
+	m       zkqueue.Message
 	lease   string    // at least once: the lease node's name
 	expires time.Time // at least once: the lease deadline
 	session int64     // the broker's session count when claimed

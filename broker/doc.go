@@ -22,13 +22,13 @@
 //
 // # Dispatch
 //
-// A broker holds one qcore.Store per queue, shared by all its local
+// A broker holds one zkqueue.Queue per queue, shared by all its local
 // consumers: one sorted snapshot and one children watch, from which each
 // consumer takes distinct candidates (no local races; no goroutine and no
 // ZooKeeper traffic for an idle queue). Brokers with consumers on the same
 // queue split it by sequence number modulo their count and take their own
 // share first. Writes (claims, acks, releases, publishes) of concurrent
-// callers share Multi transactions through one qcore.Batcher per broker.
+// callers share Multi transactions through one zkqueue.Committer per broker.
 // The broker opens Config.ZKSessions sessions: the first for watches,
 // scans and ephemeral nodes, the others split between group-commit writes
 // and claims' reads (ZooKeeper answers a session's read only after its

@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Membership and leadership.
@@ -119,13 +119,13 @@ func (b *Broker) dropOrphans(children []string, me string) error {
 // predecessor returns the election node just before me, or lead when me
 // is the lowest. Election nodes are "n-<seq>", ordered by their sequence.
 func predecessor(children []string, me string) (pred string, lead bool) {
-	mine, ok := qcore.ParseName("qn-" + me[2:])
+	mine, ok := zkqueue.ParseName("qn-" + me[2:])
 	if !ok {
 		return "", true
 	}
-	var best qcore.Name
+	var best zkqueue.Name
 	for _, c := range children {
-		n, ok := qcore.ParseName("qn-" + c[min(2, len(c)):])
+		n, ok := zkqueue.ParseName("qn-" + c[min(2, len(c)):])
 		if !ok || n.Seq >= mine.Seq {
 			continue
 		}

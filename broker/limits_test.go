@@ -13,7 +13,7 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -22,7 +22,7 @@ import (
 // broker's own InvalidArgument naming the limit, and only a request well
 // past every limit is refused by gRPC itself (ResourceExhausted).
 func TestLargestPayloadIsAccepted(t *testing.T) {
-	b := newBroker(t, zktest.Root(t), func(c *broker.Config) { c.MaxPayload = qcore.HardMaxPayload })
+	b := newBroker(t, zktest.Root(t), func(c *broker.Config) { c.MaxPayload = zkqueue.HardMaxPayload })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "big"})
@@ -30,13 +30,13 @@ func TestLargestPayloadIsAccepted(t *testing.T) {
 		_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "big", Messages: []*pb.OutMessage{{Payload: bytes.Repeat([]byte{'x'}, size)}}})
 		return err
 	}
-	if err := publish(qcore.HardMaxPayload); err != nil {
-		t.Fatalf("publish of %d bytes with --max-payload %d: %v", qcore.HardMaxPayload, qcore.HardMaxPayload, err)
+	if err := publish(zkqueue.HardMaxPayload); err != nil {
+		t.Fatalf("publish of %d bytes with --max-payload %d: %v", zkqueue.HardMaxPayload, zkqueue.HardMaxPayload, err)
 	}
 	for _, mode := range []pb.DeliveryMode{pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE, pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE} {
 		ms := receive(t, b.client, &pb.ReceiveRequest{Queue: "big", Mode: mode})
-		if len(ms) != 1 || len(ms[0].GetPayload()) != qcore.HardMaxPayload {
-			t.Fatalf("%v: received %d messages, want the one of %d bytes", mode, len(ms), qcore.HardMaxPayload)
+		if len(ms) != 1 || len(ms[0].GetPayload()) != zkqueue.HardMaxPayload {
+			t.Fatalf("%v: received %d messages, want the one of %d bytes", mode, len(ms), zkqueue.HardMaxPayload)
 		}
 		if mode == alo {
 			if _, err := b.client.Nack(ctx, &pb.NackRequest{AckToken: ms[0].GetAckToken()}); err != nil {
@@ -45,12 +45,12 @@ func TestLargestPayloadIsAccepted(t *testing.T) {
 		}
 	}
 
-	err := publish(qcore.HardMaxPayload + 1)
-	limit := strconv.Itoa(qcore.HardMaxPayload)
+	err := publish(zkqueue.HardMaxPayload + 1)
+	limit := strconv.Itoa(zkqueue.HardMaxPayload)
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), limit) {
 		t.Fatalf("payload one byte over: got %v, want InvalidArgument naming %s", err, limit)
 	}
-	if err := publish(qcore.HardMaxPayload + 64<<10); status.Code(err) != codes.ResourceExhausted {
+	if err := publish(zkqueue.HardMaxPayload + 64<<10); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("payload 64 KiB over: got %v, want ResourceExhausted from gRPC", err)
 	}
 	if st := stats(t, b.client, "big"); st.GetReady() != 0 || st.GetInFlight() != 0 {
@@ -87,7 +87,7 @@ func TestConfigValidation(t *testing.T) {
 		{"visibility too long", func(c *broker.Config) { c.DefaultVisibility = 13 * time.Hour }, "DefaultVisibility 13h0m0s"},
 		{"negative stats interval", func(c *broker.Config) { c.StatsInterval = -time.Second }, "StatsInterval -1s"},
 		{"negative payload", func(c *broker.Config) { c.MaxPayload = -1 }, "max payload -1"},
-		{"payload too large", func(c *broker.Config) { c.MaxPayload = qcore.HardMaxPayload + 1 }, strconv.Itoa(qcore.HardMaxPayload + 1)},
+		{"payload too large", func(c *broker.Config) { c.MaxPayload = zkqueue.HardMaxPayload + 1 }, strconv.Itoa(zkqueue.HardMaxPayload + 1)},
 		{"batch below payload", func(c *broker.Config) { c.MaxPayload = 4096; c.MaxBatchBytes = 1024 }, "MaxBatchBytes 1024 < MaxPayload 4096"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

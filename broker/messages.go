@@ -10,7 +10,7 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/events"
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Request limits.
@@ -28,7 +28,7 @@ const (
 )
 
 // emitSized emits an event for a message known by its size only.
-func (b *Broker) emitSized(kind events.Kind, q *queue, m qcore.Message, size int) {
+func (b *Broker) emitSized(kind events.Kind, q *queue, m zkqueue.Message, size int) {
 	if b.events == nil {
 		return
 	}
@@ -45,7 +45,7 @@ func (b *Broker) emitSized(kind events.Kind, q *queue, m qcore.Message, size int
 	})
 }
 
-func (b *Broker) emit(kind events.Kind, q *queue, m qcore.Message, member string) {
+func (b *Broker) emit(kind events.Kind, q *queue, m zkqueue.Message, member string) {
 	if b.events == nil {
 		return // no sink: build no events on the message path
 	}
@@ -75,21 +75,16 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	if len(msgs) == 0 {
 		return nil, b.fail(invalidf("no messages to publish"))
 	}
-	prefixes := make([]string, len(msgs))
-	payloads := make([][]byte, len(msgs))
+	drafts := make([]zkqueue.Draft, len(msgs))
 	for i, m := range msgs {
 		p := int(m.GetPriority())
 		switch {
 		case q.meta.Kind != kindPriority && p != 0:
 			return nil, b.fail(wrongKind(q, "a priority needs a PRIORITY queue"))
-		case p > qcore.MaxPriority:
+		case p > zkqueue.MaxPriority:
 			return nil, b.fail(invalidPriority(p))
-		case q.meta.Kind == kindPriority:
-			prefixes[i] = qcore.PriorityPrefix(p)
-		default:
-			prefixes[i] = qcore.FIFOPrefix
 		}
-		payloads[i] = m.GetPayload()
+		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p}
 	}
 	// Past MaxDepth a getChildren answer would no longer fit in one
 	// packet.
@@ -103,10 +98,10 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	var ids []string
 	if len(msgs) == 1 {
 		var id string
-		id, err = q.items.Publish(ctx, prefixes[0], payloads[0])
+		id, err = q.items.PublishPriority(ctx, drafts[0].Priority, drafts[0].Payload)
 		ids = []string{id}
 	} else {
-		ids, err = q.items.PublishBatch(ctx, prefixes, payloads)
+		ids, err = q.items.PublishAll(ctx, drafts)
 	}
 	if err != nil {
 		return nil, b.fail(b.gone(q, err))
@@ -114,7 +109,7 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	q.published(len(ids))
 	b.metrics.published.WithLabelValues(q.label).Add(float64(len(ids)))
 	for i, id := range ids {
-		b.emit(events.Published, q, qcore.Message{ID: id, Payload: payloads[i], Priority: int(msgs[i].GetPriority())}, "")
+		b.emit(events.Published, q, zkqueue.Message{ID: id, Payload: drafts[i].Payload, Priority: drafts[i].Priority}, "")
 	}
 	return &pb.PublishResponse{Ids: ids}, nil
 }
@@ -138,7 +133,7 @@ func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Durat
 
 // take claims up to k messages, and no more than maxBytes of them on the
 // wire (see MaxResponseBytes; the first always fits), in queue order,
-// waiting for the first when block is set (qcore.TakeWithin: the claims
+// waiting for the first when block is set (zkqueue.Queue.Take: the claims
 // run concurrently and their writes share a Multi). A message that does
 // not fit is not claimed: it stays at its place in the queue. The caller
 // sends each (see sendable) and accounts for it with delivered.
@@ -151,7 +146,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, k, maxBytes int
 	session := b.sessions.Load()
 	var out []claimed
 	if d.ack {
-		ls, err := q.leases.TakeLeasesWithin(ctx, k, room(q, maxBytes), d.ttl, block)
+		ls, err := q.leases.Take(ctx, k, room(q, maxBytes), d.ttl, block)
 		if err != nil {
 			return nil, b.gone(q, err)
 		}
@@ -161,7 +156,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, k, maxBytes int
 		}
 		return out, nil
 	}
-	ms, err := qcore.TakeWithin(ctx, q.items, k, room(q, maxBytes), block, q.items.ClaimDeleteFit)
+	ms, err := q.items.Take(ctx, k, room(q, maxBytes), block)
 	if err != nil {
 		return nil, b.gone(q, err)
 	}
@@ -205,7 +200,7 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 	}
 	cs, err := b.take(first, q, d, max, MaxResponseBytes, wait > 0)
 	switch {
-	case errors.Is(err, qcore.ErrEmpty), wait > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+	case errors.Is(err, zkqueue.ErrEmpty), wait > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		return resp, nil
 	case err != nil:
 		return nil, b.fail(err)
@@ -285,8 +280,8 @@ func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) er
 }
 
 // released accounts for a message given back by nack, stream end or expiry.
-func (b *Broker) released(q *queue, m qcore.Message, out qcore.Outcome) {
-	if out == qcore.DeadLettered || out == qcore.Dropped {
+func (b *Broker) released(q *queue, m zkqueue.Message, out zkqueue.Outcome) {
+	if out == zkqueue.DeadLettered || out == zkqueue.Dropped {
 		b.metrics.deadLettered.WithLabelValues(q.label).Inc()
 		b.emit(events.DeadLettered, q, m, "")
 	}
@@ -341,7 +336,7 @@ func (b *Broker) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 	// The page token is the id of the last dead letter of the previous
 	// page: a page starts after it, wherever it went since.
 	after := req.GetPageToken()
-	if _, ok := qcore.ParseName(after); after != "" && !ok {
+	if _, ok := zkqueue.ParseName(after); after != "" && !ok {
 		return nil, b.fail(invalidf("malformed page_token %q", printable(after)))
 	}
 	ms, next, err := q.leases.DeadLettersAfter(ctx, after, limit, room(q, MaxResponseBytes))
@@ -362,7 +357,7 @@ func (b *Broker) Redrive(ctx context.Context, req *pb.RedriveRequest) (*pb.Redri
 		return nil, b.fail(err)
 	}
 	for _, id := range req.GetIds() {
-		if _, ok := qcore.ParseName(id); !ok {
+		if _, ok := zkqueue.ParseName(id); !ok {
 			return nil, b.fail(invalidf("malformed message id %q", printable(id)))
 		}
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // MaxNameLen is the longest queue name or member id.
@@ -69,7 +69,7 @@ type ackToken struct {
 // macLen is the length of a token's mac in bytes, before base64.
 const macLen = 16
 
-func makeToken(key []byte, queue string, l qcore.Lease) string {
+func makeToken(key []byte, queue string, l zkqueue.Lease) string {
 	body := fmt.Sprintf("%s/%s/%d.%d.%d", queue, l.Token, l.Deadline.UnixMilli(), l.Deliveries, len(l.Payload))
 	return body + "." + tokenMAC(key, body)
 }
@@ -96,7 +96,7 @@ func parseToken(tok string) (ackToken, error) {
 	if len(parts) < 2 || len(parts) > 3 || validName("queue", parts[0]) != nil {
 		return ackToken{}, bad
 	}
-	if _, ok := qcore.ParseLeaseName(parts[1]); !ok {
+	if _, ok := zkqueue.ParseLeaseName(parts[1]); !ok {
 		return ackToken{}, bad
 	}
 	t := ackToken{queue: parts[0], lease: parts[1]}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Per-queue layout under /<root>/queues/<name> (whose data is queueMeta):
@@ -40,10 +40,10 @@ type queue struct {
 	path   string
 	meta   queueMeta
 	label  string // metrics label
-	items  *qcore.Store
-	leases *qcore.Leases
+	items  *zkqueue.Queue
+	leases *zkqueue.Leases
 	sync   *syncGate // nil unless kind sync
-	policy qcore.Policy
+	policy zkqueue.Policy
 	gone   <-chan zk.Event // the metadata watch; fires on delete/change
 	used   atomic.Int64    // when a call or a scan last used the handle, unix ns
 
@@ -174,28 +174,29 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	label := b.metrics.labels.get(name)
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
 	q := &queue{name: name, path: p, meta: meta, label: label, gone: watch,
-		policy: qcore.Policy{MaxDeliveries: meta.MaxDeliveries, DeadLetter: meta.DeadLetter}}
+		policy: zkqueue.Policy{MaxDeliveries: meta.MaxDeliveries, DeadLetter: meta.DeadLetter}}
 	share := q.share(b)
-	items, err := qcore.NewStore(b.conn, p+"/items", qcore.Config{
-		MaxPayload:    b.cfg.MaxPayload,
-		MaxBatchBytes: b.cfg.MaxBatchBytes,
-		MaxBatchCount: b.cfg.MaxBatchCount,
-		Strict:        meta.Kind == kindPriority,
-		ConflictHook:  conflicts.Inc,
-		Observer:      b.observeZK,
-		Batcher:       b.batcher,
-		Recent:        b.recent,
-		Readers:       b.readers,
+	opts := []zkqueue.Option{
+		zkqueue.WithLimits(zkqueue.Limits{MaxPayload: b.cfg.MaxPayload, MaxBatchBytes: b.cfg.MaxBatchBytes, MaxBatchCount: b.cfg.MaxBatchCount}),
+		zkqueue.WithConflictHook(conflicts.Inc),
+		zkqueue.WithObserver(b.observeZK),
+		zkqueue.WithCommitter(b.batcher),
+		zkqueue.WithMemory(b.recent),
+		zkqueue.WithReaders(b.readers...),
 		// Every scan is a use: a queue whose consumers wait here is
 		// served here.
-		Share:    func() (int, int) { q.touch(); return share() },
-		Logger:   b.log.With("queue", name),
-		NoCreate: true, // loading never writes (see the layout above)
-	})
+		zkqueue.WithShare(func() (int, int) { q.touch(); return share() }),
+		zkqueue.WithLogger(b.log.With("queue", name)),
+		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
+	}
+	if meta.Kind == kindPriority {
+		opts = append(opts, zkqueue.WithPriorities())
+	}
+	items, err := zkqueue.New(b.conn, p+"/items", opts...)
 	if err != nil {
 		return nil, err
 	}
-	leases, err := qcore.NewLeases(items, p+"/leases", p+"/dead")
+	leases, err := zkqueue.NewLeases(items, p+"/leases", p+"/dead")
 	if err != nil {
 		return nil, err
 	}

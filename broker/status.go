@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -56,19 +56,19 @@ func codeOf(err error) codes.Code {
 		return codes.Canceled
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
-	case errors.Is(err, errInvalid), errors.Is(err, qcore.ErrTooLarge), errors.Is(err, qcore.ErrBatchTooLarge),
-		errors.Is(err, qcore.ErrEmptyBatch), errors.Is(err, qcore.ErrBadPriority):
+	case errors.Is(err, errInvalid), errors.Is(err, zkqueue.ErrTooLarge), errors.Is(err, zkqueue.ErrBatchTooLarge),
+		errors.Is(err, zkqueue.ErrEmptyBatch), errors.Is(err, zkqueue.ErrBadPriority):
 		return codes.InvalidArgument
 	case errors.Is(err, errQueueNotFound):
 		return codes.NotFound
 	case errors.Is(err, errQueueExists), errors.Is(err, errMemberExists):
 		return codes.AlreadyExists
-	case errors.Is(err, errWrongKind), errors.Is(err, errNotOpen), errors.Is(err, qcore.ErrUnknownLease),
+	case errors.Is(err, errWrongKind), errors.Is(err, errNotOpen), errors.Is(err, zkqueue.ErrUnknownLease),
 		errors.Is(err, errSyncGroup):
 		return codes.FailedPrecondition
 	case errors.Is(err, errLimit):
 		return codes.ResourceExhausted
-	case errors.Is(err, errClosing), errors.Is(err, qcore.ErrBatcherClosed), zkutil.IsUnavailable(err),
+	case errors.Is(err, errClosing), errors.Is(err, zkqueue.ErrCommitterClosed), zkutil.IsUnavailable(err),
 		errors.Is(err, errStalled):
 		return codes.Unavailable
 	case errors.Is(err, errQueueDeleting):
@@ -107,5 +107,5 @@ func wrongKind(q *queue, what string) error {
 }
 
 func invalidPriority(p int) error {
-	return fmt.Errorf("%w: %d not in [0, %d]", qcore.ErrBadPriority, p, qcore.MaxPriority)
+	return fmt.Errorf("%w: %d not in [0, %d]", zkqueue.ErrBadPriority, p, zkqueue.MaxPriority)
 }

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 func TestToStatus(t *testing.T) {
@@ -20,16 +20,16 @@ func TestToStatus(t *testing.T) {
 		want codes.Code
 	}{
 		{invalidf("bad name"), codes.InvalidArgument},
-		{fmt.Errorf("publish: %w", qcore.ErrTooLarge), codes.InvalidArgument},
-		{qcore.ErrBatchTooLarge, codes.InvalidArgument},
-		{qcore.ErrEmptyBatch, codes.InvalidArgument},
+		{fmt.Errorf("publish: %w", zkqueue.ErrTooLarge), codes.InvalidArgument},
+		{zkqueue.ErrBatchTooLarge, codes.InvalidArgument},
+		{zkqueue.ErrEmptyBatch, codes.InvalidArgument},
 		{invalidPriority(300), codes.InvalidArgument},
 		{fmt.Errorf("%w: q", errQueueNotFound), codes.NotFound},
 		{errQueueExists, codes.AlreadyExists},
 		{fmt.Errorf("member m %w queue q", errMemberExists), codes.AlreadyExists},
 		{errWrongKind, codes.FailedPrecondition},
 		{errNotOpen, codes.FailedPrecondition},
-		{fmt.Errorf("ack: %w", qcore.ErrUnknownLease), codes.FailedPrecondition},
+		{fmt.Errorf("ack: %w", zkqueue.ErrUnknownLease), codes.FailedPrecondition},
 		{errSyncGroup, codes.FailedPrecondition},
 		{errLimit, codes.ResourceExhausted},
 		{errClosing, codes.Unavailable},

@@ -9,14 +9,15 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // The leader's lease sweep.
 //
 // The leader keeps one children watch on queues/ and, for every queue, a
 // data watch on its metadata (for its policy, and whether it is being
-// deleted) and a qcore.LeaseSweeper: a children watch on the queue's
+// deleted) and a zkqueue.LeaseSweeper: a children watch on the queue's
 // leases parent and the deadlines of its leases, each read once. A sweep
 // visits only the queues where something changed or a known deadline
 // passed, so while nothing happens it makes no ZooKeeper request: an idle
@@ -53,11 +54,11 @@ type sweptQueue struct {
 	name     string
 	meta     <-chan zk.Event // data watch of the metadata; nil: read it (again)
 	usable   bool            // metadata read and decoded
-	policy   qcore.Policy
+	policy   zkqueue.Policy
 	deleting bool
 	marked   time.Time // when the deletion mark was set
 	version  int32     // of the metadata
-	leases   *qcore.LeaseSweeper
+	leases   *zkqueue.LeaseSweeper
 	noLeases bool // the leases parent is missing: nothing to sweep until the metadata changes
 }
 
@@ -68,7 +69,7 @@ func (b *Broker) newLeaseSweep() *leaseSweep {
 // due reports whether q needs a visit at now; it makes no request.
 func (q *sweptQueue) due(now time.Time) bool {
 	switch {
-	case qcore.Fired(q.meta):
+	case zkutil.Fired(q.meta):
 		return true
 	case !q.usable:
 		return false
@@ -83,7 +84,7 @@ func (q *sweptQueue) due(now time.Time) bool {
 // run is one sweep: it follows the queues' creations and deletions, then
 // visits the queues that are due, sweepWorkers at a time.
 func (s *leaseSweep) run() error {
-	if qcore.Fired(s.watch) {
+	if zkutil.Fired(s.watch) {
 		s.watch = nil
 		names, _, w, err := s.b.childrenW(s.b.queuesPath())
 		if err != nil {
@@ -139,7 +140,7 @@ func (s *leaseSweep) run() error {
 func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 	b := s.b
 	p := b.queuePath(q.name)
-	if qcore.Fired(q.meta) {
+	if zkutil.Fired(q.meta) {
 		q.meta = nil
 		data, stat, w, err := b.getW(p)
 		if errors.Is(err, zk.ErrNoNode) {
@@ -152,7 +153,7 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 		// Deleted and created anew, or marked: start over.
 		*q = sweptQueue{name: q.name, meta: w, usable: err == nil, deleting: m.Deleting,
 			marked: time.UnixMilli(stat.Mtime), version: stat.Version,
-			policy: qcore.Policy{MaxDeliveries: m.MaxDeliveries, DeadLetter: m.DeadLetter}}
+			policy: zkqueue.Policy{MaxDeliveries: m.MaxDeliveries, DeadLetter: m.DeadLetter}}
 		if !q.due(now) {
 			return nil
 		}
@@ -167,8 +168,8 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 		return b.removeQueue(ctx, q.name, q.version)
 	}
 	if q.leases == nil {
-		q.leases = qcore.NewLeaseSweeper(b.conn, p+"/items", p+"/leases", p+"/dead",
-			qcore.SweeperConfig{Observer: b.observeZK, Batcher: b.batcher})
+		q.leases = zkqueue.NewLeaseSweeper(b.conn, p+"/items", p+"/leases", p+"/dead",
+			zkqueue.SweeperConfig{Observer: b.observeZK, Committer: b.batcher})
 	}
 	if !q.leases.Due(now) {
 		return nil
@@ -187,7 +188,7 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 // released accounts for the leases a sweep released. A queue this broker
 // consumes also gets its snapshot dropped, so the requeued messages are
 // seen at once.
-func (s *leaseSweep) released(name string, expired []qcore.Expired) {
+func (s *leaseSweep) released(name string, expired []zkqueue.Expired) {
 	b := s.b
 	b.queuesMu.Lock()
 	q := b.queues[name]
@@ -198,10 +199,10 @@ func (s *leaseSweep) released(name string, expired []qcore.Expired) {
 	requeued := false
 	for _, e := range expired {
 		b.released(q, e.Message, e.Outcome)
-		requeued = requeued || e.Outcome == qcore.Requeued
+		requeued = requeued || e.Outcome == zkqueue.Requeued
 	}
 	if requeued && q.items != nil {
-		q.items.Reset()
+		q.items.Rescan()
 	}
 	b.log.Debug("released expired leases", "queue", name, "count", len(expired))
 }

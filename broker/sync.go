@@ -8,7 +8,7 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/events"
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/syncqueue"
 )
 
@@ -100,7 +100,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 			b.log.Debug("sync leave", "queue", q.name, "member", req.GetMemberId(), "err", err)
 		}
 	}()
-	b.emit(events.SyncJoined, q, qcore.Message{}, req.GetMemberId())
+	b.emit(events.SyncJoined, q, zkqueue.Message{}, req.GetMemberId())
 
 	var last syncqueue.Status
 	for {
@@ -120,7 +120,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 			return nil
 		}
 		if st.Open {
-			b.emit(events.SyncOpened, q, qcore.Message{}, "")
+			b.emit(events.SyncOpened, q, zkqueue.Message{}, "")
 			break
 		}
 	}

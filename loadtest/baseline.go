@@ -12,8 +12,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // BaselineResult is what a baseline measured on the same ZooKeeper as
@@ -61,7 +61,7 @@ func baselineRoot(queue string) string { return "/qbroker-loadtest-baselines/" +
 // of the configured size in the broker's encoding, so ZooKeeper moves the
 // same bytes as for qbroker.
 func baselineData(cfg *Config) []byte {
-	return qcore.EncodeData(encodePayload(nil, cfg.Payload, msgKey{}, time.Now()), time.Now(), 0)
+	return zkqueue.EncodeData(encodePayload(nil, cfg.Payload, msgKey{}, time.Now()), time.Now(), 0)
 }
 
 // openSessions opens n ZooKeeper sessions and waits until each has one.
@@ -131,7 +131,7 @@ func removeTree(ctx context.Context, conn *zk.Conn, p string) error {
 	for i, c := range children {
 		paths[i] = p + "/" + c
 	}
-	if _, err := qcore.DeleteNodes(ctx, conn, paths); err != nil {
+	if _, err := zkutil.DeleteNodes(ctx, conn, paths); err != nil {
 		return err
 	}
 	for ; p != "/"; p = path.Dir(p) {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -109,7 +109,7 @@ func naiveTake(conn *zk.Conn, parent string, stop *atomic.Bool, onGet, onDelete 
 		if err != nil {
 			return takeError
 		}
-		names, _ := qcore.SortNames(children)
+		names, _ := zkqueue.SortNames(children)
 		if len(names) == 0 {
 			return takeEmpty
 		}
@@ -145,7 +145,7 @@ func prefill(conn *zk.Conn, parent string, data []byte, n int) error {
 		k := min(n, per)
 		ops := make([]any, k)
 		for i := range ops {
-			ops[i] = &zk.CreateRequest{Path: parent + "/" + qcore.FIFOPrefix, Data: data, Acl: acl, Flags: zk.FlagSequence}
+			ops[i] = &zk.CreateRequest{Path: parent + "/" + zkqueue.FIFOPrefix, Data: data, Acl: acl, Flags: zk.FlagSequence}
 		}
 		if _, err := conn.Multi(ops...); err != nil {
 			return err

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Config is one load test: the topology, the workload, the baselines and
@@ -323,8 +323,8 @@ func parsePriorityMix(s string) ([]PriorityShare, error) {
 			return nil, fmt.Errorf("term %q: want priority:percent", term)
 		}
 		p, err := strconv.Atoi(strings.TrimSpace(ps))
-		if err != nil || p < 0 || p > qcore.MaxPriority {
-			return nil, fmt.Errorf("term %q: priority not in [0, %d]", term, qcore.MaxPriority)
+		if err != nil || p < 0 || p > zkqueue.MaxPriority {
+			return nil, fmt.Errorf("term %q: priority not in [0, %d]", term, zkqueue.MaxPriority)
 		}
 		if seen[p] {
 			return nil, fmt.Errorf("priority %d given twice", p)

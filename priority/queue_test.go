@@ -13,9 +13,9 @@ import (
 	"github.com/go-zookeeper/zk"
 	"go.uber.org/goleak"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zktest"
 	"github.com/qbroker/qbroker/priority"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 func newQueue(t *testing.T, conn *zk.Conn, path string, opts ...priority.Option) *priority.Queue {
@@ -27,9 +27,9 @@ func newQueue(t *testing.T, conn *zk.Conn, path string, opts ...priority.Option)
 	return q
 }
 
-func parse(t *testing.T, id string) qcore.Name {
+func parse(t *testing.T, id string) zkqueue.Name {
 	t.Helper()
-	n, ok := qcore.ParseName(id)
+	n, ok := zkqueue.ParseName(id)
 	if !ok {
 		t.Fatalf("message id %q does not parse", id)
 	}
@@ -40,7 +40,7 @@ func parse(t *testing.T, id string) qcore.Name {
 type delivery struct {
 	consumer   int
 	id         string
-	name       qcore.Name
+	name       zkqueue.Name
 	start, end time.Time
 }
 
@@ -131,7 +131,7 @@ func drain(ctx context.Context, qs []*priority.Queue, total int) ([][]delivery, 
 					}
 					return
 				}
-				n, ok := qcore.ParseName(m.ID)
+				n, ok := zkqueue.ParseName(m.ID)
 				if !ok || n.Priority != m.Priority {
 					errc <- fmt.Errorf("message %s: priority %d does not match its name", m.ID, m.Priority)
 					return
@@ -199,7 +199,7 @@ func TestDrainAfterPublishIsOrdered(t *testing.T) {
 	for c, ds := range out {
 		t.Logf("consumer %d delivered %d", c, len(ds))
 		for k := 1; k < len(ds); k++ {
-			if qcore.Compare(ds[k-1].name, ds[k].name) >= 0 {
+			if zkqueue.Compare(ds[k-1].name, ds[k].name) >= 0 {
 				t.Errorf("consumer %d: delivered %s after %s", c, ds[k].id, ds[k-1].id)
 			}
 		}
@@ -241,7 +241,7 @@ func TestConcurrentPublishDrainOrder(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	taken := checkExactlyOnce(t, pub, r.out)
-	names := make(map[string]qcore.Name, len(pub))
+	names := make(map[string]zkqueue.Name, len(pub))
 	for id := range pub {
 		names[id] = parse(t, id)
 	}
@@ -250,11 +250,11 @@ func TestConcurrentPublishDrainOrder(t *testing.T) {
 	for c, ds := range r.out {
 		for k := 1; k < len(ds); k++ {
 			b := ds[k]
-			if qcore.Compare(ds[k-1].name, b.name) > 0 {
+			if zkqueue.Compare(ds[k-1].name, b.name) > 0 {
 				decreases++
 			}
 			for id, at := range pub {
-				if qcore.Compare(names[id], b.name) >= 0 || !taken[id].After(b.end) {
+				if zkqueue.Compare(names[id], b.name) >= 0 || !taken[id].After(b.end) {
 					continue
 				}
 				// id is more urgent than b and was still queued when b
@@ -407,7 +407,7 @@ func TestBadPriorityWritesNothing(t *testing.T) {
 	q := newQueue(t, conn, path, priority.WithMaxPayload(1024))
 
 	for _, p := range []int{-1, priority.MaxPriority + 1, 1000} {
-		if _, err := q.Publish(ctx, p, []byte("x")); !errors.Is(err, priority.ErrBadPriority) || !errors.Is(err, qcore.ErrBadPriority) {
+		if _, err := q.Publish(ctx, p, []byte("x")); !errors.Is(err, priority.ErrBadPriority) || !errors.Is(err, zkqueue.ErrBadPriority) {
 			t.Errorf("Publish at priority %d: got %v, want ErrBadPriority", p, err)
 		}
 	}
@@ -442,7 +442,7 @@ func TestBadPriorityWritesNothing(t *testing.T) {
 func TestFIFOWithinPriority(t *testing.T) {
 	ctx := context.Background()
 	q := newQueue(t, zktest.Conn(t), zktest.Root(t)+"/q")
-	if _, err := q.TryDequeue(ctx); !errors.Is(err, priority.ErrEmpty) || !errors.Is(err, qcore.ErrEmpty) {
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, priority.ErrEmpty) || !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Fatalf("TryDequeue on empty queue: got %v, want ErrEmpty", err)
 	}
 	if _, err := q.Peek(ctx); !errors.Is(err, priority.ErrEmpty) {

@@ -4,28 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"path"
 	"regexp"
 	"sync"
 
 	"github.com/go-zookeeper/zk"
-
-	"github.com/qbroker/qbroker/internal/qcore"
-	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Message is a message taken from or peeked at in a queue.
-type Message = qcore.Message
+type Message = zkqueue.Message
 
 // Sentinel errors, wrapped with the operation and path; use errors.Is. The
-// first five are the values package zkqueue re-exports.
+// first five are package zkqueue's.
 var (
-	ErrEmpty         = qcore.ErrEmpty         // TryDequeue, Peek: nothing to take
-	ErrTooLarge      = qcore.ErrTooLarge      // payload over the limit
-	ErrBatchTooLarge = qcore.ErrBatchTooLarge // batch over the count or byte limit
-	ErrEmptyBatch    = qcore.ErrEmptyBatch    // PublishBatch with no payloads
-	ErrBadData       = qcore.ErrBadData       // a message node with a corrupt header
+	ErrEmpty         = zkqueue.ErrEmpty         // TryDequeue, Peek: nothing to take
+	ErrTooLarge      = zkqueue.ErrTooLarge      // payload over the limit
+	ErrBatchTooLarge = zkqueue.ErrBatchTooLarge // batch over the count or byte limit
+	ErrEmptyBatch    = zkqueue.ErrEmptyBatch    // PublishBatch with no payloads
+	ErrBadData       = zkqueue.ErrBadData       // a message node with a corrupt header
 
 	// ErrNotOpen: TryDequeue before the group is complete (no start node).
 	ErrNotOpen = errors.New("syncqueue: queue is not open")
@@ -43,40 +40,25 @@ var (
 	ErrLeft = errors.New("syncqueue: membership left")
 )
 
-// Default limits.
-const (
-	DefaultMaxPayload    = qcore.DefaultMaxPayload
-	DefaultMaxBatchBytes = qcore.DefaultMaxBatchBytes
-	DefaultMaxBatchCount = qcore.DefaultMaxBatchCount
-	// MaxMembers bounds the group size: the start node records the
-	// group's member ids and must stay well under jute.maxbuffer.
-	MaxMembers = 1000
+// MaxMembers bounds the group size: the start node records the group's
+// member ids and must stay well under jute.maxbuffer.
+const MaxMembers = 1000
+
+// Option configures a Queue's messages: any of package zkqueue's options.
+type Option = zkqueue.Option
+
+// The options most used with a synchronizing queue, package zkqueue's.
+var (
+	WithMaxPayload    = zkqueue.WithMaxPayload    // largest payload (default 512 KiB)
+	WithMaxBatchBytes = zkqueue.WithMaxBatchBytes // bound on one PublishBatch's bytes
+	WithMaxBatchCount = zkqueue.WithMaxBatchCount // bound on one PublishBatch's messages
+	WithLogger        = zkqueue.WithLogger        // logger for skipped foreign nodes
+	// WithoutCreate makes New read only: the queue's nodes (path,
+	// path/items, path/members) must exist already. A process that also
+	// deletes queues needs it, so that a Queue opened while its queue is
+	// being deleted does not create the nodes again.
+	WithoutCreate = zkqueue.WithoutCreate
 )
-
-// Option configures a Queue.
-type Option func(*qcore.Config)
-
-// WithMaxPayload sets the largest payload Publish accepts (default 512 KiB;
-// at most just under 1 MiB).
-func WithMaxPayload(n int) Option { return func(c *qcore.Config) { c.MaxPayload = n } }
-
-// WithMaxBatchBytes bounds the total size of one PublishBatch.
-func WithMaxBatchBytes(n int) Option { return func(c *qcore.Config) { c.MaxBatchBytes = n } }
-
-// WithMaxBatchCount bounds the number of messages in one PublishBatch.
-func WithMaxBatchCount(n int) Option { return func(c *qcore.Config) { c.MaxBatchCount = n } }
-
-// WithLogger sets the logger for skipped foreign nodes; default discards.
-func WithLogger(l *slog.Logger) Option { return func(c *qcore.Config) { c.Logger = l } }
-
-// WithConflictHook sets a function called once per lost race for the head.
-func WithConflictHook(f func()) Option { return func(c *qcore.Config) { c.ConflictHook = f } }
-
-// WithoutCreate makes New read only: the queue's nodes (path, path/items,
-// path/members) must exist already. A process that also deletes queues
-// needs it, so that a Queue opened while its queue is being deleted does
-// not create the nodes again.
-func WithoutCreate() Option { return func(c *qcore.Config) { c.NoCreate = true } }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
@@ -94,14 +76,19 @@ func checkPath(p string) error {
 	return nil
 }
 
-// Queue is a synchronizing queue under one ZooKeeper path: a FIFO queue
-// that opens to consumers once a group of members is complete. It is safe
-// for concurrent use; share one Queue among the goroutines of a process.
+// Queue is a synchronizing queue under one ZooKeeper path: a FIFO
+// zkqueue.Queue (path/items) behind a gate that opens once a group of
+// members is complete. Publish, PublishBatch, Peek, Len and Purge are
+// zkqueue's and work whether or not the gate is open; TryDequeue, Dequeue
+// and Take wait for it. The gate's state is cached and refreshed by one
+// exists watch on start, so a take costs no read of it. It is safe for
+// concurrent use; share one Queue among the goroutines of a process.
 type Queue struct {
+	*zkqueue.Queue // path/items
+
 	conn    *zk.Conn
 	path    string
 	members int
-	store   *qcore.Store // path/items
 
 	mu    sync.Mutex
 	open  bool            // start existed at the last read
@@ -119,20 +106,16 @@ func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error
 	if err := checkPath(path); err != nil {
 		return nil, fmt.Errorf("syncqueue: %w", err)
 	}
-	var cfg qcore.Config
-	for _, o := range opts {
-		o(&cfg)
-	}
-	s, err := qcore.NewStore(conn, path+"/items", cfg)
+	items, err := zkqueue.New(conn, path+"/items", opts...)
 	if err != nil {
-		return nil, fmt.Errorf("syncqueue: %w", err)
+		return nil, err
 	}
-	if !cfg.NoCreate {
-		if err := zkutil.EnsurePath(conn, path+"/members"); err != nil {
-			return nil, fmt.Errorf("syncqueue: %w", err)
-		}
+	// The members parent is created as the items one is: unless
+	// WithoutCreate, which then left items/ alone too.
+	if _, err := zkqueue.New(conn, path+"/members", opts...); err != nil {
+		return nil, err
 	}
-	return &Queue{conn: conn, path: path, members: members, store: s}, nil
+	return &Queue{Queue: items, conn: conn, path: path, members: members}, nil
 }
 
 // Path returns the queue's node.
@@ -177,13 +160,14 @@ func (q *Queue) openState() (bool, <-chan zk.Event, error) {
 	return ok, w, nil
 }
 
-// IsOpen reports whether the group is complete (the start node exists),
-// from a fresh read.
+// IsOpen reports whether the group is complete (the start node exists).
+// The state is read once and then kept by an exists watch on start: a
+// call costs no request until start changes.
 func (q *Queue) IsOpen(ctx context.Context) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	ok, _, err := q.conn.Exists(q.startPath())
+	ok, _, err := q.openState()
 	return ok, q.wrap("is open", err)
 }
 
@@ -231,40 +215,15 @@ func (q *Queue) Reset(ctx context.Context) error {
 	return q.wrap("reset", err)
 }
 
-// Publish appends payload and returns the message id. Publishing is
-// allowed before the queue opens. Errors: ErrTooLarge, or a ZooKeeper
-// error.
-func (q *Queue) Publish(ctx context.Context, payload []byte) (string, error) {
-	id, err := q.store.Publish(ctx, qcore.FIFOPrefix, payload)
-	return id, q.wrap("publish", err)
-}
-
-// PublishBatch appends all payloads atomically, in order, in one Multi
-// transaction: either all are published or none. Errors: ErrEmptyBatch,
-// ErrTooLarge, ErrBatchTooLarge (nothing written), or a ZooKeeper error
-// (nothing written).
-func (q *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, error) {
-	prefixes := make([]string, len(payloads))
-	for i := range prefixes {
-		prefixes[i] = qcore.FIFOPrefix
-	}
-	ids, err := q.store.PublishBatch(ctx, prefixes, payloads)
-	return ids, q.wrap("publish batch", err)
-}
-
 // TryDequeue takes the head message. Errors: ErrNotOpen before the group
 // is complete, ErrEmpty, or a ZooKeeper error. A claim that races with
 // Reset may still succeed.
 func (q *Queue) TryDequeue(ctx context.Context) (Message, error) {
-	open, _, err := q.openState()
+	ms, err := q.Take(ctx, 1, zkqueue.Room{}, false)
 	if err != nil {
-		return Message{}, q.wrap("dequeue", err)
+		return Message{}, err
 	}
-	if !open {
-		return Message{}, q.wrap("dequeue", ErrNotOpen)
-	}
-	m, err := q.store.TryDequeue(ctx)
-	return m, q.wrap("dequeue", err)
+	return ms[0], nil
 }
 
 // errStartChanged cancels a waiting Dequeue when the start node changed.
@@ -276,25 +235,40 @@ var errStartChanged = errors.New("start node changed")
 // is reset while Dequeue waits for a message, it goes back to waiting for
 // the queue to open.
 func (q *Queue) Dequeue(ctx context.Context) (Message, error) {
+	ms, err := q.Take(ctx, 1, zkqueue.Room{}, true)
+	if err != nil {
+		return Message{}, err
+	}
+	return ms[0], nil
+}
+
+// Take takes up to max messages from the head within room (see
+// zkqueue.Queue.Take). Without block: ErrNotOpen before the group is
+// complete, ErrEmpty when there is nothing. With block it waits as Dequeue
+// does.
+func (q *Queue) Take(ctx context.Context, max int, room zkqueue.Room, block bool) ([]Message, error) {
 	for {
 		if err := ctx.Err(); err != nil {
-			return Message{}, err
+			return nil, err
 		}
 		open, w, err := q.openState()
 		if err != nil {
-			return Message{}, q.wrap("dequeue", err)
+			return nil, q.wrap("take", err)
+		}
+		if !open && !block {
+			return nil, q.wrap("take", ErrNotOpen)
 		}
 		if !open {
 			select {
 			case <-w:
 				continue
 			case <-ctx.Done():
-				return Message{}, ctx.Err()
+				return nil, ctx.Err()
 			}
 		}
-		m, err := q.store.TryDequeue(ctx)
-		if !errors.Is(err, ErrEmpty) {
-			return m, q.wrap("dequeue", err)
+		ms, err := q.Queue.Take(ctx, max, room, false)
+		if !block || !errors.Is(err, ErrEmpty) {
+			return ms, err
 		}
 		// Wait for a message, but stop waiting when start changes. The
 		// helper goroutine is owned here: it ends with wctx.
@@ -308,31 +282,12 @@ func (q *Queue) Dequeue(ctx context.Context) (Message, error) {
 			case <-wctx.Done():
 			}
 		}()
-		m, err = q.store.Dequeue(wctx)
+		ms, err = q.Queue.Take(wctx, max, room, true)
 		cancel(nil)
 		<-done
 		if err != nil && ctx.Err() == nil && errors.Is(context.Cause(wctx), errStartChanged) {
 			continue
 		}
-		return m, q.wrap("dequeue", err)
+		return ms, err
 	}
-}
-
-// Peek returns the head message without taking it, or ErrEmpty, whether
-// or not the queue is open.
-func (q *Queue) Peek(ctx context.Context) (Message, error) {
-	m, err := q.store.Peek(ctx)
-	return m, q.wrap("peek", err)
-}
-
-// Len returns the number of messages, open or not.
-func (q *Queue) Len(ctx context.Context) (int, error) {
-	n, err := q.store.Len(ctx)
-	return n, q.wrap("len", err)
-}
-
-// Purge deletes all messages present when it starts and returns how many.
-func (q *Queue) Purge(ctx context.Context) (int, error) {
-	n, err := q.store.Purge(ctx)
-	return n, q.wrap("purge", err)
 }

@@ -11,9 +11,9 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zktest"
 	"github.com/qbroker/qbroker/syncqueue"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 func newQueue(t *testing.T, conn *zk.Conn, path string, members int, opts ...syncqueue.Option) *syncqueue.Queue {
@@ -446,7 +446,7 @@ func TestLimitsAndSentinels(t *testing.T) {
 	conn := zktest.Conn(t)
 	path := zktest.Root(t) + "/sq"
 	q := newQueue(t, conn, path, 1, syncqueue.WithMaxPayload(100), syncqueue.WithMaxBatchCount(2))
-	if _, err := q.Publish(ctx, make([]byte, 101)); !errors.Is(err, syncqueue.ErrTooLarge) || !errors.Is(err, qcore.ErrTooLarge) {
+	if _, err := q.Publish(ctx, make([]byte, 101)); !errors.Is(err, syncqueue.ErrTooLarge) || !errors.Is(err, zkqueue.ErrTooLarge) {
 		t.Errorf("oversized payload: got %v, want ErrTooLarge", err)
 	}
 	if _, err := q.PublishBatch(ctx, [][]byte{{1}, {2}, {3}}); !errors.Is(err, syncqueue.ErrBatchTooLarge) {
@@ -460,7 +460,7 @@ func TestLimitsAndSentinels(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Leave(ctx)
-	if _, err := q.TryDequeue(ctx); !errors.Is(err, syncqueue.ErrEmpty) || !errors.Is(err, qcore.ErrEmpty) {
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, syncqueue.ErrEmpty) || !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Errorf("TryDequeue of an open empty queue: got %v, want ErrEmpty", err)
 	}
 	for _, n := range []int{0, -1, syncqueue.MaxMembers + 1} {

@@ -4,132 +4,441 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"path"
+	"sync/atomic"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
-// Message is a message taken from or peeked at in a queue.
-type Message = qcore.Message
-
-// Sentinel errors, wrapped with the operation and path; use errors.Is.
-var (
-	ErrEmpty         = qcore.ErrEmpty         // TryDequeue, Peek: nothing to take
-	ErrTooLarge      = qcore.ErrTooLarge      // payload over the limit
-	ErrBatchTooLarge = qcore.ErrBatchTooLarge // batch over the count or byte limit
-	ErrEmptyBatch    = qcore.ErrEmptyBatch    // PublishBatch with no payloads
-	ErrBadData       = qcore.ErrBadData       // a message node with a corrupt header
-)
-
-// Default limits.
-const (
-	DefaultMaxPayload    = qcore.DefaultMaxPayload
-	DefaultMaxBatchBytes = qcore.DefaultMaxBatchBytes
-	DefaultMaxBatchCount = qcore.DefaultMaxBatchCount
-)
-
-// Option configures a Queue.
-type Option func(*qcore.Config)
-
-// WithMaxPayload sets the largest payload Publish accepts (default 512 KiB;
-// at most just under 1 MiB).
-func WithMaxPayload(n int) Option { return func(c *qcore.Config) { c.MaxPayload = n } }
-
-// WithMaxBatchBytes bounds the total size of one PublishBatch.
-func WithMaxBatchBytes(n int) Option { return func(c *qcore.Config) { c.MaxBatchBytes = n } }
-
-// WithMaxBatchCount bounds the number of messages in one PublishBatch.
-func WithMaxBatchCount(n int) Option { return func(c *qcore.Config) { c.MaxBatchCount = n } }
-
-// WithLogger sets the logger for skipped foreign nodes; default discards.
-func WithLogger(l *slog.Logger) Option { return func(c *qcore.Config) { c.Logger = l } }
-
-// WithConflictHook sets a function called once per lost race for the head.
-func WithConflictHook(f func()) Option { return func(c *qcore.Config) { c.ConflictHook = f } }
-
-// Queue is a FIFO queue under one ZooKeeper path. It is safe for concurrent
-// use; share one Queue among the goroutines of a process so they share
-// one snapshot and never collide with each other.
+// Queue is a queue of messages under one parent node: FIFO, or by
+// priority with WithPriorities. One Queue per queue per process serves any
+// number of local consumers: they share one dispatcher (dispatch.go), one
+// sorted snapshot of the children and one children watch, take distinct
+// candidates from it, and so never race each other for the head. An idle
+// Queue costs no ZooKeeper traffic: waiting consumers sleep on the watch.
+//
+// A Queue is safe for concurrent use.
 type Queue struct {
-	store *qcore.Store
+	conn    *zk.Conn
+	zk      observed
+	readers []observed // zk and WithReaders's, used round-robin by claims
+	next    atomic.Uint32
+	path    string
+	opt     options
+	recent  *recent // data of messages published here, for read-free claims
+
+	dispatcher
 }
 
-// New returns the queue at path, creating path and its parents as needed.
-func New(conn *zk.Conn, path string, opts ...Option) (*Queue, error) {
-	var cfg qcore.Config
-	for _, o := range opts {
-		o(&cfg)
+// New returns the queue whose messages are the children of p, creating p
+// and its parents when missing (unless WithoutCreate).
+func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
+	if conn == nil {
+		return nil, errors.New("zkqueue: nil zk conn")
 	}
-	s, err := qcore.NewStore(conn, path, cfg)
+	if p == "" || p[0] != '/' || path.Clean(p) != p || p == "/" {
+		return nil, fmt.Errorf("zkqueue: bad queue path %q", p)
+	}
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if !o.noCreate {
+		if err := zkutil.EnsurePath(conn, p); err != nil {
+			return nil, fmt.Errorf("zkqueue: %w", err)
+		}
+	}
+	s := &Queue{conn: conn, zk: observed{conn, o.observer}, path: p, opt: o,
+		recent: newRecent(o.memory), dispatcher: newDispatcher()}
+	for _, r := range o.readers {
+		s.readers = append(s.readers, observed{r, o.observer})
+	}
+	if len(s.readers) == 0 {
+		s.readers = []observed{s.zk}
+	}
+	return s, nil
+}
+
+// Path returns the parent node of the messages.
+func (s *Queue) Path() string { return s.path }
+
+// CheckPayload returns ErrTooLarge when payload exceeds the limit.
+func (s *Queue) CheckPayload(payload []byte) error {
+	if len(payload) > s.opt.limits.MaxPayload {
+		return fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, len(payload), s.opt.limits.MaxPayload)
+	}
+	return nil
+}
+
+// Draft is a message to publish.
+type Draft struct {
+	Payload []byte
+	// Priority, in [0, MaxPriority], 0 the most urgent; 0 in a FIFO
+	// queue.
+	Priority int
+}
+
+// Publish appends payload (at priority 0 in a priority queue) and returns
+// the message id (its node name). Errors: ErrTooLarge, or a ZooKeeper
+// error.
+func (s *Queue) Publish(ctx context.Context, payload []byte) (string, error) {
+	return s.PublishPriority(ctx, 0, payload)
+}
+
+// PublishPriority appends payload with priority p (see Draft).
+func (s *Queue) PublishPriority(ctx context.Context, p int, payload []byte) (string, error) {
+	prefix, err := s.prefix(p)
 	if err != nil {
-		return nil, fmt.Errorf("zkqueue: %w", err)
+		return "", err
 	}
-	return &Queue{store: s}, nil
+	id, err := s.publish(ctx, prefix, payload)
+	return id, s.wrap("publish", err)
 }
 
-// Path returns the queue's node.
-func (q *Queue) Path() string { return q.store.Path() }
-
-func (q *Queue) wrap(op string, err error) error {
-	if err == nil {
-		return nil
+// prefix returns the name prefix of a message of priority p.
+func (s *Queue) prefix(p int) (string, error) {
+	switch {
+	case p < 0 || p > MaxPriority:
+		return "", fmt.Errorf("%w: %d not in [0, %d]", ErrBadPriority, p, MaxPriority)
+	case s.opt.priorities:
+		return PriorityPrefix(p), nil
+	case p != 0:
+		return "", fmt.Errorf("%w: %d in a FIFO queue", ErrBadPriority, p)
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	return FIFOPrefix, nil
+}
+
+// wrap names the operation and the queue in err; context errors are
+// returned as they are.
+func (s *Queue) wrap(op string, err error) error {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return fmt.Errorf("zkqueue: %s %s: %w", op, q.store.Path(), err)
+	return fmt.Errorf("zkqueue: %s %s: %w", op, s.path, err)
 }
 
-// Publish appends payload and returns the message id (its node name).
-// Errors: ErrTooLarge, or a ZooKeeper error.
-func (q *Queue) Publish(ctx context.Context, payload []byte) (string, error) {
-	id, err := q.store.Publish(ctx, qcore.FIFOPrefix, payload)
-	return id, q.wrap("publish", err)
-}
-
-// PublishBatch appends all payloads atomically, in order, in one Multi
-// transaction: either all are published or none. Errors: ErrEmptyBatch,
-// ErrTooLarge, ErrBatchTooLarge (nothing written), or a ZooKeeper error
-// (nothing written).
-func (q *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, error) {
-	prefixes := make([]string, len(payloads))
-	for i := range prefixes {
-		prefixes[i] = qcore.FIFOPrefix
+// publish creates one message node named prefix+<sequence> and returns
+// its name.
+func (s *Queue) publish(ctx context.Context, prefix string, payload []byte) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
 	}
-	ids, err := q.store.PublishBatch(ctx, prefixes, payloads)
-	return ids, q.wrap("publish batch", err)
+	if err := s.CheckPayload(payload); err != nil {
+		return "", err
+	}
+	data := EncodeData(payload, time.Now(), 0)
+	res, err := s.write(ctx, &zk.CreateRequest{
+		Path:  s.path + "/" + prefix,
+		Data:  data,
+		Acl:   zk.WorldACL(zk.PermAll),
+		Flags: zk.FlagSequence,
+	})
+	if err != nil {
+		return "", fmt.Errorf("create in %s: %w", s.path, err)
+	}
+	return s.created(res[0].String, data), nil
 }
 
-// TryDequeue takes the head message or returns ErrEmpty.
-func (q *Queue) TryDequeue(ctx context.Context) (Message, error) {
-	m, err := q.store.TryDequeue(ctx)
-	return m, q.wrap("dequeue", err)
+// PublishBatch appends all payloads (at priority 0 in a priority queue)
+// atomically, in order, in one Multi transaction: either all are
+// published or none. Errors: ErrEmptyBatch, ErrTooLarge, ErrBatchTooLarge
+// (nothing written), or a ZooKeeper error (nothing written).
+func (s *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, error) {
+	drafts := make([]Draft, len(payloads))
+	for i, p := range payloads {
+		drafts[i].Payload = p
+	}
+	return s.PublishAll(ctx, drafts)
 }
 
-// Dequeue takes the head message, waiting on a children watch until one is
-// published or ctx ends (then it returns ctx.Err()).
-func (q *Queue) Dequeue(ctx context.Context) (Message, error) {
-	m, err := q.store.Dequeue(ctx)
-	return m, q.wrap("dequeue", err)
+// PublishAll is PublishBatch for messages with priorities.
+func (s *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error) {
+	prefixes := make([]string, len(drafts))
+	payloads := make([][]byte, len(drafts))
+	for i, d := range drafts {
+		var err error
+		if prefixes[i], err = s.prefix(d.Priority); err != nil {
+			return nil, err
+		}
+		payloads[i] = d.Payload
+	}
+	ids, err := s.publishBatch(ctx, prefixes, payloads)
+	return ids, s.wrap("publish batch", err)
 }
 
-// Peek returns the head message without taking it, or ErrEmpty.
-func (q *Queue) Peek(ctx context.Context) (Message, error) {
-	m, err := q.store.Peek(ctx)
-	return m, q.wrap("peek", err)
+// publishBatch creates all messages in one Multi transaction: all or
+// none. prefixes[i] names payloads[i]. A batch over the count or byte
+// limits is rejected before anything is written.
+func (s *Queue) publishBatch(ctx context.Context, prefixes []string, payloads [][]byte) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(payloads) == 0 {
+		return nil, ErrEmptyBatch
+	}
+	if len(prefixes) != len(payloads) {
+		return nil, fmt.Errorf("%d prefixes for %d payloads", len(prefixes), len(payloads))
+	}
+	if len(payloads) > s.opt.limits.MaxBatchCount {
+		return nil, fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(payloads), s.opt.limits.MaxBatchCount)
+	}
+	// The byte limit bounds the Multi request, so it counts what each
+	// message adds to it besides its payload (MessageOverhead), not the
+	// payloads alone: with MaxBatchBytes <= HardMaxPayload a batch is one
+	// request below jute.maxbuffer.
+	total, overhead := 0, 0
+	for _, p := range payloads {
+		if err := s.CheckPayload(p); err != nil {
+			return nil, err
+		}
+		total += len(p)
+		overhead += s.MessageOverhead()
+	}
+	if total+overhead > s.opt.limits.MaxBatchBytes {
+		return nil, fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
+			ErrBatchTooLarge, len(payloads), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
+	}
+	now := time.Now()
+	ops := make([]any, len(payloads))
+	for i, p := range payloads {
+		ops[i] = &zk.CreateRequest{
+			Path:  s.path + "/" + prefixes[i],
+			Data:  EncodeData(p, now, 0),
+			Acl:   zk.WorldACL(zk.PermAll),
+			Flags: zk.FlagSequence,
+		}
+	}
+	res, err := s.write(ctx, ops...)
+	if err != nil {
+		return nil, fmt.Errorf("multi create in %s: %w", s.path, err)
+	}
+	ids := make([]string, len(res))
+	for i, r := range res {
+		ids[i] = s.created(r.String, ops[i].(*zk.CreateRequest).Data)
+	}
+	return ids, nil
 }
 
-// Len returns the number of messages, read from the queue node's Stat
-// (NumChildren) without listing them.
-func (q *Queue) Len(ctx context.Context) (int, error) {
-	n, err := q.store.Len(ctx)
-	return n, q.wrap("len", err)
+// MessageOverhead is what each message of a batch counts against
+// MaxBatchBytes besides its payload: its header (HeaderMax), its node path
+// (the parent's path and "/" + the longest name prefix + 10 digits) and the
+// framing and ACL of its create op. For a queue's items under /qbroker it
+// is 157 bytes plus the length of the queue name.
+func (s *Queue) MessageOverhead() int {
+	return HeaderMax + len(s.path) + 16 + opOverhead
 }
 
-// Purge deletes all messages present when it starts and returns how many.
-func (q *Queue) Purge(ctx context.Context) (int, error) {
-	n, err := q.store.Purge(ctx)
-	return n, q.wrap("purge", err)
+// created notes a message this process created at path p with data, and
+// returns its name.
+func (s *Queue) created(p string, data []byte) string {
+	name := path.Base(p)
+	if n, ok := ParseName(name); ok {
+		s.recent.put(n, data)
+	}
+	return name
+}
+
+// reader returns the session for a claim's read, round-robin.
+func (s *Queue) reader() observed {
+	if len(s.readers) == 1 {
+		return s.readers[0]
+	}
+	return s.readers[int(s.next.Add(1))%len(s.readers)]
+}
+
+// write runs ops as one transaction: through the Committer when there is
+// one, else as a plain request (one op) or a Multi. Errors name the
+// failing op's cause.
+func (s *Queue) write(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+	if s.opt.committer != nil {
+		return s.opt.committer.Do(ctx, ops...)
+	}
+	if len(ops) == 1 {
+		switch o := ops[0].(type) {
+		case *zk.CreateRequest:
+			p, err := s.zk.Create(o.Path, o.Data, o.Flags, o.Acl)
+			return []zk.MultiResponse{{String: p, Error: err}}, err
+		case *zk.DeleteRequest:
+			err := s.zk.Delete(o.Path, o.Version)
+			return []zk.MultiResponse{{Error: err}}, err
+		}
+	}
+	res, err := s.zk.Multi(ops...)
+	return res, zkutil.MultiError(res, err)
+}
+
+// claimDelete is the at-most-once claim: getData, then delete at the read
+// version. Whoever deletes the node owns the message. If the delete's
+// outcome is unknown (connection lost), the message is not returned: it
+// may be lost, never delivered twice. A message that does not fit the
+// caller's room (see fitClaimFunc) is not deleted.
+func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, error) {
+	p := s.path + "/" + n.Raw
+	data, version, ctime, err := s.readItem(p, n)
+	if err != nil {
+		return Message{}, err
+	}
+	// Undecodable data is deleted all the same (and reported), so that
+	// it cannot block the queue.
+	m, decodeErr := decodeMessage(n, data, ctime, 1)
+	if decodeErr == nil && !fit.admits(len(m.Payload)) {
+		s.unread(n, data, version)
+		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
+	}
+	if _, err := s.write(ctx, &zk.DeleteRequest{Path: p, Version: version}); err != nil {
+		return Message{}, fmt.Errorf("delete %s: %w", p, err)
+	}
+	return m, decodeErr
+}
+
+// Take claims up to max messages from the head, at most once (see
+// claimDelete), within room; otherwise as Leases.Take.
+func (s *Queue) Take(ctx context.Context, max int, room Room, block bool) ([]Message, error) {
+	ms, err := takeWithin(ctx, s, max, room, block, s.claimDelete)
+	return ms, s.wrap("take", err)
+}
+
+func (s *Queue) claimDeleteAll(ctx context.Context, n Name) (Message, error) {
+	return s.claimDelete(ctx, n, nil)
+}
+
+// readItem returns the data, version and creation time of candidate n at
+// p for its claim: remembered when this process published it, else read.
+func (s *Queue) readItem(p string, n Name) (data []byte, version int32, ctime time.Time, err error) {
+	if data, ok := s.recent.take(n.Raw); ok {
+		// Created by this process with a header, so ctime is not needed.
+		return data, 0, time.Now(), nil
+	}
+	data, stat, err := s.reader().Get(p)
+	if err != nil {
+		return nil, 0, time.Time{}, fmt.Errorf("get %s: %w", p, err)
+	}
+	return data, stat.Version, ctimeOf(stat), nil
+}
+
+// unread puts back what readItem took from the memory of published
+// messages, for a candidate given back unclaimed. Data at version 0 is
+// what the message was created with, whoever read it.
+func (s *Queue) unread(n Name, data []byte, version int32) {
+	if version == 0 {
+		s.recent.put(n, data)
+	}
+}
+
+func ctimeOf(stat *zk.Stat) time.Time { return time.UnixMilli(stat.Ctime) }
+
+func decodeMessage(n Name, data []byte, ctime time.Time, addDeliveries int) (Message, error) {
+	payload, pub, deliveries, err := DecodeData(data, ctime)
+	if err != nil {
+		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
+	}
+	return Message{ID: n.Base, Payload: payload, Priority: n.Priority, Published: pub, Deliveries: deliveries + addDeliveries}, nil
+}
+
+// TryDequeue claims the head message (at-most-once) or returns ErrEmpty.
+func (s *Queue) TryDequeue(ctx context.Context) (Message, error) {
+	m, err := take(ctx, s, false, s.claimDeleteAll)
+	return m, s.wrap("dequeue", err)
+}
+
+// Dequeue claims the head message (at-most-once), waiting for one until
+// ctx ends.
+func (s *Queue) Dequeue(ctx context.Context) (Message, error) {
+	m, err := take(ctx, s, true, s.claimDeleteAll)
+	return m, s.wrap("dequeue", err)
+}
+
+// Peek returns the head message without claiming it, or ErrEmpty. It always
+// reads a fresh child list.
+func (s *Queue) Peek(ctx context.Context) (Message, error) {
+	children, _, err := s.zk.Children(s.path)
+	if err != nil {
+		return Message{}, fmt.Errorf("children %s: %w", s.path, err)
+	}
+	names, _ := SortNames(children)
+	for _, n := range names {
+		if err := ctx.Err(); err != nil {
+			return Message{}, err
+		}
+		data, stat, err := s.zk.Get(s.path + "/" + n.Raw)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return Message{}, fmt.Errorf("get %s/%s: %w", s.path, n.Raw, err)
+		}
+		return decodeMessage(n, data, ctimeOf(stat), 0)
+	}
+	return Message{}, ErrEmpty
+}
+
+// Len returns the number of children from the parent's Stat, without
+// listing them. Foreign children, if any, are counted too.
+func (s *Queue) Len(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	_, stat, err := s.zk.Exists(s.path)
+	if err != nil {
+		return 0, fmt.Errorf("exists %s: %w", s.path, err)
+	}
+	if stat == nil {
+		return 0, nil
+	}
+	return int(stat.NumChildren), nil
+}
+
+// OldestAge returns the age of the head message (0 when empty). It reads
+// the head of the cached snapshot when it still exists, without listing
+// the children (an approximation: a message put back at the head since the
+// last scan is not seen), else the head of a fresh listing.
+func (s *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
+	// The head of the cached snapshot, when there is one, saves listing
+	// the children; if it is gone, Peek lists them.
+	s.mu.Lock()
+	var head Name
+	switch {
+	case len(s.pending) > 0 && (len(s.others) == 0 || Compare(s.pending[0], s.others[0]) < 0):
+		head = s.pending[0]
+	case len(s.others) > 0:
+		head = s.others[0]
+	}
+	s.mu.Unlock()
+	if head.Raw != "" {
+		data, stat, err := s.zk.Get(s.path + "/" + head.Raw)
+		if err == nil {
+			if m, err := decodeMessage(head, data, ctimeOf(stat), 0); err == nil {
+				return time.Since(m.Published), nil
+			}
+		}
+	}
+	m, err := s.Peek(ctx)
+	if errors.Is(err, ErrEmpty) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return time.Since(m.Published), nil
+}
+
+// Purge deletes every message present when it starts and returns how many
+// it deleted. Messages claimed concurrently are not counted.
+func (s *Queue) Purge(ctx context.Context) (int, error) {
+	children, _, err := s.zk.Children(s.path)
+	if err != nil {
+		return 0, fmt.Errorf("children %s: %w", s.path, err)
+	}
+	names, _ := SortNames(children)
+	raw := make([]string, len(names))
+	for i, n := range names {
+		raw[i] = s.path + "/" + n.Raw
+	}
+	return zkutil.DeleteNodes(ctx, s.conn, raw)
 }

@@ -23,7 +23,7 @@ import (
 
 	"github.com/qbroker/qbroker/broker"
 	"github.com/qbroker/qbroker/internal/connlimit"
-	"github.com/qbroker/qbroker/internal/qcore"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 func init() {
@@ -162,7 +162,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.StringVar(&o.listen, "listen", env("LISTEN", "127.0.0.1:7070"), "gRPC listen address ($QBROKER_LISTEN)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", env("METRICS_LISTEN", "127.0.0.1:9090"), "HTTP address for /metrics; empty disables ($QBROKER_METRICS_LISTEN)")
 	fs.StringVar(&o.id, "id", env("ID", ""), "broker id; default <hostname>-<random> ($QBROKER_ID)")
-	fs.IntVar(&o.maxPayload, "max-payload", e.int("MAX_PAYLOAD", 512<<10), fmt.Sprintf("largest message payload in bytes, at most %d ($QBROKER_MAX_PAYLOAD)", qcore.HardMaxPayload))
+	fs.IntVar(&o.maxPayload, "max-payload", e.int("MAX_PAYLOAD", 512<<10), fmt.Sprintf("largest message payload in bytes, at most %d ($QBROKER_MAX_PAYLOAD)", zkqueue.HardMaxPayload))
 	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", e.int("MAX_BATCH_BYTES", 0), "largest publish batch in bytes: the payloads plus about 160 bytes per message (its header and node path); 0 means 921600, or --max-payload when larger ($QBROKER_MAX_BATCH_BYTES)")
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", e.int("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
 	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
@@ -220,8 +220,8 @@ func (o *serveOptions) validate() error {
 	notNegative("zk-sessions", "ZK_SESSIONS", o.zkSessions)
 	notNegative("nats-max-payload", "NATS_MAX_PAYLOAD", o.nats.maxPayload)
 	notNegative("nats-buffer", "NATS_BUFFER", o.nats.buffer)
-	if o.maxPayload > qcore.HardMaxPayload {
-		errs = append(errs, fmt.Errorf("--max-payload (or $QBROKER_MAX_PAYLOAD) %d: at most %d (a ZooKeeper node's data)", o.maxPayload, qcore.HardMaxPayload))
+	if o.maxPayload > zkqueue.HardMaxPayload {
+		errs = append(errs, fmt.Errorf("--max-payload (or $QBROKER_MAX_PAYLOAD) %d: at most %d (a ZooKeeper node's data)", o.maxPayload, zkqueue.HardMaxPayload))
 	}
 	if o.maxBatchBytes > 0 && o.maxBatchBytes < o.maxPayload {
 		errs = append(errs, fmt.Errorf("--max-batch-bytes %d < --max-payload %d: a batch could not hold one message of the largest payload", o.maxBatchBytes, o.maxPayload))

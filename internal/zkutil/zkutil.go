@@ -238,14 +238,52 @@ func guardErr(err error) error {
 
 // failedOp returns the index and error of the op that failed a Multi, or
 // -1 and the transaction's error when no op says (the request itself
-// failed).
+// failed). The ops around the failing one answer ZAPIERROR ("not run
+// because another op failed"), which says nothing of the cause.
 func failedOp(res []zk.MultiResponse, err error) (int, error) {
 	for i, r := range res {
-		if r.Error != nil {
+		if r.Error != nil && !errors.Is(r.Error, zk.ErrAPIError) {
 			return i, r.Error
 		}
 	}
 	return -1, err
+}
+
+// MultiError returns the cause of a failed Multi: the failing op's error,
+// more telling than the transaction's; nil when err is nil.
+func MultiError(res []zk.MultiResponse, err error) error {
+	if err == nil {
+		return nil
+	}
+	_, cause := failedOp(res, err)
+	return cause
+}
+
+// NumChildren returns the number of children of p from its Stat, without
+// listing them; 0 when p does not exist.
+func NumChildren(conn *zk.Conn, p string) (int, error) {
+	_, stat, err := conn.Exists(p)
+	if err != nil {
+		return 0, fmt.Errorf("exists %s: %w", p, err)
+	}
+	if stat == nil {
+		return 0, nil
+	}
+	return int(stat.NumChildren), nil
+}
+
+// Fired reports whether watch w has fired (a nil watch counts as fired:
+// none is armed).
+func Fired(w <-chan zk.Event) bool {
+	if w == nil {
+		return true
+	}
+	select {
+	case <-w:
+		return true
+	default:
+		return false
+	}
 }
 
 // IsUnavailable reports whether err means ZooKeeper could not be reached or
@@ -267,3 +305,39 @@ func isConnError(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op)
 }
+
+// DeleteNodes deletes the given nodes, 500 to a Multi; a chunk that fails
+// because a node vanished is retried node by node. It returns the count
+// it deleted.
+func DeleteNodes(ctx context.Context, conn *zk.Conn, paths []string) (int, error) {
+	deleted := 0
+	for len(paths) > 0 {
+		if err := ctx.Err(); err != nil {
+			return deleted, err
+		}
+		chunk := paths[:min(500, len(paths))]
+		paths = paths[len(chunk):]
+		ops := make([]any, len(chunk))
+		for i, p := range chunk {
+			ops[i] = &zk.DeleteRequest{Path: p, Version: -1}
+		}
+		if _, err := conn.Multi(ops...); err == nil {
+			deleted += len(chunk)
+			continue
+		} else if IsUnavailable(err) {
+			return deleted, err
+		}
+		for _, p := range chunk {
+			err := conn.Delete(p, -1)
+			switch {
+			case err == nil:
+				deleted++
+			case errors.Is(err, zk.ErrNoNode):
+			default:
+				return deleted, fmt.Errorf("delete %s: %w", p, err)
+			}
+		}
+	}
+	return deleted, nil
+}
+

@@ -1,4 +1,4 @@
-package qcore_test
+package zkqueue_test
 
 import (
 	"context"
@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // A delayed Nack settles the lease: Ack (with or without a read), Nack and
@@ -20,23 +20,23 @@ func TestDelayedNackSettlesTheLease(t *testing.T) {
 	ctx := context.Background()
 	root := zktest.Root(t)
 	conn := zktest.Conn(t)
-	items, err := qcore.NewStore(conn, root+"/items", qcore.Config{})
+	items, err := zkqueue.New(conn, root+"/items")
 	if err != nil {
 		t.Fatal(err)
 	}
-	leases, err := qcore.NewLeases(items, root+"/leases", root+"/dead")
+	leases, err := zkqueue.NewLeases(items, root+"/leases", root+"/dead")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := items.Publish(ctx, qcore.FIFOPrefix, []byte("x")); err != nil {
+	if _, err := items.Publish(ctx, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	ls, err := leases.TakeLeases(ctx, 1, time.Minute, false)
+	ls, err := leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
 	if err != nil || len(ls) != 1 {
 		t.Fatalf("TakeLeases: %v, %v", ls, err)
 	}
 	tok := ls[0].Token
-	if _, out, err := leases.Nack(ctx, tok, 12*time.Hour, qcore.Policy{}); err != nil || out != qcore.Delayed {
+	if _, out, err := leases.Nack(ctx, tok, 12*time.Hour, zkqueue.Policy{}); err != nil || out != zkqueue.Delayed {
 		t.Fatalf("Nack with a delay: %v, %v; want Delayed", out, err)
 	}
 	children, _, err := conn.Children(root + "/leases")
@@ -50,18 +50,18 @@ func TestDelayedNackSettlesTheLease(t *testing.T) {
 	settle := map[string]func(string) error{
 		"Ack":        func(tk string) error { _, err := leases.Ack(ctx, tk); return err },
 		"AckUnread":  func(tk string) error { _, err := leases.AckUnread(ctx, tk); return err },
-		"Nack":       func(tk string) error { _, _, err := leases.Nack(ctx, tk, 0, qcore.Policy{}); return err },
-		"Nack later": func(tk string) error { _, _, err := leases.Nack(ctx, tk, time.Second, qcore.Policy{}); return err },
+		"Nack":       func(tk string) error { _, _, err := leases.Nack(ctx, tk, 0, zkqueue.Policy{}); return err },
+		"Nack later": func(tk string) error { _, _, err := leases.Nack(ctx, tk, time.Second, zkqueue.Policy{}); return err },
 		"Extend":     func(tk string) error { _, err := leases.Extend(ctx, tk, time.Hour); return err },
 	}
 	for name, f := range settle {
-		if err := f(tok); !errors.Is(err, qcore.ErrUnknownLease) {
+		if err := f(tok); !errors.Is(err, zkqueue.ErrUnknownLease) {
 			t.Errorf("%s of the nacked delivery: got %v, want ErrUnknownLease", name, err)
 		}
 		if name == "AckUnread" {
 			continue // deletes by name unread: its callers only hold delivered names
 		}
-		if err := f(waiting); !errors.Is(err, qcore.ErrUnknownLease) {
+		if err := f(waiting); !errors.Is(err, zkqueue.ErrUnknownLease) {
 			t.Errorf("%s of the lease waiting for the delay: got %v, want ErrUnknownLease", name, err)
 		}
 	}
@@ -80,33 +80,31 @@ func TestBatchLimitCountsOverheadExplicitly(t *testing.T) {
 	ctx := context.Background()
 	root := zktest.Root(t)
 	const limit = 4000
-	s, err := qcore.NewStore(zktest.Conn(t), root+"/items", qcore.Config{MaxBatchBytes: limit, MaxPayload: 1000})
+	s, err := zkqueue.New(zktest.Conn(t), root+"/items", zkqueue.WithMaxBatchBytes(limit), zkqueue.WithMaxPayload(1000))
 	if err != nil {
 		t.Fatal(err)
 	}
 	per := s.MessageOverhead()
-	if want := qcore.HeaderMax + len(root+"/items") + 16 + 96; per != want {
+	if want := zkqueue.HeaderMax + len(root+"/items") + 16 + 96; per != want {
 		t.Fatalf("MessageOverhead() = %d, want %d", per, want)
 	}
-	batch := func(n, size int) ([]string, [][]byte) {
-		prefixes := make([]string, n)
+	batch := func(n, size int) [][]byte {
 		payloads := make([][]byte, n)
 		for i := range n {
-			prefixes[i] = qcore.FIFOPrefix
 			payloads[i] = make([]byte, size)
 		}
-		return prefixes, payloads
+		return payloads
 	}
 	// Four messages exactly at the limit.
 	size := limit/4 - per
-	prefixes, payloads := batch(4, size)
-	if _, err := s.PublishBatch(ctx, prefixes, payloads); err != nil {
+	payloads := batch(4, size)
+	if _, err := s.PublishBatch(ctx, payloads); err != nil {
 		t.Fatalf("batch of 4 x %d bytes at the limit: %v", size, err)
 	}
-	prefixes, payloads = batch(4, size+1)
-	_, err = s.PublishBatch(ctx, prefixes, payloads)
+	payloads = batch(4, size+1)
+	_, err = s.PublishBatch(ctx, payloads)
 	want := fmt.Sprintf("4 messages are %d bytes including %d bytes of per-message overhead > %d", 4*(size+1+per), 4*per, limit)
-	if !errors.Is(err, qcore.ErrBatchTooLarge) || !strings.Contains(err.Error(), want) {
+	if !errors.Is(err, zkqueue.ErrBatchTooLarge) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("batch one byte a message over: got %v, want ErrBatchTooLarge saying %q", err, want)
 	}
 }

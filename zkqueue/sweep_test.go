@@ -1,4 +1,4 @@
-package qcore_test
+package zkqueue_test
 
 import (
 	"context"
@@ -9,12 +9,12 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // countAll returns an Observer counting every request.
-func countAll(n *atomic.Int64) qcore.Observer {
+func countAll(n *atomic.Int64) zkqueue.Observer {
 	return func(string, time.Duration, error) { n.Add(1) }
 }
 
@@ -38,20 +38,20 @@ func TestLeaseSweeper(t *testing.T) {
 	ctx := context.Background()
 	root := zktest.Root(t)
 	conn := zktest.Conn(t)
-	items, err := qcore.NewStore(conn, root+"/items", qcore.Config{})
+	items, err := zkqueue.New(conn, root+"/items")
 	if err != nil {
 		t.Fatal(err)
 	}
-	leases, err := qcore.NewLeases(items, root+"/leases", root+"/dead")
+	leases, err := zkqueue.NewLeases(items, root+"/leases", root+"/dead")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var reqs atomic.Int64
-	sw := qcore.NewLeaseSweeper(zktest.Conn(t), root+"/items", root+"/leases", root+"/dead",
-		qcore.SweeperConfig{Observer: countAll(&reqs)})
-	sweep := func(want int) []qcore.Expired {
+	sw := zkqueue.NewLeaseSweeper(zktest.Conn(t), root+"/items", root+"/leases", root+"/dead",
+		zkqueue.SweeperConfig{Observer: countAll(&reqs)})
+	sweep := func(want int) []zkqueue.Expired {
 		t.Helper()
-		out, err := sw.Sweep(ctx, time.Now(), qcore.Policy{})
+		out, err := sw.Sweep(ctx, time.Now(), zkqueue.Policy{})
 		if err != nil || len(out) != want {
 			t.Fatalf("Sweep: got %d released, %v; want %d", len(out), err, want)
 		}
@@ -69,11 +69,11 @@ func TestLeaseSweeper(t *testing.T) {
 
 	// A long lease: read once, then nothing to do.
 	for _, p := range []string{"a", "b"} {
-		if _, err := items.Publish(ctx, qcore.FIFOPrefix, []byte(p)); err != nil {
+		if _, err := items.Publish(ctx, []byte(p)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ls, err := leases.TakeLeases(ctx, 2, time.Hour, false)
+	ls, err := leases.Take(ctx, 2, zkqueue.Room{}, time.Hour, false)
 	if err != nil || len(ls) != 2 {
 		t.Fatalf("TakeLeases: %v, %v", ls, err)
 	}
@@ -92,17 +92,17 @@ func TestLeaseSweeper(t *testing.T) {
 	if _, err := leases.Extend(ctx, ls[0].Token, 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	if _, out, err := leases.Nack(ctx, ls[1].Token, 300*time.Millisecond, qcore.Policy{}); err != nil || out != qcore.Delayed {
+	if _, out, err := leases.Nack(ctx, ls[1].Token, 300*time.Millisecond, zkqueue.Policy{}); err != nil || out != zkqueue.Delayed {
 		t.Fatalf("Nack: %v, %v", out, err)
 	}
 	waitFor(t, "the leases' data watches", func() bool { return sw.Due(time.Now()) })
 	if reqs.Load() != before {
 		t.Fatalf("%d requests while nothing changed", reqs.Load()-before)
 	}
-	var released []qcore.Expired
+	var released []zkqueue.Expired
 	waitFor(t, "both leases released", func() bool {
 		if sw.Due(time.Now()) {
-			out, err := sw.Sweep(ctx, time.Now(), qcore.Policy{})
+			out, err := sw.Sweep(ctx, time.Now(), zkqueue.Policy{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,11 +111,11 @@ func TestLeaseSweeper(t *testing.T) {
 		return len(released) == 2
 	})
 	for _, e := range released {
-		if e.Outcome != qcore.Requeued {
+		if e.Outcome != zkqueue.Requeued {
 			t.Errorf("outcome %v, want Requeued", e.Outcome)
 		}
 	}
-	again, err := leases.TakeLeases(ctx, 2, time.Hour, false)
+	again, err := leases.Take(ctx, 2, zkqueue.Room{}, time.Hour, false)
 	if err != nil || len(again) != 2 || again[0].Deliveries != 2 || again[1].Deliveries != 2 {
 		t.Fatalf("redelivery: %+v, %v; want 2 messages delivered twice", again, err)
 	}
@@ -126,10 +126,10 @@ func TestLeaseSweeper(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var dead []qcore.Expired
+	var dead []zkqueue.Expired
 	waitFor(t, "dead-lettering", func() bool {
 		if sw.Due(time.Now()) {
-			out, err := sw.Sweep(ctx, time.Now(), qcore.Policy{MaxDeliveries: 2, DeadLetter: true})
+			out, err := sw.Sweep(ctx, time.Now(), zkqueue.Policy{MaxDeliveries: 2, DeadLetter: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -137,7 +137,7 @@ func TestLeaseSweeper(t *testing.T) {
 		}
 		return len(dead) == 2
 	})
-	if n, err := leases.DeadCount(ctx); err != nil || n != 2 || dead[0].Outcome != qcore.DeadLettered {
+	if n, err := leases.DeadCount(ctx); err != nil || n != 2 || dead[0].Outcome != zkqueue.DeadLettered {
 		t.Fatalf("dead letters: %d, %v, outcome %v", n, err, dead[0].Outcome)
 	}
 }
@@ -147,8 +147,8 @@ func TestLeaseSweeper(t *testing.T) {
 func TestLeaseSweeperMissingParent(t *testing.T) {
 	root := zktest.Root(t)
 	conn := zktest.Conn(t)
-	sw := qcore.NewLeaseSweeper(conn, root+"/items", root+"/leases", root+"/dead", qcore.SweeperConfig{})
-	if _, err := sw.Sweep(context.Background(), time.Now(), qcore.Policy{}); !errors.Is(err, zk.ErrNoNode) {
+	sw := zkqueue.NewLeaseSweeper(conn, root+"/items", root+"/leases", root+"/dead", zkqueue.SweeperConfig{})
+	if _, err := sw.Sweep(context.Background(), time.Now(), zkqueue.Policy{}); !errors.Is(err, zk.ErrNoNode) {
 		t.Fatalf("got %v, want ErrNoNode", err)
 	}
 	if ok, _, err := conn.Exists(root); err != nil || ok {

@@ -1,4 +1,4 @@
-package qcore_test
+package zkqueue_test
 
 import (
 	"bytes"
@@ -10,8 +10,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // bigPayload is message i of a test: size bytes, recognisable by i.
@@ -25,12 +25,12 @@ func bigPayload(i, size int) []byte {
 // claims share a Multi, writing on another session than the Store's, as
 // in the broker: the Store's children watch may then fire after a take
 // returns.
-func roomStore(t *testing.T, path string) *qcore.Store {
+func roomStore(t *testing.T, path string) *zkqueue.Queue {
 	t.Helper()
 	conn := zktest.Conn(t)
-	batcher := qcore.NewBatcher([]*zk.Conn{zktest.Conn(t)}, 2, 64, 900<<10, nil)
+	batcher := zkqueue.NewCommitter([]*zk.Conn{zktest.Conn(t)}, zkqueue.CommitterConfig{Workers: 2, MaxOps: 64, MaxBytes: 900 << 10})
 	t.Cleanup(batcher.Close)
-	s, err := qcore.NewStore(conn, path, qcore.Config{Batcher: batcher})
+	s, err := zkqueue.New(conn, path, zkqueue.WithCommitter(batcher))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,19 +52,19 @@ func TestTakeWithinStopsAtRoom(t *testing.T) {
 			pub := cons
 			if !own {
 				pub = roomStore(t, root+"/items")
-			} else if _, err := cons.TryDequeue(ctx); !errors.Is(err, qcore.ErrEmpty) {
+			} else if _, err := cons.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
 				t.Fatalf("consuming the empty queue: %v", err) // now it remembers what it publishes
 			}
 			const n, size = 10, 100 << 10
 			for i := range n {
-				if _, err := pub.Publish(ctx, qcore.FIFOPrefix, bigPayload(i, size)); err != nil {
+				if _, err := pub.Publish(ctx, bigPayload(i, size)); err != nil {
 					t.Fatal(err)
 				}
 			}
-			room := qcore.Room{Bytes: 3*size + 3*100, Overhead: 100}
+			room := zkqueue.Room{Bytes: 3*size + 3*100, Overhead: 100}
 			next := 0
 			for round := 0; next < n; round++ {
-				ms, err := qcore.TakeWithin(ctx, cons, n, room, false, cons.ClaimDeleteFit)
+				ms, err := cons.Take(ctx, n, room, false)
 				if err != nil {
 					t.Fatalf("round %d (next %d): %v", round, next, err)
 				}
@@ -92,12 +92,12 @@ func TestTakeWithinFirstAlwaysFits(t *testing.T) {
 	ctx := context.Background()
 	s := roomStore(t, zktest.Root(t)+"/items")
 	for i := range 2 {
-		if _, err := s.Publish(ctx, qcore.FIFOPrefix, bigPayload(i, 64<<10)); err != nil {
+		if _, err := s.Publish(ctx, bigPayload(i, 64<<10)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 2 {
-		ms, err := qcore.TakeWithin(ctx, s, 5, qcore.Room{Bytes: 1}, false, s.ClaimDeleteFit)
+		ms, err := s.Take(ctx, 5, zkqueue.Room{Bytes: 1}, false)
 		if err != nil || len(ms) != 1 || !bytes.Equal(ms[0].Payload, bigPayload(i, 64<<10)) {
 			t.Fatalf("take %d: %d messages, %v; want message %d alone", i, len(ms), err, i)
 		}
@@ -112,18 +112,18 @@ func TestTakeLeasesWithinAndUnclaim(t *testing.T) {
 	defer cancel()
 	root := zktest.Root(t)
 	items := roomStore(t, root+"/items")
-	leases, err := qcore.NewLeases(items, root+"/leases", root+"/dead")
+	leases, err := zkqueue.NewLeases(items, root+"/leases", root+"/dead")
 	if err != nil {
 		t.Fatal(err)
 	}
 	const n, size = 6, 100 << 10
 	for i := range n {
-		if _, err := items.Publish(ctx, qcore.FIFOPrefix, bigPayload(i, size)); err != nil {
+		if _, err := items.Publish(ctx, bigPayload(i, size)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	room := qcore.Room{Bytes: 2*size + 1000, Overhead: 100}
-	first, err := leases.TakeLeasesWithin(ctx, n, room, time.Minute, false)
+	room := zkqueue.Room{Bytes: 2*size + 1000, Overhead: 100}
+	first, err := leases.Take(ctx, n, room, time.Minute, false)
 	if err != nil || len(first) != 2 {
 		t.Fatalf("first take: %d leases, %v; want 2", len(first), err)
 	}
@@ -138,9 +138,9 @@ func TestTakeLeasesWithinAndUnclaim(t *testing.T) {
 	if err := leases.Unclaim(ctx, first[0].Token); err != nil {
 		t.Fatalf("second unclaim of the same lease: %v", err)
 	}
-	got := []qcore.Lease{first[1]}
+	got := []zkqueue.Lease{first[1]}
 	for len(got) < n {
-		ls, err := leases.TakeLeasesWithin(ctx, n, room, time.Minute, false)
+		ls, err := leases.Take(ctx, n, room, time.Minute, false)
 		if err != nil {
 			t.Fatalf("after %d: %v", len(got), err)
 		}
@@ -171,34 +171,34 @@ func TestDeadLettersPages(t *testing.T) {
 	defer cancel()
 	root := zktest.Root(t)
 	items := roomStore(t, root+"/items")
-	leases, err := qcore.NewLeases(items, root+"/leases", root+"/dead")
+	leases, err := zkqueue.NewLeases(items, root+"/leases", root+"/dead")
 	if err != nil {
 		t.Fatal(err)
 	}
 	const n, size = 9, 100 << 10
 	for i := range n {
-		if _, err := items.Publish(ctx, qcore.FIFOPrefix, bigPayload(i, size)); err != nil {
+		if _, err := items.Publish(ctx, bigPayload(i, size)); err != nil {
 			t.Fatal(err)
 		}
-		ls, err := leases.TakeLeases(ctx, 1, time.Minute, false)
+		ls, err := leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, out, err := leases.Nack(ctx, ls[0].Token, 0, qcore.Policy{MaxDeliveries: 1, DeadLetter: true}); err != nil || out != qcore.DeadLettered {
+		if _, out, err := leases.Nack(ctx, ls[0].Token, 0, zkqueue.Policy{MaxDeliveries: 1, DeadLetter: true}); err != nil || out != zkqueue.DeadLettered {
 			t.Fatalf("nack %d: %v %v", i, out, err)
 		}
 	}
 	for _, tc := range []struct {
 		limit int
-		room  qcore.Room
+		room  zkqueue.Room
 		page  int
 	}{
 		{limit: 4, page: 4},
-		{limit: 100, room: qcore.Room{Bytes: 3*size + 300, Overhead: 100}, page: 3},
-		{limit: 2, room: qcore.Room{Bytes: 3*size + 300, Overhead: 100}, page: 2},
-		{limit: 100, room: qcore.Room{Bytes: 1}, page: 1},
+		{limit: 100, room: zkqueue.Room{Bytes: 3*size + 300, Overhead: 100}, page: 3},
+		{limit: 2, room: zkqueue.Room{Bytes: 3*size + 300, Overhead: 100}, page: 2},
+		{limit: 100, room: zkqueue.Room{Bytes: 1}, page: 1},
 	} {
-		var got []qcore.Message
+		var got []zkqueue.Message
 		after := ""
 		for pages := 0; ; pages++ {
 			if pages > n {

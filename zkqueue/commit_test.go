@@ -1,6 +1,7 @@
-package qcore_test
+package zkqueue_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -8,9 +9,9 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zktest"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Concurrent transactions through one Batcher each get their own result,
@@ -27,7 +28,7 @@ func TestBatcherIsolatesFailures(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b := qcore.NewBatcher([]*zk.Conn{conn, zktest.Conn(t)}, 2, 64, 64<<10, nil)
+	b := zkqueue.NewCommitter([]*zk.Conn{conn, zktest.Conn(t)}, zkqueue.CommitterConfig{Workers: 2, MaxOps: 64, MaxBytes: 64 << 10})
 	defer b.Close()
 	var wg sync.WaitGroup
 	errs := make([]error, n+n/4)
@@ -41,7 +42,7 @@ func TestBatcherIsolatesFailures(t *testing.T) {
 			if i >= n {
 				node = (i - n) * 4
 			}
-			_, errs[i] = b.Do(&zk.DeleteRequest{Path: fmt.Sprintf("%s/n%03d", root, node), Version: -1})
+			_, errs[i] = b.Do(context.Background(), &zk.DeleteRequest{Path: fmt.Sprintf("%s/n%03d", root, node), Version: -1})
 		}(i)
 	}
 	wg.Wait()
@@ -64,18 +65,18 @@ func TestBatcherIsolatesFailures(t *testing.T) {
 	}
 	// A two-op transaction stays atomic inside a batch: its create must
 	// not survive its failed check.
-	_, err = b.Do(&zk.CreateRequest{Path: root + "/x", Acl: zk.WorldACL(zk.PermAll)}, &zk.CheckVersionRequest{Path: root + "/missing", Version: 0})
+	_, err = b.Do(context.Background(), &zk.CreateRequest{Path: root + "/x", Acl: zk.WorldACL(zk.PermAll)}, &zk.CheckVersionRequest{Path: root + "/missing", Version: 0})
 	if !errors.Is(err, zk.ErrNoNode) {
 		t.Fatalf("failed transaction: got %v, want ErrNoNode", err)
 	}
 	if ok, _, _ := conn.Exists(root + "/x"); ok {
 		t.Fatal("the create of a failed transaction was committed")
 	}
-	if _, err := b.Do(&zk.CreateRequest{Path: root + "/y", Acl: zk.WorldACL(zk.PermAll)}); err != nil {
+	if _, err := b.Do(context.Background(), &zk.CreateRequest{Path: root + "/y", Acl: zk.WorldACL(zk.PermAll)}); err != nil {
 		t.Fatal(err)
 	}
 	b.Close()
-	if _, err := b.Do(&zk.DeleteRequest{Path: root + "/y", Version: -1}); !errors.Is(err, qcore.ErrBatcherClosed) {
-		t.Fatalf("Do after Close: got %v, want ErrBatcherClosed", err)
+	if _, err := b.Do(context.Background(), &zk.DeleteRequest{Path: root + "/y", Version: -1}); !errors.Is(err, zkqueue.ErrCommitterClosed) {
+		t.Fatalf("Do after Close: got %v, want ErrCommitterClosed", err)
 	}
 }

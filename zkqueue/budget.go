@@ -1,4 +1,4 @@
-package qcore
+package zkqueue
 
 import (
 	"slices"
@@ -7,15 +7,15 @@ import (
 	"time"
 )
 
-// DefaultRecentBytes is the budget of a Store that has none given (see
+// DefaultMemoryBytes is the budget of a Queue that has none given (see
 // Config.Recent).
-const DefaultRecentBytes = 4 << 20
+const DefaultMemoryBytes = 4 << 20
 
 // recentOverhead is what one remembered message costs beyond its data and
 // name, so that empty payloads are bounded too.
 const recentOverhead = 64
 
-// recentIdle: a Store whose consumers have not asked for messages for this
+// recentIdle: a Queue whose consumers have not asked for messages for this
 // long stops remembering what it publishes and forgets what it holds.
 const recentIdle = 2 * time.Second
 
@@ -49,7 +49,7 @@ func (b *Budget) release(n int) { b.used.Add(-int64(n)) }
 // getData+delete would have made, one round trip shorter.
 //
 // It only pays while this process consumes the queue, so it remembers
-// only then: a Store that nobody here consumes from (for recentIdle)
+// only then: a Queue that nobody here consumes from (for recentIdle)
 // forgets everything. Messages claimed elsewhere (another broker, a purge)
 // are forgotten at the next listing that no longer has them. Memory is
 // bounded by a Budget, possibly shared by many Stores; when it is spent,
@@ -57,11 +57,11 @@ func (b *Budget) release(n int) { b.used.Add(-int64(n)) }
 type recent struct {
 	budget *Budget
 
-	takers   atomic.Int32 // consumers inside TakeN
-	lastTake atomic.Int64 // when one last entered or left TakeN, Unix ns
+	takers   atomic.Int32 // consumers inside a take
+	lastTake atomic.Int64 // when one last entered or left a take, Unix ns
 
 	mu      sync.Mutex
-	bytes   int // this Store's share of the budget
+	bytes   int // this Queue's share of the budget
 	entries map[string]recentEntry
 }
 

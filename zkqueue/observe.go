@@ -1,4 +1,4 @@
-package qcore
+package zkqueue
 
 import (
 	"time"
@@ -7,7 +7,7 @@ import (
 )
 
 // Observer receives the latency and outcome of every ZooKeeper request a
-// Store makes (op is "get", "create", "delete", "multi", "children",
+// Queue makes (op is "get", "create", "delete", "multi", "children",
 // "exists" or "set"), for metrics.
 type Observer func(op string, d time.Duration, err error)
 

@@ -1,4 +1,4 @@
-package qcore
+package zkqueue
 
 import (
 	"encoding/binary"

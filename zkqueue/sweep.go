@@ -1,10 +1,12 @@
-package qcore
+package zkqueue
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -19,13 +21,13 @@ type Expired struct {
 type SweeperConfig struct {
 	// Observer, when set, sees every ZooKeeper request of the sweeper.
 	Observer Observer
-	// Batcher, when set, carries the releases (see Config.Batcher).
-	Batcher *Batcher
+	// Committer, when set, carries the releases (see Config.Committer).
+	Committer *Committer
 }
 
 // LeaseSweeper releases the expired leases of one queue for a process
 // that need not consume it (the broker's leader sweeps every queue). It
-// opens no Store and creates nothing. It keeps a children watch on the
+// opens no Queue and creates nothing. It keeps a children watch on the
 // leases parent and each lease's deadline, read once: a queue without
 // leases, or whose leases are all known to be live, costs no request.
 //
@@ -38,11 +40,11 @@ type SweeperConfig struct {
 //
 // A LeaseSweeper is not safe for concurrent use.
 type LeaseSweeper struct {
-	zk      observed
-	batcher *Batcher
-	items   string
-	leases  string
-	dead    string
+	zk        observed
+	committer *Committer
+	items     string
+	leases    string
+	dead      string
 
 	watch <-chan zk.Event        // children watch of leases; nil when none is armed
 	known map[string]*sweptLease // lease name -> what the sweeper knows
@@ -58,33 +60,19 @@ type sweptLease struct {
 // requeueing into itemsPath and dead-lettering into deadPath. It makes no
 // request.
 func NewLeaseSweeper(conn *zk.Conn, itemsPath, leasesPath, deadPath string, cfg SweeperConfig) *LeaseSweeper {
-	return &LeaseSweeper{zk: observed{conn, cfg.Observer}, batcher: cfg.Batcher,
+	return &LeaseSweeper{zk: observed{conn, cfg.Observer}, committer: cfg.Committer,
 		items: itemsPath, leases: leasesPath, dead: deadPath, known: map[string]*sweptLease{}}
-}
-
-// Fired reports whether watch w has fired, or is nil (none armed). A
-// fired watch channel is closed by the client, so it keeps reporting so.
-func Fired(w <-chan zk.Event) bool {
-	if w == nil {
-		return true
-	}
-	select {
-	case <-w:
-		return true
-	default:
-		return false
-	}
 }
 
 // Due reports whether Sweep has anything to do at now: the leases changed
 // since the last listing, a known lease changed, or a known deadline is
 // not after now. It makes no request.
 func (s *LeaseSweeper) Due(now time.Time) bool {
-	if Fired(s.watch) {
+	if zkutil.Fired(s.watch) {
 		return true
 	}
 	for _, l := range s.known {
-		if !now.Before(l.deadline) || Fired(l.watch) {
+		if !now.Before(l.deadline) || zkutil.Fired(l.watch) {
 			return true
 		}
 	}
@@ -100,7 +88,7 @@ func (s *LeaseSweeper) InFlight() int { return len(s.known) }
 // the leases parent does not exist it returns an error wrapping
 // zk.ErrNoNode.
 func (s *LeaseSweeper) Sweep(ctx context.Context, now time.Time, p Policy) ([]Expired, error) {
-	if Fired(s.watch) {
+	if zkutil.Fired(s.watch) {
 		s.watch = nil
 		children, _, w, err := s.zk.ChildrenW(s.leases)
 		if err != nil {
@@ -129,11 +117,11 @@ func (s *LeaseSweeper) Sweep(ctx context.Context, now time.Time, p Policy) ([]Ex
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		changed := Fired(l.watch)
+		changed := zkutil.Fired(l.watch)
 		if !changed && now.Before(l.deadline) {
 			continue
 		}
-		e, done, err := s.sweepOne(name, l, changed, now, p)
+		e, done, err := s.sweepOne(ctx, name, l, changed, now, p)
 		if err != nil {
 			return out, err
 		}
@@ -154,7 +142,7 @@ var farFuture = time.Unix(1<<62, 0)
 // sweepOne reads lease name (arming a new data watch when the last one
 // fired) and releases it when its deadline is before now. done means the
 // sweeper can forget the lease (gone or released).
-func (s *LeaseSweeper) sweepOne(name string, l *sweptLease, changed bool, now time.Time, p Policy) (e *Expired, done bool, err error) {
+func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease, changed bool, now time.Time, p Policy) (e *Expired, done bool, err error) {
 	leasePath := s.leases + "/" + name
 	var data []byte
 	var stat *zk.Stat
@@ -189,7 +177,7 @@ func (s *LeaseSweeper) sweepOne(name string, l *sweptLease, changed bool, now ti
 		return nil, false, nil
 	}
 	ops, out := releaseOps(s.items, s.leases, s.dead, name, l.item, itemData, stat.Version, m, p)
-	if _, err := s.write(ops...); err != nil {
+	if _, err := s.write(ctx, ops...); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			// Settled, extended or released meanwhile (or the queue is
 			// being deleted): read again at the next Sweep, with a new
@@ -201,10 +189,10 @@ func (s *LeaseSweeper) sweepOne(name string, l *sweptLease, changed bool, now ti
 	return &Expired{Message: m, Outcome: out}, true, nil
 }
 
-func (s *LeaseSweeper) write(ops ...any) ([]zk.MultiResponse, error) {
-	if s.batcher != nil {
-		return s.batcher.Do(ops...)
+func (s *LeaseSweeper) write(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+	if s.committer != nil {
+		return s.committer.Do(ctx, ops...)
 	}
 	res, err := s.zk.Multi(ops...)
-	return res, multiErr(res, err)
+	return res, zkutil.MultiError(res, err)
 }

@@ -1,4 +1,4 @@
-package qcore_test
+package zkqueue_test
 
 import (
 	"bytes"
@@ -12,12 +12,12 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // countGets returns an Observer counting successful reads of message data.
-func countGets(n *atomic.Int64) qcore.Observer {
+func countGets(n *atomic.Int64) zkqueue.Observer {
 	return func(op string, _ time.Duration, err error) {
 		if op == "get" && err == nil {
 			n.Add(1)
@@ -32,35 +32,33 @@ func TestClaimsOfOwnMessagesSkipTheRead(t *testing.T) {
 	ctx := context.Background()
 	root := zktest.Root(t)
 	var getsA, getsB atomic.Int64
-	a, err := qcore.NewStore(zktest.Conn(t), root+"/items", qcore.Config{Observer: countGets(&getsA)})
+	a, err := zkqueue.New(zktest.Conn(t), root+"/items", zkqueue.WithObserver(countGets(&getsA)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := qcore.NewStore(zktest.Conn(t), root+"/items", qcore.Config{Observer: countGets(&getsB)})
+	b, err := zkqueue.New(zktest.Conn(t), root+"/items", zkqueue.WithObserver(countGets(&getsB)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A consumes the queue (here: found it empty just now), so it
 	// remembers what it publishes.
-	if _, err := a.TryDequeue(ctx); !errors.Is(err, qcore.ErrEmpty) {
+	if _, err := a.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Fatalf("A on the empty queue: %v", err)
 	}
 	before := time.Now()
 	var published []string
 	for i := range 10 {
-		id, err := a.Publish(ctx, qcore.FIFOPrefix, fmt.Appendf(nil, "single %d", i))
+		id, err := a.Publish(ctx, fmt.Appendf(nil, "single %d", i))
 		if err != nil {
 			t.Fatal(err)
 		}
 		published = append(published, id)
 	}
 	var payloads [][]byte
-	var prefixes []string
 	for i := range 40 {
 		payloads = append(payloads, fmt.Appendf(nil, "batch %d", i))
-		prefixes = append(prefixes, qcore.FIFOPrefix)
 	}
-	ids, err := a.PublishBatch(ctx, prefixes, payloads)
+	ids, err := a.PublishBatch(ctx, payloads)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +82,7 @@ func TestClaimsOfOwnMessagesSkipTheRead(t *testing.T) {
 			t.Fatalf("A's claim %d = %+v, want %s %q delivered once", i, m, published[i], want)
 		}
 	}
-	if _, err := a.TryDequeue(ctx); !errors.Is(err, qcore.ErrEmpty) {
+	if _, err := a.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Fatalf("A after draining: %v, want ErrEmpty", err)
 	}
 	if n := getsA.Load(); n != 0 {
@@ -96,25 +94,25 @@ func TestClaimsOfOwnMessagesSkipTheRead(t *testing.T) {
 
 	// Leases: the first claim is read-free, the requeued incarnation is
 	// read and carries its delivery count.
-	leases, err := qcore.NewLeases(a, root+"/leases", root+"/dead")
+	leases, err := zkqueue.NewLeases(a, root+"/leases", root+"/dead")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Publish(ctx, qcore.FIFOPrefix, []byte("leased")); err != nil {
+	if _, err := a.Publish(ctx, []byte("leased")); err != nil {
 		t.Fatal(err)
 	}
 	getsA.Store(0)
-	l, err := leases.TakeLeases(ctx, 1, time.Minute, false)
+	l, err := leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
 	if err != nil || string(l[0].Payload) != "leased" || l[0].Deliveries != 1 {
 		t.Fatalf("first lease: %+v %v", l, err)
 	}
 	if n := getsA.Load(); n != 0 {
 		t.Errorf("first lease read %d times", n)
 	}
-	if _, _, err := leases.Nack(ctx, l[0].Token, 0, qcore.Policy{}); err != nil {
+	if _, _, err := leases.Nack(ctx, l[0].Token, 0, zkqueue.Policy{}); err != nil {
 		t.Fatal(err)
 	}
-	l, err = leases.TakeLeases(ctx, 1, time.Minute, false)
+	l, err = leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
 	if err != nil || string(l[0].Payload) != "leased" || l[0].Deliveries != 2 {
 		t.Fatalf("second lease: %+v %v", l, err)
 	}
@@ -132,12 +130,12 @@ func TestPublishersRacingForTheHead(t *testing.T) {
 	root := zktest.Root(t)
 	const stores, perStore, consumersPerStore = 4, 500, 4
 	var gets atomic.Int64
-	var all []*qcore.Store
+	var all []*zkqueue.Queue
 	for range stores {
 		conn := zktest.Conn(t)
-		batcher := qcore.NewBatcher([]*zk.Conn{conn}, 2, 32, 512<<10, nil)
+		batcher := zkqueue.NewCommitter([]*zk.Conn{conn}, zkqueue.CommitterConfig{Workers: 2, MaxOps: 32, MaxBytes: 512 << 10})
 		t.Cleanup(batcher.Close)
-		s, err := qcore.NewStore(conn, root, qcore.Config{Observer: countGets(&gets), Batcher: batcher})
+		s, err := zkqueue.New(conn, root, zkqueue.WithObserver(countGets(&gets)), zkqueue.WithCommitter(batcher))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -153,12 +151,10 @@ func TestPublishersRacingForTheHead(t *testing.T) {
 			defer wg.Done()
 			for j := 0; j < perStore; j += 10 {
 				payloads := make([][]byte, 10)
-				prefixes := make([]string, 10)
 				for k := range payloads {
 					payloads[k] = fmt.Appendf(nil, "%d/%d", i, j+k)
-					prefixes[k] = qcore.FIFOPrefix
 				}
-				if _, err := s.PublishBatch(ctx, prefixes, payloads); err != nil {
+				if _, err := s.PublishBatch(ctx, payloads); err != nil {
 					t.Error(err)
 					return
 				}
@@ -170,7 +166,7 @@ func TestPublishersRacingForTheHead(t *testing.T) {
 				defer wg.Done()
 				for delivered.Load() < stores*perStore {
 					cctx, ccancel := context.WithTimeout(ctx, 200*time.Millisecond)
-					ms, err := qcore.TakeN(cctx, s, 8, true, s.ClaimDelete)
+					ms, err := s.Take(cctx, 8, zkqueue.Room{}, true)
 					ccancel()
 					if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 						continue
@@ -210,15 +206,15 @@ func TestOneProcessNeverRacesItself(t *testing.T) {
 	defer cancel()
 	root := zktest.Root(t)
 	conn := zktest.Conn(t)
-	batcher := qcore.NewBatcher([]*zk.Conn{conn}, 4, 32, 512<<10, nil)
+	batcher := zkqueue.NewCommitter([]*zk.Conn{conn}, zkqueue.CommitterConfig{Workers: 4, MaxOps: 32, MaxBytes: 512 << 10})
 	t.Cleanup(batcher.Close)
 	var conflicts atomic.Int64
-	s, err := qcore.NewStore(conn, root, qcore.Config{Batcher: batcher, Readers: []*zk.Conn{zktest.Conn(t)},
-		ConflictHook: func() { conflicts.Add(1) }})
+	s, err := zkqueue.New(conn, root, zkqueue.WithCommitter(batcher), zkqueue.WithReaders(zktest.Conn(t)),
+		zkqueue.WithConflictHook(func() { conflicts.Add(1) }))
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := qcore.NewStore(zktest.Conn(t), root, qcore.Config{})
+	pub, err := zkqueue.New(zktest.Conn(t), root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,9 +224,8 @@ func TestOneProcessNeverRacesItself(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for i := 0; i < total; i += 5 {
-			prefixes := []string{qcore.FIFOPrefix, qcore.FIFOPrefix, qcore.FIFOPrefix, qcore.FIFOPrefix, qcore.FIFOPrefix}
 			payloads := [][]byte{{1}, {2}, {3}, {4}, {5}}
-			if _, err := pub.PublishBatch(ctx, prefixes, payloads); err != nil {
+			if _, err := pub.PublishBatch(ctx, payloads); err != nil {
 				t.Error(err)
 				return
 			}
@@ -243,7 +238,7 @@ func TestOneProcessNeverRacesItself(t *testing.T) {
 			defer wg.Done()
 			for delivered.Load() < total && ctx.Err() == nil {
 				cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
-				ms, err := qcore.TakeN(cctx, s, 4, true, s.ClaimDelete)
+				ms, err := s.Take(cctx, 4, zkqueue.Room{}, true)
 				ccancel()
 				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 					t.Error(err)

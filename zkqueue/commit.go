@@ -1,26 +1,29 @@
-package qcore
+package zkqueue
 
 import (
+	"context"
 	"errors"
 	"sync"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
-// Batcher coalesces small write transactions of concurrent callers into
+// Committer coalesces small write transactions of concurrent callers into
 // one ZooKeeper Multi (group commit). ZooKeeper pays per transaction: one
 // proposal, one log append and fsync, whatever the number of ops in it, so
 // 64 consumers' deletes in one Multi cost about what one delete costs.
 //
 // Each caller's transaction stays atomic on its own. A combined Multi
 // fails as a whole when any one op fails (say, a claim lost to another
-// broker); the Batcher then runs each caller's transaction on its own, so
+// broker); the Committer then runs each caller's transaction on its own, so
 // every caller gets its own result. While one combined Multi is in flight
 // the next batch fills, so batches grow with load and a lone caller pays
 // no wait.
 //
-// A Batcher is safe for concurrent use. Close stops its goroutines.
-type Batcher struct {
+// A Committer is safe for concurrent use. Close stops its goroutines.
+type Committer struct {
 	conns    []observed
 	reqs     chan *batchReq
 	maxOps   int
@@ -44,14 +47,37 @@ type batchResult struct {
 	err error
 }
 
-// ErrBatcherClosed is returned by Do after Close.
-var ErrBatcherClosed = errors.New("batcher closed")
+// ErrCommitterClosed is returned by Do after Close.
+var ErrCommitterClosed = errors.New("zkqueue: committer closed")
 
-// NewBatcher starts a Batcher over conns (sessions to the same ensemble)
-// with workers concurrent Multis in flight per session (pipelining), each
-// of at most maxOps ops and about maxBytes.
-func NewBatcher(conns []*zk.Conn, workers, maxOps, maxBytes int, obs Observer) *Batcher {
-	b := &Batcher{
+// CommitterConfig tunes a Committer. Zero fields take the defaults.
+type CommitterConfig struct {
+	// Workers is the number of Multis in flight per session
+	// (pipelining); default 4.
+	Workers int
+	// MaxOps bounds the ops of one combined Multi; default 256.
+	MaxOps int
+	// MaxBytes bounds a combined Multi's size, about; default 400 KiB,
+	// which with one transaction more stays below jute.maxbuffer.
+	MaxBytes int
+	// Observer, when set, sees every Multi.
+	Observer Observer
+}
+
+// NewCommitter starts a Committer over conns (sessions to the same
+// ensemble). Close stops it.
+func NewCommitter(conns []*zk.Conn, cfg CommitterConfig) *Committer {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.MaxOps <= 0 {
+		cfg.MaxOps = 256
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = 400 << 10
+	}
+	workers, maxOps, maxBytes, obs := cfg.Workers, cfg.MaxOps, cfg.MaxBytes, cfg.Observer
+	b := &Committer{
 		reqs:     make(chan *batchReq, 4*maxOps),
 		maxOps:   maxOps,
 		maxBytes: maxBytes,
@@ -67,8 +93,8 @@ func NewBatcher(conns []*zk.Conn, workers, maxOps, maxBytes int, obs Observer) *
 	return b
 }
 
-// Close stops the Batcher once the requests already queued are done.
-func (b *Batcher) Close() {
+// Close stops the Committer once the requests already queued are done.
+func (b *Committer) Close() {
 	b.mu.Lock()
 	b.closed = true
 	b.mu.Unlock()
@@ -93,27 +119,43 @@ func opBytes(op any) int {
 // Do runs ops as one atomic transaction, possibly inside a larger Multi
 // with other callers' transactions. The result is as conn.Multi's for ops
 // alone: per-op responses, and an error naming the failing op's cause.
-func (b *Batcher) Do(ops ...any) ([]zk.MultiResponse, error) {
+//
+// When ctx ends first, Do returns ctx.Err(): before the transaction was
+// queued nothing was written; after, its outcome is unknown, as with a
+// connection lost before the answer.
+func (b *Committer) Do(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	r := &batchReq{ops: ops, done: make(chan batchResult, 1)}
 	for _, op := range ops {
 		r.bytes += opBytes(op)
 	}
 	if r.bytes > b.maxBytes {
 		res, err := b.conns[0].Multi(ops...)
-		return res, multiErr(res, err)
+		return res, zkutil.MultiError(res, err)
 	}
 	b.mu.RLock()
 	if b.closed {
 		b.mu.RUnlock()
-		return nil, ErrBatcherClosed
+		return nil, ErrCommitterClosed
 	}
-	b.reqs <- r // the workers run until Close, which waits for this send
+	select {
+	case b.reqs <- r: // the workers run until Close, which waits for this send
+	case <-ctx.Done():
+		b.mu.RUnlock()
+		return nil, ctx.Err()
+	}
 	b.mu.RUnlock()
-	out := <-r.done
-	return out.res, out.err
+	select {
+	case out := <-r.done:
+		return out.res, out.err
+	case <-ctx.Done():
+		return nil, ctx.Err() // r.done is buffered: the worker never blocks on it
+	}
 }
 
-func (b *Batcher) run(conn observed) {
+func (b *Committer) run(conn observed) {
 	defer b.wg.Done()
 	for {
 		var first *batchReq
@@ -147,10 +189,10 @@ func (b *Batcher) run(conn observed) {
 	}
 }
 
-func (b *Batcher) commit(conn observed, batch []*batchReq, nops int) {
+func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
 	if len(batch) == 1 {
 		res, err := conn.Multi(batch[0].ops...)
-		batch[0].done <- batchResult{res, multiErr(res, err)}
+		batch[0].done <- batchResult{res, zkutil.MultiError(res, err)}
 		return
 	}
 	ops := make([]any, 0, nops)
@@ -181,17 +223,8 @@ func (b *Batcher) commit(conn observed, batch []*batchReq, nops int) {
 		go func(r *batchReq) {
 			defer wg.Done()
 			res, err := conn.Multi(r.ops...)
-			r.done <- batchResult{res, multiErr(res, err)}
+			r.done <- batchResult{res, zkutil.MultiError(res, err)}
 		}(r)
 	}
 	wg.Wait()
-}
-
-// multiErr returns the cause of a failed Multi: the failing op's error
-// rather than the transaction's generic one.
-func multiErr(res []zk.MultiResponse, err error) error {
-	if err == nil {
-		return nil
-	}
-	return firstMultiError(res, err)
 }

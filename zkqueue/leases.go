@@ -1,4 +1,4 @@
-package qcore
+package zkqueue
 
 import (
 	"context"
@@ -65,20 +65,20 @@ type Policy struct {
 	DeadLetter bool
 }
 
-// Leases is the at-least-once layer over a Store: the leases and dead
+// Leases is the at-least-once layer over a Queue: the leases and dead
 // letters of one queue. It is safe for concurrent use.
 type Leases struct {
-	items  *Store
+	items  *Queue
 	leases string
 	dead   string
 }
 
 // NewLeases returns the lease layer of items, keeping leases under
 // leasesPath and dead letters under deadPath (created when missing, unless
-// the Store's Config has NoCreate).
-func NewLeases(items *Store, leasesPath, deadPath string) (*Leases, error) {
+// the Queue's Config has NoCreate).
+func NewLeases(items *Queue, leasesPath, deadPath string) (*Leases, error) {
 	for _, p := range []string{leasesPath, deadPath} {
-		if items.cfg.NoCreate {
+		if items.opt.noCreate {
 			break
 		}
 		if err := zkutil.EnsurePath(items.conn, p); err != nil {
@@ -167,15 +167,11 @@ func decodeLeaseState(data []byte) (deadline time.Time, itemData []byte, nacked 
 	return time.Unix(0, d), data[3+n:], nacked, nil
 }
 
-// Claim moves candidate n into a lease lasting ttl. It returns
-// zk.ErrNoNode or zk.ErrBadVersion when another consumer won the race.
-func (l *Leases) Claim(ctx context.Context, n Name, ttl time.Duration) (Lease, error) {
-	return l.ClaimFit(ctx, n, ttl, nil)
-}
-
-// ClaimFit is Claim within a Room (see FitClaimFunc): a message that does
-// not fit stays in the queue, unleased.
-func (l *Leases) ClaimFit(ctx context.Context, n Name, ttl time.Duration, fit Fit) (Lease, error) {
+// claim moves candidate n into a lease lasting ttl, within the caller's
+// room (see fitClaimFunc): a message that does not fit stays in the queue,
+// unleased. It returns zk.ErrNoNode or zk.ErrBadVersion when another
+// consumer won the race.
+func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFunc) (Lease, error) {
 	itemPath := l.items.path + "/" + n.Raw
 	data, version, ctime, err := l.items.readItem(itemPath, n)
 	if err != nil {
@@ -191,7 +187,7 @@ func (l *Leases) ClaimFit(ctx context.Context, n Name, ttl time.Duration, fit Fi
 	}
 	deadline := time.Now().Add(ttl)
 	token := newLeaseName(n.Raw)
-	_, err = l.items.write(
+	_, err = l.items.write(ctx,
 		&zk.DeleteRequest{Path: itemPath, Version: version},
 		&zk.CreateRequest{
 			Path: l.leases + "/" + token,
@@ -204,16 +200,16 @@ func (l *Leases) ClaimFit(ctx context.Context, n Name, ttl time.Duration, fit Fi
 	return Lease{Message: m, Token: token, Deadline: deadline}, nil
 }
 
-// TakeLeases claims up to k messages with leases of ttl (see TakeN).
-func (l *Leases) TakeLeases(ctx context.Context, k int, ttl time.Duration, block bool) ([]Lease, error) {
-	return l.TakeLeasesWithin(ctx, k, Room{}, ttl, block)
-}
-
-// TakeLeasesWithin claims up to k messages with leases of ttl, within
-// room (see TakeWithin).
-func (l *Leases) TakeLeasesWithin(ctx context.Context, k int, room Room, ttl time.Duration, block bool) ([]Lease, error) {
-	return TakeWithin(ctx, l.items, k, room, block, func(ctx context.Context, n Name, fit Fit) (Lease, error) {
-		return l.ClaimFit(ctx, n, ttl, fit)
+// Take claims up to max messages from the head, each with a lease of ttl:
+// it waits (with block, until ctx ends) for the first, adds the
+// candidates available at once and claims them concurrently, so their
+// writes share a Multi when the queue has a Committer. Claims stop at the
+// first message that would take the total past room.Bytes (the first
+// always fits); one that does not fit stays at its place, first in line
+// next. Without block it returns ErrEmpty when nothing is there.
+func (l *Leases) Take(ctx context.Context, max int, room Room, ttl time.Duration, block bool) ([]Lease, error) {
+	return takeWithin(ctx, l.items, max, room, block, func(ctx context.Context, n Name, fit fitFunc) (Lease, error) {
+		return l.claim(ctx, n, ttl, fit)
 	})
 }
 
@@ -250,7 +246,7 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 	if time.Now().After(deadline) {
 		return Message{}, fmt.Errorf("%w: expired %v ago", ErrUnknownLease, time.Since(deadline).Round(time.Millisecond))
 	}
-	if _, err := l.items.write(&zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version}); err != nil {
+	if _, err := l.items.write(ctx, &zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version}); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			return Message{}, ErrUnknownLease
 		}
@@ -275,7 +271,7 @@ func (l *Leases) AckUnread(ctx context.Context, token string) (Message, error) {
 	if !ok {
 		return Message{}, fmt.Errorf("%w: malformed token", ErrUnknownLease)
 	}
-	if _, err := l.items.write(&zk.DeleteRequest{Path: l.leases + "/" + token, Version: -1}); err != nil {
+	if _, err := l.items.write(ctx, &zk.DeleteRequest{Path: l.leases + "/" + token, Version: -1}); err != nil {
 		if errors.Is(err, zk.ErrNoNode) {
 			return Message{}, ErrUnknownLease
 		}
@@ -340,7 +336,7 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		return Message{}, 0, err
 	}
 	if delay > 0 && !tooMany(m, p) {
-		_, err := l.items.write(
+		_, err := l.items.write(ctx,
 			&zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version},
 			&zk.CreateRequest{
 				Path: l.leases + "/" + newLeaseName(item.Raw),
@@ -355,7 +351,7 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		}
 		return m, Delayed, nil
 	}
-	out, err := l.release(token, item, itemData, stat.Version, m, p)
+	out, err := l.release(ctx, token, item, itemData, stat.Version, m, p)
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return Message{}, 0, ErrUnknownLease
 	}
@@ -368,13 +364,13 @@ func tooMany(m Message, p Policy) bool {
 
 // release moves a lease back to the items (or to the dead letters) in one
 // Multi, conditional on the lease's version.
-func (l *Leases) release(token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
+func (l *Leases) release(ctx context.Context, token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
 	ops, out := releaseOps(l.items.path, l.leases, l.dead, token, item, itemData, version, m, p)
-	if _, err := l.items.write(ops...); err != nil {
+	if _, err := l.items.write(ctx, ops...); err != nil {
 		return 0, fmt.Errorf("release %s/%s: %w", l.leases, token, err)
 	}
 	if out == Requeued {
-		l.items.Reset()
+		l.items.Rescan()
 	}
 	return out, nil
 }
@@ -416,7 +412,7 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 	if m, err = decodeMessage(item, itemData, ctimeOf(stat), 0); err != nil {
 		return Message{}, 0, false, err
 	}
-	out, err = l.release(token, item, itemData, stat.Version, m, p)
+	out, err = l.release(ctx, token, item, itemData, stat.Version, m, p)
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return Message{}, 0, false, nil
 	}
@@ -448,7 +444,7 @@ func (l *Leases) Unclaim(ctx context.Context, token string) error {
 		return err
 	}
 	m.Deliveries = max(m.Deliveries-1, 0)
-	_, err = l.release(token, item, EncodeData(m.Payload, m.Published, m.Deliveries), stat.Version, m, Policy{})
+	_, err = l.release(ctx, token, item, EncodeData(m.Payload, m.Published, m.Deliveries), stat.Version, m, Policy{})
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return nil
 	}
@@ -457,23 +453,12 @@ func (l *Leases) Unclaim(ctx context.Context, token string) error {
 
 // InFlight returns the number of leases, from the parent's Stat.
 func (l *Leases) InFlight(ctx context.Context) (int, error) {
-	return numChildren(l.items.conn, l.leases)
+	return zkutil.NumChildren(l.items.conn, l.leases)
 }
 
 // DeadCount returns the number of dead letters, from the parent's Stat.
 func (l *Leases) DeadCount(ctx context.Context) (int, error) {
-	return numChildren(l.items.conn, l.dead)
-}
-
-func numChildren(conn *zk.Conn, p string) (int, error) {
-	_, stat, err := conn.Exists(p)
-	if err != nil {
-		return 0, fmt.Errorf("exists %s: %w", p, err)
-	}
-	if stat == nil {
-		return 0, nil
-	}
-	return int(stat.NumChildren), nil
+	return zkutil.NumChildren(l.items.conn, l.dead)
 }
 
 // DeadLetters returns up to limit dead letters, oldest (in queue order)
@@ -570,13 +555,13 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 			&zk.DeleteRequest{Path: deadPath, Version: stat.Version},
 			&zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(n), Data: EncodeData(m.Payload, m.Published, 0), Acl: zk.WorldACL(zk.PermAll)})
 		if err != nil {
-			err = firstMultiError(res, err)
+			err = zkutil.MultiError(res, err)
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				continue
 			}
 			return moved, fmt.Errorf("redrive %s: %w", id, err)
 		}
-		l.items.Reset()
+		l.items.Rescan()
 		moved++
 	}
 	return moved, nil

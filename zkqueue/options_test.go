@@ -1,4 +1,4 @@
-package qcore_test
+package zkqueue_test
 
 import (
 	"context"
@@ -7,8 +7,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/qcore"
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // With NoCreate, opening a Store and its Leases writes nothing: a queue
@@ -16,17 +16,17 @@ import (
 func TestNoCreate(t *testing.T) {
 	root := zktest.Root(t)
 	conn := zktest.Conn(t)
-	s, err := qcore.NewStore(conn, root+"/items", qcore.Config{NoCreate: true})
+	s, err := zkqueue.New(conn, root+"/items", zkqueue.WithoutCreate())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := qcore.NewLeases(s, root+"/leases", root+"/dead"); err != nil {
+	if _, err := zkqueue.NewLeases(s, root+"/leases", root+"/dead"); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _, err := conn.Exists(root); err != nil || ok {
 		t.Fatalf("root exists: %v, %v", ok, err)
 	}
-	if _, err := s.Publish(context.Background(), qcore.FIFOPrefix, []byte("x")); !errors.Is(err, zk.ErrNoNode) {
+	if _, err := s.Publish(context.Background(), []byte("x")); !errors.Is(err, zk.ErrNoNode) {
 		t.Fatalf("Publish without a parent: got %v, want ErrNoNode", err)
 	}
 }

@@ -1,9 +1,0 @@
-package qcore_test
-
-import (
-	"testing"
-
-	"github.com/qbroker/qbroker/internal/zktest"
-)
-
-func TestMain(m *testing.M) { zktest.Main(m) }

@@ -1,0 +1,438 @@
+package zkqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// The dispatcher is a Queue's head algorithm: one sorted snapshot of the
+// children, shared by all of this process's consumers of the queue, who
+// take distinct candidates from it (Next) and report each claim's end
+// (Done). A FIFO snapshot is walked to its end before the children are
+// listed again (new messages sort after it); a priority snapshot is
+// dropped whenever the children changed. Lost races move on to the next
+// candidate of the same snapshot.
+//
+// With several processes consuming a queue, a snapshot is split into
+// shares (splitShare): each process takes its own share first and helps
+// with the others' only when its own is used up.
+type dispatcher struct {
+	mu      sync.Mutex
+	pending []Name          // sorted candidates of this process's share, not yet handed out
+	others  []Name          // sorted candidates of other processes' shares
+	claims  map[string]int  // candidates handed out whose claim is not done
+	watch   <-chan zk.Event // armed children watch of path; nil when none
+	foreign map[string]bool // foreign children already logged
+	// scanning is closed when the listing under way ends; nil when none.
+	scanning chan struct{}
+	// doneWhileScanning: claims finished during the listing under way.
+	doneWhileScanning map[string]bool
+}
+
+func newDispatcher() dispatcher {
+	return dispatcher{foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
+}
+
+// scan lists the children into a new snapshot. It is called with s.mu
+// held and returns with it held, but releases it for the round trip, so
+// claims finishing meanwhile (Done) and callers served from the snapshot
+// are not held up; concurrent callers that need a listing wait for this
+// one. It is called once the watch has fired (or was never set), and arms
+// a new one with the listing.
+func (s *Queue) scan() error {
+	if s.scanning != nil {
+		ch := s.scanning
+		s.mu.Unlock()
+		<-ch
+		s.mu.Lock()
+		return nil
+	}
+	done := make(chan struct{})
+	s.scanning = done
+	clear(s.doneWhileScanning)
+	s.mu.Unlock()
+
+	children, _, w, err := s.zk.ChildrenW(s.path)
+	var names []Name
+	var foreign []string
+	if err == nil {
+		names, foreign = SortNames(children)
+		s.recent.prune(names)
+	}
+
+	s.mu.Lock()
+	s.scanning = nil
+	close(done)
+	if err != nil {
+		return fmt.Errorf("children %s: %w", s.path, err)
+	}
+	s.watch = w
+	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
+		// Candidates being claimed by this process's consumers, or
+		// claimed while the listing was under way (it may predate
+		// their delete), are not handed out again: that would be a
+		// race with ourselves.
+		names = slices.DeleteFunc(names, func(n Name) bool {
+			return s.claims[n.Raw] > 0 || s.doneWhileScanning[n.Raw]
+		})
+	}
+	for _, f := range foreign {
+		if !s.foreign[f] && len(s.foreign) < 1000 {
+			s.foreign[f] = true
+			s.opt.logger.Warn("skipping foreign node in queue", "znode", s.path+"/"+f)
+		}
+	}
+	s.pending, s.others = splitShare(names, s.opt.share)
+	return nil
+}
+
+// watchFiredLocked reports whether the armed watch has fired, disarming it.
+// Fired watch channels are closed by the client, so every waiter holding
+// the same channel still wakes.
+func (s *Queue) watchFiredLocked() bool {
+	if s.watch == nil {
+		return true
+	}
+	select {
+	case <-s.watch:
+		s.watch = nil
+		return true
+	default:
+		return false
+	}
+}
+
+// nextCandidate hands out the next candidate message name. When there is none it
+// returns ok == false and a channel that fires on the next change of the
+// children. Candidates are handed out once per snapshot, so concurrent
+// callers in this process never get the same name from one snapshot.
+func (s *Queue) nextCandidate() (n Name, ok bool, wait <-chan zk.Event, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for scanned := false; ; scanned = true {
+		fired := s.watchFiredLocked()
+		if fired && s.opt.priorities && !scanned {
+			s.pending, s.others = nil, nil
+		}
+		if len(s.pending) == 0 && fired && !scanned {
+			// Something changed since the last scan (or there was none).
+			if err := s.scan(); err != nil {
+				return Name{}, false, nil, err
+			}
+			continue
+		}
+		switch {
+		case len(s.pending) > 0:
+			n = s.pending[0]
+			s.pending = s.pending[1:]
+		case len(s.others) > 0:
+			// Our share is used up and nothing new arrived: help the
+			// others with theirs, in queue order.
+			n = s.others[0]
+			s.others = s.others[1:]
+		default:
+			if s.watch == nil {
+				// The children changed again since the listing just
+				// made, or the listing we waited for failed: the
+				// caller tries again at once.
+				return Name{}, false, closedWatch, nil
+			}
+			// The watch is armed and unfired: the children are what
+			// the last listing saw, all of them handed out.
+			return Name{}, false, s.watch, nil
+		}
+		s.claims[n.Raw]++
+		return n, true, nil, nil
+	}
+}
+
+// closedWatch is a fired wait: the caller tries again at once.
+var closedWatch = func() <-chan zk.Event {
+	ch := make(chan zk.Event)
+	close(ch)
+	return ch
+}()
+
+// claimDone reports that the claim of a candidate from nextCandidate has finished, won
+// or lost. Until then, rescans leave the candidate out.
+func (s *Queue) claimDone(n Name) {
+	s.mu.Lock()
+	if s.claims[n.Raw]--; s.claims[n.Raw] <= 0 {
+		delete(s.claims, n.Raw)
+	}
+	if s.scanning != nil {
+		s.doneWhileScanning[n.Raw] = true
+	}
+	s.mu.Unlock()
+}
+
+// giveBack returns a candidate from nextCandidate whose claim was not attempted
+// (it did not fit the caller's Room): it is handed out again first. A FIFO
+// snapshot would otherwise pass it by until the children change.
+func (s *Queue) giveBack(n Name) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.claims[n.Raw]--; s.claims[n.Raw] <= 0 {
+		delete(s.claims, n.Raw)
+	}
+	// A listing under way includes it (it was not deleted) and replaces
+	// the snapshot anyway.
+	i, _ := slices.BinarySearchFunc(s.pending, n, Compare)
+	for j := i; j < len(s.pending) && Compare(s.pending[j], n) == 0; j++ {
+		if s.pending[j].Raw == n.Raw {
+			return
+		}
+	}
+	s.pending = slices.Insert(s.pending, i, n)
+}
+
+// splitShare divides a sorted snapshot between the processes consuming the
+// queue: a message belongs to process seq mod n, which takes its own share
+// first. Shares are stable across snapshots (the sequence number never
+// changes), so processes claim disjoint messages unless one steals from
+// another's share after using up its own.
+func splitShare(names []Name, share func() (rank, n int)) (mine, others []Name) {
+	if share == nil {
+		return names, nil
+	}
+	rank, n := share()
+	if n <= 1 || rank < 0 || rank >= n {
+		return names, nil
+	}
+	mine = make([]Name, 0, len(names)/n+1)
+	others = make([]Name, 0, len(names)-len(names)/n)
+	for _, nm := range names {
+		if int(uint32(nm.Seq)%uint32(n)) == rank {
+			mine = append(mine, nm)
+		} else {
+			others = append(others, nm)
+		}
+	}
+	return mine, others
+}
+
+// Rescan drops the cached snapshot so the next take lists the children
+// again: after an error left the snapshot in doubt, or after a message was
+// put back at the head (a release, a redrive), which a FIFO snapshot would
+// pass over until used up.
+func (s *Queue) Rescan() {
+	s.mu.Lock()
+	s.pending, s.others = nil, nil
+	s.watch = nil
+	s.mu.Unlock()
+}
+
+// claimFunc claims one candidate. It returns zk.ErrNoNode or
+// zk.ErrBadVersion when another consumer won the race.
+type claimFunc[T any] func(ctx context.Context, n Name) (T, error)
+
+// fitClaimFunc claims one candidate within a Room: after reading the
+// candidate and before writing anything, it asks fit whether the
+// message's payload still fits, and if not returns an error wrapping
+// ErrNoRoom with the candidate untouched. It calls fit at most once.
+// Lost races are as for ClaimFunc.
+type fitClaimFunc[T any] func(ctx context.Context, n Name, fit fitFunc) (T, error)
+
+// fitFunc reports whether a message with a payload of the given size fits
+// what the caller can still take. A nil fitFunc admits everything.
+type fitFunc func(payload int) bool
+
+func (f fitFunc) admits(payload int) bool { return f == nil || f(payload) }
+
+// Room bounds the bytes of the messages one take hands out, for callers
+// whose answer has a size limit (a gRPC response). Each message counts
+// its payload plus Overhead. The first message claimed always fits, so a
+// message larger than Bytes is still delivered, alone; the zero Room is
+// unbounded.
+type Room struct {
+	Bytes    int
+	Overhead int
+}
+
+// fitter decides, in queue order, which of one round's candidates fit its
+// Room: candidate i's decision waits for candidate i-1's, so the messages
+// taken are a prefix of the round's candidates in queue order (less the
+// races lost), whatever order their reads finish in. Once one does not
+// fit, no later one does.
+type fitter struct {
+	room    Room
+	decided []chan struct{} // decided[i] is closed once candidate i is decided
+	once    []sync.Once
+
+	mu    sync.Mutex
+	used  int
+	taken int
+	full  bool
+}
+
+// newFitter returns the fitter of n candidates; nil for an unbounded
+// Room, which admits everything.
+func newFitter(room Room, n int) *fitter {
+	if room.Bytes <= 0 {
+		return nil
+	}
+	f := &fitter{room: room, decided: make([]chan struct{}, n), once: make([]sync.Once, n)}
+	for i := range f.decided {
+		f.decided[i] = make(chan struct{})
+	}
+	return f
+}
+
+// done marks candidate i decided (called after its claim too, for claims
+// that ended before asking).
+func (f *fitter) done(i int) {
+	if f != nil {
+		f.once[i].Do(func() { close(f.decided[i]) })
+	}
+}
+
+func (f *fitter) fit(ctx context.Context, i int) fitFunc {
+	if f == nil {
+		return nil
+	}
+	return func(payload int) bool {
+		defer f.done(i)
+		if i > 0 {
+			select {
+			case <-f.decided[i-1]:
+			case <-ctx.Done():
+				return false
+			}
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		size := payload + f.room.Overhead
+		switch {
+		case f.full:
+			return false
+		case f.taken == 0 || f.used+size <= f.room.Bytes:
+			f.used += size
+			f.taken++
+			return true
+		}
+		f.full = true
+		return false
+	}
+}
+
+// take walks the candidates, claiming with claim until one succeeds. Lost
+// races move on to the next candidate; the snapshot is re-scanned only when
+// used up. With block it waits on the children watch for new messages
+// until ctx ends; without, it returns ErrEmpty.
+func take[T any](ctx context.Context, s *Queue, block bool, claim claimFunc[T]) (T, error) {
+	var zero T
+	vs, err := takeN(ctx, s, 1, block, claim)
+	if err != nil {
+		return zero, err
+	}
+	return vs[0], nil
+}
+
+// takeN claims up to k messages: it waits (with block) for the first
+// candidate, adds the candidates available at once, up to k, and claims
+// them concurrently, so their writes share a Multi when the Queue has a
+// Committer. Results come in queue order; lost races are skipped (and, if
+// all were lost, takeN tries again). It returns ErrEmpty when nothing is
+// there and block is false.
+func takeN[T any](ctx context.Context, s *Queue, k int, block bool, claim claimFunc[T]) ([]T, error) {
+	return takeWithin(ctx, s, k, Room{}, block, func(ctx context.Context, n Name, _ fitFunc) (T, error) {
+		return claim(ctx, n)
+	})
+}
+
+// takeWithin is takeN bounded by room as well as by count: claims stop
+// at the first message that would take the total past room.Bytes (the
+// first message always fits). A candidate that does not fit is given back
+// untouched, at its place in the queue, and is the first one handed out
+// next.
+func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bool, claim fitClaimFunc[T]) ([]T, error) {
+	s.recent.taking(+1)
+	defer s.recent.taking(-1)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n, ok, wait, err := s.nextCandidate()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			if !block {
+				return nil, ErrEmpty
+			}
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		cands := []Name{n}
+		for len(cands) < k {
+			n, ok, _, err := s.nextCandidate()
+			if err != nil || !ok {
+				break
+			}
+			cands = append(cands, n)
+		}
+		f := newFitter(room, len(cands))
+		vals := make([]T, len(cands))
+		errs := make([]error, len(cands))
+		// A claim, once begun, runs to its answer whatever becomes of
+		// ctx: abandoning one whose delete is committed would lose the
+		// message (its outcome is known only from the answer). Claims
+		// are bounded by the session: a lost connection answers them.
+		cctx := context.WithoutCancel(ctx)
+		claimOne := func(i int) {
+			vals[i], errs[i] = claim(cctx, cands[i], f.fit(cctx, i))
+			f.done(i)
+			if errors.Is(errs[i], ErrNoRoom) {
+				s.giveBack(cands[i])
+			} else {
+				s.claimDone(cands[i])
+			}
+		}
+		if len(cands) == 1 {
+			claimOne(0)
+		} else {
+			var wg sync.WaitGroup
+			for i := range cands {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					claimOne(i)
+				}()
+			}
+			wg.Wait()
+		}
+		var out []T
+		var failed error
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				out = append(out, vals[i])
+			case errors.Is(err, ErrNoRoom):
+			case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
+				if s.opt.conflictHook != nil {
+					s.opt.conflictHook()
+				}
+			default:
+				failed = err
+			}
+		}
+		if failed != nil {
+			s.Rescan()
+			if len(out) == 0 {
+				return nil, failed
+			}
+		}
+		if len(out) > 0 {
+			return out, nil
+		}
+	}
+}

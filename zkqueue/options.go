@@ -1,0 +1,157 @@
+package zkqueue
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Limits. A Multi request, like every ZooKeeper packet, must stay below
+// jute.maxbuffer (1 MiB by default).
+const (
+	DefaultMaxPayload    = 512 << 10
+	DefaultMaxBatchBytes = 900 << 10
+	DefaultMaxBatchCount = 1000
+	// HardMaxPayload bounds MaxPayload: one node's data plus its header
+	// and path must fit in one packet.
+	HardMaxPayload = zkutil.MaxBuffer - 16<<10
+	// opOverhead approximates a Multi op's framing, path and ACL bytes.
+	opOverhead = 96
+)
+
+// Option configures a Queue.
+type Option func(*options)
+
+// options is what the Options set; New fills the defaults and validates
+// them (validate).
+type options struct {
+	limits       Limits
+	priorities   bool
+	conflictHook func()
+	logger       *slog.Logger
+	observer     Observer
+	share        func() (rank, n int)
+	readers      []*zk.Conn
+	committer    *Committer
+	memory       *Budget
+	noCreate     bool
+}
+
+// Limits bounds what a Queue accepts from publishers. Zero fields take the
+// defaults.
+type Limits struct {
+	// MaxPayload is the largest payload (default 512 KiB, at most
+	// HardMaxPayload).
+	MaxPayload int
+	// MaxBatchBytes bounds one PublishBatch: its payloads plus
+	// MessageOverhead each (default 900 KiB, at most HardMaxPayload).
+	MaxBatchBytes int
+	// MaxBatchCount bounds the messages of one PublishBatch (default
+	// 1000).
+	MaxBatchCount int
+}
+
+// Validate fills the defaults and checks the ranges. It is the one place
+// the limits are checked; the broker validates its flags with it.
+func (l *Limits) Validate() error {
+	if l.MaxPayload == 0 {
+		l.MaxPayload = DefaultMaxPayload
+	}
+	if l.MaxBatchBytes == 0 {
+		l.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if l.MaxBatchCount == 0 {
+		l.MaxBatchCount = DefaultMaxBatchCount
+	}
+	if l.MaxPayload < 0 || l.MaxPayload > HardMaxPayload {
+		return fmt.Errorf("zkqueue: max payload %d out of range (0, %d]", l.MaxPayload, HardMaxPayload)
+	}
+	if l.MaxBatchBytes < 0 || l.MaxBatchBytes > HardMaxPayload {
+		return fmt.Errorf("zkqueue: max batch bytes %d out of range (0, %d]", l.MaxBatchBytes, HardMaxPayload)
+	}
+	if l.MaxBatchCount < 0 {
+		return fmt.Errorf("zkqueue: max batch count %d < 0", l.MaxBatchCount)
+	}
+	return nil
+}
+
+func (o *options) validate() error {
+	if err := o.limits.Validate(); err != nil {
+		return err
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	if o.memory == nil {
+		o.memory = NewBudget(DefaultMemoryBytes)
+	}
+	return nil
+}
+
+// WithLimits sets the publish limits (see Limits).
+func WithLimits(l Limits) Option { return func(o *options) { o.limits = l } }
+
+// WithMaxPayload sets the largest payload Publish accepts (default 512 KiB;
+// at most HardMaxPayload, just under 1 MiB).
+func WithMaxPayload(n int) Option { return func(o *options) { o.limits.MaxPayload = n } }
+
+// WithMaxBatchBytes bounds the total size of one PublishBatch.
+func WithMaxBatchBytes(n int) Option { return func(o *options) { o.limits.MaxBatchBytes = n } }
+
+// WithMaxBatchCount bounds the number of messages in one PublishBatch.
+func WithMaxBatchCount(n int) Option { return func(o *options) { o.limits.MaxBatchCount = n } }
+
+// WithPriorities makes the queue a priority queue: messages carry a
+// priority in [0, MaxPriority] in their names and are delivered most
+// urgent (smallest) first, FIFO within a priority. The dispatcher then
+// drops its cached snapshot whenever the children changed, so that a
+// newly published, more urgent message is seen at the next claim (a FIFO
+// queue walks its snapshot to the end: new messages sort after it).
+func WithPriorities() Option { return func(o *options) { o.priorities = true } }
+
+// WithLogger sets the logger for skipped foreign nodes; default discards.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithConflictHook sets a function called once per lost race for a head
+// message (NoNode or BadVersion while claiming).
+func WithConflictHook(f func()) Option { return func(o *options) { o.conflictHook = f } }
+
+// WithObserver sets a function that sees the latency and outcome of every
+// ZooKeeper request of the queue, for metrics.
+func WithObserver(f Observer) Option { return func(o *options) { o.observer = f } }
+
+// WithShare sets the function that tells this process's rank among the n
+// processes consuming the queue; it is asked at every listing. Each
+// process takes the messages whose sequence number is its rank modulo n
+// first, so processes do not race each other for the same head (see
+// dispatch.go). Consumers (consumers.go) computes the rank from
+// registrations in ZooKeeper.
+func WithShare(f func() (rank, n int)) Option { return func(o *options) { o.share = f } }
+
+// WithReaders sets the sessions (to the same ensemble) over which claims
+// spread their reads instead of the queue's own. Keep them free of
+// writes: ZooKeeper answers a session's read only after that session's
+// earlier writes have committed.
+func WithReaders(conns ...*zk.Conn) Option { return func(o *options) { o.readers = conns } }
+
+// WithCommitter makes the queue's writes (publishes, claims, acks,
+// releases) go through c, so that concurrent ones share Multi
+// transactions (group commit, see commit.go). One Committer may serve
+// many queues.
+func WithCommitter(c *Committer) Option { return func(o *options) { o.committer = c } }
+
+// WithMemory sets the Budget bounding the memory the queue spends
+// remembering the messages this process published, so its consumers claim
+// them without reading them back (budget.go). Share one Budget among the
+// queues of a process to bound the total; default: a Budget of
+// DefaultMemoryBytes for this queue alone.
+func WithMemory(b *Budget) Option { return func(o *options) { o.memory = b } }
+
+// WithoutCreate makes New and NewLeases only read: the parents must exist
+// (a missing one fails the requests that need it with zk.ErrNoNode). A
+// process that also deletes queues needs this: a Queue opened while its
+// queue is being deleted would otherwise create the parents again.
+func WithoutCreate() Option { return func(o *options) { o.noCreate = true } }
