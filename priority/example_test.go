@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"time"
 
+	"github.com/go-zookeeper/zk"
 	"github.com/qbroker/qbroker/priority"
 )
 
 func Example() {
-	conn, root, cleanup := exampleSession("priority")
-	defer cleanup()
+	conn, root := connect()
+	defer conn.Close()
 	ctx := context.Background()
 
 	q, err := priority.New(conn, root+"/jobs")
@@ -53,4 +56,15 @@ func Example() {
 	// 100 reindex
 	// 100 thumbnails
 	// empty
+}
+
+// connect opens a session to the ZooKeeper server named by $QBROKER_ZK
+// (host:port; the package's tests set it to their own server) and returns
+// a fresh root for one example's nodes.
+func connect() (*zk.Conn, string) {
+	conn, _, err := zk.Connect([]string{os.Getenv("QBROKER_ZK")}, 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		panic(err)
+	}
+	return conn, fmt.Sprintf("/examples/%d", time.Now().UnixNano())
 }

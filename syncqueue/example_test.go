@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"time"
 
+	"github.com/go-zookeeper/zk"
 	"github.com/qbroker/qbroker/syncqueue"
 )
 
 func Example() {
-	conn, root, cleanup := exampleSession("syncqueue")
-	defer cleanup()
+	conn, root := connect()
+	defer conn.Close()
 	ctx := context.Background()
 
 	// A queue for a group of three workers. Each worker would use its own
@@ -75,8 +78,8 @@ func Example() {
 }
 
 func ExampleBarrier() {
-	conn, root, cleanup := exampleSession("barrier")
-	defer cleanup()
+	conn, root := connect()
+	defer conn.Close()
 	ctx := context.Background()
 
 	b, err := syncqueue.NewBarrier(conn, root+"/deploy")
@@ -102,8 +105,8 @@ func ExampleBarrier() {
 }
 
 func ExampleDoubleBarrier() {
-	conn, root, cleanup := exampleSession("doublebarrier")
-	defer cleanup()
+	conn, root := connect()
+	defer conn.Close()
 	ctx := context.Background()
 
 	const n = 3
@@ -140,4 +143,15 @@ func ExampleDoubleBarrier() {
 	fmt.Printf("%d entered together, %d left together\n", entered, left)
 	// Output:
 	// 3 entered together, 3 left together
+}
+
+// connect opens a session to the ZooKeeper server named by $QBROKER_ZK
+// (host:port; the package's tests set it to their own server) and returns
+// a fresh root for one example's nodes.
+func connect() (*zk.Conn, string) {
+	conn, _, err := zk.Connect([]string{os.Getenv("QBROKER_ZK")}, 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		panic(err)
+	}
+	return conn, fmt.Sprintf("/examples/%d", time.Now().UnixNano())
 }

@@ -7,6 +7,3 @@ import (
 )
 
 func TestMain(m *testing.M) { zktest.Main(m) }
-
-// exampleSession connects an Example to the package's test server.
-var exampleSession = zktest.ExampleSession

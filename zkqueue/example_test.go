@@ -4,22 +4,31 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
-	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/go-zookeeper/zk"
+
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
+// The example connects to the ZooKeeper server named by $QBROKER_ZK
+// (host:port); the package's tests set it to their own server.
 func Example() {
-	conn, root, cleanup := zktest.ExampleSession("zkqueue")
-	defer cleanup()
-	ctx := context.Background()
-
-	q, err := zkqueue.New(conn, root+"/orders")
+	conn, _, err := zk.Connect([]string{os.Getenv("QBROKER_ZK")}, 10*time.Second, zk.WithLogInfo(false))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
+	defer conn.Close()
+	ctx := context.Background()
+
+	q, err := zkqueue.New(conn, "/examples/orders")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer conn.Delete("/examples/orders", -1) // empty by the end
 	if _, err := q.Publish(ctx, []byte("order-1")); err != nil {
 		fmt.Println(err)
 		return
@@ -41,16 +50,16 @@ func Example() {
 			fmt.Println(err)
 			return
 		}
-		fmt.Println(m.ID, string(m.Payload))
+		fmt.Println(string(m.Payload))
 	}
 	if _, err := q.TryDequeue(ctx); errors.Is(err, zkqueue.ErrEmpty) {
 		fmt.Println("empty")
 	}
 	// Output:
 	// queued: 4
-	// qn-0000000000 order-1
-	// qn-0000000001 order-2
-	// qn-0000000002 order-3
-	// qn-0000000003 order-4
+	// order-1
+	// order-2
+	// order-3
+	// order-4
 	// empty
 }

@@ -35,6 +35,11 @@ var (
 	startErr error
 )
 
+// ExampleEnv names the environment variable from which the recipe
+// packages' examples read a ZooKeeper server's address; Main sets it to the
+// package's server.
+const ExampleEnv = "QBROKER_ZK"
+
 // Main starts the package's ZooKeeper server, runs the tests, stops the
 // server and checks that no goroutine leaked.
 func Main(m *testing.M) {
@@ -42,6 +47,11 @@ func Main(m *testing.M) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		server, startErr = zkserver.Start(ctx, zkserver.Config{})
 		cancel()
+		if startErr == nil {
+			// The packages' runnable examples connect to the server
+			// named here, as a reader's copy of them would.
+			os.Setenv(ExampleEnv, server.Addr())
+		}
 	} else {
 		startErr = zkserver.ErrNotInstalled
 	}
