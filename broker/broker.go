@@ -24,8 +24,8 @@ import (
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/events"
-	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Config configures a Broker. Zero fields take the defaults noted.
@@ -249,12 +249,12 @@ type Broker struct {
 
 	cfg     Config
 	log     *slog.Logger
-	conn    *zk.Conn       // the primary session: watches, scans, ephemerals, health
-	extra   []*zk.Conn     // further sessions, split into writers and readers
-	writers []*zk.Conn     // group-commit sessions
-	readers []*zk.Conn     // claims' read sessions
+	conn    *zk.Conn           // the primary session: watches, scans, ephemerals, health
+	extra   []*zk.Conn         // further sessions, split into writers and readers
+	writers []*zk.Conn         // group-commit sessions
+	readers []*zk.Conn         // claims' read sessions
 	batcher *zkqueue.Committer // group commit of all queues' writes
-	recent  *zkqueue.Budget  // all queues' memory of messages published here
+	recent  *zkqueue.Budget    // all queues' memory of messages published here
 	metrics *metrics
 	health  *health.Server
 	events  events.Sink

@@ -13,8 +13,8 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
-	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Any publish within the limits is accepted, up to the largest payload a

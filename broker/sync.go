@@ -8,8 +8,8 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/events"
-	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/syncqueue"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // errSyncGroup marks a join the group refuses (full, or opened).

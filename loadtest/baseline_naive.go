@@ -10,8 +10,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // runNaive is the seeds' queue (the ZooKeeper recipe's

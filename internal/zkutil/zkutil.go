@@ -340,4 +340,3 @@ func DeleteNodes(ctx context.Context, conn *zk.Conn, paths []string) (int, error
 	}
 	return deleted, nil
 }
-
