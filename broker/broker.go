@@ -271,11 +271,10 @@ type Broker struct {
 
 	streams    atomic.Int64
 	hasSession atomic.Bool
-	sessions   atomic.Int64  // sessions established so far
-	expired    chan struct{} // signalled when the session expired
-	lostAt     atomic.Int64  // unix nanoseconds the session was lost; 0 with a session
-	zkState    atomic.Int32  // the last session state seen (zk.State)
-	leading    atomic.Bool   // leading the election (sweeping while it has a session)
+	sessions   atomic.Int64 // sessions established so far
+	lostAt     atomic.Int64 // unix nanoseconds the session was lost; 0 with a session
+	zkState    atomic.Int32 // the last session state seen (zk.State)
+	leading    atomic.Bool  // leading the election (sweeping while it has a session)
 
 	reg *registry // ephemeral nodes kept through session changes (registry.go)
 
@@ -300,7 +299,6 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		health:  health.NewServer(),
 		events:  cfg.Events,
 		queues:  make(map[string]*queue),
-		expired: make(chan struct{}, 1),
 		reg:     newRegistry(),
 	}
 	// Set before the first session event can read it (setServing).
@@ -410,10 +408,6 @@ func (b *Broker) onZKEvent(ev zk.Event) {
 		}
 		if ev.State == zk.StateExpired {
 			b.log.Error("zookeeper session expired: this broker's registrations and leadership are gone; registering again with a new session")
-			select {
-			case b.expired <- struct{}{}:
-			default:
-			}
 		}
 	}
 }

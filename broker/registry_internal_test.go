@@ -9,6 +9,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 func newTestBroker(t *testing.T) *Broker {
@@ -48,41 +49,102 @@ func TestKeepAdoptsItsOwnNode(t *testing.T) {
 }
 
 // An election node of this session other than the current one (a create
-// whose answer was lost) is removed, so it cannot stall the election.
+// whose answer was lost) is removed when the broker campaigns, so it
+// cannot stall the election: here the broker's leadership ends (another
+// client deletes its node) while an orphan of its session waits in the
+// election; the broker campaigns again behind the orphan and leads.
 func TestElectionOrphansRemoved(t *testing.T) {
 	b := newTestBroker(t)
-	var me string
-	deadline := time.Now().Add(20 * time.Second)
-	for me == "" {
+	own := func() []string { // this session's election nodes
+		t.Helper()
 		children, _, err := b.conn.Children(b.electionPath())
 		if err != nil {
 			t.Fatal(err)
 		}
+		var out []string
 		for _, c := range children {
 			if ok, st, _ := b.conn.Exists(b.electionPath() + "/" + c); ok && st.EphemeralOwner == b.conn.SessionID() {
-				me = c
+				out = append(out, c)
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no election node")
-		}
-		time.Sleep(20 * time.Millisecond)
+		return out
 	}
+	waitLeading := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !b.leading.Load() || !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s (leading %v, nodes %v)", what, b.leading.Load(), own())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	var me string
+	waitLeading("the broker to lead", func() bool {
+		nodes := own()
+		if len(nodes) == 1 {
+			me = nodes[0]
+		}
+		return me != ""
+	})
 	orphan, err := b.conn.Create(b.electionPath()+"/n-", []byte(b.cfg.ID), zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		t.Fatal(err)
 	}
-	children, _, err := b.conn.Children(b.electionPath())
+	if err := zktest.Conn(t).Delete(b.electionPath()+"/"+me, -1); err != nil {
+		t.Fatal(err)
+	}
+	waitLeading("the broker to lead again, past its orphan", func() bool {
+		nodes := own()
+		return len(nodes) == 1 && nodes[0] != me && nodes[0] != path.Base(orphan)
+	})
+}
+
+// Brokers that elect with the earlier code (their own EPHEMERAL_SEQUENTIAL
+// n-<seq> nodes, the lowest leads) and brokers on package election share
+// one election: a broker does not lead while an older broker's node is
+// ahead of its own, and leads once that one is gone.
+func TestElectionSharedWithOlderBrokers(t *testing.T) {
+	root := zktest.Root(t)
+	other := zktest.Conn(t)
+	if err := zkutil.EnsurePath(other, root+"/election"); err != nil {
+		t.Fatal(err)
+	}
+	old, err := other.Create(root+"/election/n-", []byte("older-broker"), zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.dropOrphans(children, me); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := New(ctx, Config{ZooKeeper: []string{zktest.Addr(t)}, Root: root, SessionTimeout: 4 * time.Second})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, _, _ := b.conn.Exists(orphan); ok {
-		t.Fatalf("orphan %s still there", path.Base(orphan))
+	defer b.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		children, _, err := other.Children(root + "/election")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(children) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker's election node did not appear: %v", children)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	if ok, _, _ := b.conn.Exists(b.electionPath() + "/" + me); !ok {
-		t.Fatal("the current election node was removed")
+	if b.leading.Load() {
+		t.Fatal("the broker leads behind an older broker's node")
+	}
+	if err := other.Delete(old, -1); err != nil {
+		t.Fatal(err)
+	}
+	for !b.leading.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the broker did not lead once the older broker's node was gone")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

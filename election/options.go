@@ -1,0 +1,38 @@
+package election
+
+import (
+	"log/slog"
+)
+
+// Option configures an Election.
+type Option func(*options)
+
+type options struct {
+	logger        *slog.Logger
+	createParents bool
+}
+
+// defaults are the options New starts from.
+func defaults() options {
+	return options{logger: slog.New(slog.DiscardHandler), createParents: true}
+}
+
+// WithLogger logs the removal of orphaned candidate nodes (Info) and
+// leadership changes (Debug) to l; by default nothing is logged. A nil l
+// keeps the default.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.logger = l
+		}
+	}
+}
+
+// WithCreateParents says whether New creates the election's node and its
+// missing parents (persistent, empty, world-writable), which is the
+// default. With false, New does no I/O and Campaign fails (wrapping
+// zk.ErrNoNode) while the node is missing: for applications that create
+// their layout themselves, with their own ACLs.
+func WithCreateParents(create bool) Option {
+	return func(o *options) { o.createParents = create }
+}
