@@ -12,8 +12,15 @@ import (
 )
 
 func Example() {
-	conn, root := connect()
+	// A session to the ZooKeeper server named by $QBROKER_ZK (host:port;
+	// the package's tests set it to their own server).
+	conn, _, err := zk.Connect([]string{os.Getenv("QBROKER_ZK")}, 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer conn.Close()
+	root := fmt.Sprintf("/examples/%d", time.Now().UnixNano())
 	ctx := context.Background()
 
 	q, err := priority.New(conn, root+"/jobs")
@@ -56,15 +63,4 @@ func Example() {
 	// 100 reindex
 	// 100 thumbnails
 	// empty
-}
-
-// connect opens a session to the ZooKeeper server named by $QBROKER_ZK
-// (host:port; the package's tests set it to their own server) and returns
-// a fresh root for one example's nodes.
-func connect() (*zk.Conn, string) {
-	conn, _, err := zk.Connect([]string{os.Getenv("QBROKER_ZK")}, 10*time.Second, zk.WithLogInfo(false))
-	if err != nil {
-		panic(err)
-	}
-	return conn, fmt.Sprintf("/examples/%d", time.Now().UnixNano())
 }

@@ -495,34 +495,27 @@ func TestFIFOWithinPriority(t *testing.T) {
 
 func TestDequeueWaitsAndCancels(t *testing.T) {
 	path := zktest.Root(t) + "/q"
-	consumer := newQueue(t, zktest.Conn(t), path)
-	producer := newQueue(t, zktest.Conn(t), path)
+	consumer, producer := newQueue(t, zktest.Conn(t), path), newQueue(t, zktest.Conn(t), path)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	got := make(chan priority.Message, 1)
-	errc := make(chan error, 1)
+	// A Dequeue waiting on an empty priority queue wakes for a publish of
+	// any priority and returns it with that priority.
+	type result struct {
+		m   priority.Message
+		err error
+	}
+	res := make(chan result, 1)
 	go func() {
 		m, err := consumer.Dequeue(ctx)
-		if err != nil {
-			errc <- err
-			return
-		}
-		got <- m
+		res <- result{m, err}
 	}()
 	time.Sleep(100 * time.Millisecond) // let it block on the watch; correct either way
 	if _, err := producer.Publish(ctx, 42, []byte("wake")); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case m := <-got:
-		if string(m.Payload) != "wake" || m.Priority != 42 {
-			t.Fatalf("got %q at %d, want wake at 42", m.Payload, m.Priority)
-		}
-	case err := <-errc:
-		t.Fatal(err)
-	case <-ctx.Done():
-		t.Fatal("blocked Dequeue did not wake on publish")
+	if r := <-res; r.err != nil || string(r.m.Payload) != "wake" || r.m.Priority != 42 {
+		t.Fatalf("woken Dequeue = %q at %d, %v; want wake at 42", r.m.Payload, r.m.Priority, r.err)
 	}
 
 	ignore := goleak.IgnoreCurrent()

@@ -15,15 +15,10 @@ import (
 // Message is a message taken from or peeked at in a queue.
 type Message = zkqueue.Message
 
-// Sentinel errors, wrapped with the operation and path; use errors.Is. The
-// first five are package zkqueue's.
+// Sentinel errors of the gate and the group, wrapped with the operation
+// and path; use errors.Is. The queue's own (zkqueue.ErrEmpty,
+// zkqueue.ErrTooLarge, ...) are package zkqueue's.
 var (
-	ErrEmpty         = zkqueue.ErrEmpty         // TryDequeue, Peek: nothing to take
-	ErrTooLarge      = zkqueue.ErrTooLarge      // payload over the limit
-	ErrBatchTooLarge = zkqueue.ErrBatchTooLarge // batch over the count or byte limit
-	ErrEmptyBatch    = zkqueue.ErrEmptyBatch    // PublishBatch with no payloads
-	ErrBadData       = zkqueue.ErrBadData       // a message node with a corrupt header
-
 	// ErrNotOpen: TryDequeue before the group is complete (no start node).
 	ErrNotOpen = errors.New("syncqueue: queue is not open")
 	// ErrGroupFull: Join of a queue whose group is complete (open), or of a
@@ -44,21 +39,12 @@ var (
 // member ids and must stay well under jute.maxbuffer.
 const MaxMembers = 1000
 
-// Option configures a Queue's messages: any of package zkqueue's options.
+// Option configures a Queue's messages: any of package zkqueue's options
+// (zkqueue.WithMaxPayload, ...). With zkqueue.WithoutCreate, New only
+// reads: the queue's nodes (path, path/items, path/members) must exist
+// already. A process that also deletes queues needs it, so that a Queue
+// opened while its queue is being deleted does not create the nodes again.
 type Option = zkqueue.Option
-
-// The options most used with a synchronizing queue, package zkqueue's.
-var (
-	WithMaxPayload    = zkqueue.WithMaxPayload    // largest payload (default 512 KiB)
-	WithMaxBatchBytes = zkqueue.WithMaxBatchBytes // bound on one PublishBatch's bytes
-	WithMaxBatchCount = zkqueue.WithMaxBatchCount // bound on one PublishBatch's messages
-	WithLogger        = zkqueue.WithLogger        // logger for skipped foreign nodes
-	// WithoutCreate makes New read only: the queue's nodes (path,
-	// path/items, path/members) must exist already. A process that also
-	// deletes queues needs it, so that a Queue opened while its queue is
-	// being deleted does not create the nodes again.
-	WithoutCreate = zkqueue.WithoutCreate
-)
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
@@ -216,7 +202,7 @@ func (q *Queue) Reset(ctx context.Context) error {
 }
 
 // TryDequeue takes the head message. Errors: ErrNotOpen before the group
-// is complete, ErrEmpty, or a ZooKeeper error. A claim that races with
+// is complete, zkqueue.ErrEmpty, or a ZooKeeper error. A claim that races with
 // Reset may still succeed.
 func (q *Queue) TryDequeue(ctx context.Context) (Message, error) {
 	ms, err := q.Take(ctx, 1, zkqueue.Room{}, false)
@@ -244,7 +230,7 @@ func (q *Queue) Dequeue(ctx context.Context) (Message, error) {
 
 // Take takes up to max messages from the head within room (see
 // zkqueue.Queue.Take). Without block: ErrNotOpen before the group is
-// complete, ErrEmpty when there is nothing. With block it waits as Dequeue
+// complete, zkqueue.ErrEmpty when there is nothing. With block it waits as Dequeue
 // does.
 func (q *Queue) Take(ctx context.Context, max int, room zkqueue.Room, block bool) ([]Message, error) {
 	for {
@@ -267,7 +253,7 @@ func (q *Queue) Take(ctx context.Context, max int, room zkqueue.Room, block bool
 			}
 		}
 		ms, err := q.Queue.Take(ctx, max, room, false)
-		if !block || !errors.Is(err, ErrEmpty) {
+		if !block || !errors.Is(err, zkqueue.ErrEmpty) {
 			return ms, err
 		}
 		// Wait for a message, but stop waiting when start changes. The

@@ -445,14 +445,14 @@ func TestLimitsAndSentinels(t *testing.T) {
 	ctx := context.Background()
 	conn := zktest.Conn(t)
 	path := zktest.Root(t) + "/sq"
-	q := newQueue(t, conn, path, 1, syncqueue.WithMaxPayload(100), syncqueue.WithMaxBatchCount(2))
-	if _, err := q.Publish(ctx, make([]byte, 101)); !errors.Is(err, syncqueue.ErrTooLarge) || !errors.Is(err, zkqueue.ErrTooLarge) {
+	q := newQueue(t, conn, path, 1, zkqueue.WithMaxPayload(100), zkqueue.WithMaxBatchCount(2))
+	if _, err := q.Publish(ctx, make([]byte, 101)); !errors.Is(err, zkqueue.ErrTooLarge) {
 		t.Errorf("oversized payload: got %v, want ErrTooLarge", err)
 	}
-	if _, err := q.PublishBatch(ctx, [][]byte{{1}, {2}, {3}}); !errors.Is(err, syncqueue.ErrBatchTooLarge) {
+	if _, err := q.PublishBatch(ctx, [][]byte{{1}, {2}, {3}}); !errors.Is(err, zkqueue.ErrBatchTooLarge) {
 		t.Errorf("batch over count: got %v, want ErrBatchTooLarge", err)
 	}
-	if _, err := q.PublishBatch(ctx, nil); !errors.Is(err, syncqueue.ErrEmptyBatch) {
+	if _, err := q.PublishBatch(ctx, nil); !errors.Is(err, zkqueue.ErrEmptyBatch) {
 		t.Errorf("empty batch: got %v, want ErrEmptyBatch", err)
 	}
 	m, err := q.Join(ctx, "solo") // a group of one opens at once
@@ -460,7 +460,7 @@ func TestLimitsAndSentinels(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Leave(ctx)
-	if _, err := q.TryDequeue(ctx); !errors.Is(err, syncqueue.ErrEmpty) || !errors.Is(err, zkqueue.ErrEmpty) {
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Errorf("TryDequeue of an open empty queue: got %v, want ErrEmpty", err)
 	}
 	for _, n := range []int{0, -1, syncqueue.MaxMembers + 1} {
