@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
 
@@ -88,38 +90,66 @@ func (c *consumeState) drain() []string {
 	return out
 }
 
-// Consume implements pb.QueueServer.
+// Consume implements pb.QueueServer. It subscribes the stream, then runs
+// its work in one errgroup it waits for: the receiving side (credit and
+// settlements), settleWorkers applying the settlements, and the delivery
+// loop. Then it releases the leases left unsettled. Only the receiver's
+// and the sender's goroutines, waiting in gRPC's Recv and Send, may
+// outlive the handler (see stream.go).
 func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
-	leave, err := b.enterStream()
+	ctx, end, err := b.openStream(stream.Context())
 	if err != nil {
-		return b.fail(err)
+		return err
 	}
-	defer leave()
-	ctx, cancel := b.streamCtx(stream.Context())
-	defer cancel()
+	defer end()
+	rx := b.newReceiver(stream)
+	defer rx.close()
 
-	first, err := b.firstRequest(ctx, stream)
+	first, err := b.firstRequest(ctx, rx)
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
+	sub, err := b.subscribe(ctx, first)
+	if err != nil {
+		return b.fail(err)
+	}
+	unregister := b.registerConsumer(sub.q)
+	defer unregister()
+
+	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1)}
+	st.addCredit(sub.prefetch + int(first.GetCredit()))
+	defer b.releaseHeld(sub.q, st)
+	b.settle(ctx, st, first.GetSettle())
+	return b.serveConsume(ctx, stream, rx, sub, st)
+}
+
+// subscription is what a Consume stream's first request asked for.
+type subscription struct {
+	q        *queue
+	d        delivery
+	prefetch int
+}
+
+// subscribe checks a Consume stream's first request.
+func (b *Broker) subscribe(ctx context.Context, first *pb.ConsumeRequest) (subscription, error) {
 	sub := first.GetSubscribe()
 	if sub == nil {
-		return b.fail(invalidf("the first Consume request must carry subscribe"))
+		return subscription{}, invalidf("the first Consume request must carry subscribe")
 	}
 	q, err := b.queue(ctx, sub.GetQueue())
 	if err != nil {
-		return b.fail(err)
+		return subscription{}, err
 	}
 	d, err := b.deliverySettings(q, sub.GetMode(), sub.GetVisibilityTimeout().AsDuration())
 	if err != nil {
-		return b.fail(err)
+		return subscription{}, err
 	}
 	if q.sync != nil {
 		if err := q.sync.checkOpen(ctx); err != nil {
-			return b.fail(err)
+			return subscription{}, err
 		}
 	}
 	prefetch := int(sub.GetPrefetch())
@@ -127,178 +157,136 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 		prefetch = 1
 	}
 	if prefetch > maxPrefetch {
-		return b.fail(invalidf("prefetch %d > %d", prefetch, maxPrefetch))
+		return subscription{}, invalidf("prefetch %d > %d", prefetch, maxPrefetch)
 	}
-	unregister := b.registerConsumer(q)
-	defer unregister()
+	return subscription{q: q, d: d, prefetch: prefetch}, nil
+}
 
-	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1)}
-	st.addCredit(prefetch + int(first.GetCredit()))
-	b.settle(ctx, st, first.GetSettle())
-
-	// The receiving side: credit and settlements. Settlements are applied
-	// by settleWorkers goroutines, so one slow ack does not hold up the
-	// stream's others or its credit. All of them end when the stream
-	// does (Recv fails once the handler has returned).
+// serveConsume runs a subscribed stream until the client leaves or
+// half-closes, the broker shuts down or a delivery fails, and returns the
+// stream's status once all of its goroutines but the receiver's and the
+// sender's have ended.
+//
+// Settlements are applied by settleWorkers goroutines, concurrently, so
+// that one slow ack does not hold up the stream's others or its credit.
+// They run under the stream's context, not the group's: the settlements a
+// client sent before it half-closed are all applied before the stream
+// ends and its unsettled leases are released.
+func (b *Broker) serveConsume(ctx context.Context, stream pb.Queue_ConsumeServer, rx *receiver, sub subscription, st *consumeState) error {
+	g, gctx := errgroup.WithContext(ctx)
 	settles := make(chan *pb.Settle, 4*settleWorkers)
-	recvDone, settleDone := make(chan struct{}), make(chan struct{})
-	var swg sync.WaitGroup
-	for i := 0; i < settleWorkers; i++ {
-		swg.Add(1)
-		go func() {
-			defer swg.Done()
+	for range settleWorkers {
+		g.Go(func() error {
 			for s := range settles {
 				b.settle(ctx, st, []*pb.Settle{s})
 			}
-		}()
+			return nil
+		})
 	}
-	go func() { swg.Wait(); close(settleDone) }()
-	go func() {
+	g.Go(func() error {
 		defer close(settles)
-		defer close(recvDone)
-		defer cancel()
-		for {
-			req, err := stream.Recv()
-			if err != nil {
-				return
+		return b.receiveRequests(gctx, rx, st, settles)
+	})
+	g.Go(func() error { return b.deliver(gctx, stream, sub, st) })
+	err := g.Wait()
+	if errors.Is(err, errStreamDone) {
+		return b.streamEnd()
+	}
+	return err
+}
+
+// receiveRequests adds the credit of a stream's requests and hands their
+// settlements to the settle workers, until the client half-closes or
+// leaves (errStreamDone) or ctx ends.
+func (b *Broker) receiveRequests(ctx context.Context, rx *receiver, st *consumeState, settles chan<- *pb.Settle) error {
+	for {
+		select {
+		case req, ok := <-rx.reqs:
+			if !ok {
+				return errStreamDone
 			}
 			st.addCredit(int(req.GetCredit()))
 			for _, s := range req.GetSettle() {
-				settles <- s
+				select {
+				case settles <- s:
+				case <-ctx.Done():
+					return errStreamDone
+				}
 			}
+		case <-ctx.Done():
+			return errStreamDone
 		}
-	}()
-	defer func() {
-		// A client that half-closed sent its last settlements before:
-		// apply them before releasing what is left.
-		select {
-		case <-recvDone:
-			<-settleDone
-		default:
-		}
-		b.releaseHeld(q, st)
-	}()
+	}
+}
 
-	// Deliveries are claimed in batches bounded by count and bytes (about
-	// what the transport takes without waiting), each only after the
-	// previous one was sent, and each is checked just before its send:
-	// a delivery whose lease ran out (or nearly) meanwhile is given back
-	// unsent. A send held up by flow control (a client that stopped
-	// reading) must not outlast its lease either: it runs on the
-	// stream's sender, and if the lease gets within sendMargin of its
-	// deadline first, the stream ends, which abandons the send before the
-	// message reaches the transport.
+// deliver claims and sends deliveries while the stream has credit, until
+// ctx ends or a delivery fails. It never returns nil.
+//
+// Deliveries are claimed in batches bounded by count and bytes (about
+// what the transport takes without waiting), each only after the
+// previous one was sent, and each is checked just before its send: a
+// delivery whose lease ran out (or nearly) meanwhile is given back
+// unsent. A send held up by flow control (a client that stopped reading)
+// must not outlast its lease either: it runs on the stream's sender, and
+// if the lease gets within sendMargin of its deadline first, the stream
+// ends, which abandons the send before the message reaches the transport.
+func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub subscription, st *consumeState) error {
 	snd := b.newSender(stream)
 	defer snd.close()
 	for {
 		credit, err := st.takeCredit(ctx, maxClaimBatch)
 		if err != nil {
-			return b.streamEnd()
+			return errStreamDone
 		}
-		cs, err := b.take(ctx, q, d, credit, consumeBatchBytes, true)
+		cs, err := b.take(ctx, sub.q, sub.d, credit, consumeBatchBytes, true)
 		if err != nil {
 			if ctx.Err() != nil {
-				return b.streamEnd()
+				return errStreamDone
 			}
 			return b.fail(err)
 		}
 		st.addCredit(credit - len(cs))
-		if d.ack {
+		if sub.d.ack {
 			for _, c := range cs {
 				st.hold(c.lease, c.expires)
 			}
 		}
-		for i, c := range cs {
-			if !b.sendable(d, c) {
-				st.settled(c.lease)
-				b.unsent(q, c)
-				st.addCredit(1)
-				continue
-			}
-			switch err := snd.send(ctx, c, d); {
-			case err == nil:
-				b.delivered(q, d, c)
-			case errors.Is(err, errStalled):
-				// The lease runs out while the send waits: leave it
-				// to the sweep rather than release it under a send
-				// that may still complete; give the rest back.
-				st.settled(c.lease)
-				b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
-				for _, r := range cs[i+1:] {
-					st.settled(r.lease)
-					b.unsent(q, r)
-				}
-				b.log.Debug("consume stream stalled: ending it", "queue", q.name)
-				return b.fail(err)
-			case err != nil:
-				if ctx.Err() != nil {
-					return b.streamEnd()
-				}
-				return nil // the client is gone; held leases are released
-			}
+		if err := b.sendBatch(ctx, snd, sub, st, cs); err != nil {
+			return err
 		}
 	}
 }
 
-// errStalled ends a Consume stream whose client did not take a delivery
-// before its lease ran out.
-var errStalled = errors.New("consumer did not read a delivery before its lease ran out; the stream ends and its leases are released")
-
-// sender sends one Consume stream's deliveries, so that the stream's
-// handler can stop waiting for a send: a send held up by flow control
-// returns only when the client reads again or the stream ends. It ends
-// after the handler has returned and its last send came back; the
-// broker's WaitGroup counts it.
-type sender struct {
-	stream pb.Queue_ConsumeServer
-	in     chan *pb.Delivery
-	out    chan error
-}
-
-func (b *Broker) newSender(stream pb.Queue_ConsumeServer) *sender {
-	s := &sender{stream: stream, in: make(chan *pb.Delivery), out: make(chan error, 1)}
-	b.wg.Add(1) // within the stream's own count, so never from zero
-	go func() {
-		defer b.wg.Done()
-		for d := range s.in {
-			s.out <- s.stream.Send(d)
+// sendBatch sends the claimed deliveries cs, in order, giving back the
+// ones whose lease ran out before their turn. The leases of the ones it
+// could not send stay held, for releaseHeld.
+func (b *Broker) sendBatch(ctx context.Context, snd *sender, sub subscription, st *consumeState, cs []claimed) error {
+	q, d := sub.q, sub.d
+	for i, c := range cs {
+		if !b.sendable(d, c) {
+			st.settled(c.lease)
+			b.unsent(q, c)
+			st.addCredit(1)
+			continue
 		}
-	}()
-	return s
-}
-
-// send hands c to the transport. At least once it gives up with
-// errStalled when the lease gets within sendMargin of its deadline first.
-func (s *sender) send(ctx context.Context, c claimed, d delivery) error {
-	var stall <-chan time.Time
-	if d.ack {
-		t := time.NewTimer(time.Until(c.expires) - sendMargin(d.ttl))
-		defer t.Stop()
-		stall = t.C
-	}
-	select {
-	case s.in <- &pb.Delivery{Message: c.msg}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case err := <-s.out:
-		return err
-	case <-stall:
-		return errStalled
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// close lets the sender end once its send under way, if any, returns.
-func (s *sender) close() { close(s.in) }
-
-// streamEnd is the status of a stream that ended because the client
-// left (nil) or the broker is shutting down (Unavailable).
-func (b *Broker) streamEnd() error {
-	if b.ctx.Err() != nil {
-		return b.fail(errClosing)
+		switch err := snd.send(ctx, c, d); {
+		case err == nil:
+			b.delivered(q, d, c)
+		case errors.Is(err, errStalled):
+			// The lease runs out while the send waits: leave it to
+			// the sweep rather than release it under a send that may
+			// still complete; give the rest back.
+			st.settled(c.lease)
+			b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
+			for _, r := range cs[i+1:] {
+				st.settled(r.lease)
+				b.unsent(q, r)
+			}
+			b.log.Debug("consume stream stalled: ending it", "queue", q.name)
+			return b.fail(err)
+		default:
+			return errStreamDone // the client is gone, or ctx ended
+		}
 	}
 	return nil
 }
@@ -331,7 +319,7 @@ func (b *Broker) releaseHeld(q *queue, st *consumeState) {
 	if len(tokens) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	for _, t := range tokens {
 		m, out, ok, err := q.leases.Release(ctx, t, q.policy)

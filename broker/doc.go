@@ -57,7 +57,14 @@
 // broker lost its ZooKeeper session, is given back unsent. A Consume
 // stream claims about one stream window at a time, each batch once the
 // previous was sent, and ends when a send held up by flow control would
-// outlast its lease.
+// outlast its lease. Settlements sent on a Consume stream are applied
+// concurrently, in no particular order; those sent before the client
+// half-closed are all applied before the stream ends and releases its
+// unsettled leases.
+//
+// A Consume stream's goroutines end before its handler returns, except
+// the two that wait in gRPC's Recv and Send, which gRPC ends right after
+// the handler returns; the Broker's Shutdown waits for those as well.
 //
 // # Errors
 //

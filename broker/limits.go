@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 
-	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/connlimit"
 )
 
@@ -42,39 +40,6 @@ func (b *Broker) refuseStream(reason string) {
 	}
 	b.warnings.warn(b.log, "stream:"+reason, msg, "reason", reason,
 		"max_streams", b.cfg.MaxStreams, "first_message_timeout", b.cfg.FirstMessageTimeout)
-}
-
-// firstRequest waits up to FirstMessageTimeout for a Consume stream's
-// first request. A stream that sends none is refused: it would hold a
-// place under MaxStreams for nothing. It returns io.EOF when the client
-// left (or the broker is closing and the stream can end quietly).
-func (b *Broker) firstRequest(ctx context.Context, stream pb.Queue_ConsumeServer) (*pb.ConsumeRequest, error) {
-	type result struct {
-		req *pb.ConsumeRequest
-		err error
-	}
-	// Recv has no timeout of its own. This goroutine belongs to the
-	// stream: once the handler returns, gRPC cancels the stream and Recv
-	// returns.
-	got := make(chan result, 1)
-	go func() {
-		req, err := stream.Recv()
-		got <- result{req, err}
-	}()
-	t := time.NewTimer(b.cfg.FirstMessageTimeout)
-	defer t.Stop()
-	select {
-	case r := <-got:
-		return r.req, r.err
-	case <-t.C:
-		b.refuseStream(reasonNoSubscribe)
-		return nil, b.fail(invalidf("no subscribe request within %v", b.cfg.FirstMessageTimeout))
-	case <-ctx.Done():
-		if err := b.streamEnd(); err != nil {
-			return nil, err
-		}
-		return nil, io.EOF
-	}
 }
 
 // LimitListener wraps lis with the broker's connection limits (MaxConns,

@@ -27,25 +27,16 @@ const (
 	modeAtLeastOnce = "at_least_once"
 )
 
-// emitSized emits an event for a message known by its size only.
-func (b *Broker) emitSized(kind events.Kind, q *queue, m zkqueue.Message, size int) {
-	if b.events == nil {
-		return
-	}
-	b.events.Emit(events.Event{
-		ID:            events.MakeID(q.name, m.ID, kind, m.Deliveries, ""),
-		Kind:          kind,
-		Queue:         q.name,
-		MessageID:     m.ID,
-		Priority:      m.Priority,
-		Size:          size,
-		DeliveryCount: m.Deliveries,
-		Broker:        b.cfg.ID,
-		Time:          time.Now(),
-	})
+// emit emits an event for message m of q (member: of a sync group
+// event).
+func (b *Broker) emit(kind events.Kind, q *queue, m zkqueue.Message, member string) {
+	b.emitSized(kind, q, m, len(m.Payload), member)
 }
 
-func (b *Broker) emit(kind events.Kind, q *queue, m zkqueue.Message, member string) {
+// emitSized emits an event for a message that may be known by its size
+// only (an ack that did not read the message). It builds every event the
+// broker emits.
+func (b *Broker) emitSized(kind events.Kind, q *queue, m zkqueue.Message, size int, member string) {
 	if b.events == nil {
 		return // no sink: build no events on the message path
 	}
@@ -55,8 +46,9 @@ func (b *Broker) emit(kind events.Kind, q *queue, m zkqueue.Message, member stri
 		Queue:     q.name,
 		MessageID: m.ID,
 		Priority:  m.Priority,
-		Size:      len(m.Payload),
-		// Events carry the payload; the sink decides whether to keep it.
+		Size:      size,
+		// Events carry the payload, when known; the sink decides
+		// whether to keep it.
 		Payload:       m.Payload,
 		DeliveryCount: m.Deliveries,
 		Member:        member,
@@ -249,7 +241,7 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 		}
 		m.Deliveries = t.deliveries
 		b.metrics.acked.WithLabelValues(q.label).Inc()
-		b.emitSized(events.Acked, q, m, t.size)
+		b.emitSized(events.Acked, q, m, t.size, "")
 		return nil
 	}
 	m, err := q.leases.Ack(ctx, t.lease)

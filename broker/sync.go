@@ -72,13 +72,11 @@ func syncErr(err error, q *queue, member string) error {
 // stream is open: closing it (or the broker's shutdown, or the broker's
 // session ending) frees the place, if the group has not opened yet.
 func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServer) error {
-	leave, err := b.enterStream()
+	ctx, end, err := b.openStream(stream.Context())
 	if err != nil {
-		return b.fail(err)
+		return err
 	}
-	defer leave()
-	ctx, cancel := b.streamCtx(stream.Context())
-	defer cancel()
+	defer end()
 	if err := validName("member id", req.GetMemberId()); err != nil {
 		return b.fail(err)
 	}

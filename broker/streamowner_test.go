@@ -1,0 +1,151 @@
+package broker_test
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/broker"
+	"github.com/qbroker/qbroker/internal/zktest"
+)
+
+// heldStream holds a server stream's RecvMsg that failed (the stream
+// ended) until release is closed, or for at most holdFor: a goroutine
+// receiving on the stream outlives its handler at least that long.
+type heldStream struct {
+	grpc.ServerStream
+	release <-chan struct{}
+}
+
+const holdFor = 2 * time.Second
+
+func (s heldStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if err != nil {
+		t := time.NewTimer(holdFor)
+		defer t.Stop()
+		select {
+		case <-s.release:
+		case <-t.C:
+		}
+	}
+	return err
+}
+
+// consumeGoroutines returns the stacks of the goroutines running code of
+// the broker's Consume streams.
+func consumeGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "/broker/consume.go:") || strings.Contains(g, "/broker/stream.go:") ||
+			strings.Contains(g, "broker_test.heldStream.RecvMsg") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// A Consume stream's goroutines (receiving, settling, sending) all end
+// before Shutdown returns, whether the client ended the stream before or
+// Shutdown ends it, even one that gRPC lets out of its Recv only after the
+// handler returned: here a Recv that failed is held until the check below
+// (or for 2s), so a goroutine that Shutdown does not wait for is still
+// there when it returns.
+func TestConsumeStreamGoroutinesEndBeforeShutdownReturns(t *testing.T) {
+	t.Run("client cancels", func(t *testing.T) { testStreamGoroutinesOwned(t, true) })
+	t.Run("broker shuts down", func(t *testing.T) { testStreamGoroutinesOwned(t, false) })
+}
+
+func testStreamGoroutinesOwned(t *testing.T, clientCancels bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b, err := broker.New(ctx, broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t),
+		SweepInterval: 100 * time.Millisecond, SessionTimeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Close()
+		t.Fatal(err)
+	}
+	checked := make(chan struct{})
+	returned := make(chan error, 1)
+	hold := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if !strings.HasSuffix(info.FullMethod, "/Consume") {
+			return h(srv, ss)
+		}
+		err := h(srv, heldStream{ServerStream: ss, release: checked})
+		returned <- err
+		return err
+	}
+	tb := &testBroker{b: b, srv: b.GRPCServer(grpc.ChainStreamInterceptor(hold)), addr: lis.Addr().String()}
+	go func() { _ = tb.srv.Serve(lis) }()
+	tb.conn, err = grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.client = pb.NewQueueClient(tb.conn)
+	t.Cleanup(tb.stop)
+
+	const queue = "owned"
+	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: queue})
+	publishN(t, tb.client, queue, 6)
+
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	stream, err := tb.client.Consume(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: queue, Mode: alo, Prefetch: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	// Settle what arrives, so the stream's settle workers have work.
+	for i := 0; i < 4; i++ {
+		d, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&pb.ConsumeRequest{Credit: 1, Settle: []*pb.Settle{{AckToken: d.GetMessage().GetAckToken()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if clientCancels {
+		scancel()
+		select {
+		case <-returned:
+		case <-ctx.Done():
+			t.Fatal("the Consume handler did not return after the client cancelled the stream")
+		}
+	}
+	b.Shutdown()
+	left := consumeGoroutines()
+	close(checked)
+	if len(left) > 0 {
+		t.Fatalf("%d Consume goroutines still running after Shutdown returned:\n%s", len(left), strings.Join(left, "\n\n"))
+	}
+	if !clientCancels {
+		if err := <-returned; status.Code(err) != codes.Unavailable {
+			t.Fatalf("stream ended by Shutdown: got %v, want Unavailable", err)
+		}
+	}
+}
