@@ -11,7 +11,7 @@
 //	                            data = small header + payload
 //
 // The header holds a format version, the delivery count and the publish
-// time (see internal/qcore). Children whose names do not parse as messages
+// time (see package zkqueue). Children whose names do not parse as messages
 // are skipped and logged once, never fatal. All priorities share the
 // parent's one sequence counter.
 //
