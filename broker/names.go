@@ -7,42 +7,29 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // MaxNameLen is the longest queue name or member id.
-const MaxNameLen = 200
+const MaxNameLen = zkutil.MaxNameLen
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
-
-// validName checks a queue name or member id: [A-Za-z0-9._-]{1,200}, not
-// "." or "..". Such a name is one path element: it cannot escape the root.
+// validName checks a queue name or member id (zkutil.CheckName): one path
+// element, which cannot escape the root.
 func validName(kind, s string) error {
-	if s == "" {
-		return invalidf("%s is empty", kind)
-	}
-	if len(s) > MaxNameLen {
-		return invalidf("%s is %d characters long, at most %d", kind, len(s), MaxNameLen)
-	}
-	if s == "." || s == ".." || !nameRE.MatchString(s) {
-		return invalidf("%s %q: only letters, digits, '.', '_' and '-' (not '.' or '..')", kind, printable(s))
+	if err := zkutil.CheckName(s); err != nil {
+		return invalidf("%s %v", kind, err)
 	}
 	return nil
 }
 
-func printable(s string) string {
-	if len(s) > 40 {
-		s = s[:40] + "..."
-	}
-	return strings.ToValidUTF8(s, "?")
-}
+func printable(s string) string { return zkutil.Printable(s) }
 
 // An ack token is "<queue>/<lease node name>/<hint>.<mac>" with the hint
 // "<deadline ms>.<deliveries>.<size>": any broker can settle it. The hint

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"regexp"
 	"sync"
 
 	"github.com/go-zookeeper/zk"
+	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -46,11 +46,9 @@ const MaxMembers = 1000
 // opened while its queue is being deleted does not create the nodes again.
 type Option = zkqueue.Option
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
-
 func checkID(id string) error {
-	if !idPattern.MatchString(id) || id == "." || id == ".." {
-		return fmt.Errorf("%w: %q", ErrBadID, id)
+	if err := zkutil.CheckName(id); err != nil {
+		return fmt.Errorf("%w: %q %v", ErrBadID, zkutil.Printable(id), err)
 	}
 	return nil
 }

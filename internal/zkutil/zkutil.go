@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"path"
+	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -339,4 +340,35 @@ func DeleteNodes(ctx context.Context, conn *zk.Conn, paths []string) (int, error
 		}
 	}
 	return deleted, nil
+}
+
+// MaxNameLen is the longest name CheckName accepts.
+const MaxNameLen = 200
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+
+// CheckName checks a name that becomes one path element (a queue name, a
+// member or participant id): [A-Za-z0-9._-]{1,200}, not "." or "..". Such
+// a name cannot escape its parent. The error says what is wrong, to follow
+// what the name is ("queue name is empty").
+func CheckName(s string) error {
+	if s == "" {
+		return errors.New("is empty")
+	}
+	if len(s) > MaxNameLen {
+		return fmt.Errorf("is %d characters long, at most %d", len(s), MaxNameLen)
+	}
+	if s == "." || s == ".." || !nameRE.MatchString(s) {
+		return fmt.Errorf("%q: only letters, digits, '.', '_' and '-' (not '.' or '..')", Printable(s))
+	}
+	return nil
+}
+
+// Printable shortens s to 40 bytes and makes it valid UTF-8, for error
+// messages that quote what a client sent.
+func Printable(s string) string {
+	if len(s) > 40 {
+		s = s[:40] + "..."
+	}
+	return strings.ToValidUTF8(s, "?")
 }
