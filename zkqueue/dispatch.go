@@ -354,62 +354,11 @@ func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bo
 	s.recent.taking(+1)
 	defer s.recent.taking(-1)
 	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		n, ok, wait, err := s.nextCandidate()
+		cands, err := s.candidates(ctx, k, block)
 		if err != nil {
 			return nil, err
 		}
-		if !ok {
-			if !block {
-				return nil, ErrEmpty
-			}
-			select {
-			case <-wait:
-				continue
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		cands := []Name{n}
-		for len(cands) < k {
-			n, ok, _, err := s.nextCandidate()
-			if err != nil || !ok {
-				break
-			}
-			cands = append(cands, n)
-		}
-		f := newFitter(room, len(cands))
-		vals := make([]T, len(cands))
-		errs := make([]error, len(cands))
-		// A claim, once begun, runs to its answer whatever becomes of
-		// ctx: abandoning one whose delete is committed would lose the
-		// message (its outcome is known only from the answer). Claims
-		// are bounded by the session: a lost connection answers them.
-		cctx := context.WithoutCancel(ctx)
-		claimOne := func(i int) {
-			vals[i], errs[i] = claim(cctx, cands[i], f.fit(cctx, i))
-			f.done(i)
-			if errors.Is(errs[i], ErrNoRoom) {
-				s.giveBack(cands[i])
-			} else {
-				s.claimDone(cands[i])
-			}
-		}
-		if len(cands) == 1 {
-			claimOne(0)
-		} else {
-			var wg sync.WaitGroup
-			for i := range cands {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					claimOne(i)
-				}()
-			}
-			wg.Wait()
-		}
+		vals, errs := claimAll(ctx, s, cands, room, claim)
 		var out []T
 		var failed error
 		for i, err := range errs {
@@ -434,5 +383,78 @@ func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bo
 		if len(out) > 0 {
 			return out, nil
 		}
+		// Every race was lost: take the next candidates.
 	}
+}
+
+// candidates waits (with block, until ctx ends) for the first candidate
+// and adds those available at once, up to k. Without block it returns
+// ErrEmpty when there is none.
+func (s *Queue) candidates(ctx context.Context, k int, block bool) ([]Name, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n, ok, wait, err := s.nextCandidate()
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			cands := []Name{n}
+			for len(cands) < k {
+				n, ok, _, err := s.nextCandidate()
+				if err != nil || !ok {
+					break
+				}
+				cands = append(cands, n)
+			}
+			return cands, nil
+		}
+		if !block {
+			return nil, ErrEmpty
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// claimAll claims cands concurrently (their writes share a Multi when the
+// queue has a Committer), within room, and reports each claim's end to
+// the dispatcher: a candidate that did not fit goes back first in line.
+//
+// A claim, once begun, runs to its answer whatever becomes of ctx:
+// abandoning one whose delete is committed would lose the message (its
+// outcome is known only from the answer). Claims are bounded by the
+// session: a lost connection answers them.
+func claimAll[T any](ctx context.Context, s *Queue, cands []Name, room Room, claim fitClaimFunc[T]) ([]T, []error) {
+	f := newFitter(room, len(cands))
+	vals := make([]T, len(cands))
+	errs := make([]error, len(cands))
+	cctx := context.WithoutCancel(ctx)
+	claimOne := func(i int) {
+		vals[i], errs[i] = claim(cctx, cands[i], f.fit(cctx, i))
+		f.done(i)
+		if errors.Is(errs[i], ErrNoRoom) {
+			s.giveBack(cands[i])
+		} else {
+			s.claimDone(cands[i])
+		}
+	}
+	if len(cands) == 1 {
+		claimOne(0)
+		return vals, errs
+	}
+	var wg sync.WaitGroup
+	for i := range cands {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			claimOne(i)
+		}()
+	}
+	wg.Wait()
+	return vals, errs
 }
