@@ -93,14 +93,7 @@ func (q *queue) idle(d time.Duration) bool {
 	return time.Since(time.Unix(0, q.used.Load())) > d
 }
 
-func (q *queue) stale() bool {
-	select {
-	case <-q.gone:
-		return true
-	default:
-		return false
-	}
-}
+func (q *queue) stale() bool { return zkutil.Fired(q.gone) }
 
 // queue returns the handle of an existing queue; errQueueNotFound when
 // there is none.
