@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -21,6 +19,7 @@ import (
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
 	qbroker "github.com/qbroker/qbroker/clients/go"
+	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -350,27 +349,9 @@ func (r *sendRecorder) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamSe
 func startRecordedBroker(t *testing.T, root string) (*testBroker, *sendRecorder, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, err := broker.New(ctx, broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: root,
-		SweepInterval: 100 * time.Millisecond, SessionTimeout: 4 * time.Second, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Close()
-		t.Fatal(err)
-	}
 	rec := &sendRecorder{}
-	tb := &testBroker{b: b, srv: b.GRPCServer(grpc.ChainStreamInterceptor(rec.intercept)), addr: lis.Addr().String()}
-	go func() { _ = tb.srv.Serve(lis) }()
-	tb.conn, err = grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb.client = pb.NewQueueClient(tb.conn)
-	t.Cleanup(tb.stop)
+	o := brokertest.Options{ServerOptions: []grpc.ServerOption{grpc.ChainStreamInterceptor(rec.intercept)}}
+	tb := launchBroker(t, []string{zktest.Addr(t)}, root, o, func(c *broker.Config) { c.Registerer = reg })
 	return tb, rec, reg
 }
 

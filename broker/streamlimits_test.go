@@ -20,6 +20,7 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
+	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -28,7 +29,7 @@ import (
 func startLimited(t *testing.T, reg *prometheus.Registry, mods ...func(*broker.Config)) *testBroker {
 	t.Helper()
 	mods = append([]func(*broker.Config){func(c *broker.Config) { c.Registerer = reg }}, mods...)
-	return launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t), true, mods...)
+	return launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t), brokertest.Options{Limited: true}, mods...)
 }
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {
