@@ -578,20 +578,9 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// counterSum returns the sum of the series of a counter from reg.
+// counterSum returns the sum of the series of a counter from reg (0
+// when it has none).
 func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, f := range fams {
-		if f.GetName() == name {
-			for _, m := range f.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+	return max(0, metric(t, reg, name, nil))
 }
