@@ -49,6 +49,180 @@ func (rawCodec) Marshal(v any) ([]byte, error)      { return v.([]byte), nil }
 func (rawCodec) Unmarshal(data []byte, v any) error { *(v.(*[]byte)) = data; return nil }
 func (rawCodec) Name() string                       { return "proto" }
 
+// badCall is a call with bad input and the status it must get.
+type badCall struct {
+	name string
+	call func() error
+	want codes.Code
+}
+
+// badCreates create queues with bad names and options.
+func badCreates(ctx context.Context, c pb.QueueClient) []badCall {
+	long := strings.Repeat("a", 300)
+	return []badCall{
+		{"create ..", func() error { _, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: ".."}); return err }, codes.InvalidArgument},
+		{"create .", func() error { _, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "."}); return err }, codes.InvalidArgument},
+		{"create a/b", func() error { _, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "a/b"}); return err }, codes.InvalidArgument},
+		{"create empty", func() error { _, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{}); return err }, codes.InvalidArgument},
+		{"create 300 chars", func() error { _, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: long}); return err }, codes.InvalidArgument},
+		{"create NUL", func() error { _, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "a\x00b"}); return err }, codes.InvalidArgument},
+		{"create sync with 1 member", func() error {
+			_, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "s1", Kind: pb.QueueKind_QUEUE_KIND_SYNC, SyncMembers: 1})
+			return err
+		}, codes.InvalidArgument},
+		{"create fifo with members", func() error {
+			_, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "f2", SyncMembers: 3})
+			return err
+		}, codes.InvalidArgument},
+		{"create bad visibility", func() error {
+			_, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "v", VisibilityTimeout: durationpb.New(time.Millisecond)})
+			return err
+		}, codes.InvalidArgument},
+		{"create unknown kind", func() error {
+			_, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "k", Kind: 42})
+			return err
+		}, codes.InvalidArgument},
+		{"recreate as other kind", func() error {
+			_, err := c.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "fifo", Kind: pb.QueueKind_QUEUE_KIND_PRIORITY})
+			return err
+		}, codes.AlreadyExists},
+	}
+}
+
+// badPublishes publish to bad queues, over the limits of a broker with
+// MaxPayload 1024, MaxBatchCount 5 and MaxBatchBytes 4096, and with bad
+// priorities.
+func badPublishes(ctx context.Context, c pb.QueueClient) []badCall {
+	big := make([]byte, 1025)
+	return []badCall{
+		{"publish to ../x", func() error {
+			_, err := c.Publish(ctx, &pb.PublishRequest{Queue: "../x", Messages: []*pb.OutMessage{{Payload: []byte("x")}}})
+			return err
+		}, codes.InvalidArgument},
+		{"publish to missing", func() error {
+			_, err := c.Publish(ctx, &pb.PublishRequest{Queue: "missing", Messages: []*pb.OutMessage{{Payload: []byte("x")}}})
+			return err
+		}, codes.NotFound},
+		{"publish nothing", func() error { _, err := c.Publish(ctx, &pb.PublishRequest{Queue: "fifo"}); return err }, codes.InvalidArgument},
+		{"payload over limit", func() error {
+			_, err := c.Publish(ctx, &pb.PublishRequest{Queue: "fifo", Messages: []*pb.OutMessage{{Payload: big}}})
+			return err
+		}, codes.InvalidArgument},
+		{"batch over count", func() error {
+			req := &pb.PublishRequest{Queue: "fifo"}
+			for i := 0; i < 6; i++ {
+				req.Messages = append(req.Messages, &pb.OutMessage{Payload: []byte("x")})
+			}
+			_, err := c.Publish(ctx, req)
+			return err
+		}, codes.InvalidArgument},
+		{"batch over bytes", func() error {
+			req := &pb.PublishRequest{Queue: "fifo"}
+			for i := 0; i < 5; i++ {
+				req.Messages = append(req.Messages, &pb.OutMessage{Payload: make([]byte, 1000)})
+			}
+			_, err := c.Publish(ctx, req)
+			return err
+		}, codes.InvalidArgument},
+		{"batch with one oversized", func() error {
+			req := &pb.PublishRequest{Queue: "fifo", Messages: []*pb.OutMessage{{Payload: []byte("ok")}, {Payload: big}}}
+			_, err := c.Publish(ctx, req)
+			return err
+		}, codes.InvalidArgument},
+		{"priority on fifo", func() error {
+			_, err := c.Publish(ctx, &pb.PublishRequest{Queue: "fifo", Messages: []*pb.OutMessage{{Payload: []byte("x"), Priority: 3}}})
+			return err
+		}, codes.FailedPrecondition},
+		{"priority out of range", func() error {
+			_, err := c.Publish(ctx, &pb.PublishRequest{Queue: "prio", Messages: []*pb.OutMessage{{Payload: []byte("x"), Priority: 256}}})
+			return err
+		}, codes.InvalidArgument},
+	}
+}
+
+// badReceives ask for too much.
+func badReceives(ctx context.Context, c pb.QueueClient) []badCall {
+	return []badCall{
+		{"receive too many", func() error {
+			_, err := c.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", MaxMessages: 1000})
+			return err
+		}, codes.InvalidArgument},
+		{"receive bad mode", func() error { _, err := c.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", Mode: 9}); return err }, codes.InvalidArgument},
+		{"receive long wait", func() error {
+			_, err := c.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", Wait: durationpb.New(time.Hour)})
+			return err
+		}, codes.InvalidArgument},
+	}
+}
+
+// badSettlements settle leases that are unknown, expired (expired is the
+// token of one) or malformed, and redrive and list dead letters badly.
+func badSettlements(ctx context.Context, c pb.QueueClient, expired string) []badCall {
+	unknown := "fifo/qn-0000000000~0123456789abcdef"
+	return []badCall{
+		{"ack unknown lease", func() error { _, err := c.Ack(ctx, &pb.AckRequest{AckToken: unknown}); return err }, codes.FailedPrecondition},
+		{"ack expired lease", func() error { _, err := c.Ack(ctx, &pb.AckRequest{AckToken: expired}); return err }, codes.FailedPrecondition},
+		{"nack expired lease", func() error { _, err := c.Nack(ctx, &pb.NackRequest{AckToken: expired}); return err }, codes.FailedPrecondition},
+		{"extend expired lease", func() error {
+			_, err := c.ExtendLease(ctx, &pb.ExtendLeaseRequest{AckToken: expired})
+			return err
+		}, codes.FailedPrecondition},
+		{"ack garbage token", func() error { _, err := c.Ack(ctx, &pb.AckRequest{AckToken: "\x00/../..~zz"}); return err }, codes.InvalidArgument},
+		{"ack empty token", func() error { _, err := c.Ack(ctx, &pb.AckRequest{}); return err }, codes.InvalidArgument},
+		{"ack token of missing queue", func() error {
+			_, err := c.Ack(ctx, &pb.AckRequest{AckToken: "nope/qn-0000000000~0123456789abcdef"})
+			return err
+		}, codes.NotFound},
+		{"nack negative delay", func() error {
+			_, err := c.Nack(ctx, &pb.NackRequest{AckToken: unknown, Delay: durationpb.New(-time.Second)})
+			return err
+		}, codes.InvalidArgument},
+		{"redrive bad id", func() error {
+			_, err := c.Redrive(ctx, &pb.RedriveRequest{Queue: "fifo", Ids: []string{"../../x"}})
+			return err
+		}, codes.InvalidArgument},
+		{"dead letters over limit", func() error {
+			_, err := c.ListDeadLetters(ctx, &pb.ListDeadLettersRequest{Queue: "fifo", Limit: 5000})
+			return err
+		}, codes.InvalidArgument},
+	}
+}
+
+// badLookupsAndStreams ask for missing queues, open bad Consume streams
+// and send a request that is not protobuf.
+func badLookupsAndStreams(ctx context.Context, tb *testBroker) []badCall {
+	c := tb.client
+	return []badCall{
+		{"stats of missing", func() error { _, err := c.Stats(ctx, &pb.StatsRequest{Name: "missing"}); return err }, codes.NotFound},
+		{"delete missing", func() error { _, err := c.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: "missing"}); return err }, codes.NotFound},
+		{"consume without subscribe", func() error { return firstReply(ctx, c, &pb.ConsumeRequest{Credit: 1}) }, codes.InvalidArgument},
+		{"consume missing queue", func() error {
+			return firstReply(ctx, c, &pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "missing"}})
+		}, codes.NotFound},
+		{"consume huge prefetch", func() error {
+			return firstReply(ctx, c, &pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "fifo", Prefetch: 1 << 20}})
+		}, codes.InvalidArgument},
+		{"garbage protobuf", func() error {
+			var out []byte
+			return tb.conn.Invoke(ctx, "/qbroker.v1.Queue/Publish", []byte{0xff, 0xff, 0xff, 0x0f, 0x01}, &out, grpc.ForceCodec(rawCodec{}))
+		}, codes.Internal},
+	}
+}
+
+// firstReply opens a Consume stream, sends req and returns the error of
+// the first reply.
+func firstReply(ctx context.Context, c pb.QueueClient, req *pb.ConsumeRequest) error {
+	s, err := c.Consume(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.Send(req); err != nil {
+		return err
+	}
+	_, err = s.Recv()
+	return err
+}
+
 // Bad input over the wire gets the documented status, changes nothing in
 // ZooKeeper, and the broker keeps serving.
 func TestBadInput(t *testing.T) {
@@ -68,156 +242,12 @@ func TestBadInput(t *testing.T) {
 	before := snapshot(t, conn, root+"/queues/fifo")
 	beforePrio := snapshot(t, conn, root+"/queues/prio")
 
-	long := strings.Repeat("a", 300)
-	big := make([]byte, 1025)
-	unknown := "fifo/qn-0000000000~0123456789abcdef"
-	tests := []struct {
-		name string
-		call func() error
-		want codes.Code
-	}{
-		{"create ..", func() error { _, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: ".."}); return err }, codes.InvalidArgument},
-		{"create .", func() error { _, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "."}); return err }, codes.InvalidArgument},
-		{"create a/b", func() error { _, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "a/b"}); return err }, codes.InvalidArgument},
-		{"create empty", func() error { _, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{}); return err }, codes.InvalidArgument},
-		{"create 300 chars", func() error { _, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: long}); return err }, codes.InvalidArgument},
-		{"create NUL", func() error { _, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "a\x00b"}); return err }, codes.InvalidArgument},
-		{"create sync with 1 member", func() error {
-			_, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "s1", Kind: pb.QueueKind_QUEUE_KIND_SYNC, SyncMembers: 1})
-			return err
-		}, codes.InvalidArgument},
-		{"create fifo with members", func() error {
-			_, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "f2", SyncMembers: 3})
-			return err
-		}, codes.InvalidArgument},
-		{"create bad visibility", func() error {
-			_, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "v", VisibilityTimeout: durationpb.New(time.Millisecond)})
-			return err
-		}, codes.InvalidArgument},
-		{"create unknown kind", func() error {
-			_, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "k", Kind: 42})
-			return err
-		}, codes.InvalidArgument},
-		{"recreate as other kind", func() error {
-			_, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "fifo", Kind: pb.QueueKind_QUEUE_KIND_PRIORITY})
-			return err
-		}, codes.AlreadyExists},
-		{"publish to ../x", func() error {
-			_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "../x", Messages: []*pb.OutMessage{{Payload: []byte("x")}}})
-			return err
-		}, codes.InvalidArgument},
-		{"publish to missing", func() error {
-			_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "missing", Messages: []*pb.OutMessage{{Payload: []byte("x")}}})
-			return err
-		}, codes.NotFound},
-		{"publish nothing", func() error { _, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "fifo"}); return err }, codes.InvalidArgument},
-		{"payload over limit", func() error {
-			_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "fifo", Messages: []*pb.OutMessage{{Payload: big}}})
-			return err
-		}, codes.InvalidArgument},
-		{"batch over count", func() error {
-			req := &pb.PublishRequest{Queue: "fifo"}
-			for i := 0; i < 6; i++ {
-				req.Messages = append(req.Messages, &pb.OutMessage{Payload: []byte("x")})
-			}
-			_, err := b.client.Publish(ctx, req)
-			return err
-		}, codes.InvalidArgument},
-		{"batch over bytes", func() error {
-			req := &pb.PublishRequest{Queue: "fifo"}
-			for i := 0; i < 5; i++ {
-				req.Messages = append(req.Messages, &pb.OutMessage{Payload: make([]byte, 1000)})
-			}
-			_, err := b.client.Publish(ctx, req)
-			return err
-		}, codes.InvalidArgument},
-		{"batch with one oversized", func() error {
-			req := &pb.PublishRequest{Queue: "fifo", Messages: []*pb.OutMessage{{Payload: []byte("ok")}, {Payload: big}}}
-			_, err := b.client.Publish(ctx, req)
-			return err
-		}, codes.InvalidArgument},
-		{"priority on fifo", func() error {
-			_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "fifo", Messages: []*pb.OutMessage{{Payload: []byte("x"), Priority: 3}}})
-			return err
-		}, codes.FailedPrecondition},
-		{"priority out of range", func() error {
-			_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "prio", Messages: []*pb.OutMessage{{Payload: []byte("x"), Priority: 256}}})
-			return err
-		}, codes.InvalidArgument},
-		{"receive too many", func() error {
-			_, err := b.client.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", MaxMessages: 1000})
-			return err
-		}, codes.InvalidArgument},
-		{"receive bad mode", func() error { _, err := b.client.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", Mode: 9}); return err }, codes.InvalidArgument},
-		{"receive long wait", func() error {
-			_, err := b.client.Receive(ctx, &pb.ReceiveRequest{Queue: "fifo", Wait: durationpb.New(time.Hour)})
-			return err
-		}, codes.InvalidArgument},
-		{"ack unknown lease", func() error { _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: unknown}); return err }, codes.FailedPrecondition},
-		{"ack expired lease", func() error { _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: expired}); return err }, codes.FailedPrecondition},
-		{"nack expired lease", func() error { _, err := b.client.Nack(ctx, &pb.NackRequest{AckToken: expired}); return err }, codes.FailedPrecondition},
-		{"extend expired lease", func() error {
-			_, err := b.client.ExtendLease(ctx, &pb.ExtendLeaseRequest{AckToken: expired})
-			return err
-		}, codes.FailedPrecondition},
-		{"ack garbage token", func() error { _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: "\x00/../..~zz"}); return err }, codes.InvalidArgument},
-		{"ack empty token", func() error { _, err := b.client.Ack(ctx, &pb.AckRequest{}); return err }, codes.InvalidArgument},
-		{"ack token of missing queue", func() error {
-			_, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: "nope/qn-0000000000~0123456789abcdef"})
-			return err
-		}, codes.NotFound},
-		{"nack negative delay", func() error {
-			_, err := b.client.Nack(ctx, &pb.NackRequest{AckToken: unknown, Delay: durationpb.New(-time.Second)})
-			return err
-		}, codes.InvalidArgument},
-		{"redrive bad id", func() error {
-			_, err := b.client.Redrive(ctx, &pb.RedriveRequest{Queue: "fifo", Ids: []string{"../../x"}})
-			return err
-		}, codes.InvalidArgument},
-		{"dead letters over limit", func() error {
-			_, err := b.client.ListDeadLetters(ctx, &pb.ListDeadLettersRequest{Queue: "fifo", Limit: 5000})
-			return err
-		}, codes.InvalidArgument},
-		{"stats of missing", func() error { _, err := b.client.Stats(ctx, &pb.StatsRequest{Name: "missing"}); return err }, codes.NotFound},
-		{"delete missing", func() error { _, err := b.client.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: "missing"}); return err }, codes.NotFound},
-		{"consume without subscribe", func() error {
-			s, err := b.client.Consume(ctx)
-			if err != nil {
-				return err
-			}
-			if err := s.Send(&pb.ConsumeRequest{Credit: 1}); err != nil {
-				return err
-			}
-			_, err = s.Recv()
-			return err
-		}, codes.InvalidArgument},
-		{"consume missing queue", func() error {
-			s, err := b.client.Consume(ctx)
-			if err != nil {
-				return err
-			}
-			if err := s.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "missing"}}); err != nil {
-				return err
-			}
-			_, err = s.Recv()
-			return err
-		}, codes.NotFound},
-		{"consume huge prefetch", func() error {
-			s, err := b.client.Consume(ctx)
-			if err != nil {
-				return err
-			}
-			if err := s.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "fifo", Prefetch: 1 << 20}}); err != nil {
-				return err
-			}
-			_, err = s.Recv()
-			return err
-		}, codes.InvalidArgument},
-		{"garbage protobuf", func() error {
-			var out []byte
-			return b.conn.Invoke(ctx, "/qbroker.v1.Queue/Publish", []byte{0xff, 0xff, 0xff, 0x0f, 0x01}, &out, grpc.ForceCodec(rawCodec{}))
-		}, codes.Internal},
-	}
+	var tests []badCall
+	tests = append(tests, badCreates(ctx, b.client)...)
+	tests = append(tests, badPublishes(ctx, b.client)...)
+	tests = append(tests, badReceives(ctx, b.client)...)
+	tests = append(tests, badSettlements(ctx, b.client, expired)...)
+	tests = append(tests, badLookupsAndStreams(ctx, b)...)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.call()

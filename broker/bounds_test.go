@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -21,6 +19,7 @@ import (
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
 	qbroker "github.com/qbroker/qbroker/clients/go"
+	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -50,6 +49,57 @@ func publishBig(t *testing.T, c pb.QueueClient, queue string, n, size int) {
 // A long queue name makes every message's overhead the largest it can be.
 var longQueue = "q" + string(bytes.Repeat([]byte{'x'}, broker.MaxNameLen-1))
 
+// boundedReceive is a case of TestReceiveBoundedInBytes: n messages
+// received at least once (ack) or at most once.
+type boundedReceive struct {
+	name  string
+	n     int
+	ack   bool
+	plain bool // a plain grpc.NewClient with default options, else clients/go
+}
+
+// receiveBounded makes the call-th Receive call of up to tc.n messages
+// from queue, with c if tc.plain, else with cl (which acks what it
+// received at least once). It returns the payloads received and the ack
+// tokens left to ack.
+func receiveBounded(t *testing.T, c pb.QueueClient, cl *qbroker.Client, tc boundedReceive, queue string, call int) (payloads [][]byte, tokens []string) {
+	t.Helper()
+	if tc.plain {
+		req := &pb.ReceiveRequest{Queue: queue, MaxMessages: uint32(tc.n)}
+		if tc.ack {
+			req.Mode = alo
+		}
+		resp, err := c.Receive(context.Background(), req)
+		if err != nil {
+			t.Fatalf("call %d: %v", call, err)
+		}
+		if s := proto.Size(resp); s > broker.MaxResponseBytes {
+			t.Errorf("call %d: response of %d bytes > MaxResponseBytes %d", call, s, broker.MaxResponseBytes)
+		}
+		for _, m := range resp.GetMessages() {
+			payloads, tokens = append(payloads, m.GetPayload()), append(tokens, m.GetAckToken())
+		}
+		return payloads, tokens
+	}
+	o := qbroker.ReceiveOptions{Max: tc.n}
+	if tc.ack {
+		o.Mode = qbroker.AtLeastOnce
+	}
+	ms, err := cl.Receive(context.Background(), queue, o)
+	if err != nil {
+		t.Fatalf("call %d: %v", call, err)
+	}
+	for _, m := range ms {
+		if tc.ack {
+			if err := m.Ack(context.Background()); err != nil {
+				t.Fatalf("ack: %v", err)
+			}
+		}
+		payloads = append(payloads, m.Payload)
+	}
+	return payloads, nil
+}
+
 // Receive of 20 messages of 512 KiB (10 MiB) from clients with gRPC's
 // default 4 MiB receive limit: every call succeeds with as many messages
 // as fit, the others stay ready, and after a few calls every message has
@@ -66,12 +116,7 @@ func TestReceiveBoundedInBytes(t *testing.T) {
 	// The package's ZooKeeper (256 MiB of heap) keeps its last 500
 	// transactions in memory: 10 MiB of messages where the point is made,
 	// 4.5 MiB (still more than a response holds) elsewhere.
-	for _, tc := range []struct {
-		name  string
-		n     int
-		ack   bool
-		plain bool // a plain grpc.NewClient with default options, else clients/go
-	}{
+	for _, tc := range []boundedReceive{
 		{"at-most-once/grpc", 20, false, true},
 		{"at-least-once/grpc", 20, true, true},
 		{"at-most-once/clients-go", 9, false, false},
@@ -87,41 +132,7 @@ func TestReceiveBoundedInBytes(t *testing.T) {
 				if calls > n {
 					t.Fatalf("%d calls and still %d of %d messages", calls, len(got), n)
 				}
-				var payloads [][]byte
-				var tokens []string
-				if tc.plain {
-					req := &pb.ReceiveRequest{Queue: queue, MaxMessages: uint32(n)}
-					if tc.ack {
-						req.Mode = alo
-					}
-					resp, err := tb.client.Receive(context.Background(), req)
-					if err != nil {
-						t.Fatalf("call %d: %v", calls, err)
-					}
-					if s := proto.Size(resp); s > broker.MaxResponseBytes {
-						t.Errorf("call %d: response of %d bytes > MaxResponseBytes %d", calls, s, broker.MaxResponseBytes)
-					}
-					for _, m := range resp.GetMessages() {
-						payloads, tokens = append(payloads, m.GetPayload()), append(tokens, m.GetAckToken())
-					}
-				} else {
-					o := qbroker.ReceiveOptions{Max: n}
-					if tc.ack {
-						o.Mode = qbroker.AtLeastOnce
-					}
-					ms, err := cl.Receive(context.Background(), queue, o)
-					if err != nil {
-						t.Fatalf("call %d: %v", calls, err)
-					}
-					for _, m := range ms {
-						if tc.ack {
-							if err := m.Ack(context.Background()); err != nil {
-								t.Fatalf("ack: %v", err)
-							}
-						}
-						payloads = append(payloads, m.Payload)
-					}
-				}
+				payloads, tokens := receiveBounded(t, tb.client, cl, tc, queue, calls)
 				if len(payloads) == 0 || len(payloads) == n {
 					t.Fatalf("call %d: %d messages, want some but not all", calls, len(payloads))
 				}
@@ -350,27 +361,9 @@ func (r *sendRecorder) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamSe
 func startRecordedBroker(t *testing.T, root string) (*testBroker, *sendRecorder, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, err := broker.New(ctx, broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: root,
-		SweepInterval: 100 * time.Millisecond, SessionTimeout: 4 * time.Second, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Close()
-		t.Fatal(err)
-	}
 	rec := &sendRecorder{}
-	tb := &testBroker{b: b, srv: b.GRPCServer(grpc.ChainStreamInterceptor(rec.intercept)), addr: lis.Addr().String()}
-	go func() { _ = tb.srv.Serve(lis) }()
-	tb.conn, err = grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb.client = pb.NewQueueClient(tb.conn)
-	t.Cleanup(tb.stop)
+	o := brokertest.Options{ServerOptions: []grpc.ServerOption{grpc.ChainStreamInterceptor(rec.intercept)}}
+	tb := launchBroker(t, []string{zktest.Addr(t)}, root, o, func(c *broker.Config) { c.Registerer = reg })
 	return tb, rec, reg
 }
 
@@ -392,34 +385,11 @@ func TestPausedReaderGetsNoLateSends(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	var mu sync.Mutex
-	acked := map[string]int{}
-	var ackErrs []error // other than an expired lease's
-	ack := func(m *pb.Message) {
-		_, err := tb.client.Ack(ctx, &pb.AckRequest{AckToken: m.GetAckToken()})
-		mu.Lock()
-		defer mu.Unlock()
-		switch status.Code(err) {
-		case codes.OK:
-			acked[m.GetId()]++
-		case codes.FailedPrecondition:
-		default:
-			ackErrs = append(ackErrs, err)
-		}
-	}
-	ackedCount := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(acked)
-	}
-	ackedAll := func() bool { return ackedCount() == n }
+	tally := &ackTally{c: tb.client, acked: map[string]int{}}
+	ackedAll := func() bool { return tally.count() == n }
 
 	// The paused reader, on a raw stream so that nothing filters what
 	// the broker sent.
-	type receipt struct {
-		m  *pb.Message
-		at time.Time
-	}
 	pctx, pcancel := context.WithCancel(ctx)
 	defer pcancel()
 	paused, err := tb.client.Consume(pctx)
@@ -433,32 +403,11 @@ func TestPausedReaderGetsNoLateSends(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ack(first.GetMessage())
+	tally.ack(ctx, first.GetMessage())
 
 	// The other consumer, from the start of the pause.
 	otherDone := make(chan error, 1)
-	go func() {
-		otherDone <- func() error {
-			s, err := tb.client.Consume(pctx)
-			if err != nil {
-				return err
-			}
-			if err := s.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: queue, Mode: alo, Prefetch: 1}}); err != nil {
-				return err
-			}
-			for !ackedAll() {
-				d, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				ack(d.GetMessage())
-				if err := s.Send(&pb.ConsumeRequest{Credit: 1}); err != nil {
-					return err
-				}
-			}
-			return s.CloseSend()
-		}()
-	}()
+	go func() { otherDone <- ackUntil(ctx, pctx, tally, queue, ackedAll) }()
 
 	time.Sleep(4 * time.Second) // the pause under test (not waiting for a condition)
 	var late []receipt
@@ -467,19 +416,7 @@ func TestPausedReaderGetsNoLateSends(t *testing.T) {
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
-		for {
-			d, err := paused.Recv()
-			if err != nil {
-				return // the broker ended the stalled stream, or the test is over
-			}
-			now := time.Now()
-			got.Add(1)
-			if now.After(d.GetMessage().GetLeaseDeadline().AsTime()) {
-				late = append(late, receipt{d.GetMessage(), now})
-				continue
-			}
-			ack(d.GetMessage())
-		}
+		late = readAfterPause(ctx, paused, tally, &got)
 	}()
 	// Done once every message is acked and the paused reader has read
 	// all that the broker sent it, with no send left under way.
@@ -492,8 +429,8 @@ func TestPausedReaderGetsNoLateSends(t *testing.T) {
 				t.Errorf("the other consumer ended: %v", err)
 			default:
 			}
-			mu.Lock()
-			t.Fatalf("only %d of %d messages acked; ready %d, in flight %d; ack errors: %v", len(acked), n, st.GetReady(), st.GetInFlight(), ackErrs)
+			tally.mu.Lock()
+			t.Fatalf("only %d of %d messages acked; ready %d, in flight %d; ack errors: %v", len(tally.acked), n, st.GetReady(), st.GetInFlight(), tally.errs)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -503,14 +440,117 @@ func TestPausedReaderGetsNoLateSends(t *testing.T) {
 		t.Fatalf("other consumer: %v", err)
 	}
 
-	mu.Lock()
-	for id, k := range acked {
+	tally.checkOnce(t)
+	sends := rec.all()
+	checkSentInTime(t, sends, late)
+	unsent := counterSum(t, reg, "qbroker_deliveries_expired_unsent_total")
+	t.Logf("paused reader: %d deliveries, %d read after their lease ran out (in transit before the pause); broker: %d sends, %v given back unsent",
+		got.Load(), len(late), len(sends), unsent)
+	if unsent < 1 {
+		t.Errorf("qbroker_deliveries_expired_unsent_total = %v, want at least the stalled delivery", unsent)
+	}
+	if st := stats(t, tb.client, queue); st.GetReady() != 0 || st.GetInFlight() != 0 {
+		t.Errorf("ready %d, in flight %d; want 0 and 0", st.GetReady(), st.GetInFlight())
+	}
+}
+
+// ackTally acks deliveries and counts the acks of each message. It is
+// safe for concurrent use.
+type ackTally struct {
+	c     pb.QueueClient
+	mu    sync.Mutex
+	acked map[string]int
+	errs  []error // other than an expired lease's
+}
+
+// ack acks m; an expired lease's FailedPrecondition is not an error.
+func (a *ackTally) ack(ctx context.Context, m *pb.Message) {
+	_, err := a.c.Ack(ctx, &pb.AckRequest{AckToken: m.GetAckToken()})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch status.Code(err) {
+	case codes.OK:
+		a.acked[m.GetId()]++
+	case codes.FailedPrecondition:
+	default:
+		a.errs = append(a.errs, err)
+	}
+}
+
+// count returns how many messages were acked.
+func (a *ackTally) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.acked)
+}
+
+// checkOnce fails the test for every message acked more than once.
+func (a *ackTally) checkOnce(t *testing.T) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, k := range a.acked {
 		if k != 1 {
 			t.Errorf("message %s acked %d times", id, k)
 		}
 	}
-	mu.Unlock()
-	sends := rec.all()
+}
+
+// ackUntil consumes queue at least once on a stream of sctx with
+// prefetch 1, acking (with ctx) every delivery, until done.
+func ackUntil(ctx, sctx context.Context, tally *ackTally, queue string, done func() bool) error {
+	s, err := tally.c.Consume(sctx)
+	if err != nil {
+		return err
+	}
+	if err := s.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: queue, Mode: alo, Prefetch: 1}}); err != nil {
+		return err
+	}
+	for !done() {
+		d, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		tally.ack(ctx, d.GetMessage())
+		if err := s.Send(&pb.ConsumeRequest{Credit: 1}); err != nil {
+			return err
+		}
+	}
+	return s.CloseSend()
+}
+
+// receipt is a delivery and when its reader got it.
+type receipt struct {
+	m  *pb.Message
+	at time.Time
+}
+
+// readAfterPause reads s until it ends (the broker ended the stalled
+// stream, or the test is over), counting deliveries in got and acking
+// those whose lease is live. It returns those read after their lease ran
+// out.
+func readAfterPause(ctx context.Context, s pb.Queue_ConsumeClient, tally *ackTally, got *atomic.Int64) []receipt {
+	var late []receipt
+	for {
+		d, err := s.Recv()
+		if err != nil {
+			return late
+		}
+		now := time.Now()
+		got.Add(1)
+		if now.After(d.GetMessage().GetLeaseDeadline().AsTime()) {
+			late = append(late, receipt{d.GetMessage(), now})
+			continue
+		}
+		tally.ack(ctx, d.GetMessage())
+	}
+}
+
+// checkSentInTime fails the test for a delivery that went into the
+// transport after its lease ran out, and for a late receipt that the
+// broker did not send in time.
+func checkSentInTime(t *testing.T, sends []sendRecord, late []receipt) {
+	t.Helper()
 	sentOK := map[string]time.Time{}
 	for _, s := range sends {
 		if s.err != nil {
@@ -527,15 +567,6 @@ func TestPausedReaderGetsNoLateSends(t *testing.T) {
 				r.m.GetId(), r.at.Sub(r.m.GetLeaseDeadline().AsTime()))
 		}
 	}
-	unsent := counterSum(t, reg, "qbroker_deliveries_expired_unsent_total")
-	t.Logf("paused reader: %d deliveries, %d read after their lease ran out (in transit before the pause); broker: %d sends, %v given back unsent",
-		got.Load(), len(late), len(sends), unsent)
-	if unsent < 1 {
-		t.Errorf("qbroker_deliveries_expired_unsent_total = %v, want at least the stalled delivery", unsent)
-	}
-	if st := stats(t, tb.client, queue); st.GetReady() != 0 || st.GetInFlight() != 0 {
-		t.Errorf("ready %d, in flight %d; want 0 and 0", st.GetReady(), st.GetInFlight())
-	}
 }
 
 func isClosed(ch <-chan struct{}) bool {
@@ -547,20 +578,9 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-// counterSum returns the sum of the series of a counter from reg.
+// counterSum returns the sum of the series of a counter from reg (0
+// when it has none).
 func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, f := range fams {
-		if f.GetName() == name {
-			for _, m := range f.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
+	return max(0, metric(t, reg, name, nil))
 }

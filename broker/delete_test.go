@@ -477,148 +477,33 @@ func TestDeleteQueueStress(t *testing.T) {
 	defer broker.SetAbandonedAfter(time.Second)()
 	root := zktest.Root(t)
 	conn := zktest.Conn(t)
-	brokers := []*testBroker{newBroker(t, root), newBroker(t, root)}
-	names := []string{"q0", "q1", "q2", "q3", "q4", "q5"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	stopAt := time.Now().Add(8 * time.Second)
-	cfg := func(name string) *pb.CreateQueueRequest {
-		return &pb.CreateQueueRequest{Name: name, VisibilityTimeout: durationpb.New(time.Second)}
+	s := &deleteStress{
+		ctx:     ctx,
+		brokers: []*testBroker{newBroker(t, root), newBroker(t, root)},
+		names:   []string{"q0", "q1", "q2", "q3", "q4", "q5"},
+		stopAt:  time.Now().Add(8 * time.Second),
+		seen:    map[string]map[codes.Code]int{},
+		ops:     map[string][]adminOp{},
 	}
-
-	var mu sync.Mutex
-	seen := map[string]map[codes.Code]int{}
-	ops := map[string][]adminOp{}
-	record := func(call string, err error) codes.Code {
-		c := status.Code(err)
-		mu.Lock()
-		if seen[call] == nil {
-			seen[call] = map[codes.Code]int{}
-		}
-		seen[call][c]++
-		mu.Unlock()
-		return c
-	}
-	pick := func(r *uint64, n int) int { // xorshift: no shared rand state
-		*r ^= *r << 13
-		*r ^= *r >> 7
-		*r ^= *r << 17
-		return int(*r % uint64(n))
-	}
-	var wg sync.WaitGroup
-	run := func(seed uint64, f func(r *uint64) bool) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := seed
-			for time.Now().Before(stopAt) && ctx.Err() == nil && f(&r) {
-			}
-		}()
-	}
-
-	// Two admins per name, one per broker; the second stops earlier, so
-	// most names end with a call no other overlaps.
-	for i, name := range names {
-		for j, tb := range brokers {
-			stop := stopAt.Add(-time.Duration(j) * 700 * time.Millisecond)
-			run(uint64(i*10+j+1), func(r *uint64) bool {
-				if time.Now().After(stop) {
-					return false
-				}
-				op := adminOp{create: pick(r, 2) == 0, start: time.Now()}
-				var err error
-				if op.create {
-					_, err = tb.client.CreateQueue(ctx, cfg(name))
-					op.code = record("CreateQueue", err)
-				} else {
-					_, err = tb.client.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: name})
-					op.code = record("DeleteQueue", err)
-				}
-				op.end = time.Now()
-				mu.Lock()
-				ops[name] = append(ops[name], op)
-				mu.Unlock()
-				time.Sleep(time.Duration(pick(r, 100)) * time.Millisecond)
-				return true
-			})
-		}
-	}
-	for i := 0; i < 4; i++ { // publishers
-		run(uint64(100+i), func(r *uint64) bool {
-			tb, name := brokers[pick(r, 2)], names[pick(r, len(names))]
-			req := &pb.PublishRequest{Queue: name}
-			for n := pick(r, 10); n >= 0; n-- {
-				req.Messages = append(req.Messages, &pb.OutMessage{Payload: []byte("m")})
-			}
-			_, err := tb.client.Publish(ctx, req)
-			record("Publish", err)
-			return true
-		})
-	}
-	for i := 0; i < 2; i++ { // receivers: ack some, let the rest expire
-		run(uint64(200+i), func(r *uint64) bool {
-			tb, name := brokers[pick(r, 2)], names[pick(r, len(names))]
-			resp, err := tb.client.Receive(ctx, &pb.ReceiveRequest{Queue: name, Mode: alo, MaxMessages: 5})
-			if record("Receive", err) == codes.OK {
-				for _, m := range resp.GetMessages() {
-					if pick(r, 3) > 0 {
-						_, err := brokers[pick(r, 2)].client.Ack(ctx, &pb.AckRequest{AckToken: m.GetAckToken()})
-						record("Ack", err)
-					}
-				}
-			}
-			return true
-		})
-	}
-	for i := 0; i < 2; i++ { // Consume streams, acking on the stream
-		run(uint64(300+i), func(r *uint64) bool {
-			tb, name := brokers[pick(r, 2)], names[pick(r, len(names))]
-			sctx, scancel := context.WithTimeout(ctx, time.Duration(100+pick(r, 500))*time.Millisecond)
-			defer scancel()
-			stream, err := tb.client.Consume(sctx)
-			if err == nil {
-				err = stream.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: name, Mode: alo, Prefetch: 10}})
-			}
-			for err == nil {
-				var d *pb.Delivery
-				if d, err = stream.Recv(); err == nil {
-					err = stream.Send(&pb.ConsumeRequest{Credit: 1, Settle: []*pb.Settle{{AckToken: d.GetMessage().GetAckToken()}}})
-				}
-			}
-			if dl, _ := sctx.Deadline(); time.Now().Before(dl) {
-				record("Consume", err) // ended by the broker, not by our timeout
-			}
-			return true
-		})
-	}
-	for i := 0; i < 2; i++ { // observers
-		run(uint64(400+i), func(r *uint64) bool {
-			tb, name := brokers[pick(r, 2)], names[pick(r, len(names))]
-			_, err := tb.client.Stats(ctx, &pb.StatsRequest{Name: name})
-			record("Stats", err)
-			_, err = tb.client.GetQueue(ctx, &pb.GetQueueRequest{Name: name})
-			record("GetQueue", err)
-			_, err = tb.client.ListQueues(ctx, &pb.ListQueuesRequest{})
-			record("ListQueues", err)
-			return true
-		})
-	}
-	wg.Wait()
-	t.Logf("codes by call: %v", seen)
-	for call, cs := range seen {
+	s.start()
+	s.wg.Wait()
+	t.Logf("codes by call: %v", s.seen)
+	for call, cs := range s.seen {
 		for _, c := range []codes.Code{codes.Internal, codes.Unknown, codes.Unavailable, codes.DeadlineExceeded, codes.AlreadyExists} {
 			if cs[c] > 0 {
 				t.Errorf("%s answered %v %d times", call, c, cs[c])
 			}
 		}
 	}
-	if seen["DeleteQueue"][codes.OK] == 0 || seen["CreateQueue"][codes.OK] == 0 || seen["Publish"][codes.OK] == 0 {
-		t.Fatalf("the load did not run: %v", seen)
+	if s.seen["DeleteQueue"][codes.OK] == 0 || s.seen["CreateQueue"][codes.OK] == 0 || s.seen["Publish"][codes.OK] == 0 {
+		t.Fatalf("the load did not run: %v", s.seen)
 	}
 
 	// Deletions left marked by failed calls are finished by the leader.
 	deadline := time.Now().Add(30 * time.Second)
-	for _, name := range names {
+	for _, name := range s.names {
 		for {
 			data, _, err := conn.Get(root + "/queues/" + name)
 			if err != nil || !strings.Contains(string(data), `"deleting":true`) {
@@ -631,32 +516,196 @@ func TestDeleteQueueStress(t *testing.T) {
 		}
 	}
 	determinate := 0
-	for _, name := range names {
-		allowed := allowedFinal(ops[name])
+	for _, name := range s.names {
+		allowed := allowedFinal(s.ops[name])
 		if len(allowed) == 1 {
 			determinate++
 		}
-		p := root + "/queues/" + name
-		present := nodeExists(t, conn, p)
-		if !allowed[present] {
-			t.Errorf("%s: present %v, but its calls allow only %v", name, present, allowed)
-			continue
+		s.checkFinal(t, conn, root+"/queues/"+name, name, allowed)
+	}
+	t.Logf("%d of %d names ended with one possible state", determinate, len(s.names))
+}
+
+// deleteStress is the load of TestDeleteQueueStress: workers calling the
+// brokers at random on the queues names until stopAt, recording each
+// call's status code and each queue's creates and deletes.
+type deleteStress struct {
+	ctx     context.Context
+	brokers []*testBroker
+	names   []string
+	stopAt  time.Time
+	wg      sync.WaitGroup
+
+	mu   sync.Mutex
+	seen map[string]map[codes.Code]int // call -> code -> calls
+	ops  map[string][]adminOp          // queue -> creates and deletes
+}
+
+// start starts the workers: two admins per name, 4 publishers, 2
+// receivers, 2 consumers and 2 observers.
+func (s *deleteStress) start() {
+	// Two admins per name, one per broker; the second stops earlier, so
+	// most names end with a call no other overlaps.
+	for i, name := range s.names {
+		for j, tb := range s.brokers {
+			stop := s.stopAt.Add(-time.Duration(j) * 700 * time.Millisecond)
+			s.run(uint64(i*10+j+1), func(r *uint64) bool { return s.admin(r, tb, name, stop) })
 		}
-		if !present {
-			continue
+	}
+	for i := 0; i < 4; i++ {
+		s.run(uint64(100+i), s.publish)
+	}
+	for i := 0; i < 2; i++ {
+		s.run(uint64(200+i), s.receive)
+		s.run(uint64(300+i), s.consume)
+		s.run(uint64(400+i), s.observe)
+	}
+}
+
+// run calls f in a new goroutine until stopAt, the end of the test's
+// context, or f returns false.
+func (s *deleteStress) run(seed uint64, f func(r *uint64) bool) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		r := seed
+		for time.Now().Before(s.stopAt) && s.ctx.Err() == nil && f(&r) {
 		}
-		for _, c := range []string{"items", "leases", "dead", "consumers", "members"} {
-			if !nodeExists(t, conn, p+"/"+c) {
-				t.Errorf("%s: present without %s", name, c)
-			}
-		}
-		publishN(t, brokers[0].client, name, 1)
-		deadline := time.Now().Add(20 * time.Second)
-		for len(receive(t, brokers[1].client, &pb.ReceiveRequest{Queue: name})) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: a message published after the run is not delivered", name)
+	}()
+}
+
+// pick returns a number in [0, n) from the xorshift state r: no shared
+// rand state between the workers.
+func pick(r *uint64, n int) int {
+	*r ^= *r << 13
+	*r ^= *r >> 7
+	*r ^= *r << 17
+	return int(*r % uint64(n))
+}
+
+// record counts err's code for call and returns it.
+func (s *deleteStress) record(call string, err error) codes.Code {
+	c := status.Code(err)
+	s.mu.Lock()
+	if s.seen[call] == nil {
+		s.seen[call] = map[codes.Code]int{}
+	}
+	s.seen[call][c]++
+	s.mu.Unlock()
+	return c
+}
+
+// pickTarget picks a broker and a queue name.
+func (s *deleteStress) pickTarget(r *uint64) (*testBroker, string) {
+	return s.brokers[pick(r, 2)], s.names[pick(r, len(s.names))]
+}
+
+// admin creates or deletes name on tb until stop, and records the call.
+func (s *deleteStress) admin(r *uint64, tb *testBroker, name string, stop time.Time) bool {
+	if time.Now().After(stop) {
+		return false
+	}
+	op := adminOp{create: pick(r, 2) == 0, start: time.Now()}
+	var err error
+	if op.create {
+		_, err = tb.client.CreateQueue(s.ctx, &pb.CreateQueueRequest{Name: name, VisibilityTimeout: durationpb.New(time.Second)})
+		op.code = s.record("CreateQueue", err)
+	} else {
+		_, err = tb.client.DeleteQueue(s.ctx, &pb.DeleteQueueRequest{Name: name})
+		op.code = s.record("DeleteQueue", err)
+	}
+	op.end = time.Now()
+	s.mu.Lock()
+	s.ops[name] = append(s.ops[name], op)
+	s.mu.Unlock()
+	time.Sleep(time.Duration(pick(r, 100)) * time.Millisecond)
+	return true
+}
+
+// publish publishes a batch of 1 to 10 messages.
+func (s *deleteStress) publish(r *uint64) bool {
+	tb, name := s.pickTarget(r)
+	req := &pb.PublishRequest{Queue: name}
+	for n := pick(r, 10); n >= 0; n-- {
+		req.Messages = append(req.Messages, &pb.OutMessage{Payload: []byte("m")})
+	}
+	_, err := tb.client.Publish(s.ctx, req)
+	s.record("Publish", err)
+	return true
+}
+
+// receive receives at least once, acks some (on either broker) and lets
+// the rest expire.
+func (s *deleteStress) receive(r *uint64) bool {
+	tb, name := s.pickTarget(r)
+	resp, err := tb.client.Receive(s.ctx, &pb.ReceiveRequest{Queue: name, Mode: alo, MaxMessages: 5})
+	if s.record("Receive", err) == codes.OK {
+		for _, m := range resp.GetMessages() {
+			if pick(r, 3) > 0 {
+				_, err := s.brokers[pick(r, 2)].client.Ack(s.ctx, &pb.AckRequest{AckToken: m.GetAckToken()})
+				s.record("Ack", err)
 			}
 		}
 	}
-	t.Logf("%d of %d names ended with one possible state", determinate, len(names))
+	return true
+}
+
+// consume consumes on a Consume stream for up to 600 ms, acking on the
+// stream.
+func (s *deleteStress) consume(r *uint64) bool {
+	tb, name := s.pickTarget(r)
+	sctx, scancel := context.WithTimeout(s.ctx, time.Duration(100+pick(r, 500))*time.Millisecond)
+	defer scancel()
+	stream, err := tb.client.Consume(sctx)
+	if err == nil {
+		err = stream.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: name, Mode: alo, Prefetch: 10}})
+	}
+	for err == nil {
+		var d *pb.Delivery
+		if d, err = stream.Recv(); err == nil {
+			err = stream.Send(&pb.ConsumeRequest{Credit: 1, Settle: []*pb.Settle{{AckToken: d.GetMessage().GetAckToken()}}})
+		}
+	}
+	if dl, _ := sctx.Deadline(); time.Now().Before(dl) {
+		s.record("Consume", err) // ended by the broker, not by our timeout
+	}
+	return true
+}
+
+// observe reads a queue's stats and description and lists the queues.
+func (s *deleteStress) observe(r *uint64) bool {
+	tb, name := s.pickTarget(r)
+	_, err := tb.client.Stats(s.ctx, &pb.StatsRequest{Name: name})
+	s.record("Stats", err)
+	_, err = tb.client.GetQueue(s.ctx, &pb.GetQueueRequest{Name: name})
+	s.record("GetQueue", err)
+	_, err = tb.client.ListQueues(s.ctx, &pb.ListQueuesRequest{})
+	s.record("ListQueues", err)
+	return true
+}
+
+// checkFinal fails the test unless the queue name at p is present or
+// absent as allowed, and, if present, complete and delivering.
+func (s *deleteStress) checkFinal(t *testing.T, conn *zk.Conn, p, name string, allowed map[bool]bool) {
+	t.Helper()
+	present := nodeExists(t, conn, p)
+	if !allowed[present] {
+		t.Errorf("%s: present %v, but its calls allow only %v", name, present, allowed)
+		return
+	}
+	if !present {
+		return
+	}
+	for _, c := range []string{"items", "leases", "dead", "consumers", "members"} {
+		if !nodeExists(t, conn, p+"/"+c) {
+			t.Errorf("%s: present without %s", name, c)
+		}
+	}
+	publishN(t, s.brokers[0].client, name, 1)
+	deadline := time.Now().Add(20 * time.Second)
+	for len(receive(t, s.brokers[1].client, &pb.ReceiveRequest{Queue: name})) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: a message published after the run is not delivered", name)
+		}
+	}
 }

@@ -72,17 +72,11 @@ func buildQbroker(t *testing.T) string {
 	return bin
 }
 
-// A broker process is killed (SIGKILL) with at-least-once messages in
-// flight: another broker redelivers all of them after the visibility
-// timeout; none is lost.
-func TestKilledBrokerProcessLosesNothing(t *testing.T) {
-	root := zktest.Root(t)
-	survivor := newBroker(t, root)
-	const queue, n, inFlight = "jobs", 200, 60
-	createQueue(t, survivor.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(2 * time.Second)})
-	publishN(t, survivor.client, queue, n)
-
-	// The victim: a real qbroker process.
+// startQbrokerProcess starts `qbroker serve` under root on a free
+// 127.0.0.1 port, killed when the test ends, and returns it with a
+// connection to it once it is SERVING.
+func startQbrokerProcess(t *testing.T, root string) (*exec.Cmd, *grpc.ClientConn) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -101,21 +95,37 @@ func TestKilledBrokerProcessLosesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	victim := pb.NewQueueClient(conn)
+	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	hc := healthpb.NewHealthClient(conn)
 	for {
 		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
 		if err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			break
+			return cmd, conn
 		}
 		if ctx.Err() != nil {
-			t.Fatal("victim broker never became SERVING")
+			t.Fatal("the qbroker process never became SERVING")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// A broker process is killed (SIGKILL) with at-least-once messages in
+// flight: another broker redelivers all of them after the visibility
+// timeout; none is lost.
+func TestKilledBrokerProcessLosesNothing(t *testing.T) {
+	root := zktest.Root(t)
+	survivor := newBroker(t, root)
+	const queue, n, inFlight = "jobs", 200, 60
+	createQueue(t, survivor.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(2 * time.Second)})
+	publishN(t, survivor.client, queue, n)
+
+	// The victim: a real qbroker process.
+	cmd, conn := startQbrokerProcess(t, root)
+	victim := pb.NewQueueClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 
 	held := map[string]bool{}
 	for len(held) < inFlight {

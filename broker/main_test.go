@@ -2,7 +2,6 @@ package broker_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
+	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -18,22 +18,23 @@ func TestMain(m *testing.M) { zktest.Main(m) }
 
 // testBroker is a broker on a real 127.0.0.1 listener with a client.
 type testBroker struct {
+	s      *brokertest.Server
 	b      *broker.Broker
 	srv    *grpc.Server
 	addr   string
 	conn   *grpc.ClientConn
 	client pb.QueueClient
-	closed bool
 }
 
 func startBroker(t *testing.T, zkAddrs []string, root string, mods ...func(*broker.Config)) *testBroker {
 	t.Helper()
-	return launchBroker(t, zkAddrs, root, false, mods...)
+	return launchBroker(t, zkAddrs, root, brokertest.Options{}, mods...)
 }
 
-// launchBroker starts a broker on a 127.0.0.1 listener, wrapped by the
-// broker's connection limits (as qbroker serve runs it) when limited.
-func launchBroker(t *testing.T, zkAddrs []string, root string, limited bool, mods ...func(*broker.Config)) *testBroker {
+// launchBroker starts a broker served as o says (on a 127.0.0.1
+// listener, wrapped by the broker's connection limits as qbroker serve
+// runs it when o.Limited) with a client of it, stopped when the test ends.
+func launchBroker(t *testing.T, zkAddrs []string, root string, o brokertest.Options, mods ...func(*broker.Config)) *testBroker {
 	t.Helper()
 	cfg := broker.Config{ZooKeeper: zkAddrs, Root: root, SweepInterval: 100 * time.Millisecond, SessionTimeout: 4 * time.Second}
 	for _, m := range mods {
@@ -41,46 +42,27 @@ func launchBroker(t *testing.T, zkAddrs []string, root string, limited bool, mod
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := broker.New(ctx, cfg)
+	s, err := brokertest.Start(ctx, cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := &testBroker{b: b, srv: b.GRPCServer(), addr: lis.Addr().String()}
-	var served net.Listener = lis
-	if limited {
-		served = b.LimitListener(lis)
-	}
-	go func() { _ = tb.srv.Serve(served) }()
+	tb := &testBroker{s: s, b: s.Broker, srv: s.GRPC, addr: s.Addr}
+	t.Cleanup(tb.stop)
 	tb.conn, err = grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	tb.client = pb.NewQueueClient(tb.conn)
-	t.Cleanup(tb.stop)
 	return tb
 }
 
-// stop shuts the broker down the way `qbroker serve` does.
+// stop shuts the broker down the way `qbroker serve` does and closes the
+// client. Only the first call does anything.
 func (tb *testBroker) stop() {
-	if tb.closed {
-		return
+	tb.s.Stop()
+	if tb.conn != nil {
+		tb.conn.Close()
 	}
-	tb.closed = true
-	tb.b.Shutdown()
-	done := make(chan struct{})
-	go func() { tb.srv.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		tb.srv.Stop()
-		<-done
-	}
-	tb.b.Close()
-	tb.conn.Close()
 }
 
 func newBroker(t *testing.T, root string, mods ...func(*broker.Config)) *testBroker {

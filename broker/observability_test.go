@@ -170,42 +170,10 @@ func TestEventsToNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = bridge.Close(context.Background()) })
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	got := make(chan *nats.Msg, 1000)
-	sub, err := nc.ChanSubscribe("qbroker.>", got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	got := subscribeEvents(t, ns.ClientURL())
 
-	root := zktest.Root(t)
-	b := newBroker(t, root, func(c *broker.Config) { c.Events = bridge; c.ID = "b1" })
-	ctx := context.Background()
-	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "ev", MaxDeliveries: 1, DeadLetter: true})
-	if _, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "ev", Messages: []*pb.OutMessage{{Payload: []byte("one")}, {Payload: []byte("two")}}}); err != nil {
-		t.Fatal(err)
-	}
-	ms := receive(t, b.client, &pb.ReceiveRequest{Queue: "ev", Mode: alo, MaxMessages: 2})
-	if _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: ms[0].GetAckToken()}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.client.Nack(ctx, &pb.NackRequest{AckToken: ms[1].GetAckToken()}); err != nil {
-		t.Fatal(err) // max deliveries 1: dead-lettered
-	}
-	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "grp", Kind: pb.QueueKind_QUEUE_KIND_SYNC, SyncMembers: 2})
-	m1 := join(t, b.client, "grp", "a")
-	m1.next(t)
-	m2 := join(t, b.client, "grp", "b")
-	for ev := m2.next(t); ev.GetState() != pb.SyncEvent_STATE_OPEN; ev = m2.next(t) {
-	}
-
+	b := newBroker(t, zktest.Root(t), func(c *broker.Config) { c.Events = bridge; c.ID = "b1" })
+	ms := causeEveryEvent(t, b.client)
 	want := map[string]int{
 		"qbroker.ev.published": 2, "qbroker.ev.delivered": 2, "qbroker.ev.acked": 1,
 		"qbroker.ev.nacked": 1, "qbroker.ev.dead_lettered": 1, "qbroker.grp.sync_joined": 2,
@@ -216,26 +184,7 @@ func TestEventsToNATS(t *testing.T) {
 		select {
 		case m := <-got:
 			seen[m.Subject]++
-			var e events.Event
-			if err := json.Unmarshal(m.Data, &e); err != nil {
-				t.Fatalf("event body %q: %v", m.Data, err)
-			}
-			parts := strings.Split(m.Subject, ".")
-			if e.Queue != parts[1] || string(e.Kind) != parts[2] || e.Broker != "b1" || e.Time.IsZero() || e.ID == "" {
-				t.Errorf("event on %s has fields %+v", m.Subject, e)
-			}
-			if e.Queue == "ev" && (e.MessageID != ms[0].GetId() && e.MessageID != ms[1].GetId() || e.Size != 3) {
-				t.Errorf("message event %+v: want one of the published ids, size 3", e)
-			}
-			if e.Kind == events.Published && string(e.Payload) != "one" && string(e.Payload) != "two" {
-				t.Errorf("published event without its payload: %+v", e)
-			}
-			if e.Kind == events.Acked && (e.MessageID != ms[0].GetId() || e.DeliveryCount != 1) {
-				t.Errorf("acked event %+v, want %s with delivery count 1", e, ms[0].GetId())
-			}
-			if e.Kind == events.SyncJoined && e.Member == "" {
-				t.Errorf("sync_joined without member: %+v", e)
-			}
+			checkEvent(t, m, ms)
 		case <-deadline:
 			t.Fatalf("events seen %v, want at least %v and sync_opened", seen, want)
 		}
@@ -263,20 +212,82 @@ func TestEventsToNATS(t *testing.T) {
 	if dropped == 0 {
 		t.Error("NATS was down for 1,000 publishes and deliveries but no event was counted as dropped")
 	}
-	fams, err := reg.Gather()
+	if metricDrops := counterSum(t, reg, "qbroker_events_dropped_total"); metricDrops != float64(dropped) {
+		t.Errorf("qbroker_events_dropped_total = %v, bridge reports %d", metricDrops, dropped)
+	}
+}
+
+// subscribeEvents subscribes to every qbroker event on the NATS server at
+// url until the test ends.
+func subscribeEvents(t *testing.T, url string) <-chan *nats.Msg {
+	t.Helper()
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var metricDrops float64
-	for _, f := range fams {
-		if f.GetName() == "qbroker_events_dropped_total" {
-			for _, m := range f.GetMetric() {
-				metricDrops += m.GetCounter().GetValue()
-			}
-		}
+	t.Cleanup(nc.Close)
+	got := make(chan *nats.Msg, 1000)
+	sub, err := nc.ChanSubscribe("qbroker.>", got)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if metricDrops != float64(dropped) {
-		t.Errorf("qbroker_events_dropped_total = %v, bridge reports %d", metricDrops, dropped)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// causeEveryEvent makes the broker emit each kind of event: two messages
+// published to "ev" and delivered at least once, one acked and one nacked
+// (max deliveries 1: dead-lettered), two members joining the sync queue
+// "grp", which opens. It returns the two messages.
+func causeEveryEvent(t *testing.T, c pb.QueueClient) []*pb.Message {
+	t.Helper()
+	ctx := context.Background()
+	createQueue(t, c, &pb.CreateQueueRequest{Name: "ev", MaxDeliveries: 1, DeadLetter: true})
+	if _, err := c.Publish(ctx, &pb.PublishRequest{Queue: "ev", Messages: []*pb.OutMessage{{Payload: []byte("one")}, {Payload: []byte("two")}}}); err != nil {
+		t.Fatal(err)
+	}
+	ms := receive(t, c, &pb.ReceiveRequest{Queue: "ev", Mode: alo, MaxMessages: 2})
+	if _, err := c.Ack(ctx, &pb.AckRequest{AckToken: ms[0].GetAckToken()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Nack(ctx, &pb.NackRequest{AckToken: ms[1].GetAckToken()}); err != nil {
+		t.Fatal(err) // max deliveries 1: dead-lettered
+	}
+	createQueue(t, c, &pb.CreateQueueRequest{Name: "grp", Kind: pb.QueueKind_QUEUE_KIND_SYNC, SyncMembers: 2})
+	m1 := join(t, c, "grp", "a")
+	m1.next(t)
+	m2 := join(t, c, "grp", "b")
+	for ev := m2.next(t); ev.GetState() != pb.SyncEvent_STATE_OPEN; ev = m2.next(t) {
+	}
+	return ms
+}
+
+// checkEvent fails the test if the event in m lacks a field, or, for the
+// queue "ev", is not about one of ms (ms[0] acked on first delivery).
+func checkEvent(t *testing.T, m *nats.Msg, ms []*pb.Message) {
+	t.Helper()
+	var e events.Event
+	if err := json.Unmarshal(m.Data, &e); err != nil {
+		t.Fatalf("event body %q: %v", m.Data, err)
+	}
+	parts := strings.Split(m.Subject, ".")
+	if e.Queue != parts[1] || string(e.Kind) != parts[2] || e.Broker != "b1" || e.Time.IsZero() || e.ID == "" {
+		t.Errorf("event on %s has fields %+v", m.Subject, e)
+	}
+	if e.Queue == "ev" && (e.MessageID != ms[0].GetId() && e.MessageID != ms[1].GetId() || e.Size != 3) {
+		t.Errorf("message event %+v: want one of the published ids, size 3", e)
+	}
+	if e.Kind == events.Published && string(e.Payload) != "one" && string(e.Payload) != "two" {
+		t.Errorf("published event without its payload: %+v", e)
+	}
+	if e.Kind == events.Acked && (e.MessageID != ms[0].GetId() || e.DeliveryCount != 1) {
+		t.Errorf("acked event %+v, want %s with delivery count 1", e, ms[0].GetId())
+	}
+	if e.Kind == events.SyncJoined && e.Member == "" {
+		t.Errorf("sync_joined without member: %+v", e)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
+	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -28,7 +29,7 @@ import (
 func startLimited(t *testing.T, reg *prometheus.Registry, mods ...func(*broker.Config)) *testBroker {
 	t.Helper()
 	mods = append([]func(*broker.Config){func(c *broker.Config) { c.Registerer = reg }}, mods...)
-	return launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t), true, mods...)
+	return launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t), brokertest.Options{Limited: true}, mods...)
 }
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {
@@ -93,20 +94,7 @@ func TestIdleConsumeStreamsAreEnded(t *testing.T) {
 	for range conns {
 		clients = append(clients, pb.NewQueueClient(dial(t, tb.addr)))
 	}
-	codesSeen := make(chan codes.Code, idle)
-	var wg sync.WaitGroup
-	for i := range idle {
-		s, err := clients[i%conns].Consume(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, err := s.Recv() // never subscribes: waits for the broker's verdict
-			codesSeen <- status.Code(err)
-		}()
-	}
+	verdicts := openIdleStreams(t, ctx, clients, idle)
 	// Meanwhile the limit holds: once the broker has seen every idle
 	// stream (and none has timed out yet), a new stream is refused.
 	full := false
@@ -121,12 +109,7 @@ func TestIdleConsumeStreamsAreEnded(t *testing.T) {
 	} else {
 		t.Log("the idle streams began to time out before all were open: no check of the full broker")
 	}
-	wg.Wait()
-	close(codesSeen)
-	got := map[codes.Code]int{}
-	for c := range codesSeen {
-		got[c]++
-	}
+	got := verdicts()
 	t.Logf("idle streams ended with %v", got)
 	if got[codes.ResourceExhausted]+got[codes.InvalidArgument] != idle || got[codes.InvalidArgument] < maxStreams ||
 		got[codes.ResourceExhausted] == 0 {
@@ -134,25 +117,7 @@ func TestIdleConsumeStreamsAreEnded(t *testing.T) {
 	}
 
 	// Right after, legitimate streams work.
-	var m *pb.Message
-	waitFor(t, 30*time.Second, "a legitimate Consume", func() bool {
-		var err error
-		m, err = consumeOne(ctx, tb.client, "q")
-		return err == nil
-	})
-	if m == nil {
-		t.Fatal("no message")
-	}
-	for _, id := range []string{"m1", "m2"} {
-		js, err := tb.client.JoinSync(ctx, &pb.JoinSyncRequest{Queue: "s", MemberId: id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev, err := js.Recv(); err != nil {
-			t.Fatalf("JoinSync %s: %v, %v", id, ev, err)
-		}
-	}
-	waitJoined(t, tb.client, "s", 2)
+	checkStreamsServed(t, ctx, tb.client)
 
 	if n := metric(t, reg, "qbroker_streams_refused_total", map[string]string{"reason": "no_subscribe"}); n != float64(got[codes.InvalidArgument]) {
 		t.Fatalf("streams refused no_subscribe = %v, want %d", n, got[codes.InvalidArgument])
@@ -160,6 +125,62 @@ func TestIdleConsumeStreamsAreEnded(t *testing.T) {
 	if n := metric(t, reg, "qbroker_streams_refused_total", map[string]string{"reason": "max_streams"}); n < float64(got[codes.ResourceExhausted]) {
 		t.Fatalf("streams refused max_streams = %v, want >= %d", n, got[codes.ResourceExhausted])
 	}
+}
+
+// openIdleStreams opens n Consume streams over clients (in turn) that
+// never subscribe. The func returned waits until the broker ended every
+// one and counts the codes they ended with.
+func openIdleStreams(t *testing.T, ctx context.Context, clients []pb.QueueClient, n int) func() map[codes.Code]int {
+	t.Helper()
+	codesSeen := make(chan codes.Code, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		s, err := clients[i%len(clients)].Consume(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Recv() // never subscribes: waits for the broker's verdict
+			codesSeen <- status.Code(err)
+		}()
+	}
+	return func() map[codes.Code]int {
+		wg.Wait()
+		close(codesSeen)
+		got := map[codes.Code]int{}
+		for c := range codesSeen {
+			got[c]++
+		}
+		return got
+	}
+}
+
+// checkStreamsServed fails the test unless, within 30s, a Consume stream
+// of the queue "q" delivers a message, and two members join the sync
+// queue "s" (of 2 members).
+func checkStreamsServed(t *testing.T, ctx context.Context, c pb.QueueClient) {
+	t.Helper()
+	var m *pb.Message
+	waitFor(t, 30*time.Second, "a legitimate Consume", func() bool {
+		var err error
+		m, err = consumeOne(ctx, c, "q")
+		return err == nil
+	})
+	if m == nil {
+		t.Fatal("no message")
+	}
+	for _, id := range []string{"m1", "m2"} {
+		js, err := c.JoinSync(ctx, &pb.JoinSyncRequest{Queue: "s", MemberId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev, err := js.Recv(); err != nil {
+			t.Fatalf("JoinSync %s: %v, %v", id, ev, err)
+		}
+	}
+	waitJoined(t, c, "s", 2)
 }
 
 // consumeOne subscribes to queue and returns the first delivery.
@@ -228,6 +249,77 @@ func closedByPeer(c net.Conn, d time.Duration) bool {
 	}
 }
 
+// connFlood dials half-open connections in batches of 100, every other
+// batch sending the HTTP/2 preface, up to a maximum or until ended. The
+// connections stay open until the test ends (closed before the broker
+// stops).
+type connFlood struct {
+	stop     chan struct{}
+	underway chan struct{} // closed once the first connections are open
+	flooded  chan floodResult
+	once     sync.Once
+	res      floodResult
+}
+
+type floodResult struct {
+	conns []net.Conn
+	err   error
+}
+
+// startFlood starts a flood of up to limit connections to addr, under
+// way once first are open.
+func startFlood(t *testing.T, addr string, first, limit int) *connFlood {
+	f := &connFlood{stop: make(chan struct{}), underway: make(chan struct{}), flooded: make(chan floodResult, 1)}
+	go func() {
+		var r floodResult
+		defer func() { f.flooded <- r }()
+		for i := 0; len(r.conns) < limit; i++ {
+			if len(r.conns) == first {
+				close(f.underway)
+			}
+			select {
+			case <-f.stop:
+				return
+			default:
+			}
+			cs, err := dialRaw(addr, 100, i%2 == 1)
+			r.conns = append(r.conns, cs...)
+			if err != nil {
+				r.err = err
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { f.end(); closeAll(f.res.conns) }) // before the broker stops
+	return f
+}
+
+// end stops the flood and returns how many connections it opened and
+// why it stopped early, if it did.
+func (f *connFlood) end() (int, error) {
+	f.once.Do(func() {
+		close(f.stop)
+		f.res = <-f.flooded
+	})
+	return len(f.res.conns), f.res.err
+}
+
+// reconnectingClient returns a client of addr that reconnects as the Go
+// client does (100ms..5s backoff), closed when the test ends.
+func reconnectingClient(t *testing.T, addr string) pb.QueueClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return pb.NewQueueClient(conn)
+}
+
 // Thousands of half-open connections (silent, or the preface and nothing
 // more) against a broker bounded to 256 connections: the oldest unproven
 // ones make room, so a new client's call and an established client's
@@ -241,62 +333,16 @@ func TestHalfOpenConnectionsDoNotStarveClients(t *testing.T) {
 	})
 	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: "q"}) // tb.conn has proven itself
 
-	// The flood goes on while the new client connects: batches of 100,
-	// every other one sending the preface.
-	type flood struct {
-		conns []net.Conn
-		err   error
-	}
-	stop := make(chan struct{})
-	flooded := make(chan flood, 1)
-	underway := make(chan struct{})
-	go func() {
-		var f flood
-		defer func() { flooded <- f }()
-		for i := 0; len(f.conns) < floodMax; i++ {
-			if len(f.conns) == floodFirst {
-				close(underway)
-			}
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			cs, err := dialRaw(tb.addr, 100, i%2 == 1)
-			f.conns = append(f.conns, cs...)
-			if err != nil {
-				f.err = err
-				return
-			}
-		}
-	}()
-	var f flood
-	var stopOnce sync.Once
-	end := func() {
-		stopOnce.Do(func() {
-			close(stop)
-			f = <-flooded
-		})
-	}
-	t.Cleanup(func() { end(); closeAll(f.conns) }) // before the broker stops
+	// The flood goes on while the new client connects.
+	f := startFlood(t, tb.addr, floodFirst, floodMax)
 	select {
-	case <-underway:
+	case <-f.underway:
 	case <-time.After(time.Minute):
 		t.Fatal("the flood did not get under way")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// Reconnecting as the Go client does (100ms..5s backoff).
-	fconn, err := grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
-			MinConnectTimeout: 5 * time.Second,
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fconn.Close()
-	fresh := pb.NewQueueClient(fconn)
+	fresh := reconnectingClient(t, tb.addr)
 	start := time.Now()
 	// Like the Go client's CreateQueue, the call waits for a connection
 	// and is retried when the connection it went out on fails.
@@ -311,11 +357,10 @@ func TestHalfOpenConnectionsDoNotStarveClients(t *testing.T) {
 		t.Logf("retrying after %v", err)
 	}
 	took := time.Since(start)
-	end()
-	if f.err != nil {
-		t.Fatal(f.err)
+	n, err := f.end()
+	if err != nil {
+		t.Fatal(err)
 	}
-	n := len(f.conns)
 	t.Logf("a new client's call during the flood took %v (%d half-open connections by then)", took, n)
 	if n >= floodMax {
 		t.Fatalf("the call succeeded only once the flood of %d connections was over", n)

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
@@ -144,15 +143,7 @@ func (p *countingProxy) forwardRequests(dst, src net.Conn) {
 // zkRequests sums the broker's qbroker_zk_request_duration_seconds counts.
 func zkRequests(t *testing.T, reg *prometheus.Registry) int64 {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := map[string]*dto.MetricFamily{}
-	for _, f := range fams {
-		m[f.GetName()] = f
-	}
-	return int64(max(0, value(m, "qbroker_zk_request_duration_seconds", nil)))
+	return int64(max(0, metric(t, reg, "qbroker_zk_request_duration_seconds", nil)))
 }
 
 // waitQuiet waits (at most 60s) until neither the proxy nor the metric

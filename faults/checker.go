@@ -372,7 +372,38 @@ func (c *Checker) Result() Result {
 	for k, v := range c.errs {
 		r.Errors[k] = v
 	}
-	var lost, dup, uncounted, phantom problems
+	var j judged
+	for _, k := range c.sortedKeys() {
+		c.judge(k, &r, &j)
+	}
+	r.Uncounted = j.uncounted.n
+	r.Phantoms = j.phantom.n + c.corrupt.n
+	if c.mode == qbroker.AtMostOnce {
+		r.InDoubt = min(j.lost.n, c.inDoubt)
+	}
+	r.Lost = j.lost.n - r.InDoubt
+	c.judgeRecovery(&r)
+	if r.Lost > 0 {
+		j.lost.n = r.Lost // the samples may include losses in doubt
+		r.Problems = append(r.Problems, j.lost.describe("lost")...)
+	}
+	r.Problems = append(r.Problems, j.dup.describe("duplicated")...)
+	r.Problems = append(r.Problems, j.uncounted.describe("uncounted redeliveries")...)
+	r.Problems = append(r.Problems, j.phantom.describe("phantom deliveries")...)
+	r.Problems = append(r.Problems, c.corrupt.describe("corrupt payloads")...)
+	r.Problems = append(r.Problems, c.failures...)
+	r.OK = len(r.Problems) == 0
+	return r
+}
+
+// judged holds the problems Result found, by kind.
+type judged struct {
+	lost, dup, uncounted, phantom problems
+}
+
+// sortedKeys returns the keys of the messages recorded, by producer and
+// sequence number.
+func (c *Checker) sortedKeys() []Key {
 	keys := make([]Key, 0, len(c.msgs))
 	for k := range c.msgs {
 		keys = append(keys, k)
@@ -383,62 +414,73 @@ func (c *Checker) Result() Result {
 		}
 		return a.Seq - b.Seq
 	})
-	for _, k := range keys {
-		h := c.msgs[k]
-		switch h.pub {
-		case publishedOK:
-			r.Published++
-		case publishUncertain:
-			r.Uncertain++
-		case publishRefused:
-			r.Refused++
-		}
-		ds := slices.Clone(h.deliveries)
-		slices.SortStableFunc(ds, func(a, b Delivery) int { return a.At.Compare(b.At) })
-		if len(ds) > 0 {
-			r.Delivered++
-			r.Deliveries += len(ds)
-		}
-		switch {
-		case h.pub == publishedOK && len(ds) == 0:
-			lost.add("%v never delivered", k)
-		case h.pub == publishRefused && len(ds) > 0:
-			phantom.add("%v delivered (%s) after its publish was refused", k, ds[0].ID)
-		case h.pub == notPublished && len(ds) > 0:
-			phantom.add("%v delivered (%s) but never published", k, ds[0].ID)
-		}
-		if c.mode == qbroker.AtMostOnce {
-			if len(ds) > 1 {
-				dup.add("%v delivered %d times (%s)", k, len(ds), describeDeliveries(ds))
-				r.Duplicates += len(ds) - 1
-			}
-			continue
-		}
-		maxCount := 0
-		for i, d := range ds {
-			reason := ""
-			switch {
-			case i > 0 && d.Count <= maxCount:
-				reason = fmt.Sprintf("count %d after count %d", d.Count, maxCount)
-			case !h.ackedAt.IsZero() && d.At.After(h.ackedAt):
-				reason = fmt.Sprintf("arrived %v after its ack was confirmed", d.At.Sub(h.ackedAt).Round(time.Millisecond))
-			case !d.Deadline.IsZero() && d.At.Sub(d.Deadline) > StaleTolerance:
-				reason = fmt.Sprintf("arrived %v after its lease deadline", d.At.Sub(d.Deadline).Round(time.Millisecond))
-			}
-			if reason != "" {
-				uncounted.add("%v to %s: %s (%s)", k, d.Consumer, reason, describeDeliveries(ds))
-			} else if d.Count > 1 {
-				r.Redelivered++
-			}
-			maxCount = max(maxCount, d.Count)
-		}
+	return keys
+}
+
+// judge counts the publish and the deliveries of message k in r and its
+// problems in j.
+func (c *Checker) judge(k Key, r *Result, j *judged) {
+	h := c.msgs[k]
+	switch h.pub {
+	case publishedOK:
+		r.Published++
+	case publishUncertain:
+		r.Uncertain++
+	case publishRefused:
+		r.Refused++
 	}
-	r.Uncounted = uncounted.n
-	r.Phantoms = phantom.n + c.corrupt.n
+	ds := slices.Clone(h.deliveries)
+	slices.SortStableFunc(ds, func(a, b Delivery) int { return a.At.Compare(b.At) })
+	if len(ds) > 0 {
+		r.Delivered++
+		r.Deliveries += len(ds)
+	}
+	switch {
+	case h.pub == publishedOK && len(ds) == 0:
+		j.lost.add("%v never delivered", k)
+	case h.pub == publishRefused && len(ds) > 0:
+		j.phantom.add("%v delivered (%s) after its publish was refused", k, ds[0].ID)
+	case h.pub == notPublished && len(ds) > 0:
+		j.phantom.add("%v delivered (%s) but never published", k, ds[0].ID)
+	}
 	if c.mode == qbroker.AtMostOnce {
-		r.InDoubt = min(lost.n, c.inDoubt)
+		if len(ds) > 1 {
+			j.dup.add("%v delivered %d times (%s)", k, len(ds), describeDeliveries(ds))
+			r.Duplicates += len(ds) - 1
+		}
+		return
 	}
-	r.Lost = lost.n - r.InDoubt
+	judgeRedeliveries(k, h, ds, r, &j.uncounted)
+}
+
+// judgeRedeliveries counts, at least once, the redeliveries of message k
+// (its deliveries ds in time order) in r, and in uncounted those that do
+// not count: a delivery count that did not grow, a delivery after the
+// ack was confirmed, or one past its lease deadline.
+func judgeRedeliveries(k Key, h *history, ds []Delivery, r *Result, uncounted *problems) {
+	maxCount := 0
+	for i, d := range ds {
+		reason := ""
+		switch {
+		case i > 0 && d.Count <= maxCount:
+			reason = fmt.Sprintf("count %d after count %d", d.Count, maxCount)
+		case !h.ackedAt.IsZero() && d.At.After(h.ackedAt):
+			reason = fmt.Sprintf("arrived %v after its ack was confirmed", d.At.Sub(h.ackedAt).Round(time.Millisecond))
+		case !d.Deadline.IsZero() && d.At.Sub(d.Deadline) > StaleTolerance:
+			reason = fmt.Sprintf("arrived %v after its lease deadline", d.At.Sub(d.Deadline).Round(time.Millisecond))
+		}
+		if reason != "" {
+			uncounted.add("%v to %s: %s (%s)", k, d.Consumer, reason, describeDeliveries(ds))
+		} else if d.Count > 1 {
+			r.Redelivered++
+		}
+		maxCount = max(maxCount, d.Count)
+	}
+}
+
+// judgeRecovery sets r's recovery times from the marks, and adds a
+// problem for a mark after which nothing published was delivered.
+func (c *Checker) judgeRecovery(r *Result) {
 	r.RecoverFault, r.RecoverHeal = -1, -1
 	for _, m := range c.marks {
 		d, ok := c.recovery(m.At)
@@ -452,17 +494,6 @@ func (c *Checker) Result() Result {
 			r.RecoverHeal = max(r.RecoverHeal, d)
 		}
 	}
-	if r.Lost > 0 {
-		lost.n = r.Lost // the samples may include losses in doubt
-		r.Problems = append(r.Problems, lost.describe("lost")...)
-	}
-	r.Problems = append(r.Problems, dup.describe("duplicated")...)
-	r.Problems = append(r.Problems, uncounted.describe("uncounted redeliveries")...)
-	r.Problems = append(r.Problems, phantom.describe("phantom deliveries")...)
-	r.Problems = append(r.Problems, c.corrupt.describe("corrupt payloads")...)
-	r.Problems = append(r.Problems, c.failures...)
-	r.OK = len(r.Problems) == 0
-	return r
 }
 
 // recovery is the time from t to the first delivery of a message whose

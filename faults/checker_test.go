@@ -87,122 +87,128 @@ func dl(c *faults.Checker, seq, n, ms int) faults.Delivery {
 	return d
 }
 
+// verdictCase is a case of TestCheckerVerdicts: what a checker in mode
+// records, a check of its Result, and whether the Result is OK.
+type verdictCase struct {
+	name  string
+	mode  qbroker.DeliveryMode
+	build func(c *faults.Checker)
+	check func(r faults.Result) error
+	ok    bool
+}
+
+var verdictCases = []verdictCase{
+	{"clean at least once", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1), key(2)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+		c.Delivered(dl(c, 2, 1, 10))
+		c.Delivered(dl(c, 2, 2, 4000)) // lease expired: a counted redelivery
+	}, func(r faults.Result) error {
+		return want(r.Published == 2 && r.Delivered == 2 && r.Deliveries == 3 && r.Redelivered == 1, r)
+	}, true},
+	{"lost", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1), key(2)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+	}, func(r faults.Result) error { return want(r.Lost == 1, r) }, false},
+	{"uncertain publishes are never lost", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), unavailable)
+		c.Published([]faults.Key{key(2)}, at(0), context.DeadlineExceeded)
+		c.Delivered(dl(c, 2, 1, 10))
+	}, func(r faults.Result) error { return want(r.Lost == 0 && r.Uncertain == 2 && r.Delivered == 1, r) }, true},
+	{"a refused publish delivered", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), invalid)
+		c.Delivered(dl(c, 1, 1, 10))
+	}, func(r faults.Result) error { return want(r.Phantoms == 1 && r.Refused == 1, r) }, false},
+	{"a delivery never published", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Delivered(dl(c, 9, 1, 10))
+	}, func(r faults.Result) error { return want(r.Phantoms == 1, r) }, false},
+	{"same count twice", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+		c.Delivered(dl(c, 1, 1, 20))
+	}, func(r faults.Result) error { return want(r.Uncounted == 1, r) }, false},
+	{"a stale copy after the newer one", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.Delivered(dl(c, 1, 2, 4000))
+		d := dl(c, 1, 1, 4100)
+		d.Deadline = at(3000)
+		c.Delivered(d)
+	}, func(r faults.Result) error { return want(r.Uncounted == 1 && r.Redelivered == 1, r) }, false},
+	{"delivered after a confirmed ack", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+		c.Acked(key(1), at(20), nil)
+		c.Delivered(dl(c, 1, 2, 5000))
+	}, func(r faults.Result) error { return want(r.Uncounted == 1, r) }, false},
+	{"a failed ack confirms nothing", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+		c.Acked(key(1), at(20), unavailable)
+		c.Delivered(dl(c, 1, 2, 5000))
+	}, func(r faults.Result) error { return want(r.Uncounted == 0 && r.Errors["ack Unavailable"] == 1, r) }, true},
+	{"arrived past its lease deadline", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		d := dl(c, 1, 1, 5000)
+		d.Deadline = at(1000)
+		c.Delivered(d)
+	}, func(r faults.Result) error { return want(r.Uncounted == 1, r) }, false},
+	{"within the stale tolerance", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		d := dl(c, 1, 1, 1000)
+		d.Deadline = at(1000).Add(-faults.StaleTolerance)
+		c.Delivered(d)
+	}, func(r faults.Result) error { return want(r.Uncounted == 0, r) }, true},
+	{"duplicate at most once", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+		c.Delivered(dl(c, 1, 1, 20))
+		c.Delivered(dl(c, 1, 1, 30))
+	}, func(r faults.Result) error { return want(r.Duplicates == 2, r) }, false},
+	{"losses in doubt at most once", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1), key(2), key(3)}, at(0), nil)
+		c.ReceiveFailed(2, unavailable)
+		c.ReceiveFailed(5, invalid) // refused: claimed nothing
+	}, func(r faults.Result) error { return want(r.Lost == 1 && r.InDoubt == 2, r) }, false},
+	{"in doubt covers all", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1), key(2)}, at(0), nil)
+		c.ReceiveFailed(8, context.DeadlineExceeded)
+	}, func(r faults.Result) error { return want(r.Lost == 0 && r.InDoubt == 2, r) }, true},
+	{"no doubt at least once", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.ReceiveFailed(8, unavailable)
+	}, func(r faults.Result) error { return want(r.Lost == 1 && r.InDoubt == 0, r) }, false},
+	{"recovery times", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+		c.Mark(faults.Fault, "kill", at(1000))
+		c.Published([]faults.Key{key(2)}, at(900), nil) // started before the fault
+		c.Delivered(dl(c, 2, 1, 1500))
+		c.Published([]faults.Key{key(3)}, at(1200), nil)
+		c.Delivered(dl(c, 3, 1, 3000))
+		c.Mark(faults.Heal, "restart", at(4000))
+		c.Published([]faults.Key{key(4)}, at(4100), nil)
+		c.Delivered(dl(c, 4, 1, 4500))
+	}, func(r faults.Result) error {
+		return want(r.RecoverFault == 2*time.Second && r.RecoverHeal == 500*time.Millisecond, r)
+	}, true},
+	{"no recovery", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+		c.Mark(faults.Fault, "kill", at(1000))
+		c.Published([]faults.Key{key(2)}, at(1100), unavailable)
+	}, func(r faults.Result) error { return want(r.RecoverFault == -1, r) }, false},
+	{"a recorded failure", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Fail("registrations leaked")
+	}, func(r faults.Result) error {
+		return want(len(r.Problems) == 1 && r.Problems[0] == "registrations leaked", r)
+	}, false},
+	{"corrupt payload", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Corrupt("qn-1", errors.New("bad byte"))
+	}, func(r faults.Result) error { return want(r.Phantoms == 1, r) }, false},
+}
+
 func TestCheckerVerdicts(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		mode  qbroker.DeliveryMode
-		build func(c *faults.Checker)
-		check func(r faults.Result) error
-		ok    bool
-	}{
-		{"clean at least once", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1), key(2)}, at(0), nil)
-			c.Delivered(dl(c, 1, 1, 10))
-			c.Delivered(dl(c, 2, 1, 10))
-			c.Delivered(dl(c, 2, 2, 4000)) // lease expired: a counted redelivery
-		}, func(r faults.Result) error {
-			return want(r.Published == 2 && r.Delivered == 2 && r.Deliveries == 3 && r.Redelivered == 1, r)
-		}, true},
-		{"lost", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1), key(2)}, at(0), nil)
-			c.Delivered(dl(c, 1, 1, 10))
-		}, func(r faults.Result) error { return want(r.Lost == 1, r) }, false},
-		{"uncertain publishes are never lost", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), unavailable)
-			c.Published([]faults.Key{key(2)}, at(0), context.DeadlineExceeded)
-			c.Delivered(dl(c, 2, 1, 10))
-		}, func(r faults.Result) error { return want(r.Lost == 0 && r.Uncertain == 2 && r.Delivered == 1, r) }, true},
-		{"a refused publish delivered", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), invalid)
-			c.Delivered(dl(c, 1, 1, 10))
-		}, func(r faults.Result) error { return want(r.Phantoms == 1 && r.Refused == 1, r) }, false},
-		{"a delivery never published", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Delivered(dl(c, 9, 1, 10))
-		}, func(r faults.Result) error { return want(r.Phantoms == 1, r) }, false},
-		{"same count twice", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			c.Delivered(dl(c, 1, 1, 10))
-			c.Delivered(dl(c, 1, 1, 20))
-		}, func(r faults.Result) error { return want(r.Uncounted == 1, r) }, false},
-		{"a stale copy after the newer one", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			c.Delivered(dl(c, 1, 2, 4000))
-			d := dl(c, 1, 1, 4100)
-			d.Deadline = at(3000)
-			c.Delivered(d)
-		}, func(r faults.Result) error { return want(r.Uncounted == 1 && r.Redelivered == 1, r) }, false},
-		{"delivered after a confirmed ack", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			c.Delivered(dl(c, 1, 1, 10))
-			c.Acked(key(1), at(20), nil)
-			c.Delivered(dl(c, 1, 2, 5000))
-		}, func(r faults.Result) error { return want(r.Uncounted == 1, r) }, false},
-		{"a failed ack confirms nothing", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			c.Delivered(dl(c, 1, 1, 10))
-			c.Acked(key(1), at(20), unavailable)
-			c.Delivered(dl(c, 1, 2, 5000))
-		}, func(r faults.Result) error { return want(r.Uncounted == 0 && r.Errors["ack Unavailable"] == 1, r) }, true},
-		{"arrived past its lease deadline", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			d := dl(c, 1, 1, 5000)
-			d.Deadline = at(1000)
-			c.Delivered(d)
-		}, func(r faults.Result) error { return want(r.Uncounted == 1, r) }, false},
-		{"within the stale tolerance", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			d := dl(c, 1, 1, 1000)
-			d.Deadline = at(1000).Add(-faults.StaleTolerance)
-			c.Delivered(d)
-		}, func(r faults.Result) error { return want(r.Uncounted == 0, r) }, true},
-		{"duplicate at most once", qbroker.AtMostOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			c.Delivered(dl(c, 1, 1, 10))
-			c.Delivered(dl(c, 1, 1, 20))
-			c.Delivered(dl(c, 1, 1, 30))
-		}, func(r faults.Result) error { return want(r.Duplicates == 2, r) }, false},
-		{"losses in doubt at most once", qbroker.AtMostOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1), key(2), key(3)}, at(0), nil)
-			c.ReceiveFailed(2, unavailable)
-			c.ReceiveFailed(5, invalid) // refused: claimed nothing
-		}, func(r faults.Result) error { return want(r.Lost == 1 && r.InDoubt == 2, r) }, false},
-		{"in doubt covers all", qbroker.AtMostOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1), key(2)}, at(0), nil)
-			c.ReceiveFailed(8, context.DeadlineExceeded)
-		}, func(r faults.Result) error { return want(r.Lost == 0 && r.InDoubt == 2, r) }, true},
-		{"no doubt at least once", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			c.ReceiveFailed(8, unavailable)
-		}, func(r faults.Result) error { return want(r.Lost == 1 && r.InDoubt == 0, r) }, false},
-		{"recovery times", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			c.Delivered(dl(c, 1, 1, 10))
-			c.Mark(faults.Fault, "kill", at(1000))
-			c.Published([]faults.Key{key(2)}, at(900), nil) // started before the fault
-			c.Delivered(dl(c, 2, 1, 1500))
-			c.Published([]faults.Key{key(3)}, at(1200), nil)
-			c.Delivered(dl(c, 3, 1, 3000))
-			c.Mark(faults.Heal, "restart", at(4000))
-			c.Published([]faults.Key{key(4)}, at(4100), nil)
-			c.Delivered(dl(c, 4, 1, 4500))
-		}, func(r faults.Result) error {
-			return want(r.RecoverFault == 2*time.Second && r.RecoverHeal == 500*time.Millisecond, r)
-		}, true},
-		{"no recovery", qbroker.AtLeastOnce, func(c *faults.Checker) {
-			c.Published([]faults.Key{key(1)}, at(0), nil)
-			c.Delivered(dl(c, 1, 1, 10))
-			c.Mark(faults.Fault, "kill", at(1000))
-			c.Published([]faults.Key{key(2)}, at(1100), unavailable)
-		}, func(r faults.Result) error { return want(r.RecoverFault == -1, r) }, false},
-		{"a recorded failure", qbroker.AtMostOnce, func(c *faults.Checker) {
-			c.Fail("registrations leaked")
-		}, func(r faults.Result) error {
-			return want(len(r.Problems) == 1 && r.Problems[0] == "registrations leaked", r)
-		}, false},
-		{"corrupt payload", qbroker.AtMostOnce, func(c *faults.Checker) {
-			c.Corrupt("qn-1", errors.New("bad byte"))
-		}, func(r faults.Result) error { return want(r.Phantoms == 1, r) }, false},
-	} {
+	for _, c := range verdictCases {
 		t.Run(c.name, func(t *testing.T) {
 			ch := faults.NewChecker(c.mode)
 			c.build(ch)

@@ -114,20 +114,67 @@ func TestSlowReader(t *testing.T) {
 		}
 	}
 	// A raw stream with a fixed window: one message fills it.
-	conn, err := grpc.NewClient(s.c.brokers[0].addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	r := openSlowReader(t, ctx, s.c.brokers[0].addr, l, window, &pb.Subscribe{Queue: l.queue,
+		Mode: pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE, VisibilityTimeout: durationpb.New(vis), Prefetch: prefetch})
+	select {
+	case d, ok := <-r.got:
+		if !ok {
+			t.Fatal("slow reader's stream ended before its first message")
+		}
+		r.take(d)
+	case <-time.After(30 * time.Second):
+		t.Fatal("slow reader got no message within 30s")
+	}
+	// Stop reading; another consumer reads at once.
+	paused := time.Now()
+	t.Log("the slow reader stops reading")
+	l.startStream(0)
+	redelivered := func() bool { return l.check.Result().Redelivered > 0 }
+	waitFor(30*time.Second, func() bool {
+		return time.Since(paused) > 4*vis && (redelivered() || time.Since(paused) > 10*vis)
+	})
+	t.Log("the slow reader reads again")
+	r.readUntilIdle(3 * time.Second)
+	_ = r.stream.CloseSend()
+	cancel()
+	for range r.got {
+	}
+	t.Logf("the slow reader dropped %d deliveries that arrived past their lease deadline (at most %d may)", r.late, inTransit)
+	if r.late > inTransit {
+		l.check.Fail("%d deliveries reached the slow reader after their lease ran out; only the %d in transit when it stopped reading may",
+			r.late, inTransit)
+	}
+	s.finish()
+}
+
+// slowReader is a raw gRPC Consume stream, read only when the test says,
+// that does what the README asks of clients other than the Go client: it
+// drops a delivery that arrives past its lease deadline.
+type slowReader struct {
+	stream pb.Queue_ConsumeClient
+	got    <-chan *pb.Delivery // the deliveries; closed when the stream ends
+	l      *load
+	late   int // deliveries dropped
+}
+
+// openSlowReader subscribes on a connection to addr with flow-control
+// windows of window bytes, and passes on what it receives (until ctx
+// ends) to whoever reads got.
+func openSlowReader(t *testing.T, ctx context.Context, addr string, l *load, window int32, sub *pb.Subscribe) *slowReader {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(s.ctx)
-	defer cancel()
+	t.Cleanup(func() { conn.Close() })
 	stream, err := pb.NewQueueClient(conn).Consume(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: l.queue,
-		Mode: pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE, VisibilityTimeout: durationpb.New(vis), Prefetch: prefetch}}); err != nil {
+	if err := stream.Send(&pb.ConsumeRequest{Subscribe: sub}); err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan *pb.Delivery)
@@ -145,62 +192,41 @@ func TestSlowReader(t *testing.T) {
 			}
 		}
 	}()
-	late := 0
-	take := func(d *pb.Delivery) {
-		m, now := d.GetMessage(), time.Now()
-		k, err := faults.ParsePayload(m.GetPayload())
-		if err != nil {
-			l.check.Corrupt(m.GetId(), err)
-			return
-		}
-		if deadline := m.GetLeaseDeadline().AsTime(); now.After(deadline) {
-			late++ // dropped: its lease ran out before it arrived
-			return
-		}
-		l.check.Delivered(faults.Delivery{Key: k, ID: m.GetId(), Count: int(m.GetDeliveryCount()),
-			Deadline: m.GetLeaseDeadline().AsTime(), At: now, Consumer: "slow-reader"})
-		_ = stream.Send(&pb.ConsumeRequest{Settle: []*pb.Settle{{AckToken: m.GetAckToken()}}, Credit: 1})
+	return &slowReader{stream: stream, got: got, l: l}
+}
+
+// take tells the checker about d and acks it, or drops it if its lease
+// ran out before it arrived.
+func (r *slowReader) take(d *pb.Delivery) {
+	m, now := d.GetMessage(), time.Now()
+	k, err := faults.ParsePayload(m.GetPayload())
+	if err != nil {
+		r.l.check.Corrupt(m.GetId(), err)
+		return
 	}
-	select {
-	case d, ok := <-got:
-		if !ok {
-			t.Fatal("slow reader's stream ended before its first message")
-		}
-		take(d)
-	case <-time.After(30 * time.Second):
-		t.Fatal("slow reader got no message within 30s")
+	if deadline := m.GetLeaseDeadline().AsTime(); now.After(deadline) {
+		r.late++ // dropped: its lease ran out before it arrived
+		return
 	}
-	// Stop reading; another consumer reads at once.
-	paused := time.Now()
-	t.Log("the slow reader stops reading")
-	l.startStream(0)
-	redelivered := func() bool { return l.check.Result().Redelivered > 0 }
-	waitFor(30*time.Second, func() bool {
-		return time.Since(paused) > 4*vis && (redelivered() || time.Since(paused) > 10*vis)
-	})
-	t.Log("the slow reader reads again")
-	for idle := false; !idle; {
+	r.l.check.Delivered(faults.Delivery{Key: k, ID: m.GetId(), Count: int(m.GetDeliveryCount()),
+		Deadline: m.GetLeaseDeadline().AsTime(), At: now, Consumer: "slow-reader"})
+	_ = r.stream.Send(&pb.ConsumeRequest{Settle: []*pb.Settle{{AckToken: m.GetAckToken()}}, Credit: 1})
+}
+
+// readUntilIdle takes deliveries until none came for idle, or the stream
+// ended.
+func (r *slowReader) readUntilIdle(idle time.Duration) {
+	for {
 		select {
-		case d, ok := <-got:
+		case d, ok := <-r.got:
 			if !ok {
-				idle = true
-				break
+				return
 			}
-			take(d)
-		case <-time.After(3 * time.Second):
-			idle = true
+			r.take(d)
+		case <-time.After(idle):
+			return
 		}
 	}
-	_ = stream.CloseSend()
-	cancel()
-	for range got {
-	}
-	t.Logf("the slow reader dropped %d deliveries that arrived past their lease deadline (at most %d may)", late, inTransit)
-	if late > inTransit {
-		l.check.Fail("%d deliveries reached the slow reader after their lease ran out; only the %d in transit when it stopped reading may",
-			late, inTransit)
-	}
-	s.finish()
 }
 
 // The ZooKeeper ensemble's leader is killed mid-load (twice), then

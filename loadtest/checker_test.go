@@ -26,205 +26,210 @@ func deliver(c *Checker, consumer, p, seq int) {
 	c.Delivered(consumer, msgKey{p, uint64(seq)}, 0, id(p*1000+seq), 1)
 }
 
+// checkerCase is a case of TestCheckerVerdicts: what run records on a
+// checker (at least once if ackMode), and the verdict it must give.
+type checkerCase struct {
+	name    string
+	ackMode bool
+	strict  bool
+	run     func(c *Checker)
+	want    Verdict // only the counted fields and OK are compared
+	problem string  // a substring of the problems, when failing
+	warning string  // a substring of the warnings
+}
+
+var checkerCases = []checkerCase{
+	{
+		name: "all delivered once", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 3)
+			for s := 1; s <= 3; s++ {
+				deliver(c, 0, 0, s)
+			}
+		},
+		want: Verdict{Published: 3, Delivered: 3, Deliveries: 3, OK: true},
+	},
+	{
+		name: "loss", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 3)
+			deliver(c, 0, 0, 1)
+			deliver(c, 0, 0, 3)
+		},
+		want:    Verdict{Published: 3, Delivered: 2, Deliveries: 2, Lost: 1},
+		problem: "p0#2 (qn-0000000002) never delivered",
+	},
+	{
+		name: "duplicate at most once", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 2)
+			deliver(c, 0, 0, 1)
+			deliver(c, 1, 0, 1)
+			deliver(c, 0, 0, 2)
+		},
+		want:    Verdict{Published: 2, Delivered: 2, Deliveries: 3, Redeliveries: 1, Duplicates: 1},
+		problem: "p0#1 (qn-0000000001) delivered 2 times",
+	},
+	{
+		name: "order violation", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 3)
+			deliver(c, 0, 0, 2)
+			deliver(c, 0, 0, 1)
+			deliver(c, 0, 0, 3)
+		},
+		want:    Verdict{Published: 3, Delivered: 3, Deliveries: 3, OrderViolations: 1},
+		problem: "consumer 0 got p0#1 after p0#2",
+	},
+	{
+		name: "order violation only reported", strict: false,
+		run: func(c *Checker) {
+			publishAll(c, 0, 2)
+			deliver(c, 0, 0, 2)
+			deliver(c, 0, 0, 1)
+		},
+		want:    Verdict{Published: 2, Delivered: 2, Deliveries: 2, OrderViolations: 1, OK: true},
+		warning: "consumer 0 got p0#1 after p0#2",
+	},
+	{
+		name: "different consumers, producers and priorities are independent", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 2)
+			publishAll(c, 1, 2)
+			deliver(c, 1, 0, 2)
+			deliver(c, 0, 0, 1) // another consumer
+			deliver(c, 1, 1, 1) // another producer
+			c.Delivered(1, msgKey{1, 2}, 9, id(1002), 1)
+			c.Delivered(0, msgKey{0, 1}, 0, id(1), 1) // a duplicate, not an order violation
+		},
+		want:    Verdict{Published: 4, Delivered: 4, Deliveries: 5, Redeliveries: 1, Duplicates: 1},
+		problem: "1 duplicate",
+	},
+	{
+		name: "priorities are ordered separately", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 3)
+			c.Delivered(0, msgKey{0, 2}, 0, id(2), 1)
+			c.Delivered(0, msgKey{0, 1}, 5, id(1), 1)
+			c.Delivered(0, msgKey{0, 3}, 5, id(3), 1)
+		},
+		want: Verdict{Published: 3, Delivered: 3, Deliveries: 3, OK: true},
+	},
+	{
+		name: "uncertain publish is neither lost nor unknown", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 1)
+			c.Published(msgKey{0, 2}, "", false)
+			c.Published(msgKey{0, 3}, "", false)
+			deliver(c, 0, 0, 1)
+			deliver(c, 0, 0, 3)
+		},
+		want: Verdict{Published: 1, Uncertain: 2, Delivered: 2, Deliveries: 2, OK: true},
+	},
+	{
+		name: "refused publish is neither published nor uncertain", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 1)
+			c.Refused(msgKey{0, 2})
+			c.Refused(msgKey{0, 3})
+			c.Published(msgKey{0, 4}, "", false)
+			deliver(c, 0, 0, 1)
+		},
+		want: Verdict{Published: 1, Uncertain: 1, Refused: 2, Delivered: 1, Deliveries: 1, OK: true},
+	},
+	{
+		name: "delivery of a refused publish is unknown", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 1)
+			c.Refused(msgKey{0, 2})
+			deliver(c, 0, 0, 1)
+			deliver(c, 0, 0, 2)
+		},
+		want:    Verdict{Published: 1, Refused: 1, Delivered: 2, Deliveries: 2, Unknown: 1},
+		problem: "p0#2 (qn-0000000002) delivered but its publish was refused",
+	},
+	{
+		name: "delivery before the publish is recorded", strict: true,
+		run: func(c *Checker) {
+			deliver(c, 0, 0, 1)
+			publishAll(c, 0, 1)
+		},
+		want: Verdict{Published: 1, Delivered: 1, Deliveries: 1, OK: true},
+	},
+	{
+		name: "id mismatch", strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 1)
+			c.Delivered(0, msgKey{0, 1}, 0, "qn-0000000999", 1)
+		},
+		want:    Verdict{Published: 1, Delivered: 1, Deliveries: 1, IDMismatches: 1},
+		problem: "published as qn-0000000001, delivered as qn-0000000999",
+	},
+	{
+		name: "never published and unknown producer", strict: true,
+		run: func(c *Checker) {
+			deliver(c, 0, 0, 1)
+			deliver(c, 0, 7, 1)
+		},
+		want:    Verdict{Delivered: 1, Deliveries: 1, Unknown: 2},
+		problem: "2 unknown messages",
+	},
+	{
+		name: "corrupt payload", strict: true,
+		run: func(c *Checker) {
+			c.Corrupt("qn-0000000001", errors.New("filler differs"))
+		},
+		want:    Verdict{Corrupt: 1},
+		problem: "qn-0000000001: filler differs",
+	},
+	{
+		name: "at least once: nack, redelivery, ack", ackMode: true, strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 2)
+			deliver(c, 0, 0, 1) // nacked
+			deliver(c, 0, 0, 2)
+			c.Acked(msgKey{0, 2})
+			c.Delivered(1, msgKey{0, 1}, 0, id(1), 2) // redelivery: behind p0#2, not an order violation
+			c.Acked(msgKey{0, 1})
+		},
+		want: Verdict{Published: 2, Delivered: 2, Deliveries: 3, Redeliveries: 1, Acked: 2, OK: true},
+	},
+	{
+		name: "at least once: delivered but never acked is lost", ackMode: true, strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 1)
+			deliver(c, 0, 0, 1)
+		},
+		want:    Verdict{Published: 1, Delivered: 1, Deliveries: 1, Lost: 1},
+		problem: "never acked",
+	},
+	{
+		name: "at least once: acked twice", ackMode: true, strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 1)
+			deliver(c, 0, 0, 1)
+			c.Acked(msgKey{0, 1})
+			c.Delivered(0, msgKey{0, 1}, 0, id(1), 2)
+			c.Acked(msgKey{0, 1})
+		},
+		want:    Verdict{Published: 1, Delivered: 1, Deliveries: 2, Redeliveries: 1, Acked: 1, Duplicates: 1},
+		problem: "acked 2 times",
+	},
+	{
+		name: "at least once: delivered again after the ack", ackMode: true, strict: true,
+		run: func(c *Checker) {
+			publishAll(c, 0, 1)
+			deliver(c, 0, 0, 1)
+			c.Acked(msgKey{0, 1})
+			c.Delivered(0, msgKey{0, 1}, 0, id(1), 2)
+		},
+		want:    Verdict{Published: 1, Delivered: 1, Deliveries: 2, Redeliveries: 1, Acked: 1, Duplicates: 1},
+		problem: "deliveries after an ack",
+	},
+}
+
 func TestCheckerVerdicts(t *testing.T) {
-	tests := []struct {
-		name    string
-		ackMode bool
-		strict  bool
-		run     func(c *Checker)
-		want    Verdict // only the counted fields and OK are compared
-		problem string  // a substring of the problems, when failing
-		warning string  // a substring of the warnings
-	}{
-		{
-			name: "all delivered once", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 3)
-				for s := 1; s <= 3; s++ {
-					deliver(c, 0, 0, s)
-				}
-			},
-			want: Verdict{Published: 3, Delivered: 3, Deliveries: 3, OK: true},
-		},
-		{
-			name: "loss", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 3)
-				deliver(c, 0, 0, 1)
-				deliver(c, 0, 0, 3)
-			},
-			want:    Verdict{Published: 3, Delivered: 2, Deliveries: 2, Lost: 1},
-			problem: "p0#2 (qn-0000000002) never delivered",
-		},
-		{
-			name: "duplicate at most once", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 2)
-				deliver(c, 0, 0, 1)
-				deliver(c, 1, 0, 1)
-				deliver(c, 0, 0, 2)
-			},
-			want:    Verdict{Published: 2, Delivered: 2, Deliveries: 3, Redeliveries: 1, Duplicates: 1},
-			problem: "p0#1 (qn-0000000001) delivered 2 times",
-		},
-		{
-			name: "order violation", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 3)
-				deliver(c, 0, 0, 2)
-				deliver(c, 0, 0, 1)
-				deliver(c, 0, 0, 3)
-			},
-			want:    Verdict{Published: 3, Delivered: 3, Deliveries: 3, OrderViolations: 1},
-			problem: "consumer 0 got p0#1 after p0#2",
-		},
-		{
-			name: "order violation only reported", strict: false,
-			run: func(c *Checker) {
-				publishAll(c, 0, 2)
-				deliver(c, 0, 0, 2)
-				deliver(c, 0, 0, 1)
-			},
-			want:    Verdict{Published: 2, Delivered: 2, Deliveries: 2, OrderViolations: 1, OK: true},
-			warning: "consumer 0 got p0#1 after p0#2",
-		},
-		{
-			name: "different consumers, producers and priorities are independent", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 2)
-				publishAll(c, 1, 2)
-				deliver(c, 1, 0, 2)
-				deliver(c, 0, 0, 1) // another consumer
-				deliver(c, 1, 1, 1) // another producer
-				c.Delivered(1, msgKey{1, 2}, 9, id(1002), 1)
-				c.Delivered(0, msgKey{0, 1}, 0, id(1), 1) // a duplicate, not an order violation
-			},
-			want:    Verdict{Published: 4, Delivered: 4, Deliveries: 5, Redeliveries: 1, Duplicates: 1},
-			problem: "1 duplicate",
-		},
-		{
-			name: "priorities are ordered separately", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 3)
-				c.Delivered(0, msgKey{0, 2}, 0, id(2), 1)
-				c.Delivered(0, msgKey{0, 1}, 5, id(1), 1)
-				c.Delivered(0, msgKey{0, 3}, 5, id(3), 1)
-			},
-			want: Verdict{Published: 3, Delivered: 3, Deliveries: 3, OK: true},
-		},
-		{
-			name: "uncertain publish is neither lost nor unknown", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 1)
-				c.Published(msgKey{0, 2}, "", false)
-				c.Published(msgKey{0, 3}, "", false)
-				deliver(c, 0, 0, 1)
-				deliver(c, 0, 0, 3)
-			},
-			want: Verdict{Published: 1, Uncertain: 2, Delivered: 2, Deliveries: 2, OK: true},
-		},
-		{
-			name: "refused publish is neither published nor uncertain", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 1)
-				c.Refused(msgKey{0, 2})
-				c.Refused(msgKey{0, 3})
-				c.Published(msgKey{0, 4}, "", false)
-				deliver(c, 0, 0, 1)
-			},
-			want: Verdict{Published: 1, Uncertain: 1, Refused: 2, Delivered: 1, Deliveries: 1, OK: true},
-		},
-		{
-			name: "delivery of a refused publish is unknown", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 1)
-				c.Refused(msgKey{0, 2})
-				deliver(c, 0, 0, 1)
-				deliver(c, 0, 0, 2)
-			},
-			want:    Verdict{Published: 1, Refused: 1, Delivered: 2, Deliveries: 2, Unknown: 1},
-			problem: "p0#2 (qn-0000000002) delivered but its publish was refused",
-		},
-		{
-			name: "delivery before the publish is recorded", strict: true,
-			run: func(c *Checker) {
-				deliver(c, 0, 0, 1)
-				publishAll(c, 0, 1)
-			},
-			want: Verdict{Published: 1, Delivered: 1, Deliveries: 1, OK: true},
-		},
-		{
-			name: "id mismatch", strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 1)
-				c.Delivered(0, msgKey{0, 1}, 0, "qn-0000000999", 1)
-			},
-			want:    Verdict{Published: 1, Delivered: 1, Deliveries: 1, IDMismatches: 1},
-			problem: "published as qn-0000000001, delivered as qn-0000000999",
-		},
-		{
-			name: "never published and unknown producer", strict: true,
-			run: func(c *Checker) {
-				deliver(c, 0, 0, 1)
-				deliver(c, 0, 7, 1)
-			},
-			want:    Verdict{Delivered: 1, Deliveries: 1, Unknown: 2},
-			problem: "2 unknown messages",
-		},
-		{
-			name: "corrupt payload", strict: true,
-			run: func(c *Checker) {
-				c.Corrupt("qn-0000000001", errors.New("filler differs"))
-			},
-			want:    Verdict{Corrupt: 1},
-			problem: "qn-0000000001: filler differs",
-		},
-		{
-			name: "at least once: nack, redelivery, ack", ackMode: true, strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 2)
-				deliver(c, 0, 0, 1) // nacked
-				deliver(c, 0, 0, 2)
-				c.Acked(msgKey{0, 2})
-				c.Delivered(1, msgKey{0, 1}, 0, id(1), 2) // redelivery: behind p0#2, not an order violation
-				c.Acked(msgKey{0, 1})
-			},
-			want: Verdict{Published: 2, Delivered: 2, Deliveries: 3, Redeliveries: 1, Acked: 2, OK: true},
-		},
-		{
-			name: "at least once: delivered but never acked is lost", ackMode: true, strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 1)
-				deliver(c, 0, 0, 1)
-			},
-			want:    Verdict{Published: 1, Delivered: 1, Deliveries: 1, Lost: 1},
-			problem: "never acked",
-		},
-		{
-			name: "at least once: acked twice", ackMode: true, strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 1)
-				deliver(c, 0, 0, 1)
-				c.Acked(msgKey{0, 1})
-				c.Delivered(0, msgKey{0, 1}, 0, id(1), 2)
-				c.Acked(msgKey{0, 1})
-			},
-			want:    Verdict{Published: 1, Delivered: 1, Deliveries: 2, Redeliveries: 1, Acked: 1, Duplicates: 1},
-			problem: "acked 2 times",
-		},
-		{
-			name: "at least once: delivered again after the ack", ackMode: true, strict: true,
-			run: func(c *Checker) {
-				publishAll(c, 0, 1)
-				deliver(c, 0, 0, 1)
-				c.Acked(msgKey{0, 1})
-				c.Delivered(0, msgKey{0, 1}, 0, id(1), 2)
-			},
-			want:    Verdict{Published: 1, Delivered: 1, Deliveries: 2, Redeliveries: 1, Acked: 1, Duplicates: 1},
-			problem: "deliveries after an ack",
-		},
-	}
-	for _, tt := range tests {
+	for _, tt := range checkerCases {
 		t.Run(tt.name, func(t *testing.T) {
 			c := NewChecker(2, tt.ackMode)
 			tt.run(c)

@@ -94,45 +94,8 @@ var errUsage = errors.New("usage")
 func parseFlags(args []string, out io.Writer) (Config, error) {
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	fs.SetOutput(out)
-	var (
-		c                               Config
-		brokers, metrics, baselines     string
-		kind, mode, mix                 string
-		noProgress                      bool
-		durationSet, messagesSet, blSet bool
-	)
-	fs.StringVar(&brokers, "broker", "", "existing brokers' gRPC addresses, host:port,... (loopback only)")
-	fs.StringVar(&metrics, "metrics", "", "existing brokers' /metrics addresses, host:port,... (for claim conflicts)")
-	fs.StringVar(&c.ZooKeeper, "zk", "", "ZooKeeper host:port of existing brokers, for the baselines")
-	fs.IntVar(&c.SpawnBrokers, "spawn-brokers", 0, "start a local ZooKeeper and this many brokers, and measure them")
-	fs.StringVar(&c.QBrokerBin, "qbroker-bin", "", "qbroker binary for --spawn-brokers (default: go build ./cmd/qbroker)")
-	fs.IntVar(&c.Producers, "producers", 8, "producer goroutines")
-	fs.IntVar(&c.Consumers, "consumers", 64, "consumers (one Consume stream each)")
-	fs.IntVar(&c.ConnsPerBroker, "conns-per-broker", 1, "client connections per broker, shared round-robin by producers and consumers; 0: one per producer or consumer")
-	fs.IntVar(&c.Messages, "messages", 0, "messages to publish in all (0: until --duration)")
-	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long producers publish (0 with --messages: until all are published)")
-	fs.IntVar(&c.Payload, "payload", 100, fmt.Sprintf("payload bytes (at least %d, the load test's header)", headerLen))
-	fs.StringVar(&kind, "kind", "fifo", "queue kind: fifo or priority")
-	fs.StringVar(&mix, "priority-mix", "", "priority:percent,... for --kind priority (default "+defaultPriorityMix+")")
-	fs.StringVar(&mode, "mode", "at-most-once", "delivery mode: at-most-once or at-least-once")
-	fs.Float64Var(&c.NackRate, "nack-rate", 0, "fraction of messages nacked once before being acked (at-least-once)")
-	fs.IntVar(&c.Batch, "batch", 1, "messages per publish call (PublishBatch)")
-	fs.Float64Var(&c.Rate, "rate", 0, "open loop: total publish rate in messages/s (0: closed loop, as fast as possible)")
-	fs.Float64Var(&c.RateOfRaw, "rate-of-raw", 0, "open loop at this fraction of the raw baseline, which then runs first (0.5: half the ceiling); excludes --rate")
-	fs.DurationVar(&c.Warmup, "warmup", 0, "run the same workload this long first (checked, not measured), so JIT and caches are warm")
-	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
-	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
-	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
-	fs.StringVar(&baselines, "baselines", "", "comma-separated baselines: raw,naive, or none (default raw,naive when ZooKeeper is known)")
-	fs.DurationVar(&c.BaselineDuration, "baseline-duration", 10*time.Second, "bound of each baseline")
-	fs.IntVar(&c.RawSessions, "raw-sessions", 24, "raw baseline: ZooKeeper sessions")
-	fs.IntVar(&c.RawGoroutines, "raw-goroutines", 16, "raw baseline: goroutines per session")
-	fs.IntVar(&c.NaivePrefill, "naive-prefill", 2000, "naive baseline: messages in the queue when its consumers start")
-	fs.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "hard bound of the whole run")
-	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long consumers may take to finish after producers stop")
-	fs.StringVar(&c.JSONPath, "json", "", "write the JSON report to this file")
-	fs.StringVar(&c.HTMLPath, "html", "", "write the HTML report to this file")
-	fs.BoolVar(&noProgress, "quiet", false, "no live progress line on stderr")
+	var c Config
+	f := defineFlags(fs, &c)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
@@ -146,43 +109,75 @@ func parseFlags(args []string, out io.Writer) (Config, error) {
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
 	}
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "duration":
-			durationSet = true
-		case "messages":
-			messagesSet = true
-		case "baselines":
-			blSet = true
-		}
-	})
-	if messagesSet && !durationSet {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if err := c.complete(f, set); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// pendingFlags are the flags that become Config fields only once all
+// flags are read.
+type pendingFlags struct {
+	brokers, metrics, baselines string
+	kind, mode, mix             string
+	noProgress                  bool
+}
+
+// defineFlags defines the flags on fs: most set c's fields, the others
+// the pendingFlags returned.
+func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
+	f := &pendingFlags{}
+	fs.StringVar(&f.brokers, "broker", "", "existing brokers' gRPC addresses, host:port,... (loopback only)")
+	fs.StringVar(&f.metrics, "metrics", "", "existing brokers' /metrics addresses, host:port,... (for claim conflicts)")
+	fs.StringVar(&c.ZooKeeper, "zk", "", "ZooKeeper host:port of existing brokers, for the baselines")
+	fs.IntVar(&c.SpawnBrokers, "spawn-brokers", 0, "start a local ZooKeeper and this many brokers, and measure them")
+	fs.StringVar(&c.QBrokerBin, "qbroker-bin", "", "qbroker binary for --spawn-brokers (default: go build ./cmd/qbroker)")
+	fs.IntVar(&c.Producers, "producers", 8, "producer goroutines")
+	fs.IntVar(&c.Consumers, "consumers", 64, "consumers (one Consume stream each)")
+	fs.IntVar(&c.ConnsPerBroker, "conns-per-broker", 1, "client connections per broker, shared round-robin by producers and consumers; 0: one per producer or consumer")
+	fs.IntVar(&c.Messages, "messages", 0, "messages to publish in all (0: until --duration)")
+	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long producers publish (0 with --messages: until all are published)")
+	fs.IntVar(&c.Payload, "payload", 100, fmt.Sprintf("payload bytes (at least %d, the load test's header)", headerLen))
+	fs.StringVar(&f.kind, "kind", "fifo", "queue kind: fifo or priority")
+	fs.StringVar(&f.mix, "priority-mix", "", "priority:percent,... for --kind priority (default "+defaultPriorityMix+")")
+	fs.StringVar(&f.mode, "mode", "at-most-once", "delivery mode: at-most-once or at-least-once")
+	fs.Float64Var(&c.NackRate, "nack-rate", 0, "fraction of messages nacked once before being acked (at-least-once)")
+	fs.IntVar(&c.Batch, "batch", 1, "messages per publish call (PublishBatch)")
+	fs.Float64Var(&c.Rate, "rate", 0, "open loop: total publish rate in messages/s (0: closed loop, as fast as possible)")
+	fs.Float64Var(&c.RateOfRaw, "rate-of-raw", 0, "open loop at this fraction of the raw baseline, which then runs first (0.5: half the ceiling); excludes --rate")
+	fs.DurationVar(&c.Warmup, "warmup", 0, "run the same workload this long first (checked, not measured), so JIT and caches are warm")
+	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
+	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
+	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
+	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw,naive, or none (default raw,naive when ZooKeeper is known)")
+	fs.DurationVar(&c.BaselineDuration, "baseline-duration", 10*time.Second, "bound of each baseline")
+	fs.IntVar(&c.RawSessions, "raw-sessions", 24, "raw baseline: ZooKeeper sessions")
+	fs.IntVar(&c.RawGoroutines, "raw-goroutines", 16, "raw baseline: goroutines per session")
+	fs.IntVar(&c.NaivePrefill, "naive-prefill", 2000, "naive baseline: messages in the queue when its consumers start")
+	fs.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "hard bound of the whole run")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long consumers may take to finish after producers stop")
+	fs.StringVar(&c.JSONPath, "json", "", "write the JSON report to this file")
+	fs.StringVar(&c.HTMLPath, "html", "", "write the HTML report to this file")
+	fs.BoolVar(&f.noProgress, "quiet", false, "no live progress line on stderr")
+	return f
+}
+
+// complete fills c from f and the defaults that depend on other flags,
+// given the names of the flags set, and validates it.
+func (c *Config) complete(f *pendingFlags, set map[string]bool) error {
+	if set["messages"] && !set["duration"] {
 		c.Duration = 0 // a message count alone bounds the run
 	}
-	c.Progress = !noProgress
-	c.Brokers = splitList(brokers)
-	c.Metrics = splitList(metrics)
-	if err := c.Kind.UnmarshalText([]byte(kind)); err != nil || c.Kind == qbroker.KindSync {
-		return Config{}, fmt.Errorf("%w: --kind %q: want fifo or priority", errUsage, kind)
+	c.Progress = !f.noProgress
+	c.Brokers = splitList(f.brokers)
+	c.Metrics = splitList(f.metrics)
+	if err := c.setKind(f.kind, f.mode, f.mix); err != nil {
+		return err
 	}
-	if err := c.Mode.UnmarshalText([]byte(mode)); err != nil {
-		return Config{}, fmt.Errorf("%w: --mode %q: want at-most-once or at-least-once", errUsage, mode)
-	}
-	if c.Kind == qbroker.KindPriority && mix == "" {
-		mix = defaultPriorityMix
-	}
-	if mix != "" {
-		if c.Kind != qbroker.KindPriority {
-			return Config{}, fmt.Errorf("%w: --priority-mix needs --kind priority", errUsage)
-		}
-		m, err := parsePriorityMix(mix)
-		if err != nil {
-			return Config{}, fmt.Errorf("%w: --priority-mix: %v", errUsage, err)
-		}
-		c.PriorityMix = m
-	}
-	if blSet {
-		c.Baselines = splitList(baselines)
+	if set["baselines"] {
+		c.Baselines = splitList(f.baselines)
 		if len(c.Baselines) == 1 && c.Baselines[0] == "none" {
 			c.Baselines = nil
 		}
@@ -201,9 +196,34 @@ func parseFlags(args []string, out io.Writer) (Config, error) {
 		c.Queue = fmt.Sprintf("loadtest-%s-%04x", time.Now().UTC().Format("20060102-150405"), rand.IntN(1<<16))
 	}
 	if err := c.validate(); err != nil {
-		return Config{}, fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	return c, nil
+	return nil
+}
+
+// setKind sets the queue kind, the delivery mode and the priority mix
+// (the default one for a priority queue without mix).
+func (c *Config) setKind(kind, mode, mix string) error {
+	if err := c.Kind.UnmarshalText([]byte(kind)); err != nil || c.Kind == qbroker.KindSync {
+		return fmt.Errorf("%w: --kind %q: want fifo or priority", errUsage, kind)
+	}
+	if err := c.Mode.UnmarshalText([]byte(mode)); err != nil {
+		return fmt.Errorf("%w: --mode %q: want at-most-once or at-least-once", errUsage, mode)
+	}
+	if c.Kind == qbroker.KindPriority && mix == "" {
+		mix = defaultPriorityMix
+	}
+	if mix != "" {
+		if c.Kind != qbroker.KindPriority {
+			return fmt.Errorf("%w: --priority-mix needs --kind priority", errUsage)
+		}
+		m, err := parsePriorityMix(mix)
+		if err != nil {
+			return fmt.Errorf("%w: --priority-mix: %v", errUsage, err)
+		}
+		c.PriorityMix = m
+	}
+	return nil
 }
 
 const usageText = `usage: loadtest [flags]

@@ -60,110 +60,120 @@ func TestPickPriority(t *testing.T) {
 	}
 }
 
+// parseFlagsCase is a command line and either a check of the Config
+// parsed or the usage error it must get.
+type parseFlagsCase struct {
+	name    string
+	args    []string
+	check   func(t *testing.T, c Config)
+	wantErr string
+}
+
+// validFlags are command lines that parse, with a check of the result.
+var validFlags = []parseFlagsCase{
+	{
+		name: "spawn defaults",
+		args: []string{"--spawn-brokers", "1"},
+		check: func(t *testing.T, c Config) {
+			if c.Producers != 8 || c.Consumers != 64 || c.Payload != 100 || c.Duration != 10*time.Second ||
+				c.Timeout != 10*time.Minute || c.Mode != qbroker.AtMostOnce || c.Kind != qbroker.KindFIFO {
+				t.Errorf("got %+v", c)
+			}
+			if !reflect.DeepEqual(c.Baselines, []string{"raw", "naive"}) {
+				t.Errorf("got baselines %v, want raw,naive", c.Baselines)
+			}
+			if !strings.HasPrefix(c.Queue, "loadtest-") {
+				t.Errorf("got queue %q", c.Queue)
+			}
+			if c.Order != orderStrict {
+				t.Errorf("got order %q with one broker, want strict", c.Order)
+			}
+		},
+	},
+	{
+		name: "several brokers only report order violations",
+		args: []string{"--spawn-brokers", "2"},
+		check: func(t *testing.T, c Config) {
+			if c.Order != orderReport {
+				t.Errorf("got order %q, want report", c.Order)
+			}
+		},
+	},
+	{
+		name: "order given",
+		args: []string{"--broker", "127.0.0.1:1,127.0.0.1:2", "--order", "strict"},
+		check: func(t *testing.T, c Config) {
+			if c.Order != orderStrict {
+				t.Errorf("got order %q, want strict", c.Order)
+			}
+		},
+	},
+	{
+		name: "messages alone leave no duration",
+		args: []string{"--spawn-brokers", "1", "--messages", "3000"},
+		check: func(t *testing.T, c Config) {
+			if c.Messages != 3000 || c.Duration != 0 {
+				t.Errorf("got messages %d, duration %v, want 3000, 0", c.Messages, c.Duration)
+			}
+		},
+	},
+	{
+		name: "external brokers without zk have no baselines",
+		args: []string{"--broker", "127.0.0.1:7070,127.0.0.1:7071", "--metrics", "localhost:9090,[::1]:9091"},
+		check: func(t *testing.T, c Config) {
+			if len(c.Brokers) != 2 || len(c.Metrics) != 2 || c.Baselines != nil {
+				t.Errorf("got %+v", c)
+			}
+		},
+	},
+	{
+		name: "priority with default mix",
+		args: []string{"--spawn-brokers", "1", "--kind", "priority", "--baselines", "none"},
+		check: func(t *testing.T, c Config) {
+			if c.Kind != qbroker.KindPriority || len(c.PriorityMix) != 3 || c.Baselines != nil {
+				t.Errorf("got kind %v, mix %v, baselines %v", c.Kind, c.PriorityMix, c.Baselines)
+			}
+		},
+	},
+	{
+		name: "open loop relative to raw, after a warmup",
+		args: []string{"--spawn-brokers", "1", "--rate-of-raw", "0.5", "--warmup", "5s"},
+		check: func(t *testing.T, c Config) {
+			if c.RateOfRaw != 0.5 || c.Rate != 0 || c.Warmup != 5*time.Second {
+				t.Errorf("got rate-of-raw %v, rate %v, warmup %v", c.RateOfRaw, c.Rate, c.Warmup)
+			}
+		},
+	},
+}
+
+// badFlags are command lines refused with a usage error.
+var badFlags = []parseFlagsCase{
+	{name: "rate and rate-of-raw", args: []string{"--spawn-brokers", "1", "--rate", "100", "--rate-of-raw", "0.5"}, wantErr: "excludes --rate"},
+	{name: "rate-of-raw needs zk", args: []string{"--broker", "127.0.0.1:7070", "--rate-of-raw", "0.5"}, wantErr: "needs ZooKeeper"},
+	{name: "negative rate-of-raw", args: []string{"--spawn-brokers", "1", "--rate-of-raw", "-1"}, wantErr: "--rate-of-raw"},
+	{name: "negative warmup", args: []string{"--spawn-brokers", "1", "--warmup", "-1s"}, wantErr: "--warmup"},
+	{name: "no topology", args: nil, wantErr: "--broker"},
+	{name: "both topologies", args: []string{"--spawn-brokers", "1", "--broker", "127.0.0.1:1"}, wantErr: "excludes"},
+	{name: "not loopback", args: []string{"--broker", "10.0.0.1:7070"}, wantErr: "not a loopback"},
+	{name: "zk not loopback", args: []string{"--broker", "127.0.0.1:7070", "--zk", "example.com:2181"}, wantErr: "not a loopback"},
+	{name: "metrics count", args: []string{"--broker", "127.0.0.1:7070", "--metrics", "127.0.0.1:1,127.0.0.1:2"}, wantErr: "2 --metrics addresses for 1"},
+	{name: "baselines need zk", args: []string{"--broker", "127.0.0.1:7070", "--baselines", "raw"}, wantErr: "need --zk"},
+	{name: "unknown baseline", args: []string{"--spawn-brokers", "1", "--baselines", "fast"}, wantErr: "unknown baseline"},
+	{name: "mix without priority", args: []string{"--spawn-brokers", "1", "--priority-mix", "0:100"}, wantErr: "needs --kind priority"},
+	{name: "bad mix", args: []string{"--spawn-brokers", "1", "--kind", "priority", "--priority-mix", "0:50"}, wantErr: "add up to 50"},
+	{name: "nack at most once", args: []string{"--spawn-brokers", "1", "--nack-rate", "0.1"}, wantErr: "needs --mode at-least-once"},
+	{name: "bad mode", args: []string{"--spawn-brokers", "1", "--mode", "exactly-once"}, wantErr: "--mode"},
+	{name: "sync kind", args: []string{"--spawn-brokers", "1", "--kind", "sync"}, wantErr: "--kind"},
+	{name: "small payload", args: []string{"--spawn-brokers", "1", "--payload", "10"}, wantErr: "--payload 10"},
+	{name: "no bound", args: []string{"--spawn-brokers", "1", "--duration", "0"}, wantErr: "--messages or --duration"},
+	{name: "prefetch", args: []string{"--spawn-brokers", "1", "--prefetch", "0"}, wantErr: "--prefetch"},
+	{name: "batch", args: []string{"--spawn-brokers", "1", "--batch", "1001"}, wantErr: "--batch"},
+	{name: "bad order", args: []string{"--spawn-brokers", "1", "--order", "sometimes"}, wantErr: "--order"},
+	{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
+}
+
 func TestParseFlags(t *testing.T) {
-	tests := []struct {
-		name    string
-		args    []string
-		check   func(t *testing.T, c Config)
-		wantErr string
-	}{
-		{
-			name: "spawn defaults",
-			args: []string{"--spawn-brokers", "1"},
-			check: func(t *testing.T, c Config) {
-				if c.Producers != 8 || c.Consumers != 64 || c.Payload != 100 || c.Duration != 10*time.Second ||
-					c.Timeout != 10*time.Minute || c.Mode != qbroker.AtMostOnce || c.Kind != qbroker.KindFIFO {
-					t.Errorf("got %+v", c)
-				}
-				if !reflect.DeepEqual(c.Baselines, []string{"raw", "naive"}) {
-					t.Errorf("got baselines %v, want raw,naive", c.Baselines)
-				}
-				if !strings.HasPrefix(c.Queue, "loadtest-") {
-					t.Errorf("got queue %q", c.Queue)
-				}
-				if c.Order != orderStrict {
-					t.Errorf("got order %q with one broker, want strict", c.Order)
-				}
-			},
-		},
-		{
-			name: "several brokers only report order violations",
-			args: []string{"--spawn-brokers", "2"},
-			check: func(t *testing.T, c Config) {
-				if c.Order != orderReport {
-					t.Errorf("got order %q, want report", c.Order)
-				}
-			},
-		},
-		{
-			name: "order given",
-			args: []string{"--broker", "127.0.0.1:1,127.0.0.1:2", "--order", "strict"},
-			check: func(t *testing.T, c Config) {
-				if c.Order != orderStrict {
-					t.Errorf("got order %q, want strict", c.Order)
-				}
-			},
-		},
-		{
-			name: "messages alone leave no duration",
-			args: []string{"--spawn-brokers", "1", "--messages", "3000"},
-			check: func(t *testing.T, c Config) {
-				if c.Messages != 3000 || c.Duration != 0 {
-					t.Errorf("got messages %d, duration %v, want 3000, 0", c.Messages, c.Duration)
-				}
-			},
-		},
-		{
-			name: "external brokers without zk have no baselines",
-			args: []string{"--broker", "127.0.0.1:7070,127.0.0.1:7071", "--metrics", "localhost:9090,[::1]:9091"},
-			check: func(t *testing.T, c Config) {
-				if len(c.Brokers) != 2 || len(c.Metrics) != 2 || c.Baselines != nil {
-					t.Errorf("got %+v", c)
-				}
-			},
-		},
-		{
-			name: "priority with default mix",
-			args: []string{"--spawn-brokers", "1", "--kind", "priority", "--baselines", "none"},
-			check: func(t *testing.T, c Config) {
-				if c.Kind != qbroker.KindPriority || len(c.PriorityMix) != 3 || c.Baselines != nil {
-					t.Errorf("got kind %v, mix %v, baselines %v", c.Kind, c.PriorityMix, c.Baselines)
-				}
-			},
-		},
-		{
-			name: "open loop relative to raw, after a warmup",
-			args: []string{"--spawn-brokers", "1", "--rate-of-raw", "0.5", "--warmup", "5s"},
-			check: func(t *testing.T, c Config) {
-				if c.RateOfRaw != 0.5 || c.Rate != 0 || c.Warmup != 5*time.Second {
-					t.Errorf("got rate-of-raw %v, rate %v, warmup %v", c.RateOfRaw, c.Rate, c.Warmup)
-				}
-			},
-		},
-		{name: "rate and rate-of-raw", args: []string{"--spawn-brokers", "1", "--rate", "100", "--rate-of-raw", "0.5"}, wantErr: "excludes --rate"},
-		{name: "rate-of-raw needs zk", args: []string{"--broker", "127.0.0.1:7070", "--rate-of-raw", "0.5"}, wantErr: "needs ZooKeeper"},
-		{name: "negative rate-of-raw", args: []string{"--spawn-brokers", "1", "--rate-of-raw", "-1"}, wantErr: "--rate-of-raw"},
-		{name: "negative warmup", args: []string{"--spawn-brokers", "1", "--warmup", "-1s"}, wantErr: "--warmup"},
-		{name: "no topology", args: nil, wantErr: "--broker"},
-		{name: "both topologies", args: []string{"--spawn-brokers", "1", "--broker", "127.0.0.1:1"}, wantErr: "excludes"},
-		{name: "not loopback", args: []string{"--broker", "10.0.0.1:7070"}, wantErr: "not a loopback"},
-		{name: "zk not loopback", args: []string{"--broker", "127.0.0.1:7070", "--zk", "example.com:2181"}, wantErr: "not a loopback"},
-		{name: "metrics count", args: []string{"--broker", "127.0.0.1:7070", "--metrics", "127.0.0.1:1,127.0.0.1:2"}, wantErr: "2 --metrics addresses for 1"},
-		{name: "baselines need zk", args: []string{"--broker", "127.0.0.1:7070", "--baselines", "raw"}, wantErr: "need --zk"},
-		{name: "unknown baseline", args: []string{"--spawn-brokers", "1", "--baselines", "fast"}, wantErr: "unknown baseline"},
-		{name: "mix without priority", args: []string{"--spawn-brokers", "1", "--priority-mix", "0:100"}, wantErr: "needs --kind priority"},
-		{name: "bad mix", args: []string{"--spawn-brokers", "1", "--kind", "priority", "--priority-mix", "0:50"}, wantErr: "add up to 50"},
-		{name: "nack at most once", args: []string{"--spawn-brokers", "1", "--nack-rate", "0.1"}, wantErr: "needs --mode at-least-once"},
-		{name: "bad mode", args: []string{"--spawn-brokers", "1", "--mode", "exactly-once"}, wantErr: "--mode"},
-		{name: "sync kind", args: []string{"--spawn-brokers", "1", "--kind", "sync"}, wantErr: "--kind"},
-		{name: "small payload", args: []string{"--spawn-brokers", "1", "--payload", "10"}, wantErr: "--payload 10"},
-		{name: "no bound", args: []string{"--spawn-brokers", "1", "--duration", "0"}, wantErr: "--messages or --duration"},
-		{name: "prefetch", args: []string{"--spawn-brokers", "1", "--prefetch", "0"}, wantErr: "--prefetch"},
-		{name: "batch", args: []string{"--spawn-brokers", "1", "--batch", "1001"}, wantErr: "--batch"},
-		{name: "bad order", args: []string{"--spawn-brokers", "1", "--order", "sometimes"}, wantErr: "--order"},
-		{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
-	}
-	for _, tt := range tests {
+	for _, tt := range slices.Concat(validFlags, badFlags) {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := parseFlags(tt.args, io.Discard)
 			if tt.wantErr != "" {

@@ -94,6 +94,46 @@ func TestEndToEnd(t *testing.T) {
 	}
 }
 
+// jsonReport is the JSON report as a user reads it back: the fields
+// checkReport checks.
+type jsonReport struct {
+	OK       bool `json:"ok"`
+	Topology struct {
+		Brokers []string `json:"brokers"`
+		Spawned bool     `json:"spawned"`
+	} `json:"topology"`
+	Config struct {
+		Mode     string  `json:"mode"`
+		Messages int     `json:"messages"`
+		NackRate float64 `json:"nack_rate"`
+		Rate     float64 `json:"rate"`
+	} `json:"config"`
+	Throughput struct {
+		Published       int64   `json:"published"`
+		Delivered       int64   `json:"delivered"`
+		PublishedPerSec float64 `json:"published_per_sec"`
+		DeliveredPerSec float64 `json:"delivered_per_sec"`
+	} `json:"throughput"`
+	Latency map[string]struct {
+		Count int64   `json:"count"`
+		P50   float64 `json:"p50_ms"`
+		P999  float64 `json:"p99_9_ms"`
+		Max   float64 `json:"max_ms"`
+	} `json:"latency"`
+	Check     Verdict `json:"check"`
+	Conflicts *struct {
+		Broker       brokerCounters `json:"broker"`
+		PerDelivered float64        `json:"per_delivered"`
+	} `json:"conflicts"`
+	CPU *struct {
+		BrokerPer1k    float64 `json:"broker_seconds_per_1k"`
+		ZooKeeperPer1k float64 `json:"zookeeper_seconds_per_1k"`
+	} `json:"cpu"`
+	Baselines []BaselineResult `json:"baselines"`
+	Ratios    map[string]float64
+	Timeline  []TimelinePoint `json:"timeline"`
+}
+
 // checkReport reads the JSON report back as a user of it would.
 func checkReport(t *testing.T, cfg Config, baselines []string) {
 	t.Helper()
@@ -101,43 +141,7 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var r struct {
-		OK       bool `json:"ok"`
-		Topology struct {
-			Brokers []string `json:"brokers"`
-			Spawned bool     `json:"spawned"`
-		} `json:"topology"`
-		Config struct {
-			Mode     string  `json:"mode"`
-			Messages int     `json:"messages"`
-			NackRate float64 `json:"nack_rate"`
-			Rate     float64 `json:"rate"`
-		} `json:"config"`
-		Throughput struct {
-			Published       int64   `json:"published"`
-			Delivered       int64   `json:"delivered"`
-			PublishedPerSec float64 `json:"published_per_sec"`
-			DeliveredPerSec float64 `json:"delivered_per_sec"`
-		} `json:"throughput"`
-		Latency map[string]struct {
-			Count int64   `json:"count"`
-			P50   float64 `json:"p50_ms"`
-			P999  float64 `json:"p99_9_ms"`
-			Max   float64 `json:"max_ms"`
-		} `json:"latency"`
-		Check     Verdict `json:"check"`
-		Conflicts *struct {
-			Broker       brokerCounters `json:"broker"`
-			PerDelivered float64        `json:"per_delivered"`
-		} `json:"conflicts"`
-		CPU *struct {
-			BrokerPer1k    float64 `json:"broker_seconds_per_1k"`
-			ZooKeeperPer1k float64 `json:"zookeeper_seconds_per_1k"`
-		} `json:"cpu"`
-		Baselines []BaselineResult `json:"baselines"`
-		Ratios    map[string]float64
-		Timeline  []TimelinePoint `json:"timeline"`
-	}
+	var r jsonReport
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatalf("report does not parse: %v\n%s", err, b)
 	}

@@ -125,33 +125,67 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	}
 	defer deleteQueue()
 
-	var failures []string
-	var first []BaselineResult // baselines run before the workload
-	if cfg.RateOfRaw > 0 {
-		// The ceiling first, measured on the same ZooKeeper (warmed up
-		// by the same raw load first when asked), then the workload at
-		// the asked fraction of it.
-		if cfg.Warmup > 0 {
-			wcfg := cfg
-			wcfg.BaselineDuration = cfg.Warmup
-			if _, err := runRaw(ctx, &wcfg, topo.ZooKeeper, topo, progress); err != nil {
-				return nil, fmt.Errorf("baseline raw warmup: %w", err)
-			}
-		}
-		b, err := runRaw(ctx, &cfg, topo.ZooKeeper, topo, progress)
-		if err != nil {
-			return nil, fmt.Errorf("baseline raw (for --rate-of-raw): %w", err)
-		}
-		first = append(first, b)
-		cfg.Rate = cfg.RateOfRaw * b.PerSec
-		cfg.Baselines = slices.DeleteFunc(slices.Clone(cfg.Baselines), func(s string) bool { return s == baselineRaw })
+	first, err := rawBaselineFirst(ctx, &cfg, topo, progress)
+	if err != nil {
+		return nil, err
 	}
+	var failures []string
 	if cfg.Warmup > 0 {
 		if err := warmup(ctx, cfg, pool, progress); err != nil {
 			failures = append(failures, err.Error())
 		}
 	}
+	in, scrapeFailures, err := measureWorkload(ctx, &cfg, topo, pool, progress)
+	if err != nil {
+		return nil, err
+	}
+	in.Started = started
+	failures = append(failures, scrapeFailures...)
+	failures = append(failures, topo.exited()...)
+	deleteQueue()
+
+	in.Baselines = first
+	if !in.Workload.Interrupted {
+		after, baselineFailures := runBaselines(ctx, &cfg, topo, progress)
+		in.Baselines = append(in.Baselines, after...)
+		failures = append(failures, baselineFailures...)
+	}
+	in.Failures = failures
+	return buildReport(in), nil
+}
+
+// rawBaselineFirst, with --rate-of-raw, measures the ceiling first on the
+// same ZooKeeper (warmed up by the same raw load first when asked), sets
+// cfg.Rate to the asked fraction of it and takes the raw baseline out of
+// those still to run. It returns the baseline it ran, if any.
+func rawBaselineFirst(ctx context.Context, cfg *Config, topo *Topology, progress io.Writer) ([]BaselineResult, error) {
+	if cfg.RateOfRaw <= 0 {
+		return nil, nil
+	}
+	if cfg.Warmup > 0 {
+		wcfg := *cfg
+		wcfg.BaselineDuration = cfg.Warmup
+		if _, err := runRaw(ctx, &wcfg, topo.ZooKeeper, topo, progress); err != nil {
+			return nil, fmt.Errorf("baseline raw warmup: %w", err)
+		}
+	}
+	b, err := runRaw(ctx, cfg, topo.ZooKeeper, topo, progress)
+	if err != nil {
+		return nil, fmt.Errorf("baseline raw (for --rate-of-raw): %w", err)
+	}
+	cfg.Rate = cfg.RateOfRaw * b.PerSec
+	cfg.Baselines = slices.DeleteFunc(slices.Clone(cfg.Baselines), func(s string) bool { return s == baselineRaw })
+	return []BaselineResult{b}, nil
+}
+
+// measureWorkload runs the workload, with the brokers' counters scraped
+// and the spawned processes' CPU read before and after it. It returns the
+// report's input so far and the scrapes that failed; an error only when
+// the workload could not run.
+func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *connPool, progress io.Writer) (reportInput, []string, error) {
+	var failures []string
 	var before, after brokerCounters
+	var err error
 	scraped := len(topo.Metrics) > 0
 	if scraped {
 		if before, err = scrapeAll(ctx, topo.Metrics, cfg.Queue); err != nil {
@@ -160,12 +194,12 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 		}
 	}
 	cpu0, cpuOK := topo.cpu()
-	w, err := runWorkload(ctx, &cfg, pool, progress)
+	w, err := runWorkload(ctx, cfg, pool, progress)
 	if err != nil {
-		return nil, err
+		return reportInput{}, nil, err
 	}
 	cpu1, cpu1OK := topo.cpu()
-	in := reportInput{Config: cfg, Topology: topo, Started: started, Workload: w}
+	in := reportInput{Config: *cfg, Topology: topo, Workload: w}
 	if scraped {
 		// Bounded by its own timeout: wanted after an interrupt too.
 		if after, err = scrapeAll(context.WithoutCancel(ctx), topo.Metrics, cfg.Queue); err != nil {
@@ -179,29 +213,30 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 		d := cpu1.sub(cpu0)
 		in.CPU = &d
 	}
-	failures = append(failures, topo.exited()...)
-	deleteQueue()
+	return in, failures, nil
+}
 
-	in.Baselines = first
-	if !w.Interrupted {
-		for _, name := range cfg.Baselines {
-			if ctx.Err() != nil {
-				break
-			}
-			run := runRaw
-			if name == baselineNaive {
-				run = runNaive
-			}
-			b, err := run(ctx, &cfg, topo.ZooKeeper, topo, progress)
-			if err != nil {
-				failures = append(failures, fmt.Sprintf("baseline %s: %v", name, err))
-				continue
-			}
-			in.Baselines = append(in.Baselines, b)
+// runBaselines runs the baselines cfg names, until ctx ends. It returns
+// their results and the failures of those that did not run.
+func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.Writer) ([]BaselineResult, []string) {
+	var out []BaselineResult
+	var failures []string
+	for _, name := range cfg.Baselines {
+		if ctx.Err() != nil {
+			break
 		}
+		run := runRaw
+		if name == baselineNaive {
+			run = runNaive
+		}
+		b, err := run(ctx, cfg, topo.ZooKeeper, topo, progress)
+		if err != nil {
+			failures = append(failures, fmt.Sprintf("baseline %s: %v", name, err))
+			continue
+		}
+		out = append(out, b)
 	}
-	in.Failures = failures
-	return buildReport(in), nil
+	return out, failures
 }
 
 // warmup runs the workload for cfg.Warmup, checked like any run but left

@@ -157,30 +157,10 @@ func buildReport(in reportInput) *Report {
 		r.Errors.Total += n
 	}
 	if in.Counters != nil {
-		r.Conflicts = &ConflictStats{Broker: *in.Counters}
-		if d := in.Counters.Delivered; d > 0 {
-			r.Conflicts.PerDelivered = in.Counters.Conflicts / d
-			for k, v := range in.Counters.ZKRequests {
-				if r.Conflicts.ZKRequestsPerDelivered == nil {
-					r.Conflicts.ZKRequestsPerDelivered = map[string]float64{}
-				}
-				r.Conflicts.ZKRequestsPerDelivered[k] = v / d
-			}
-		}
+		r.Conflicts = conflictStats(*in.Counters)
 	}
 	if in.CPU != nil && r.Seconds > 0 {
-		r.CPU = &CPUStats{
-			BrokerSeconds:    in.CPU.Brokers.Seconds(),
-			ZooKeeperSeconds: in.CPU.ZooKeeper.Seconds(),
-			BrokerCores:      in.CPU.Brokers.Seconds() / r.Seconds,
-			ZooKeeperCores:   in.CPU.ZooKeeper.Seconds() / r.Seconds,
-			LoadtestSeconds:  in.CPU.Self.Seconds(),
-			LoadtestCores:    in.CPU.Self.Seconds() / r.Seconds,
-		}
-		if delivered > 0 {
-			r.CPU.BrokerPer1k = r.CPU.BrokerSeconds / float64(delivered) * 1000
-			r.CPU.ZooKeeperPer1k = r.CPU.ZooKeeperSeconds / float64(delivered) * 1000
-		}
+		r.CPU = cpuStats(*in.CPU, r.Seconds, delivered)
 	}
 	for _, b := range in.Baselines {
 		if b.PerSec > 0 {
@@ -204,6 +184,40 @@ func buildReport(in reportInput) *Report {
 	return r
 }
 
+// conflictStats relates the brokers' counters over the run to the
+// messages they delivered.
+func conflictStats(bc brokerCounters) *ConflictStats {
+	cs := &ConflictStats{Broker: bc}
+	if d := bc.Delivered; d > 0 {
+		cs.PerDelivered = bc.Conflicts / d
+		for k, v := range bc.ZKRequests {
+			if cs.ZKRequestsPerDelivered == nil {
+				cs.ZKRequestsPerDelivered = map[string]float64{}
+			}
+			cs.ZKRequestsPerDelivered[k] = v / d
+		}
+	}
+	return cs
+}
+
+// cpuStats relates the CPU time over a run of seconds (> 0) to the run's
+// length and to the messages delivered.
+func cpuStats(cpu cpuSample, seconds float64, delivered int64) *CPUStats {
+	st := &CPUStats{
+		BrokerSeconds:    cpu.Brokers.Seconds(),
+		ZooKeeperSeconds: cpu.ZooKeeper.Seconds(),
+		BrokerCores:      cpu.Brokers.Seconds() / seconds,
+		ZooKeeperCores:   cpu.ZooKeeper.Seconds() / seconds,
+		LoadtestSeconds:  cpu.Self.Seconds(),
+		LoadtestCores:    cpu.Self.Seconds() / seconds,
+	}
+	if delivered > 0 {
+		st.BrokerPer1k = st.BrokerSeconds / float64(delivered) * 1000
+		st.ZooKeeperPer1k = st.ZooKeeperSeconds / float64(delivered) * 1000
+	}
+	return st
+}
+
 func perSec(n int64, sec float64) float64 {
 	if sec <= 0 {
 		return 0
@@ -224,29 +238,7 @@ func writeJSON(path string, r *Report) error {
 func writeSummary(out io.Writer, r *Report) {
 	var b strings.Builder
 	c := r.Config
-	topo := fmt.Sprintf("%d broker(s) at %s", len(r.Topology.Brokers), strings.Join(r.Topology.Brokers, ","))
-	if r.Topology.Spawned {
-		topo = fmt.Sprintf("%d spawned broker(s), ZooKeeper %s", len(r.Topology.Brokers), r.Topology.ZooKeeper)
-	}
-	fmt.Fprintf(&b, "qbroker load test: %s\n", topo)
-	fmt.Fprintf(&b, "  %s %s queue %s, %d producers, %d consumers (prefetch %d), payload %d B, batch %d",
-		c.Mode, c.Kind, c.Queue, c.Producers, c.Consumers, c.Prefetch, c.Payload, c.Batch)
-	if c.Rate > 0 {
-		fmt.Fprintf(&b, ", open loop at %.0f msg/s", c.Rate)
-		if c.RateOfRaw > 0 {
-			fmt.Fprintf(&b, " (%.2f of raw)", c.RateOfRaw)
-		}
-		fmt.Fprintf(&b, " (publishes started at most %s late)", ms(r.Throughput.MaxSendLagMS))
-	} else {
-		b.WriteString(", closed loop")
-	}
-	if c.NackRate > 0 {
-		fmt.Fprintf(&b, ", nack rate %.2f", c.NackRate)
-	}
-	if c.Warmup > 0 {
-		fmt.Fprintf(&b, ", measured after a %v warmup", c.Warmup)
-	}
-	b.WriteString("\n\n")
+	writeRun(&b, r)
 	t := r.Throughput
 	fmt.Fprintf(&b, "throughput   published %d in %.1fs = %.0f msg/s; delivered %d in %.1fs = %.0f msg/s\n",
 		t.Published, r.PublishSeconds, t.PublishedPerSec, t.Delivered, r.Seconds, t.DeliveredPerSec)
@@ -273,23 +265,7 @@ func writeSummary(out io.Writer, r *Report) {
 		fmt.Fprintf(&b, " by code %v, by call %v", r.Errors.ByCode, r.Errors.ByOp)
 	}
 	b.WriteString("\n")
-	for _, bl := range r.Baselines {
-		switch bl.Name {
-		case baselineRaw:
-			fmt.Fprintf(&b, "baseline     raw ZooKeeper create+delete: %.0f pairs/s (%d sessions, %d goroutines)",
-				bl.PerSec, bl.Sessions, bl.Goroutines)
-		case baselineNaive:
-			fmt.Fprintf(&b, "baseline     naive consumers (seeds' recipe): %.0f msg/s, %.1f lost races per message (%d consumers, depth %d)",
-				bl.PerSec, bl.ConflictsPerDelivered, bl.Sessions, bl.Prefill)
-		}
-		if bl.ZooKeeperCPUSecPer1k > 0 {
-			fmt.Fprintf(&b, "; ZooKeeper %.3fs per 1k", bl.ZooKeeperCPUSecPer1k)
-		}
-		if ratio, ok := r.Ratios["vs_"+bl.Name]; ok {
-			fmt.Fprintf(&b, "; qbroker = %.2fx", ratio)
-		}
-		b.WriteString("\n")
-	}
+	writeBaselines(&b, r)
 	v := r.Check
 	fmt.Fprintf(&b, "check        %d published (%d uncertain, %d refused), %d delivered, %d deliveries, %d redeliveries",
 		v.Published, v.Uncertain, v.Refused, v.Delivered, v.Deliveries, v.Redeliveries)
@@ -306,6 +282,55 @@ func writeSummary(out io.Writer, r *Report) {
 		b.WriteString("result       FAILED\n")
 	}
 	fmt.Fprint(out, b.String())
+}
+
+// writeRun prints the topology and the workload, then a blank line.
+func writeRun(b *strings.Builder, r *Report) {
+	c := r.Config
+	topo := fmt.Sprintf("%d broker(s) at %s", len(r.Topology.Brokers), strings.Join(r.Topology.Brokers, ","))
+	if r.Topology.Spawned {
+		topo = fmt.Sprintf("%d spawned broker(s), ZooKeeper %s", len(r.Topology.Brokers), r.Topology.ZooKeeper)
+	}
+	fmt.Fprintf(b, "qbroker load test: %s\n", topo)
+	fmt.Fprintf(b, "  %s %s queue %s, %d producers, %d consumers (prefetch %d), payload %d B, batch %d",
+		c.Mode, c.Kind, c.Queue, c.Producers, c.Consumers, c.Prefetch, c.Payload, c.Batch)
+	if c.Rate > 0 {
+		fmt.Fprintf(b, ", open loop at %.0f msg/s", c.Rate)
+		if c.RateOfRaw > 0 {
+			fmt.Fprintf(b, " (%.2f of raw)", c.RateOfRaw)
+		}
+		fmt.Fprintf(b, " (publishes started at most %s late)", ms(r.Throughput.MaxSendLagMS))
+	} else {
+		b.WriteString(", closed loop")
+	}
+	if c.NackRate > 0 {
+		fmt.Fprintf(b, ", nack rate %.2f", c.NackRate)
+	}
+	if c.Warmup > 0 {
+		fmt.Fprintf(b, ", measured after a %v warmup", c.Warmup)
+	}
+	b.WriteString("\n\n")
+}
+
+// writeBaselines prints a line a baseline, with qbroker's ratio to it.
+func writeBaselines(b *strings.Builder, r *Report) {
+	for _, bl := range r.Baselines {
+		switch bl.Name {
+		case baselineRaw:
+			fmt.Fprintf(b, "baseline     raw ZooKeeper create+delete: %.0f pairs/s (%d sessions, %d goroutines)",
+				bl.PerSec, bl.Sessions, bl.Goroutines)
+		case baselineNaive:
+			fmt.Fprintf(b, "baseline     naive consumers (seeds' recipe): %.0f msg/s, %.1f lost races per message (%d consumers, depth %d)",
+				bl.PerSec, bl.ConflictsPerDelivered, bl.Sessions, bl.Prefill)
+		}
+		if bl.ZooKeeperCPUSecPer1k > 0 {
+			fmt.Fprintf(b, "; ZooKeeper %.3fs per 1k", bl.ZooKeeperCPUSecPer1k)
+		}
+		if ratio, ok := r.Ratios["vs_"+bl.Name]; ok {
+			fmt.Fprintf(b, "; qbroker = %.2fx", ratio)
+		}
+		b.WriteString("\n")
+	}
 }
 
 func writeLatency(b *strings.Builder, name string, s LatencySummary) {

@@ -4,9 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
-	"net"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,16 +11,16 @@ import (
 
 	"github.com/qbroker/qbroker/broker"
 	qbroker "github.com/qbroker/qbroker/clients/go"
+	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
 // testBroker is an in-process broker on a real 127.0.0.1 listener.
 type testBroker struct {
-	b       *broker.Broker
-	srv     *grpc.Server
-	addr    string
-	served  chan struct{}
-	stopped bool
+	s    *brokertest.Server
+	b    *broker.Broker
+	srv  *grpc.Server
+	addr string
 }
 
 // startBroker starts a broker under root on addr ("" picks a free port),
@@ -39,66 +36,29 @@ func startBroker(t testing.TB, root, addr string) *testBroker {
 }
 
 func newBroker(zkAddr, root, addr string) (*testBroker, error) {
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, err := broker.New(ctx, broker.Config{
+	return serveBroker(broker.Config{
 		ZooKeeper:      []string{zkAddr},
 		Root:           root,
 		SweepInterval:  100 * time.Millisecond,
 		SessionTimeout: 4 * time.Second,
-	})
+	}, addr)
+}
+
+// serveBroker starts a broker with cfg on addr ("" picks a free port);
+// the caller stops it.
+func serveBroker(cfg broker.Config, addr string) (*testBroker, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := brokertest.Start(ctx, cfg, brokertest.Options{Addr: addr})
 	if err != nil {
 		return nil, err
 	}
-	lis, err := listen(ctx, addr)
-	if err != nil {
-		b.Close()
-		return nil, err
-	}
-	tb := &testBroker{b: b, srv: b.GRPCServer(), addr: lis.Addr().String(), served: make(chan struct{})}
-	go func() {
-		defer close(tb.served)
-		_ = tb.srv.Serve(lis)
-	}()
-	return tb, nil
+	return &testBroker{s: s, b: s.Broker, srv: s.GRPC, addr: s.Addr}, nil
 }
 
-// listen retries while a just-closed listener still holds the address.
-func listen(ctx context.Context, addr string) (net.Listener, error) {
-	for {
-		lis, err := net.Listen("tcp", addr)
-		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
-			return lis, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// stop shuts the broker down the way `qbroker serve` does.
-func (tb *testBroker) stop() {
-	if tb.stopped {
-		return
-	}
-	tb.stopped = true
-	tb.b.Shutdown()
-	done := make(chan struct{})
-	go func() { tb.srv.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		tb.srv.Stop()
-		<-done
-	}
-	tb.b.Close()
-	<-tb.served
-}
+// stop shuts the broker down the way `qbroker serve` does. Only the first
+// call does anything.
+func (tb *testBroker) stop() { tb.s.Stop() }
 
 // dial returns a client closed when the test ends.
 func dial(t testing.TB, addr string, opts ...qbroker.Option) *qbroker.Client {

@@ -3,7 +3,6 @@ package qbroker_test
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
@@ -17,23 +16,11 @@ import (
 // startOneStreamBroker starts a broker that allows one stream at a time.
 func startOneStreamBroker(t *testing.T, reg prometheus.Registerer) *testBroker {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, err := broker.New(ctx, broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t),
-		SessionTimeout: 4 * time.Second, MaxStreams: 1, Registerer: reg})
+	tb, err := serveBroker(broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t),
+		SessionTimeout: 4 * time.Second, MaxStreams: 1, Registerer: reg}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Close()
-		t.Fatal(err)
-	}
-	tb := &testBroker{b: b, srv: b.GRPCServer(), addr: lis.Addr().String(), served: make(chan struct{})}
-	go func() {
-		defer close(tb.served)
-		_ = tb.srv.Serve(lis)
-	}()
 	t.Cleanup(tb.stop)
 	return tb
 }

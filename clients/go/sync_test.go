@@ -20,17 +20,7 @@ func TestJoinSync(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := c.Receive(ctx, "group", qbroker.ReceiveOptions{}); !errors.Is(err, qbroker.ErrFailedPrecondition) {
-		t.Errorf("Receive before open: got %v, want ErrFailedPrecondition", err)
-	}
-	k, err := c.Consume(ctx, "group", qbroker.ConsumeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-k.Done()
-	if err := k.Err(); !errors.Is(err, qbroker.ErrFailedPrecondition) {
-		t.Errorf("Consume before open: got %v, want ErrFailedPrecondition", err)
-	}
+	checkRefusedBeforeOpen(t, ctx, c, "group")
 
 	a, err := c.JoinSync(ctx, "group", "a")
 	if err != nil {
@@ -46,22 +36,7 @@ func TestJoinSync(t *testing.T) {
 		t.Errorf("WaitOpen with one member: got %v, want DeadlineExceeded", err)
 	}
 
-	for _, tc := range []struct {
-		queue, member string
-		want          error
-	}{
-		{"group", "a", qbroker.ErrAlreadyExists},
-		{"group", "bad/id", qbroker.ErrInvalidArgument},
-		{"fifo", "x", qbroker.ErrFailedPrecondition},
-		{"nope", "x", qbroker.ErrNotFound},
-	} {
-		if m, err := c.JoinSync(ctx, tc.queue, tc.member); !errors.Is(err, tc.want) {
-			t.Errorf("JoinSync(%s, %s): got %v, want %v", tc.queue, tc.member, err, tc.want)
-			if m != nil {
-				m.Leave()
-			}
-		}
-	}
+	checkJoinSyncErrors(t, ctx, c)
 
 	b, err := c.JoinSync(ctx, "group", "b")
 	if err != nil {
@@ -91,6 +66,46 @@ func TestJoinSync(t *testing.T) {
 	}
 	if err := b.WaitOpen(ctx); err != nil {
 		t.Errorf("WaitOpen after Leave of an opened membership: got %v, want nil", err)
+	}
+}
+
+// checkRefusedBeforeOpen fails the test unless Receive and Consume of
+// the sync queue, not open yet, fail with ErrFailedPrecondition.
+func checkRefusedBeforeOpen(t *testing.T, ctx context.Context, c *qbroker.Client, queue string) {
+	t.Helper()
+	if _, err := c.Receive(ctx, queue, qbroker.ReceiveOptions{}); !errors.Is(err, qbroker.ErrFailedPrecondition) {
+		t.Errorf("Receive before open: got %v, want ErrFailedPrecondition", err)
+	}
+	k, err := c.Consume(ctx, queue, qbroker.ConsumeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-k.Done()
+	if err := k.Err(); !errors.Is(err, qbroker.ErrFailedPrecondition) {
+		t.Errorf("Consume before open: got %v, want ErrFailedPrecondition", err)
+	}
+}
+
+// checkJoinSyncErrors fails the test unless joining as a member already
+// in "group", with a bad member id, to the FIFO queue "fifo" or to a
+// missing queue fails with the matching error.
+func checkJoinSyncErrors(t *testing.T, ctx context.Context, c *qbroker.Client) {
+	t.Helper()
+	for _, tc := range []struct {
+		queue, member string
+		want          error
+	}{
+		{"group", "a", qbroker.ErrAlreadyExists},
+		{"group", "bad/id", qbroker.ErrInvalidArgument},
+		{"fifo", "x", qbroker.ErrFailedPrecondition},
+		{"nope", "x", qbroker.ErrNotFound},
+	} {
+		if m, err := c.JoinSync(ctx, tc.queue, tc.member); !errors.Is(err, tc.want) {
+			t.Errorf("JoinSync(%s, %s): got %v, want %v", tc.queue, tc.member, err, tc.want)
+			if m != nil {
+				m.Leave()
+			}
+		}
 	}
 }
 

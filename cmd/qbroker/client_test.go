@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"net"
 	"regexp"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/qbroker/qbroker/broker"
 	qbroker "github.com/qbroker/qbroker/clients/go"
+	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -28,35 +28,12 @@ func startBroker(t *testing.T, mods ...func(*broker.Config)) string {
 	for _, m := range mods {
 		m(&cfg)
 	}
-	b, err := broker.New(ctx, cfg)
+	s, err := brokertest.Start(ctx, cfg, brokertest.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Close()
-		t.Fatal(err)
-	}
-	srv := b.GRPCServer()
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		b.Shutdown()
-		done := make(chan struct{})
-		go func() { srv.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			srv.Stop()
-			<-done
-		}
-		b.Close()
-		<-served
-	})
-	return lis.Addr().String()
+	t.Cleanup(s.Stop)
+	return s.Addr
 }
 
 // cli runs the client commands against one broker.

@@ -20,9 +20,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/qbroker/qbroker/broker"
 	"github.com/qbroker/qbroker/internal/connlimit"
+	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -282,7 +284,55 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 	}
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	b, err := broker.New(startCtx, broker.Config{
+	b, err := broker.New(startCtx, o.brokerConfig(log, reg, sink))
+	cancel()
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		b.Close()
+		return err
+	}
+	lis = b.LimitListener(lis)
+	srv := b.GRPCServer()
+	log.Info("serving", "listen", lis.Addr().String(), "metrics", o.metricsListen, "broker", b.ID())
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Serve(lis) })
+	var hs *http.Server
+	if o.metricsListen != "" {
+		hs = &http.Server{Addr: o.metricsListen, Handler: o.metricsHandler(reg, b), ReadHeaderTimeout: 5 * time.Second}
+		g.Go(func() error {
+			if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		log.Info("shutting down")
+		stopBroker(b, srv, o.shutdown)
+		if hs != nil {
+			sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = hs.Shutdown(sctx)
+			c()
+		}
+		if closeSink != nil {
+			sctx, c := context.WithTimeout(context.Background(), o.shutdown)
+			closeSink(sctx)
+			c()
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// brokerConfig is the broker's Config from the options, logging to log,
+// registering its metrics on reg and emitting events to sink (nil: none).
+func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer, sink events.Sink) broker.Config {
+	return broker.Config{
 		ZooKeeper:           strings.Split(o.zk, ","),
 		Root:                o.root,
 		ID:                  o.id,
@@ -305,67 +355,36 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		Logger:              log,
 		Registerer:          reg,
 		Events:              sink,
-	})
-	cancel()
-	if err != nil {
-		return err
 	}
-	lis, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		b.Close()
-		return err
-	}
-	lis = b.LimitListener(lis)
-	srv := b.GRPCServer()
-	log.Info("serving", "listen", lis.Addr().String(), "metrics", o.metricsListen, "broker", b.ID())
+}
 
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return srv.Serve(lis) })
-	var hs *http.Server
-	if o.metricsListen != "" {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.Handle("/healthz", b.HealthHandler())
-		if o.pprof {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		}
-		hs = &http.Server{Addr: o.metricsListen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		g.Go(func() error {
-			if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
+// metricsHandler serves /metrics from reg, /healthz from b and, with
+// --pprof, the Go profiles at /debug/pprof/.
+func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/healthz", b.HealthHandler())
+	if o.pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	g.Go(func() error {
-		<-gctx.Done()
-		log.Info("shutting down")
-		// NOT_SERVING and end the streams (their leases are released),
-		// then drain unary calls, then close the ZooKeeper sessions.
-		b.Shutdown()
-		done := make(chan struct{})
-		go func() { srv.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(o.shutdown):
-			srv.Stop()
-			<-done
-		}
-		b.Close()
-		if hs != nil {
-			sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = hs.Shutdown(sctx)
-			c()
-		}
-		if closeSink != nil {
-			sctx, c := context.WithTimeout(context.Background(), o.shutdown)
-			closeSink(sctx)
-			c()
-		}
-		return nil
-	})
-	return g.Wait()
+	return mux
+}
+
+// stopBroker sets NOT_SERVING and ends the streams (their leases are
+// released), then drains unary calls (cut after timeout), then closes
+// the ZooKeeper sessions.
+func stopBroker(b *broker.Broker, srv *grpc.Server, timeout time.Duration) {
+	b.Shutdown()
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		srv.Stop()
+		<-done
+	}
+	b.Close()
 }

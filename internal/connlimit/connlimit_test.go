@@ -30,94 +30,35 @@ func TestDefaultMax(t *testing.T) {
 // preface, and a proven one never does: when only proven ones are left,
 // the new connection is refused.
 func TestEvictionOrder(t *testing.T) {
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var reasons []Reason
-	l := New(inner, Config{Max: 3, OnRefuse: func(r Reason, _ net.Addr) {
-		mu.Lock()
-		reasons = append(reasons, r)
-		mu.Unlock()
-	}})
-	defer l.Close()
-	accepted := make(chan net.Conn, 16)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				close(accepted)
-				return
-			}
-			accepted <- c
-			// The server reads what arrives, as gRPC does.
-			go func() { _, _ = c.Read(make([]byte, 64)) }()
-		}
-	}()
-	dial := func(data string) (client, server net.Conn) {
-		t.Helper()
-		c, err := net.Dial("tcp", l.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if data != "" {
-			if _, err := c.Write([]byte(data)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		select {
-		case s := <-accepted:
-			return c, s
-		case <-time.After(10 * time.Second):
-			t.Fatal("not accepted")
-		}
-		return nil, nil
-	}
-	closed := func(c net.Conn) bool {
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err := c.Read(make([]byte, 1))
-		var ne net.Error
-		return !(errors.As(err, &ne) && ne.Timeout())
-	}
-	waitGreeted := func(s net.Conn) {
-		deadline := time.Now().Add(10 * time.Second)
-		for s.(*conn).state.Load() != stateGreeted {
-			if time.Now().After(deadline) {
-				t.Fatal("preface not seen")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
+	l := newTestListener(t, 3)
 	const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-	_, ps := dial(preface)
-	waitGreeted(ps)
+	_, ps := l.dial(t, preface)
+	waitGreeted(t, ps)
 	l.Proven(ps.RemoteAddr())
-	greeted, gs := dial(preface)
-	waitGreeted(gs)
-	silent, _ := dial("")
+	greeted, gs := l.dial(t, preface)
+	waitGreeted(t, gs)
+	silent, _ := l.dial(t, "")
 	// Full. A new connection evicts the silent one.
-	silent2, _ := dial("")
-	if !closed(silent) {
+	silent2, _ := l.dial(t, "")
+	if !closedByServer(silent) {
 		t.Fatal("the silent connection was not evicted")
 	}
 	// The newer silent one goes before the older greeted one.
-	_, hs := dial(preface)
-	if !closed(silent2) {
+	_, hs := l.dial(t, preface)
+	if !closedByServer(silent2) {
 		t.Fatal("a silent connection was not evicted before a greeted one")
 	}
-	waitGreeted(hs)
+	waitGreeted(t, hs)
 	// No silent one left: the oldest greeted one goes.
-	_, ss := dial("")
-	if !closed(greeted) {
+	_, ss := l.dial(t, "")
+	if !closedByServer(greeted) {
 		t.Fatal("the oldest greeted connection was not evicted")
 	}
 	// All proven: a new connection is refused.
 	l.Proven(hs.RemoteAddr())
 	l.Proven(ss.RemoteAddr())
 	refused := dialRefused(t, l.Addr().String())
-	if !closed(refused) {
+	if !closedByServer(refused) {
 		t.Fatal("a connection beyond the bound of proven ones was not refused")
 	}
 	if l.Open() != 3 {
@@ -125,18 +66,7 @@ func TestEvictionOrder(t *testing.T) {
 	}
 	want := []Reason{ReasonEvicted, ReasonEvicted, ReasonEvicted, ReasonMaxConns}
 	// The refusal is reported just after the connection is closed.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		n := len(reasons)
-		mu.Unlock()
-		if n >= len(want) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	mu.Lock()
-	defer mu.Unlock()
+	reasons := l.waitReasons(len(want), 10*time.Second)
 	if len(reasons) != len(want) {
 		t.Fatalf("refusals %v, want %v", reasons, want)
 	}
@@ -144,6 +74,105 @@ func TestEvictionOrder(t *testing.T) {
 		if reasons[i] != want[i] {
 			t.Fatalf("refusals %v, want %v", reasons, want)
 		}
+	}
+}
+
+// testListener is a Listener of at most limit connections on 127.0.0.1,
+// closed when the test ends, that records its refusals and serves what
+// it accepts to dial, reading from each as gRPC does.
+type testListener struct {
+	*Listener
+	accepted chan net.Conn // closed when Accept fails
+
+	mu      sync.Mutex
+	reasons []Reason
+}
+
+func newTestListener(t *testing.T, limit int) *testListener {
+	t.Helper()
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &testListener{accepted: make(chan net.Conn, 16)}
+	l.Listener = New(inner, Config{Max: limit, OnRefuse: func(r Reason, _ net.Addr) {
+		l.mu.Lock()
+		l.reasons = append(l.reasons, r)
+		l.mu.Unlock()
+	}})
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				close(l.accepted)
+				return
+			}
+			l.accepted <- c
+			// The server reads what arrives, as gRPC does.
+			go func() { _, _ = c.Read(make([]byte, 64)) }()
+		}
+	}()
+	return l
+}
+
+// dial opens a connection (closed when the test ends), sends data on it
+// unless it is empty, and returns it with the server's end once accepted.
+func (l *testListener) dial(t *testing.T, data string) (client, server net.Conn) {
+	t.Helper()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if data != "" {
+		if _, err := c.Write([]byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case s := <-l.accepted:
+		return c, s
+	case <-time.After(10 * time.Second):
+		t.Fatal("not accepted")
+	}
+	return nil, nil
+}
+
+// waitReasons waits up to within for n refusals and returns those seen.
+func (l *testListener) waitReasons(n int, within time.Duration) []Reason {
+	deadline := time.Now().Add(within)
+	for {
+		l.mu.Lock()
+		got := len(l.reasons)
+		l.mu.Unlock()
+		if got >= n || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Reason(nil), l.reasons...)
+}
+
+// closedByServer reports whether the server closed c within 5s.
+func closedByServer(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	return !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// waitGreeted waits until the server's end s saw the HTTP/2 preface.
+func waitGreeted(t *testing.T, s net.Conn) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.(*conn).state.Load() != stateGreeted {
+		if time.Now().After(deadline) {
+			t.Fatal("preface not seen")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

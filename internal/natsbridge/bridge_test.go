@@ -55,21 +55,10 @@ func TestEventsPerKind(t *testing.T) {
 		events.DeadLettered, events.SyncJoined, events.SyncOpened,
 	}
 	small := []byte("0123456789abcdef") // exactly at the cap: included
-	big := []byte("0123456789abcdef!")  // one over: omitted
-	var want []events.Event
-	for i, k := range kinds {
-		e := testEvent("orders.eu", k, i)
-		e.Payload = small
-		if k == events.SyncJoined || k == events.SyncOpened {
-			e.MessageID = ""
-			e.Member = "m-1"
-			e.ID = events.MakeID(e.Queue, "", k, 0, e.Member)
-		}
-		want = append(want, e)
-	}
+	want := eventsOfKinds(kinds, small)
 	over := testEvent("jobs", events.Published, 99)
-	over.Payload = big
-	over.Broker = "broker-2" // kept: only an empty Broker is filled
+	over.Payload = []byte("0123456789abcdef!") // one over: omitted
+	over.Broker = "broker-2"                   // kept: only an empty Broker is filled
 	want = append(want, over)
 
 	for _, e := range want {
@@ -80,11 +69,6 @@ func TestEventsPerKind(t *testing.T) {
 
 	for i, r := range got {
 		w := want[i]
-		wantSubject := "qbroker." + SubjectToken(w.Queue) + "." + string(w.Kind)
-		if r.subject != wantSubject {
-			t.Errorf("event %d: subject %q, want %q", i, r.subject, wantSubject)
-		}
-		e := r.event
 		if w.Broker == "" {
 			w.Broker = "broker-1"
 		}
@@ -92,17 +76,7 @@ func TestEventsPerKind(t *testing.T) {
 		if i == len(want)-1 {
 			wantPayload = nil
 		}
-		if !bytes.Equal(e.Payload, wantPayload) {
-			t.Errorf("event %d (%s): payload %q, want %q", i, w.Kind, e.Payload, wantPayload)
-		}
-		if e.ID != w.ID || e.Kind != w.Kind || e.Queue != w.Queue || e.MessageID != w.MessageID ||
-			e.Priority != w.Priority || e.Size != w.Size || e.DeliveryCount != w.DeliveryCount ||
-			e.Member != w.Member || e.Broker != w.Broker || !e.Time.Equal(w.Time) {
-			t.Errorf("event %d: got %+v, want %+v", i, e, w)
-		}
-		if _, ok := r.raw["payload"]; ok != (wantPayload != nil) {
-			t.Errorf("event %d: payload field present %v, want %v", i, ok, wantPayload != nil)
-		}
+		checkReceived(t, i, r, w, wantPayload)
 	}
 
 	closeBridge(t, b)
@@ -117,6 +91,45 @@ func TestEventsPerKind(t *testing.T) {
 		if got := metricValue(t, reg, "qbroker_events_published_total", "event", string(k)); got != wantN {
 			t.Errorf("qbroker_events_published_total{event=%q} = %v, want %v", k, got, wantN)
 		}
+	}
+}
+
+// eventsOfKinds returns an event of each kind in order, on the queue
+// "orders.eu", with payload; sync events have a member and no message.
+func eventsOfKinds(kinds []events.Kind, payload []byte) []events.Event {
+	var out []events.Event
+	for i, k := range kinds {
+		e := testEvent("orders.eu", k, i)
+		e.Payload = payload
+		if k == events.SyncJoined || k == events.SyncOpened {
+			e.MessageID = ""
+			e.Member = "m-1"
+			e.ID = events.MakeID(e.Queue, "", k, 0, e.Member)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// checkReceived fails the test unless r, the i-th event received, is w
+// on its subject, with wantPayload (nil: no payload field).
+func checkReceived(t *testing.T, i int, r received, w events.Event, wantPayload []byte) {
+	t.Helper()
+	wantSubject := "qbroker." + SubjectToken(w.Queue) + "." + string(w.Kind)
+	if r.subject != wantSubject {
+		t.Errorf("event %d: subject %q, want %q", i, r.subject, wantSubject)
+	}
+	e := r.event
+	if !bytes.Equal(e.Payload, wantPayload) {
+		t.Errorf("event %d (%s): payload %q, want %q", i, w.Kind, e.Payload, wantPayload)
+	}
+	if e.ID != w.ID || e.Kind != w.Kind || e.Queue != w.Queue || e.MessageID != w.MessageID ||
+		e.Priority != w.Priority || e.Size != w.Size || e.DeliveryCount != w.DeliveryCount ||
+		e.Member != w.Member || e.Broker != w.Broker || !e.Time.Equal(w.Time) {
+		t.Errorf("event %d: got %+v, want %+v", i, e, w)
+	}
+	if _, ok := r.raw["payload"]; ok != (wantPayload != nil) {
+		t.Errorf("event %d: payload field present %v, want %v", i, ok, wantPayload != nil)
 	}
 }
 
