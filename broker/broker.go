@@ -474,6 +474,26 @@ func (b *Broker) Shutdown() {
 	b.wg.Wait()
 }
 
+// Stop is the whole shutdown of a broker serving on srv (a server from
+// GRPCServer): Shutdown (NOT_SERVING, streams end and release their
+// leases), then srv's GracefulStop, which drains the unary calls under
+// way, cut short by Stop after timeout, then Close. serve and the tests
+// stop brokers this way.
+func (b *Broker) Stop(srv *grpc.Server, timeout time.Duration) {
+	b.Shutdown()
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		srv.Stop()
+		<-done
+	}
+	b.Close()
+}
+
 // Close shuts the broker down (see Shutdown) and closes its ZooKeeper
 // sessions. Call it after the gRPC server's GracefulStop (or Stop) has
 // returned or timed out.

@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
 
 	"github.com/qbroker/qbroker/broker"
 	"github.com/qbroker/qbroker/internal/connlimit"
@@ -282,16 +281,25 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	stopSink := func() {
+		if closeSink != nil {
+			sctx, c := context.WithTimeout(context.Background(), o.shutdown)
+			closeSink(sctx)
+			c()
+		}
+	}
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	b, err := broker.New(startCtx, o.brokerConfig(log, reg, sink))
 	cancel()
 	if err != nil {
+		stopSink()
 		return err
 	}
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		b.Close()
+		stopSink()
 		return err
 	}
 	lis = b.LimitListener(lis)
@@ -313,17 +321,13 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down")
-		stopBroker(b, srv, o.shutdown)
+		b.Stop(srv, o.shutdown)
 		if hs != nil {
 			sctx, c := context.WithTimeout(context.Background(), 2*time.Second)
 			_ = hs.Shutdown(sctx)
 			c()
 		}
-		if closeSink != nil {
-			sctx, c := context.WithTimeout(context.Background(), o.shutdown)
-			closeSink(sctx)
-			c()
-		}
+		stopSink()
 		return nil
 	})
 	return g.Wait()
@@ -371,20 +375,4 @@ func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	return mux
-}
-
-// stopBroker sets NOT_SERVING and ends the streams (their leases are
-// released), then drains unary calls (cut after timeout), then closes
-// the ZooKeeper sessions.
-func stopBroker(b *broker.Broker, srv *grpc.Server, timeout time.Duration) {
-	b.Shutdown()
-	done := make(chan struct{})
-	go func() { srv.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(timeout):
-		srv.Stop()
-		<-done
-	}
-	b.Close()
 }

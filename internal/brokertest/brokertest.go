@@ -93,16 +93,7 @@ func listen(ctx context.Context, addr string) (net.Listener, error) {
 // server stopped serving. Only the first call does anything.
 func (s *Server) Stop() {
 	s.once.Do(func() {
-		s.Broker.Shutdown()
-		done := make(chan struct{})
-		go func() { s.GRPC.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(StopTimeout):
-			s.GRPC.Stop()
-			<-done
-		}
-		s.Broker.Close()
+		s.Broker.Stop(s.GRPC, StopTimeout)
 		<-s.served
 	})
 }
