@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 const maxPrefetch = 1000
@@ -296,7 +297,13 @@ func tokenLease(tok string) string {
 	return t.lease
 }
 
+// settle applies settlements a stream received. Each runs to its answer
+// even when the stream ends meanwhile (a client that acks and leaves at
+// once means the ack), bounded by releaseTimeout; one that fails leaves
+// its lease held, so the stream's end releases it for redelivery.
 func (b *Broker) settle(ctx context.Context, st *consumeState, settles []*pb.Settle) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
 	for _, s := range settles {
 		var err error
 		if s.GetNack() {
@@ -304,10 +311,11 @@ func (b *Broker) settle(ctx context.Context, st *consumeState, settles []*pb.Set
 		} else {
 			err = b.ack(ctx, s.GetAckToken())
 		}
-		st.settled(tokenLease(s.GetAckToken()))
-		if err != nil {
+		if err != nil && !errors.Is(err, zkqueue.ErrUnknownLease) {
 			b.log.Debug("settle on stream failed", "err", err)
+			continue
 		}
+		st.settled(tokenLease(s.GetAckToken()))
 	}
 }
 
