@@ -24,8 +24,8 @@ import (
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/events"
-	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Config configures a Broker. Zero fields take the defaults noted.
@@ -249,12 +249,12 @@ type Broker struct {
 
 	cfg     Config
 	log     *slog.Logger
-	conn    *zk.Conn       // the primary session: watches, scans, ephemerals, health
-	extra   []*zk.Conn     // further sessions, split into writers and readers
-	writers []*zk.Conn     // group-commit sessions
-	readers []*zk.Conn     // claims' read sessions
+	conn    *zk.Conn           // the primary session: watches, scans, ephemerals, health
+	extra   []*zk.Conn         // further sessions, split into writers and readers
+	writers []*zk.Conn         // group-commit sessions
+	readers []*zk.Conn         // claims' read sessions
 	batcher *zkqueue.Committer // group commit of all queues' writes
-	recent  *zkqueue.Budget  // all queues' memory of messages published here
+	recent  *zkqueue.Budget    // all queues' memory of messages published here
 	metrics *metrics
 	health  *health.Server
 	events  events.Sink
@@ -277,7 +277,7 @@ type Broker struct {
 	zkState    atomic.Int32  // the last session state seen (zk.State)
 	leading    atomic.Bool   // leading the election (sweeping while it has a session)
 
-	reg *registry // ephemeral nodes kept through session changes (registry.go)
+	keeper *zkutil.Keeper // ephemeral nodes kept through session changes (registry.go)
 
 	listenersMu sync.Mutex
 	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
@@ -301,7 +301,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		events:  cfg.Events,
 		queues:  make(map[string]*queue),
 		expired: make(chan struct{}, 1),
-		reg:     newRegistry(),
+		keeper:  zkutil.NewKeeper(cfg.Logger.With("broker", cfg.ID)),
 	}
 	// Set before the first session event can read it (setServing).
 	b.ctx, b.cancel = context.WithCancel(context.Background())
@@ -314,6 +314,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	b.conn = conn
+	b.keeper.Bind(conn)
 	for i := 1; i < cfg.ZKSessions; i++ {
 		c, err := zkutil.Connect(cfg.ZooKeeper, cfg.SessionTimeout, b.log, nil)
 		if err != nil {
@@ -351,9 +352,9 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, fmt.Errorf("broker: token key: %w", err)
 	}
-	b.keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
+	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
 	b.wg.Add(4)
-	go b.runRegistry()
+	go func() { defer b.wg.Done(); b.keeper.Run(b.ctx) }()
 	go b.runSessionWatch()
 	go b.runMembership()
 	go b.runStats()
@@ -395,8 +396,8 @@ func (b *Broker) onZKEvent(ev zk.Event) {
 			}
 		}
 		// A new session (after an expiry) has none of the old one's
-		// ephemeral nodes: the registry creates them again.
-		b.reg.wake()
+		// ephemeral nodes: the keeper creates them again.
+		b.keeper.Wake()
 	case zk.StateDisconnected, zk.StateExpired, zk.StateConnecting, zk.StateAuthFailed:
 		if b.hasSession.Swap(false) {
 			b.lostAt.Store(time.Now().UnixNano())
