@@ -40,7 +40,7 @@ func TestRankOf(t *testing.T) {
 		{[]string{"b"}, "b", 0, 1},
 		{[]string{"c", "a", "b"}, "b", 1, 3},
 		{[]string{"c", "c", "a", "b", "a"}, "c", 2, 3}, // several consumers of one process count once
-		{[]string{"c", "a"}, "b", 0, 1},               // no consumer here: the whole queue
+		{[]string{"c", "a"}, "b", 0, 1},                // no consumer here: the whole queue
 	}
 	for _, tc := range tests {
 		ids := append([]string(nil), tc.ids...)
