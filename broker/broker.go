@@ -276,7 +276,7 @@ type Broker struct {
 	zkState    atomic.Int32 // the last session state seen (zk.State)
 	leading    atomic.Bool  // leading the election (sweeping while it has a session)
 
-	reg *registry // ephemeral nodes kept through session changes (registry.go)
+	keeper *zkutil.Keeper // ephemeral nodes kept through session changes (registry.go)
 
 	listenersMu sync.Mutex
 	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
@@ -299,7 +299,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		health:  health.NewServer(),
 		events:  cfg.Events,
 		queues:  make(map[string]*queue),
-		reg:     newRegistry(),
+		keeper:  zkutil.NewKeeper(cfg.Logger.With("broker", cfg.ID)),
 	}
 	// Set before the first session event can read it (setServing).
 	b.ctx, b.cancel = context.WithCancel(context.Background())
@@ -312,6 +312,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	b.conn = conn
+	b.keeper.Bind(conn)
 	for i := 1; i < cfg.ZKSessions; i++ {
 		c, err := zkutil.Connect(cfg.ZooKeeper, cfg.SessionTimeout, b.log, nil)
 		if err != nil {
@@ -349,9 +350,9 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, fmt.Errorf("broker: token key: %w", err)
 	}
-	b.keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
+	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
 	b.wg.Add(4)
-	go b.runRegistry()
+	go func() { defer b.wg.Done(); b.keeper.Run(b.ctx) }()
 	go b.runSessionWatch()
 	go b.runMembership()
 	go b.runStats()
@@ -393,8 +394,8 @@ func (b *Broker) onZKEvent(ev zk.Event) {
 			}
 		}
 		// A new session (after an expiry) has none of the old one's
-		// ephemeral nodes: the registry creates them again.
-		b.reg.wake()
+		// ephemeral nodes: the keeper creates them again.
+		b.keeper.Wake()
 	case zk.StateDisconnected, zk.StateExpired, zk.StateConnecting, zk.StateAuthFailed:
 		if b.hasSession.Swap(false) {
 			b.lostAt.Store(time.Now().UnixNano())

@@ -51,10 +51,7 @@ type queue struct {
 	depthN    int       // ready messages at depthRead
 	depthRead time.Time // when depthN was read
 
-	shareMu   sync.Mutex
-	shareRank int       // this broker's rank among the queue's consuming brokers
-	shareN    int       // how many brokers consume the queue
-	shareRead time.Time // when the two were read
+	consumers *zkqueue.ConsumerGroup // the Consume streams on all brokers: registrations, rank
 }
 
 // published counts n messages this broker added into the cached depth.
@@ -168,7 +165,9 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
 	q := &queue{name: name, path: p, meta: meta, label: label, gone: watch,
 		policy: zkqueue.Policy{MaxDeliveries: meta.MaxDeliveries, DeadLetter: meta.DeadLetter}}
-	share := q.share(b)
+	if q.consumers, err = b.consumerGroup(p); err != nil {
+		return nil, err
+	}
 	opts := []zkqueue.Option{
 		zkqueue.WithLimits(zkqueue.Limits{MaxPayload: b.cfg.MaxPayload, MaxBatchBytes: b.cfg.MaxBatchBytes, MaxBatchCount: b.cfg.MaxBatchCount}),
 		zkqueue.WithConflictHook(conflicts.Inc),
@@ -178,7 +177,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithReaders(b.readers...),
 		// Every scan is a use: a queue whose consumers wait here is
 		// served here.
-		zkqueue.WithShare(func() (int, int) { q.touch(); return share() }),
+		zkqueue.WithShare(func() (int, int) { q.touch(); return q.consumers.Rank() }),
 		zkqueue.WithLogger(b.log.With("queue", name)),
 		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
 	}

@@ -24,30 +24,6 @@ func newTestBroker(t *testing.T) *Broker {
 	return b
 }
 
-// A create whose answer was lost (the node exists, made by this very
-// session) is recognized as ours, and dropping it deletes it.
-func TestKeepAdoptsItsOwnNode(t *testing.T) {
-	b := newTestBroker(t)
-	p := b.brokersPath() + "/lost-answer"
-	if _, err := b.conn.Create(p, nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
-		t.Fatal(err)
-	}
-	e := b.keep(p, nil)
-	e.mu.Lock()
-	own, unknown := e.owner, e.unknown
-	e.mu.Unlock()
-	if own != b.conn.SessionID() || unknown {
-		t.Fatalf("owner 0x%x unknown %v, want the session 0x%x", own, unknown, b.conn.SessionID())
-	}
-	b.drop(e)
-	if ok, _, err := b.conn.Exists(p); err != nil || ok {
-		t.Fatalf("dropped node still there (%v)", err)
-	}
-	if known, _ := b.reg.tracked(p); known {
-		t.Fatal("a settled node stays in the registry")
-	}
-}
-
 // An election node of this session other than the current one (a create
 // whose answer was lost) is removed when the broker campaigns, so it
 // cannot stall the election: here the broker's leadership ends (another

@@ -127,8 +127,8 @@ func WithObserver(f Observer) Option { return func(o *options) { o.observer = f 
 // processes consuming the queue; it is asked at every listing. Each
 // process takes the messages whose sequence number is its rank modulo n
 // first, so processes do not race each other for the same head (see
-// dispatch.go). Consumers (consumers.go) computes the rank from
-// registrations in ZooKeeper.
+// dispatch.go). ConsumerGroup.Rank (consumers.go) computes the rank from
+// the consumer registrations in ZooKeeper.
 func WithShare(f func() (rank, n int)) Option { return func(o *options) { o.share = f } }
 
 // WithReaders sets the sessions (to the same ensemble) over which claims

@@ -1,0 +1,247 @@
+package zkqueue
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Consumer registrations and the share split.
+//
+// The processes consuming a queue each register their consumers as
+// EPHEMERAL children of one directory (the queue's consumers/), named
+// <process id>~<nonce>: the process id says whose consumer it is, the
+// random nonce makes the name one no one else uses, so a process can
+// tell its own registrations apart and retry a create or delete whose
+// answer was lost. From the listing, every process computes the same
+// sorted set of consuming processes; its rank in that set is its share of
+// the queue (splitShare in dispatch.go): it takes the messages whose
+// sequence number is its rank modulo their count first.
+//
+// Registrations made before names had nonces were sequential nodes,
+// <process id>-<10-digit sequence>; they are still read.
+
+// Registration names.
+const (
+	// registrationSep separates the process id from the nonce. The nonce
+	// is hex, so the last separator is the one: a process id may contain
+	// it.
+	registrationSep = '~'
+	// nonceBytes is the nonce's length before hex encoding.
+	nonceBytes = 8
+	// legacySep and legacySeqLen: the sequential suffix ZooKeeper gave
+	// the registrations of older processes, "-" and 10 digits.
+	legacySep    = '-'
+	legacySeqLen = 10
+)
+
+// DefaultRankTTL is how long one listing of the registrations serves
+// Rank: a process joining or leaving shifts the shares within it.
+const DefaultRankTTL = time.Second
+
+// ParseRegistration returns the process id of a registration's node name:
+// "<id>~<nonce>", or "<id>-<10-digit sequence>" as older processes named
+// them. ok is false for any other name.
+func ParseRegistration(name string) (processID string, ok bool) {
+	if i := strings.LastIndexByte(name, registrationSep); i > 0 {
+		return name[:i], true
+	}
+	if i := len(name) - legacySeqLen - 1; i > 0 && name[i] == legacySep {
+		return name[:i], true
+	}
+	return "", false
+}
+
+// rankOf returns id's rank among the sorted, distinct ids, and their
+// count. A process absent from them (it has no registered consumer)
+// takes the whole queue: rank 0 of 1.
+func rankOf(ids []string, id string) (rank, n int) {
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	rank = slices.Index(ids, id)
+	if rank < 0 {
+		return 0, 1
+	}
+	return rank, len(ids)
+}
+
+// ConsumerGroupConfig configures a ConsumerGroup. Zero fields take the
+// defaults.
+type ConsumerGroupConfig struct {
+	// Own reports whether this process's registration at path p (its name
+	// carries this process's id) counts. A process that keeps its
+	// registrations itself (through session changes) says which it still
+	// wants, and deletes the others: those of its previous process, whose
+	// session has not expired yet. Default: the registrations made by
+	// Register and not closed.
+	Own func(p string) bool
+	// RankTTL is how long one listing serves Rank (default
+	// DefaultRankTTL).
+	RankTTL time.Duration
+}
+
+// ConsumerGroup is the set of consumers of one queue across processes:
+// the registrations under one directory, the count of live consumers, and
+// this process's rank among the consuming processes, the share split of
+// the queue's dispatcher (use WithShare(g.Rank)).
+//
+// A ConsumerGroup is safe for concurrent use.
+type ConsumerGroup struct {
+	conn *zk.Conn
+	dir  string
+	id   string
+	cfg  ConsumerGroupConfig
+
+	mu   sync.Mutex
+	regs map[string]bool // paths registered by Register, not closed
+
+	rankMu sync.Mutex // held while listing for Rank: one listing serves all callers
+	rank   int        // this process's rank at read
+	n      int        // the consuming processes at read
+	read   time.Time  // when the registrations were last listed for Rank
+}
+
+// NewConsumerGroup returns the group whose registrations are the children
+// of dir, seen from the process processID. It does not touch ZooKeeper.
+func NewConsumerGroup(conn *zk.Conn, dir, processID string, cfg ConsumerGroupConfig) (*ConsumerGroup, error) {
+	if conn == nil {
+		return nil, errors.New("zkqueue: nil zk conn")
+	}
+	if dir == "" || dir[0] != '/' || path.Clean(dir) != dir || dir == "/" {
+		return nil, fmt.Errorf("zkqueue: bad consumers path %q", dir)
+	}
+	if processID == "" || strings.ContainsRune(processID, '/') {
+		return nil, fmt.Errorf("zkqueue: bad process id %q", processID)
+	}
+	if cfg.RankTTL <= 0 {
+		cfg.RankTTL = DefaultRankTTL
+	}
+	return &ConsumerGroup{conn: conn, dir: dir, id: processID, cfg: cfg, regs: map[string]bool{}}, nil
+}
+
+// NewRegistrationPath returns the path of a new registration of this
+// process: <dir>/<process id>~<random nonce>, a name no one else uses.
+func (g *ConsumerGroup) NewRegistrationPath() string {
+	var n [nonceBytes]byte
+	_, _ = rand.Read(n[:])
+	return g.dir + "/" + g.id + string(registrationSep) + hex.EncodeToString(n[:])
+}
+
+// Registration is one consumer registered by Register.
+type Registration struct {
+	g    *ConsumerGroup
+	path string
+}
+
+// Register registers a consumer of this process: a plain EPHEMERAL node,
+// creating the directory when missing. It lasts until Close or the end of
+// the session; a process that must stay registered through session
+// expiries keeps NewRegistrationPath's node itself instead (and sets
+// ConsumerGroupConfig.Own).
+func (g *ConsumerGroup) Register(ctx context.Context) (*Registration, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p := g.NewRegistrationPath()
+	_, err := g.conn.Create(p, nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+	if errors.Is(err, zk.ErrNoNode) {
+		if err := zkutil.EnsurePath(g.conn, g.dir); err != nil {
+			return nil, fmt.Errorf("zkqueue: register: %w", err)
+		}
+		_, err = g.conn.Create(p, nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("zkqueue: register %s: %w", p, err)
+	}
+	g.mu.Lock()
+	g.regs[p] = true
+	g.mu.Unlock()
+	return &Registration{g: g, path: p}, nil
+}
+
+// Path returns the registration's node.
+func (r *Registration) Path() string { return r.path }
+
+// Close deletes the registration; it no longer counts even when the
+// delete fails (the node then goes with the session).
+func (r *Registration) Close() error {
+	r.g.mu.Lock()
+	delete(r.g.regs, r.path)
+	r.g.mu.Unlock()
+	err := r.g.conn.Delete(r.path, -1)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return fmt.Errorf("zkqueue: unregister %s: %w", r.path, err)
+	}
+	return nil
+}
+
+// own reports whether this process's registration at p counts.
+func (g *ConsumerGroup) own(p string) bool {
+	if g.cfg.Own != nil {
+		return g.cfg.Own(p)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.regs[p]
+}
+
+// Consumers returns the process id of each live consumer registration, one
+// per consumer (a process with three consumers is listed three times).
+// zk.ErrNoNode: the directory does not exist.
+func (g *ConsumerGroup) Consumers(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	children, _, err := g.conn.Children(g.dir)
+	if err != nil {
+		return nil, fmt.Errorf("zkqueue: children %s: %w", g.dir, err)
+	}
+	ids := make([]string, 0, len(children))
+	for _, c := range children {
+		id, ok := ParseRegistration(c)
+		if !ok || (id == g.id && !g.own(g.dir+"/"+c)) {
+			continue
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// Count returns the number of live consumers on all processes; 0 when the
+// directory does not exist.
+func (g *ConsumerGroup) Count(ctx context.Context) (int, error) {
+	ids, err := g.Consumers(ctx)
+	if errors.Is(err, zk.ErrNoNode) {
+		return 0, nil
+	}
+	return len(ids), err
+}
+
+// Rank returns this process's rank among the n processes with live
+// consumers, read at most every RankTTL; its signature is WithShare's. A
+// process without a live consumer, or one that cannot list them, takes
+// the whole queue (0 of 1).
+func (g *ConsumerGroup) Rank() (rank, n int) {
+	g.rankMu.Lock()
+	defer g.rankMu.Unlock()
+	if g.read.IsZero() || time.Since(g.read) >= g.cfg.RankTTL {
+		g.rank, g.n = 0, 1
+		if ids, err := g.Consumers(context.Background()); err == nil {
+			g.rank, g.n = rankOf(ids, g.id)
+		}
+		g.read = time.Now()
+	}
+	return g.rank, g.n
+}

@@ -1,0 +1,146 @@
+package zkqueue_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
+)
+
+func group(t *testing.T, conn *zk.Conn, dir, id string) *zkqueue.ConsumerGroup {
+	t.Helper()
+	g, err := zkqueue.NewConsumerGroup(conn, dir, id, zkqueue.ConsumerGroupConfig{RankTTL: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// waitRank waits until g ranks its process rank of n.
+func waitRank(t *testing.T, g *zkqueue.ConsumerGroup, what string, rank, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r, m := g.Rank()
+		if r == rank && m == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: rank %d of %d, want %d of %d", what, r, m, rank, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func count(t *testing.T, g *zkqueue.ConsumerGroup) int {
+	t.Helper()
+	n, err := g.Count(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Two processes rank themselves alike from the registrations: a process
+// with several consumers counts once, a legacy sequential registration is
+// read, a registration under this process's id that it did not make (its
+// previous process's) is not counted, and a process without consumers
+// takes the whole queue. Each process's Queue takes its share first.
+func TestConsumerGroupRanks(t *testing.T) {
+	ctx := context.Background()
+	connA, connB, connC, prev := zktest.Conn(t), zktest.Conn(t), zktest.Conn(t), zktest.Conn(t)
+	root := zktest.Root(t)
+	dir := root + "/q/consumers"
+	a, b := group(t, connA, dir, "a"), group(t, connB, dir, "b")
+	if n := count(t, a); n != 0 {
+		t.Fatalf("missing directory: %d consumers, want 0", n)
+	}
+	if _, err := a.Consumers(ctx); !errors.Is(err, zk.ErrNoNode) {
+		t.Fatalf("missing directory: got %v, want zk.ErrNoNode", err)
+	}
+	waitRank(t, a, "no registration", 0, 1)
+
+	ra1, err := a.Register(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra2, err := a.Register(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// a's previous process's registration, and one of an older process c.
+	if _, err := prev.Create(dir+"/a~00000000000000ff", nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := connC.Create(dir+"/c-0000000001", nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	// a: its two, b's, c's; b also sees the stale a~...ff (only a knows it
+	// is not one of its own).
+	if n := count(t, a); n != 4 {
+		t.Fatalf("a counts %d consumers, want 4", n)
+	}
+	if n := count(t, b); n != 5 {
+		t.Fatalf("b counts %d consumers, want 5", n)
+	}
+	waitRank(t, a, "a with two consumers", 0, 3)
+	waitRank(t, b, "b with one consumer", 1, 3)
+
+	qa, err := zkqueue.New(connA, root+"/q/items", zkqueue.WithShare(a.Rank))
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb, err := zkqueue.New(connB, root+"/q/items", zkqueue.WithShare(b.Rank))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qa.PublishBatch(ctx, [][]byte{[]byte("0"), []byte("1"), []byte("2"), []byte("3")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		q    *zkqueue.Queue
+		want string
+	}{{qb, "1"}, {qa, "0"}, {qa, "3"}} {
+		m, err := tc.q.TryDequeue(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m.Payload) != tc.want {
+			t.Fatalf("took %s (%q), want the share's %q", m.ID, m.Payload, tc.want)
+		}
+	}
+
+	for _, r := range []*zkqueue.Registration{ra1, ra2} {
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRank(t, a, "a without consumers", 0, 1)
+	prev.Close() // the stale registration goes with its session
+	waitRank(t, b, "b with c", 0, 2)
+	if n := count(t, a); n != 2 {
+		t.Fatalf("a counts %d consumers, want 2", n)
+	}
+}
+
+func TestNewConsumerGroupValidates(t *testing.T) {
+	conn := zktest.Conn(t)
+	for _, tc := range []struct{ dir, id string }{
+		{"", "a"}, {"rel/consumers", "a"}, {"/", "a"}, {"/q/consumers/", "a"}, {"/q/consumers", ""}, {"/q/consumers", "a/b"},
+	} {
+		if _, err := zkqueue.NewConsumerGroup(conn, tc.dir, tc.id, zkqueue.ConsumerGroupConfig{}); err == nil {
+			t.Errorf("NewConsumerGroup(%q, %q): no error", tc.dir, tc.id)
+		}
+	}
+	if _, err := zkqueue.NewConsumerGroup(nil, "/q/consumers", "a", zkqueue.ConsumerGroupConfig{}); err == nil {
+		t.Error("nil conn: no error")
+	}
+}
