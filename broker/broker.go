@@ -534,9 +534,9 @@ func splitSessions(primary *zk.Conn, extra []*zk.Conn) (writers, readers []*zk.C
 	return writers, readers
 }
 
+// closeConns closes the broker's sessions, the primary first.
 func (b *Broker) closeConns() {
-	b.conn.Close()
-	for _, c := range b.extra {
+	for _, c := range append([]*zk.Conn{b.conn}, b.extra...) {
 		c.Close()
 	}
 }
