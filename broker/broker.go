@@ -117,6 +117,23 @@ func (c *Config) setDefaults() error {
 	if len(c.ZooKeeper) == 0 {
 		return errors.New("broker: no ZooKeeper servers configured")
 	}
+	if err := c.setIdentity(); err != nil {
+		return err
+	}
+	if err := c.setStoreDefaults(); err != nil {
+		return err
+	}
+	if err := c.setStreamDefaults(); err != nil {
+		return err
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c.setPublishLimits()
+}
+
+// setIdentity defaults and checks Root and ID.
+func (c *Config) setIdentity() error {
 	if c.Root == "" {
 		c.Root = "/qbroker"
 	}
@@ -132,21 +149,41 @@ func (c *Config) setDefaults() error {
 	if err := validName("broker id", c.ID); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
-	var durErr error
-	def := func(name string, d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
+	return nil
+}
+
+// durationDefault names a duration field and its default.
+type durationDefault struct {
+	name string
+	d    *time.Duration
+	v    time.Duration
+}
+
+// setDurations gives every zero duration its default, then reports the
+// first negative one: all defaults are applied even when one is bad.
+func setDurations(ds ...durationDefault) error {
+	var first error
+	for _, dd := range ds {
+		if *dd.d == 0 {
+			*dd.d = dd.v
 		}
-		if *d < 0 && durErr == nil {
-			durErr = fmt.Errorf("broker: %s %v: want a positive duration", name, *d)
+		if *dd.d < 0 && first == nil {
+			first = fmt.Errorf("broker: %s %v: want a positive duration", dd.name, *dd.d)
 		}
 	}
-	def("SessionTimeout", &c.SessionTimeout, 10*time.Second)
-	def("DefaultVisibility", &c.DefaultVisibility, 30*time.Second)
-	def("SweepInterval", &c.SweepInterval, time.Second)
-	def("StatsInterval", &c.StatsInterval, 10*time.Second)
-	if durErr != nil {
-		return durErr
+	return first
+}
+
+// setStoreDefaults defaults and checks what bounds the broker's use of
+// ZooKeeper: session and lease timings, queue depth and count, sessions.
+func (c *Config) setStoreDefaults() error {
+	if err := setDurations(
+		durationDefault{"SessionTimeout", &c.SessionTimeout, 10 * time.Second},
+		durationDefault{"DefaultVisibility", &c.DefaultVisibility, 30 * time.Second},
+		durationDefault{"SweepInterval", &c.SweepInterval, time.Second},
+		durationDefault{"StatsInterval", &c.StatsInterval, 10 * time.Second},
+	); err != nil {
+		return err
 	}
 	if c.DefaultVisibility < minVisibility || c.DefaultVisibility > maxVisibility {
 		return fmt.Errorf("broker: DefaultVisibility %v out of range [%v, %v]", c.DefaultVisibility, minVisibility, maxVisibility)
@@ -169,15 +206,23 @@ func (c *Config) setDefaults() error {
 	if c.ZKSessions < 1 || c.ZKSessions > 16 {
 		return fmt.Errorf("broker: ZKSessions %d out of range [1, 16]", c.ZKSessions)
 	}
+	return nil
+}
+
+// setStreamDefaults defaults and checks the bounds on metrics labels,
+// streams and client connections.
+func (c *Config) setStreamDefaults() error {
 	if c.MaxQueueLabels == 0 {
 		c.MaxQueueLabels = 1000
 	}
 	if c.MaxStreams == 0 {
 		c.MaxStreams = 10000
 	}
-	def("FirstMessageTimeout", &c.FirstMessageTimeout, 10*time.Second)
-	def("HandshakeTimeout", &c.HandshakeTimeout, 10*time.Second)
-	def("MaxConnectionIdle", &c.MaxConnectionIdle, 5*time.Minute)
+	durErr := setDurations(
+		durationDefault{"FirstMessageTimeout", &c.FirstMessageTimeout, 10 * time.Second},
+		durationDefault{"HandshakeTimeout", &c.HandshakeTimeout, 10 * time.Second},
+		durationDefault{"MaxConnectionIdle", &c.MaxConnectionIdle, 5 * time.Minute},
+	)
 	if c.MaxStreamsPerConn == 0 {
 		c.MaxStreamsPerConn = 1000
 	}
@@ -204,9 +249,12 @@ func (c *Config) setDefaults() error {
 			return fmt.Errorf("broker: %s %d out of range: want at least %d", v.name, v.val, v.min)
 		}
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	return nil
+}
+
+// setPublishLimits defaults and checks MaxPayload, MaxBatchBytes and
+// MaxBatchCount.
+func (c *Config) setPublishLimits() error {
 	if c.MaxBatchBytes == 0 && c.MaxPayload > zkqueue.DefaultMaxBatchBytes {
 		c.MaxBatchBytes = c.MaxPayload
 	}

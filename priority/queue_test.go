@@ -280,124 +280,154 @@ func TestConcurrentPublishDrainOrder(t *testing.T) {
 func TestUrgentOvertakesBacklog(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	backlog := func(q *priority.Queue) {
-		t.Helper()
-		items := make([]priority.Item, 200)
-		for i := range items {
-			items[i] = priority.Item{Priority: 100, Payload: []byte(strconv.Itoa(i))}
-		}
-		if _, err := q.PublishBatch(ctx, items); err != nil {
-			t.Fatal(err)
-		}
-	}
+	t.Run("one consumer", func(t *testing.T) { urgentNextForOneConsumer(ctx, t) })
+	t.Run("four local consumers", func(t *testing.T) { urgentWithinWindowForFourConsumers(ctx, t) })
+}
 
-	t.Run("one consumer", func(t *testing.T) {
-		path := zktest.Root(t) + "/q"
-		producer := newQueue(t, zktest.Conn(t), path)
-		consumer := newQueue(t, zktest.Conn(t), path)
-		backlog(producer)
-		for round := 0; round < 5; round++ {
-			for i := 0; i < 5; i++ {
-				m, err := consumer.Dequeue(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if m.Priority != 100 {
-					t.Fatalf("round %d: got priority %d, want 100", round, m.Priority)
-				}
-			}
-			id, err := producer.Publish(ctx, 0, []byte("urgent"))
-			if err != nil {
-				t.Fatal(err)
-			}
+// publishBacklog publishes 200 messages at priority 100 in one batch.
+func publishBacklog(ctx context.Context, t *testing.T, q *priority.Queue) {
+	t.Helper()
+	items := make([]priority.Item, 200)
+	for i := range items {
+		items[i] = priority.Item{Priority: 100, Payload: []byte(strconv.Itoa(i))}
+	}
+	if _, err := q.PublishBatch(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// urgentNextForOneConsumer: five times, after five backlog messages, an
+// urgent one is published and is the next one delivered.
+func urgentNextForOneConsumer(ctx context.Context, t *testing.T) {
+	path := zktest.Root(t) + "/q"
+	producer := newQueue(t, zktest.Conn(t), path)
+	consumer := newQueue(t, zktest.Conn(t), path)
+	publishBacklog(ctx, t, producer)
+	for round := 0; round < 5; round++ {
+		for i := 0; i < 5; i++ {
 			m, err := consumer.Dequeue(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m.ID != id {
-				t.Fatalf("round %d: delivered %s (priority %d) after the urgent %s was published", round, m.ID, m.Priority, id)
+			if m.Priority != 100 {
+				t.Fatalf("round %d: got priority %d, want 100", round, m.Priority)
 			}
 		}
-	})
-
-	t.Run("four local consumers", func(t *testing.T) {
-		const consumers = 4
-		path := zktest.Root(t) + "/q"
-		producer := newQueue(t, zktest.Conn(t), path)
-		shared := newQueue(t, zktest.Conn(t), path)
-		backlog(producer)
-
-		cctx, stop := context.WithCancel(ctx)
-		defer stop()
-		var mu sync.Mutex
-		var all []delivery
-		delivered := make(chan struct{}, 1000)
-		var wg sync.WaitGroup
-		for c := 0; c < consumers; c++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					start := time.Now()
-					m, err := shared.Dequeue(cctx)
-					end := time.Now()
-					if err != nil {
-						return
-					}
-					mu.Lock()
-					all = append(all, delivery{consumer: c, id: m.ID, start: start, end: end})
-					mu.Unlock()
-					delivered <- struct{}{}
-				}
-			}()
-		}
-		for i := 0; i < 20; i++ {
-			<-delivered
-		}
-		urgent, err := producer.Publish(ctx, 0, []byte("urgent"))
-		published := time.Now()
+		id, err := producer.Publish(ctx, 0, []byte("urgent"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		var u *delivery
-		for u == nil {
-			select {
-			case <-delivered:
-			case <-ctx.Done():
-				t.Fatal("urgent message never delivered")
-			}
-			mu.Lock()
-			for i := range all {
-				if all[i].id == urgent {
-					d := all[i]
-					u = &d
-				}
-			}
-			mu.Unlock()
+		m, err := consumer.Dequeue(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-		stop()
-		wg.Wait()
+		if m.ID != id {
+			t.Fatalf("round %d: delivered %s (priority %d) after the urgent %s was published", round, m.ID, m.Priority, id)
+		}
+	}
+}
 
-		// Deliveries that started after the urgent message was published
-		// and were over before the Dequeue that took it had started.
-		before := make([]int, consumers)
-		total := 0
-		for _, d := range all {
-			if d.id != urgent && d.start.After(published) && d.end.Before(u.start) {
-				before[d.consumer]++
-				total++
-			}
+// deliveryLog records the deliveries of consumers sharing one Queue and
+// signals each on delivered.
+type deliveryLog struct {
+	mu        sync.Mutex
+	all       []delivery
+	delivered chan struct{}
+	wg        sync.WaitGroup
+}
+
+// consume dequeues as consumer c until ctx is done.
+func (l *deliveryLog) consume(ctx context.Context, q *priority.Queue, c int) {
+	defer l.wg.Done()
+	for {
+		start := time.Now()
+		m, err := q.Dequeue(ctx)
+		end := time.Now()
+		if err != nil {
+			return
 		}
-		t.Logf("%d deliveries in all; %d less urgent ones clearly overtook the urgent message (per consumer %v)", len(all), total, before)
-		for c, n := range before {
-			if n > 1 {
-				t.Errorf("consumer %d delivered %d less urgent messages after the urgent one was published, want at most 1", c, n)
-			}
+		l.mu.Lock()
+		l.all = append(l.all, delivery{consumer: c, id: m.ID, start: start, end: end})
+		l.mu.Unlock()
+		l.delivered <- struct{}{}
+	}
+}
+
+// find returns the delivery of message id, or nil.
+func (l *deliveryLog) find(id string) *delivery {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var u *delivery
+	for i := range l.all {
+		if l.all[i].id == id {
+			d := l.all[i]
+			u = &d
 		}
-		if len(all) >= 200 {
-			t.Error("the backlog was drained: the test did not exercise overtaking")
+	}
+	return u
+}
+
+// urgentWithinWindowForFourConsumers: with four consumers sharing a Queue,
+// each delivers at most one less urgent message between the urgent one's
+// publication and the start of the Dequeue that took it.
+func urgentWithinWindowForFourConsumers(ctx context.Context, t *testing.T) {
+	const consumers = 4
+	path := zktest.Root(t) + "/q"
+	producer := newQueue(t, zktest.Conn(t), path)
+	shared := newQueue(t, zktest.Conn(t), path)
+	publishBacklog(ctx, t, producer)
+
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	rec := &deliveryLog{delivered: make(chan struct{}, 1000)}
+	for c := 0; c < consumers; c++ {
+		rec.wg.Add(1)
+		go rec.consume(cctx, shared, c)
+	}
+	for i := 0; i < 20; i++ {
+		<-rec.delivered
+	}
+	urgent, err := producer.Publish(ctx, 0, []byte("urgent"))
+	published := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var u *delivery
+	for u == nil {
+		select {
+		case <-rec.delivered:
+		case <-ctx.Done():
+			t.Fatal("urgent message never delivered")
 		}
-	})
+		u = rec.find(urgent)
+	}
+	stop()
+	rec.wg.Wait()
+	checkOvertakenAtMostOnce(t, rec.all, consumers, urgent, published, u.start)
+}
+
+// checkOvertakenAtMostOnce counts, per consumer, the deliveries other than
+// urgent that started after it was published and were over before the
+// Dequeue that took it had started (at taken): at most one each.
+func checkOvertakenAtMostOnce(t *testing.T, all []delivery, consumers int, urgent string, published, taken time.Time) {
+	t.Helper()
+	before := make([]int, consumers)
+	total := 0
+	for _, d := range all {
+		if d.id != urgent && d.start.After(published) && d.end.Before(taken) {
+			before[d.consumer]++
+			total++
+		}
+	}
+	t.Logf("%d deliveries in all; %d less urgent ones clearly overtook the urgent message (per consumer %v)", len(all), total, before)
+	for c, n := range before {
+		if n > 1 {
+			t.Errorf("consumer %d delivered %d less urgent messages after the urgent one was published, want at most 1", c, n)
+		}
+	}
+	if len(all) >= 200 {
+		t.Error("the backlog was drained: the test did not exercise overtaking")
+	}
 }
 
 func TestBadPriorityWritesNothing(t *testing.T) {

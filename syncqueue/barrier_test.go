@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	"go.uber.org/goleak"
 
 	"github.com/qbroker/qbroker/internal/zktest"
@@ -140,27 +141,42 @@ func TestCancelledWaitsLeaveNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 100*time.Millisecond) }
-	children := func(p string) []string {
-		t.Helper()
-		c, _, err := conn.Children(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
 	ignore := goleak.IgnoreCurrent()
 
-	// Join gives up: its member node is gone.
-	sctx, scancel := short()
+	cancelQueueWaits(ctx, t, conn, q, root+"/sq")
+	cancelBarrierWait(ctx, t, bar)
+	cancelDoubleBarrierWaits(ctx, t, conn, db1, db2, root+"/db")
+	goleak.VerifyNone(t, ignore)
+}
+
+// short is a context that expires 100ms into a wait that cannot end.
+func short(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, 100*time.Millisecond)
+}
+
+// childrenOf lists p's children, failing the test on error.
+func childrenOf(t *testing.T, conn *zk.Conn, p string) []string {
+	t.Helper()
+	c, _, err := conn.Children(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// cancelQueueWaits: a Join that gives up removes its member node,
+// JoinAsync + Leave stops the membership's goroutine, and Dequeue gives
+// up both before the queue (at path) opens and on an open, empty queue.
+func cancelQueueWaits(ctx context.Context, t *testing.T, conn *zk.Conn, q *syncqueue.Queue, path string) {
+	t.Helper()
+	sctx, scancel := short(ctx)
 	if _, err := q.Join(sctx, "impatient"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Join past its deadline: got %v, want DeadlineExceeded", err)
 	}
 	scancel()
-	if c := children(root + "/sq/members"); len(c) != 0 {
+	if c := childrenOf(t, conn, path+"/members"); len(c) != 0 {
 		t.Fatalf("members after a cancelled Join: %v", c)
 	}
-	// JoinAsync + Leave stops the membership's goroutine.
 	m, err := q.JoinAsync(ctx, "async")
 	if err != nil {
 		t.Fatal(err)
@@ -171,11 +187,10 @@ func TestCancelledWaitsLeaveNothing(t *testing.T) {
 	if err := m.Wait(ctx); !errors.Is(err, syncqueue.ErrLeft) {
 		t.Fatalf("Wait after Leave: got %v, want ErrLeft", err)
 	}
-	if c := children(root + "/sq/members"); len(c) != 0 {
+	if c := childrenOf(t, conn, path+"/members"); len(c) != 0 {
 		t.Fatalf("members after Leave: %v", c)
 	}
-	// Dequeue before the queue opens, and on an open, empty queue.
-	sctx, scancel = short()
+	sctx, scancel = short(ctx)
 	if _, err := q.Dequeue(sctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Dequeue of a closed queue: got %v, want DeadlineExceeded", err)
 	}
@@ -183,30 +198,39 @@ func TestCancelledWaitsLeaveNothing(t *testing.T) {
 	if err := q.Open(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sctx, scancel = short()
+	sctx, scancel = short(ctx)
 	if _, err := q.Dequeue(sctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Dequeue of an empty queue: got %v, want DeadlineExceeded", err)
 	}
 	scancel()
-	// Barrier.Wait.
+}
+
+// cancelBarrierWait: Wait on a set barrier gives up at its deadline.
+func cancelBarrierWait(ctx context.Context, t *testing.T, bar *syncqueue.Barrier) {
+	t.Helper()
 	if err := bar.Set(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sctx, scancel = short()
+	sctx, scancel := short(ctx)
 	if err := bar.Wait(sctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait on a set barrier: got %v, want DeadlineExceeded", err)
 	}
 	scancel()
-	// DoubleBarrier.Enter alone.
-	sctx, scancel = short()
+}
+
+// cancelDoubleBarrierWaits: db1 entering alone gives up and leaves nothing
+// under path; db1 leaving while db2 stays gives up and leaves only db2's
+// nodes and "ready".
+func cancelDoubleBarrierWaits(ctx context.Context, t *testing.T, conn *zk.Conn, db1, db2 *syncqueue.DoubleBarrier, path string) {
+	t.Helper()
+	sctx, scancel := short(ctx)
 	if err := db1.Enter(sctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Enter alone: got %v, want DeadlineExceeded", err)
 	}
 	scancel()
-	if c := children(root + "/db"); len(c) != 0 {
+	if c := childrenOf(t, conn, path); len(c) != 0 {
 		t.Fatalf("double barrier after a cancelled Enter: %v", c)
 	}
-	// DoubleBarrier.Leave while the other participant stays.
 	errc := make(chan error, 1)
 	go func() { errc <- db2.Enter(ctx) }()
 	if err := db1.Enter(ctx); err != nil {
@@ -215,12 +239,12 @@ func TestCancelledWaitsLeaveNothing(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	sctx, scancel = short()
+	sctx, scancel = short(ctx)
 	if err := db1.Leave(sctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Leave while another stays: got %v, want DeadlineExceeded", err)
 	}
 	scancel()
-	for _, c := range children(root + "/db") {
+	for _, c := range childrenOf(t, conn, path) {
 		if c != "ready" && c[:3] != "two" {
 			t.Fatalf("node %s left after a cancelled Leave", c)
 		}
@@ -228,10 +252,9 @@ func TestCancelledWaitsLeaveNothing(t *testing.T) {
 	if err := db2.Leave(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if c := children(root + "/db"); len(c) != 0 {
+	if c := childrenOf(t, conn, path); len(c) != 0 {
 		t.Fatalf("double barrier after everyone left: %v", c)
 	}
-	goleak.VerifyNone(t, ignore)
 }
 
 // Opening the queue wakes every consumer waiting for it: they share one

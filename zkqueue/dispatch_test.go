@@ -46,23 +46,7 @@ func TestClaimsOfOwnMessagesSkipTheRead(t *testing.T) {
 		t.Fatalf("A on the empty queue: %v", err)
 	}
 	before := time.Now()
-	var published []string
-	for i := range 10 {
-		id, err := a.Publish(ctx, fmt.Appendf(nil, "single %d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		published = append(published, id)
-	}
-	var payloads [][]byte
-	for i := range 40 {
-		payloads = append(payloads, fmt.Appendf(nil, "batch %d", i))
-	}
-	ids, err := a.PublishBatch(ctx, payloads)
-	if err != nil {
-		t.Fatal(err)
-	}
-	published = append(published, ids...)
+	published := publishSinglesAndBatch(ctx, t, a)
 
 	// B takes the first 20 (reading each); A then takes the other 30 and
 	// must not read any, nor try the 20 that B took.
@@ -92,8 +76,37 @@ func TestClaimsOfOwnMessagesSkipTheRead(t *testing.T) {
 		t.Errorf("B read %d messages, want 20", n)
 	}
 
-	// Leases: the first claim is read-free, the requeued incarnation is
-	// read and carries its delivery count.
+	checkLeasedOwnMessage(ctx, t, a, root, &getsA)
+}
+
+// publishSinglesAndBatch publishes "single 0".."single 9" one by one, then
+// "batch 0".."batch 39" in one batch, and returns the 50 ids in order.
+func publishSinglesAndBatch(ctx context.Context, t *testing.T, q *zkqueue.Queue) []string {
+	t.Helper()
+	var published []string
+	for i := range 10 {
+		id, err := q.Publish(ctx, fmt.Appendf(nil, "single %d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		published = append(published, id)
+	}
+	var payloads [][]byte
+	for i := range 40 {
+		payloads = append(payloads, fmt.Appendf(nil, "batch %d", i))
+	}
+	ids, err := q.PublishBatch(ctx, payloads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(published, ids...)
+}
+
+// checkLeasedOwnMessage publishes on a and leases the message twice: the
+// first claim is read-free, the requeued incarnation is read and carries
+// its delivery count. gets counts a's reads.
+func checkLeasedOwnMessage(ctx context.Context, t *testing.T, a *zkqueue.Queue, root string, gets *atomic.Int64) {
+	t.Helper()
 	leases, err := zkqueue.NewLeases(a, root+"/leases", root+"/dead")
 	if err != nil {
 		t.Fatal(err)
@@ -101,12 +114,12 @@ func TestClaimsOfOwnMessagesSkipTheRead(t *testing.T) {
 	if _, err := a.Publish(ctx, []byte("leased")); err != nil {
 		t.Fatal(err)
 	}
-	getsA.Store(0)
+	gets.Store(0)
 	l, err := leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
 	if err != nil || string(l[0].Payload) != "leased" || l[0].Deliveries != 1 {
 		t.Fatalf("first lease: %+v %v", l, err)
 	}
-	if n := getsA.Load(); n != 0 {
+	if n := gets.Load(); n != 0 {
 		t.Errorf("first lease read %d times", n)
 	}
 	if _, _, err := leases.Nack(ctx, l[0].Token, 0, zkqueue.Policy{}); err != nil {

@@ -47,74 +47,20 @@ func TestConcurrentProducersConsumers(t *testing.T) {
 		wg.Add(1)
 		go func(p int) {
 			defer wg.Done()
-			for i := 0; i < perProducer; {
-				// Mix single publishes and small atomic batches.
-				if i%10 == 0 && i+5 <= perProducer {
-					batch := make([][]byte, 5)
-					for j := range batch {
-						batch[j] = []byte(fmt.Sprintf("%d:%d", p, i+j))
-					}
-					if _, err := q.PublishBatch(ctx, batch); err != nil {
-						errc <- err
-						return
-					}
-					i += 5
-					continue
-				}
-				if _, err := q.Publish(ctx, []byte(fmt.Sprintf("%d:%d", p, i))); err != nil {
-					errc <- err
-					return
-				}
-				i++
+			if err := produce(ctx, q, p, perProducer); err != nil {
+				errc <- err
 			}
 		}(p)
 	}
 
-	var mu sync.Mutex
-	seen := make(map[string]string, total) // payload -> message id
-	received := 0
-	done := make(chan struct{})
+	tl := &tally{seen: make(map[string]string, total), total: total, done: make(chan struct{}), cancel: cancel}
 	for c := 0; c < consumers; c++ {
 		q := newQueue(t, zktest.Conn(t), path)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			last := make([]int, producers) // per producer, last index seen here
-			for i := range last {
-				last[i] = -1
-			}
-			for {
-				m, err := q.Dequeue(ctx)
-				if err != nil {
-					select {
-					case <-done:
-						return
-					default:
-					}
-					errc <- err
-					return
-				}
-				ps, is, _ := strings.Cut(string(m.Payload), ":")
-				p, _ := strconv.Atoi(ps)
-				i, _ := strconv.Atoi(is)
-				if i <= last[p] {
-					errc <- fmt.Errorf("producer %d: got %d after %d", p, i, last[p])
-					return
-				}
-				last[p] = i
-				mu.Lock()
-				if prev, dup := seen[string(m.Payload)]; dup {
-					mu.Unlock()
-					errc <- fmt.Errorf("%q delivered twice (%s, %s)", m.Payload, prev, m.ID)
-					return
-				}
-				seen[string(m.Payload)] = m.ID
-				received++
-				if received == total {
-					close(done)
-					cancel() // wakes the other consumers
-				}
-				mu.Unlock()
+			if err := consume(ctx, q, producers, tl); err != nil {
+				errc <- err
 			}
 		}()
 	}
@@ -123,6 +69,7 @@ func TestConcurrentProducersConsumers(t *testing.T) {
 	for err := range errc {
 		t.Error(err)
 	}
+	seen := tl.seen
 	if len(seen) != total {
 		t.Fatalf("received %d distinct messages, want %d", len(seen), total)
 	}
@@ -135,6 +82,86 @@ func TestConcurrentProducersConsumers(t *testing.T) {
 	}
 	if n, err := newQueue(t, zktest.Conn(t), path).Len(context.Background()); err != nil || n != 0 {
 		t.Errorf("Len after drain = %d, %v; want 0", n, err)
+	}
+}
+
+// produce publishes "p:0" .. "p:n-1" in order, mixing single publishes and
+// small atomic batches.
+func produce(ctx context.Context, q *zkqueue.Queue, p, n int) error {
+	for i := 0; i < n; {
+		if i%10 == 0 && i+5 <= n {
+			batch := make([][]byte, 5)
+			for j := range batch {
+				batch[j] = []byte(fmt.Sprintf("%d:%d", p, i+j))
+			}
+			if _, err := q.PublishBatch(ctx, batch); err != nil {
+				return err
+			}
+			i += 5
+			continue
+		}
+		if _, err := q.Publish(ctx, []byte(fmt.Sprintf("%d:%d", p, i))); err != nil {
+			return err
+		}
+		i++
+	}
+	return nil
+}
+
+// tally records the messages all consumers received; once total have
+// arrived it closes done and cancels the consumers' context.
+type tally struct {
+	mu       sync.Mutex
+	seen     map[string]string // payload -> message id
+	received int
+	total    int
+	done     chan struct{}
+	cancel   context.CancelFunc
+}
+
+// record fails if m was delivered before.
+func (tl *tally) record(m zkqueue.Message) error {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if prev, dup := tl.seen[string(m.Payload)]; dup {
+		return fmt.Errorf("%q delivered twice (%s, %s)", m.Payload, prev, m.ID)
+	}
+	tl.seen[string(m.Payload)] = m.ID
+	tl.received++
+	if tl.received == tl.total {
+		close(tl.done)
+		tl.cancel() // wakes the other consumers
+	}
+	return nil
+}
+
+// consume dequeues "p:i" payloads until tl is complete, checking that each
+// producer's messages arrive here in order.
+func consume(ctx context.Context, q *zkqueue.Queue, producers int, tl *tally) error {
+	last := make([]int, producers) // per producer, last index seen here
+	for i := range last {
+		last[i] = -1
+	}
+	for {
+		m, err := q.Dequeue(ctx)
+		if err != nil {
+			select {
+			case <-tl.done:
+				return nil
+			default:
+			}
+			return err
+		}
+		ps, is, _ := strings.Cut(string(m.Payload), ":")
+		p, _ := strconv.Atoi(ps)
+		i, _ := strconv.Atoi(is)
+		if i <= last[p] {
+			return fmt.Errorf("producer %d: got %d after %d", p, i, last[p])
+		}
+		last[p] = i
+		if err := tl.record(m); err != nil {
+			return err
+		}
 	}
 }
 

@@ -87,8 +87,34 @@ func TestLeaseSweeper(t *testing.T) {
 		t.Fatal("due with two live, unchanged leases")
 	}
 
-	// Extend one to a shorter deadline and Nack the other with a short
-	// delay: both are released at their new deadlines.
+	again := releaseAtNewDeadlines(ctx, t, leases, sw, ls, before, &reqs)
+	deadLetterPastMaxDeliveries(ctx, t, leases, sw, again)
+}
+
+// sweepUntil sweeps whenever sw is due until n leases have been released,
+// and returns them.
+func sweepUntil(ctx context.Context, t *testing.T, what string, sw *zkqueue.LeaseSweeper, p zkqueue.Policy, n int) []zkqueue.Expired {
+	t.Helper()
+	var released []zkqueue.Expired
+	waitFor(t, what, func() bool {
+		if sw.Due(time.Now()) {
+			out, err := sw.Sweep(ctx, time.Now(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			released = append(released, out...)
+		}
+		return len(released) == n
+	})
+	return released
+}
+
+// releaseAtNewDeadlines extends ls[0] to a shorter deadline and Nacks
+// ls[1] with a short delay: sw sees both through the leases' data watches
+// without a request (reqs stays at before) and requeues both at their new
+// deadlines. It returns the two messages leased again.
+func releaseAtNewDeadlines(ctx context.Context, t *testing.T, leases *zkqueue.Leases, sw *zkqueue.LeaseSweeper, ls []zkqueue.Lease, before int64, reqs *atomic.Int64) []zkqueue.Lease {
+	t.Helper()
 	if _, err := leases.Extend(ctx, ls[0].Token, 300*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -99,17 +125,7 @@ func TestLeaseSweeper(t *testing.T) {
 	if reqs.Load() != before {
 		t.Fatalf("%d requests while nothing changed", reqs.Load()-before)
 	}
-	var released []zkqueue.Expired
-	waitFor(t, "both leases released", func() bool {
-		if sw.Due(time.Now()) {
-			out, err := sw.Sweep(ctx, time.Now(), zkqueue.Policy{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			released = append(released, out...)
-		}
-		return len(released) == 2
-	})
+	released := sweepUntil(ctx, t, "both leases released", sw, zkqueue.Policy{}, 2)
 	for _, e := range released {
 		if e.Outcome != zkqueue.Requeued {
 			t.Errorf("outcome %v, want Requeued", e.Outcome)
@@ -119,24 +135,19 @@ func TestLeaseSweeper(t *testing.T) {
 	if err != nil || len(again) != 2 || again[0].Deliveries != 2 || again[1].Deliveries != 2 {
 		t.Fatalf("redelivery: %+v, %v; want 2 messages delivered twice", again, err)
 	}
+	return again
+}
 
-	// Past MaxDeliveries an expired lease is dead-lettered.
-	for _, l := range again {
+// deadLetterPastMaxDeliveries lets the leases ls, delivered twice, expire
+// under MaxDeliveries 2: both are dead-lettered.
+func deadLetterPastMaxDeliveries(ctx context.Context, t *testing.T, leases *zkqueue.Leases, sw *zkqueue.LeaseSweeper, ls []zkqueue.Lease) {
+	t.Helper()
+	for _, l := range ls {
 		if _, err := leases.Extend(ctx, l.Token, 100*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var dead []zkqueue.Expired
-	waitFor(t, "dead-lettering", func() bool {
-		if sw.Due(time.Now()) {
-			out, err := sw.Sweep(ctx, time.Now(), zkqueue.Policy{MaxDeliveries: 2, DeadLetter: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			dead = append(dead, out...)
-		}
-		return len(dead) == 2
-	})
+	dead := sweepUntil(ctx, t, "dead-lettering", sw, zkqueue.Policy{MaxDeliveries: 2, DeadLetter: true}, 2)
 	if n, err := leases.DeadCount(ctx); err != nil || n != 2 || dead[0].Outcome != zkqueue.DeadLettered {
 		t.Fatalf("dead letters: %d, %v, outcome %v", n, err, dead[0].Outcome)
 	}
