@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -12,13 +14,14 @@ import (
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
-// The example connects to the ZooKeeper server named by $QBROKER_ZK
-// (host:port); the package's tests set it to their own server.
+// The example connects to the ZooKeeper servers named by $QBROKER_ZK
+// (host:port[,host:port...]); the package's tests set it to their own
+// server.
 func Example() {
-	conn, _, err := zk.Connect([]string{os.Getenv("QBROKER_ZK")}, 10*time.Second, zk.WithLogInfo(false))
+	servers := strings.Split(os.Getenv("QBROKER_ZK"), ",")
+	conn, _, err := zk.Connect(servers, 10*time.Second, zk.WithLogInfo(false))
 	if err != nil {
-		fmt.Println(err)
-		return
+		log.Fatal(err)
 	}
 	defer conn.Close()
 	ctx := context.Background()
