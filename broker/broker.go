@@ -24,8 +24,8 @@ import (
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/events"
-	"github.com/qbroker/qbroker/zkqueue"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Config configures a Broker. Zero fields take the defaults noted.
@@ -249,12 +249,13 @@ type Broker struct {
 
 	cfg     Config
 	log     *slog.Logger
-	conn    *zk.Conn       // the primary session: watches, scans, ephemerals, health
-	extra   []*zk.Conn     // further sessions, split into writers and readers
-	writers []*zk.Conn     // group-commit sessions
-	readers []*zk.Conn     // claims' read sessions
+	conn    *zk.Conn           // the primary session: watches, scans, ephemerals, health
+	extra   []*zk.Conn         // further sessions, split into writers and readers
+	writers []*zk.Conn         // group-commit sessions
+	readers []*zk.Conn         // claims' read sessions
+	catalog *zkqueue.Catalog   // the queues: create, delete, list, metadata
 	batcher *zkqueue.Committer // group commit of all queues' writes
-	recent  *zkqueue.Budget  // all queues' memory of messages published here
+	recent  *zkqueue.Budget    // all queues' memory of messages published here
 	metrics *metrics
 	health  *health.Server
 	events  events.Sink
@@ -344,6 +345,14 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 			b.cancel()
 			return nil, fmt.Errorf("broker: %w", err)
 		}
+	}
+	b.catalog, err = zkqueue.NewCatalog(conn, b.queuesPath(), zkqueue.CatalogConfig{
+		MaxQueues: cfg.MaxQueues, Observer: b.observeZK, Logger: b.log})
+	if err != nil {
+		b.batcher.Close()
+		b.closeConns()
+		b.cancel()
+		return nil, fmt.Errorf("broker: %w", err)
 	}
 	if b.tokenKey, err = loadTokenKey(conn, cfg.Root); err != nil {
 		b.batcher.Close()
@@ -520,8 +529,7 @@ func splitSessions(primary *zk.Conn, extra []*zk.Conn) (writers, readers []*zk.C
 }
 
 func (b *Broker) closeConns() {
-	b.conn.Close()
-	for _, c := range b.extra {
+	for _, c := range append([]*zk.Conn{b.conn}, b.extra...) {
 		c.Close()
 	}
 }
