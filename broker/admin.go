@@ -2,12 +2,15 @@ package broker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sort"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Limits on queue configuration.
@@ -37,16 +40,19 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	m := queueMeta{
-		V: metaVersion, Kind: kind, SyncMembers: members, VisibilityMS: vis.Milliseconds(),
+	s := zkqueue.Spec{
+		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
 		Created: time.Now().UTC().Truncate(time.Millisecond),
 	}
-	m, err = b.createQueue(ctx, req.GetName(), m)
+	s, err = b.catalog.Create(ctx, req.GetName(), s)
+	if errors.Is(err, zkqueue.ErrTooManyQueues) {
+		err = fmt.Errorf("%w (--max-queues)", err)
+	}
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	return m.info(req.GetName()), nil
+	return queueInfo(req.GetName(), s), nil
 }
 
 // GetQueue implements pb.QueueServer.
@@ -55,7 +61,7 @@ func (b *Broker) GetQueue(ctx context.Context, req *pb.GetQueueRequest) (*pb.Que
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	return q.meta.info(q.name), nil
+	return queueInfo(q.name, q.meta), nil
 }
 
 // Pages of ListQueues. A QueueInfo takes under 400 bytes, so a full page
@@ -81,7 +87,7 @@ func (b *Broker) ListQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb
 			return nil, b.fail(err)
 		}
 	}
-	names, err := b.listQueues(req.GetPrefix())
+	names, err := b.catalog.List(ctx, req.GetPrefix())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -95,11 +101,11 @@ func (b *Broker) ListQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb
 			resp.NextPageToken = names[i-1]
 			break
 		}
-		m, err := b.queueInfo(n)
+		s, err := b.spec(n)
 		if err != nil {
 			continue // deleted meanwhile, or being deleted
 		}
-		resp.Queues = append(resp.Queues, m.info(n))
+		resp.Queues = append(resp.Queues, queueInfo(n, s))
 	}
 	return resp, nil
 }
@@ -109,7 +115,10 @@ func (b *Broker) DeleteQueue(ctx context.Context, req *pb.DeleteQueueRequest) (*
 	if err := validName("queue name", req.GetName()); err != nil {
 		return nil, b.fail(err)
 	}
-	if err := b.deleteQueue(ctx, req.GetName()); err != nil {
+	err := b.catalog.Delete(ctx, req.GetName())
+	// This broker's handle went stale with the mark; drop it now.
+	b.evict(req.GetName())
+	if err != nil {
 		return nil, b.fail(err)
 	}
 	return &pb.DeleteQueueResponse{}, nil

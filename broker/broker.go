@@ -301,6 +301,7 @@ type Broker struct {
 	extra   []*zk.Conn         // further sessions, split into writers and readers
 	writers []*zk.Conn         // group-commit sessions
 	readers []*zk.Conn         // claims' read sessions
+	catalog *zkqueue.Catalog   // the queues: create, delete, list, metadata
 	batcher *zkqueue.Committer // group commit of all queues' writes
 	recent  *zkqueue.Budget    // all queues' memory of messages published here
 	metrics *metrics
@@ -391,6 +392,14 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 			b.cancel()
 			return nil, fmt.Errorf("broker: %w", err)
 		}
+	}
+	b.catalog, err = zkqueue.NewCatalog(conn, b.queuesPath(), zkqueue.CatalogConfig{
+		MaxQueues: cfg.MaxQueues, Observer: b.observeZK, Logger: b.log})
+	if err != nil {
+		b.batcher.Close()
+		b.closeConns()
+		b.cancel()
+		return nil, fmt.Errorf("broker: %w", err)
 	}
 	if b.tokenKey, err = loadTokenKey(conn, cfg.Root); err != nil {
 		b.batcher.Close()

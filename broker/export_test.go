@@ -16,5 +16,5 @@ func SetAbandonedAfter(d time.Duration) (restore func()) {
 // RemoveQueueAt runs the second step of a deletion as a deleter that marked
 // the queue at version would.
 func (b *Broker) RemoveQueueAt(ctx context.Context, name string, version int32) error {
-	return b.removeQueue(ctx, name, version)
+	return b.catalog.FinishDelete(ctx, name, version)
 }

@@ -117,7 +117,7 @@ func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Durat
 	case pb.DeliveryMode_DELIVERY_MODE_UNSPECIFIED, pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE:
 		return delivery{}, nil
 	case pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE:
-		ttl, err := clampDuration(vis, q.meta.visibility(), minVisibility, maxVisibility)
+		ttl, err := clampDuration(vis, q.meta.Visibility, minVisibility, maxVisibility)
 		return delivery{ack: true, ttl: ttl}, err
 	}
 	return delivery{}, invalidf("unknown delivery mode %d", mode)
@@ -301,7 +301,7 @@ func (b *Broker) ExtendLease(ctx context.Context, req *pb.ExtendLeaseRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	ttl, err := clampDuration(req.GetVisibilityTimeout().AsDuration(), q.meta.visibility(), minVisibility, maxVisibility)
+	ttl, err := clampDuration(req.GetVisibilityTimeout().AsDuration(), q.meta.Visibility, minVisibility, maxVisibility)
 	if err != nil {
 		return nil, b.fail(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -115,20 +114,13 @@ const tokenKeyNode = "token-key"
 // it.
 func loadTokenKey(conn *zk.Conn, root string) ([]byte, error) {
 	p := root + "/" + tokenKeyNode
-	key := make([]byte, 32)
-	if _, err := rand.Read(key); err != nil {
-		return nil, err
-	}
-	_, err := conn.Create(p, key, 0, zk.WorldACL(zk.PermAll))
-	if err == nil {
-		return key, nil
-	}
-	if !errors.Is(err, zk.ErrNodeExists) {
-		return nil, fmt.Errorf("create %s: %w", p, err)
-	}
-	key, _, err = conn.Get(p)
+	key, err := zkutil.LoadOrCreate(conn, p, func() ([]byte, error) {
+		key := make([]byte, 32)
+		_, err := rand.Read(key)
+		return key, err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("get %s: %w", p, err)
+		return nil, err
 	}
 	if len(key) < macLen {
 		return nil, fmt.Errorf("%s holds %d bytes, want at least %d", p, len(key), macLen)

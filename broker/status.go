@@ -18,14 +18,14 @@ import (
 // Broker-level sentinel errors; toStatus maps them to gRPC codes.
 var (
 	errInvalid       = errors.New("invalid argument")
-	errQueueNotFound = errors.New("queue not found")
-	errQueueExists   = errors.New("queue exists with another configuration")
+	errQueueNotFound = zkqueue.ErrQueueNotFound // the Catalog's, so one value means it
+	errQueueExists   = zkqueue.ErrQueueExists
 	errMemberExists  = errors.New("already joined") // a sync member id in use
 	errWrongKind     = errors.New("wrong queue kind")
 	errNotOpen       = errors.New("synchronizing queue is not open")
 	errClosing       = errors.New("broker is shutting down")
 	errLimit         = errors.New("broker limit reached")
-	errQueueDeleting = errors.New("queue is being deleted")
+	errQueueDeleting = zkqueue.ErrQueueDeleting
 )
 
 func invalidf(format string, args ...any) error {
@@ -57,7 +57,8 @@ func codeOf(err error) codes.Code {
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, errInvalid), errors.Is(err, zkqueue.ErrTooLarge), errors.Is(err, zkqueue.ErrBatchTooLarge),
-		errors.Is(err, zkqueue.ErrEmptyBatch), errors.Is(err, zkqueue.ErrBadPriority):
+		errors.Is(err, zkqueue.ErrEmptyBatch), errors.Is(err, zkqueue.ErrBadPriority),
+		errors.Is(err, zkqueue.ErrBadName), errors.Is(err, zkqueue.ErrBadSpec):
 		return codes.InvalidArgument
 	case errors.Is(err, errQueueNotFound):
 		return codes.NotFound
@@ -66,7 +67,7 @@ func codeOf(err error) codes.Code {
 	case errors.Is(err, errWrongKind), errors.Is(err, errNotOpen), errors.Is(err, zkqueue.ErrUnknownLease),
 		errors.Is(err, errSyncGroup):
 		return codes.FailedPrecondition
-	case errors.Is(err, errLimit):
+	case errors.Is(err, errLimit), errors.Is(err, zkqueue.ErrTooManyQueues):
 		return codes.ResourceExhausted
 	case errors.Is(err, errClosing), errors.Is(err, zkqueue.ErrCommitterClosed), zkutil.IsUnavailable(err),
 		errors.Is(err, errStalled):

@@ -15,7 +15,8 @@ import (
 
 // The leader's lease sweep.
 //
-// The leader keeps one children watch on queues/ and, for every queue, a
+// The leader keeps one children watch on the catalog (queues/) and, for
+// every queue, a
 // data watch on its metadata (for its policy, and whether it is being
 // deleted) and a zkqueue.LeaseSweeper: a children watch on the queue's
 // leases parent and the deadlines of its leases, each read once. A sweep
@@ -26,7 +27,7 @@ import (
 // Stores' (qbroker_zk_request_duration_seconds).
 //
 // The sweep also finishes deletions that were abandoned: a queue marked
-// for deletion (see deleteQueue) more than abandonedAfter ago.
+// for deletion (see zkqueue.Catalog.Delete) more than abandonedAfter ago.
 
 // sweepWorkers visit queues concurrently within one sweep (their requests
 // pipeline on the session).
@@ -86,7 +87,7 @@ func (q *sweptQueue) due(now time.Time) bool {
 func (s *leaseSweep) run() error {
 	if zkutil.Fired(s.watch) {
 		s.watch = nil
-		names, _, w, err := s.b.childrenW(s.b.queuesPath())
+		names, w, err := s.b.catalog.Names()
 		if err != nil {
 			return err
 		}
@@ -142,18 +143,16 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 	p := b.queuePath(q.name)
 	if zkutil.Fired(q.meta) {
 		q.meta = nil
-		data, stat, w, err := b.getW(p)
-		if errors.Is(err, zk.ErrNoNode) {
+		st, w, err := b.catalog.Lookup(q.name)
+		if errors.Is(err, zkqueue.ErrQueueNotFound) {
 			return nil // deleted: the children watch of queues/ drops it
 		}
 		if err != nil {
 			return err
 		}
-		m, err := decodeMeta(data)
 		// Deleted and created anew, or marked: start over.
-		*q = sweptQueue{name: q.name, meta: w, usable: err == nil, deleting: m.Deleting,
-			marked: time.UnixMilli(stat.Mtime), version: stat.Version,
-			policy: zkqueue.Policy{MaxDeliveries: m.MaxDeliveries, DeadLetter: m.DeadLetter}}
+		*q = sweptQueue{name: q.name, meta: w, usable: st.Err == nil, deleting: st.Spec.Deleting,
+			marked: st.Modified, version: st.Version, policy: st.Spec.Policy()}
 		if !q.due(now) {
 			return nil
 		}
@@ -165,7 +164,7 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 		ctx, cancel := context.WithTimeout(b.ctx, b.cfg.SweepInterval)
 		defer cancel()
 		b.log.Info("finishing an abandoned queue deletion", "queue", q.name)
-		return b.removeQueue(ctx, q.name, q.version)
+		return b.catalog.FinishDelete(ctx, q.name, q.version)
 	}
 	if q.leases == nil {
 		q.leases = zkqueue.NewLeaseSweeper(b.conn, p+"/items", p+"/leases", p+"/dead",
@@ -205,20 +204,4 @@ func (s *leaseSweep) released(name string, expired []zkqueue.Expired) {
 		q.items.Rescan()
 	}
 	b.log.Debug("released expired leases", "queue", name, "count", len(expired))
-}
-
-// childrenW and getW are the sweep's watch-setting reads, observed like
-// the Stores' requests.
-func (b *Broker) childrenW(p string) ([]string, *zk.Stat, <-chan zk.Event, error) {
-	start := time.Now()
-	c, stat, w, err := b.conn.ChildrenW(p)
-	b.observeZK("children", time.Since(start), err)
-	return c, stat, w, err
-}
-
-func (b *Broker) getW(p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
-	start := time.Now()
-	data, stat, w, err := b.conn.GetW(p)
-	b.observeZK("get", time.Since(start), err)
-	return data, stat, w, err
 }

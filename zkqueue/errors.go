@@ -16,4 +16,12 @@ var (
 	// ErrNoRoom: a candidate did not fit the Room of its take and was
 	// given back unclaimed.
 	ErrNoRoom = errors.New("zkqueue: no room left for the message")
+
+	// Errors of a Catalog.
+	ErrQueueNotFound = errors.New("zkqueue: queue not found")
+	ErrQueueExists   = errors.New("zkqueue: queue exists with another configuration")
+	ErrQueueDeleting = errors.New("zkqueue: queue is being deleted")
+	ErrTooManyQueues = errors.New("zkqueue: too many queues")
+	ErrBadName       = errors.New("zkqueue: bad queue name")
+	ErrBadSpec       = errors.New("zkqueue: invalid queue spec")
 )

@@ -101,8 +101,9 @@ type Guard struct {
 	Version int32
 }
 
-// testHookListed, set by tests only, runs after DeleteTree listed p's
-// children: tests create nodes there to stage a concurrent writer.
+// testHookListed, set by this package's tests only, runs after DeleteTree
+// listed p's children: tests create nodes there to stage a concurrent
+// writer (DeleteTreeHooked does the same for other packages' tests).
 var testHookListed func(p string)
 
 // deleteChunk bounds the deletes of one Multi: 500 paths of a few hundred
@@ -118,6 +119,13 @@ const deleteChunk = 500
 // With guard set, DeleteTree returns ErrGuardChanged, without deleting
 // anything more, once the guard no longer holds.
 func DeleteTree(ctx context.Context, conn *zk.Conn, p string, guard *Guard) error {
+	return DeleteTreeHooked(ctx, conn, p, guard, testHookListed)
+}
+
+// DeleteTreeHooked is DeleteTree running listed, when not nil, after each
+// listing of a node's children and before their deletes: a test creates
+// nodes there to stage, deterministically, a writer racing the deletion.
+func DeleteTreeHooked(ctx context.Context, conn *zk.Conn, p string, guard *Guard, listed func(p string)) error {
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -129,13 +137,13 @@ func DeleteTree(ctx context.Context, conn *zk.Conn, p string, guard *Guard) erro
 		if err != nil {
 			return fmt.Errorf("children %s: %w", p, err)
 		}
-		if testHookListed != nil {
-			testHookListed(p)
+		if listed != nil {
+			listed(p)
 		}
 		for len(children) > 0 {
 			chunk := children[:min(deleteChunk, len(children))]
 			children = children[len(chunk):]
-			if err := deleteChildren(ctx, conn, p, chunk, guard); err != nil {
+			if err := deleteChildren(ctx, conn, p, chunk, guard, listed); err != nil {
 				return err
 			}
 		}
@@ -155,7 +163,7 @@ func DeleteTree(ctx context.Context, conn *zk.Conn, p string, guard *Guard) erro
 // guard's check). An op that fails is taken out: a child that vanished is
 // dropped, a child with children of its own is deleted as a tree; then the
 // rest is tried again.
-func deleteChildren(ctx context.Context, conn *zk.Conn, p string, names []string, guard *Guard) error {
+func deleteChildren(ctx context.Context, conn *zk.Conn, p string, names []string, guard *Guard, listed func(string)) error {
 	for len(names) > 0 {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -184,7 +192,7 @@ func deleteChildren(ctx context.Context, conn *zk.Conn, p string, names []string
 		switch {
 		case errors.Is(cause, zk.ErrNoNode):
 		case errors.Is(cause, zk.ErrNotEmpty):
-			if err := DeleteTree(ctx, conn, path.Join(p, names[i]), guard); err != nil {
+			if err := DeleteTreeHooked(ctx, conn, path.Join(p, names[i]), guard, listed); err != nil {
 				return err
 			}
 		default:
@@ -258,6 +266,28 @@ func MultiError(res []zk.MultiResponse, err error) error {
 	}
 	_, cause := failedOp(res, err)
 	return cause
+}
+
+// LoadOrCreate returns the data of p, creating p first with the data gen
+// returns when p does not exist. Of concurrent callers, the first create
+// wins and all of them return its data.
+func LoadOrCreate(conn *zk.Conn, p string, gen func() ([]byte, error)) ([]byte, error) {
+	data, err := gen()
+	if err != nil {
+		return nil, err
+	}
+	_, err = conn.Create(p, data, 0, zk.WorldACL(zk.PermAll))
+	if err == nil {
+		return data, nil
+	}
+	if !errors.Is(err, zk.ErrNodeExists) {
+		return nil, fmt.Errorf("create %s: %w", p, err)
+	}
+	data, _, err = conn.Get(p)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", p, err)
+	}
+	return data, nil
 }
 
 // NumChildren returns the number of children of p from its Stat, without

@@ -1,0 +1,109 @@
+package zkqueue
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Kind is a queue's kind, as a Catalog stores it.
+type Kind string
+
+// The kinds of queue.
+const (
+	KindFIFO     Kind = "fifo"
+	KindPriority Kind = "priority"
+	KindSync     Kind = "sync"
+)
+
+// Spec is a queue's configuration: the data of its node in a Catalog,
+// stored as versioned JSON (see Encode).
+//
+// Deleting marks a queue that Catalog.Delete is removing. The mark is set
+// with a versioned setData, the only write of a queue's metadata after
+// its creation, so the version it produces identifies this incarnation of
+// the queue while its nodes are deleted, and the change fires every
+// metadata watch (Catalog.Load): a queue marked so is absent to every
+// call but Delete and Create, which finish the deletion.
+type Spec struct {
+	Kind          Kind
+	SyncMembers   int           // KindSync: the size of the group
+	Visibility    time.Duration // a lease's default duration; stored in milliseconds
+	MaxDeliveries int           // 0: unbounded
+	DeadLetter    bool          // past MaxDeliveries: dead letter, not dropped
+	Created       time.Time
+	Deleting      bool
+}
+
+// specVersion is the version of the encoding; decoders reject the
+// versions they do not know.
+const specVersion = 1
+
+// specJSON is the stored form of a Spec.
+type specJSON struct {
+	V             int       `json:"v"`
+	Kind          Kind      `json:"kind"`
+	SyncMembers   int       `json:"sync_members,omitempty"`
+	VisibilityMS  int64     `json:"visibility_ms"`
+	MaxDeliveries int       `json:"max_deliveries,omitempty"`
+	DeadLetter    bool      `json:"dead_letter,omitempty"`
+	Created       time.Time `json:"created"`
+	Deleting      bool      `json:"deleting,omitempty"`
+}
+
+// Policy returns the delivery policy the spec sets for leases.
+func (s Spec) Policy() Policy {
+	return Policy{MaxDeliveries: s.MaxDeliveries, DeadLetter: s.DeadLetter}
+}
+
+// Validate checks a spec to create: a known kind, a group size of at
+// least 2 for KindSync only, no negative durations or counts, no mark.
+func (s Spec) Validate() error {
+	switch {
+	case s.Kind != KindFIFO && s.Kind != KindPriority && s.Kind != KindSync:
+		return fmt.Errorf("%w: unknown kind %q", ErrBadSpec, s.Kind)
+	case s.Kind == KindSync && s.SyncMembers < 2:
+		return fmt.Errorf("%w: %d sync members, want at least 2", ErrBadSpec, s.SyncMembers)
+	case s.Kind != KindSync && s.SyncMembers != 0:
+		return fmt.Errorf("%w: sync members are for %s queues only", ErrBadSpec, KindSync)
+	case s.Visibility < 0 || s.MaxDeliveries < 0:
+		return fmt.Errorf("%w: negative visibility or max deliveries", ErrBadSpec)
+	case s.Deleting:
+		return fmt.Errorf("%w: a new queue cannot be marked deleting", ErrBadSpec)
+	}
+	return nil
+}
+
+// sameConfig reports whether two specs are equal, creation time aside.
+func (s Spec) sameConfig(o Spec) bool {
+	s.Created, o.Created = time.Time{}, time.Time{}
+	return s == o
+}
+
+// Encode returns the stored form of s (Visibility in whole milliseconds).
+func (s Spec) Encode() ([]byte, error) {
+	return json.Marshal(specJSON{V: specVersion, Kind: s.Kind, SyncMembers: s.SyncMembers,
+		VisibilityMS: s.Visibility.Milliseconds(), MaxDeliveries: s.MaxDeliveries,
+		DeadLetter: s.DeadLetter, Created: s.Created, Deleting: s.Deleting})
+}
+
+// DecodeSpec parses a stored spec. A spec marked Deleting decodes whatever
+// else it says (a mark over metadata that did not decode carries nothing
+// else); any other must have a known version and kind.
+func DecodeSpec(data []byte) (Spec, error) {
+	var j specJSON
+	err := json.Unmarshal(data, &j)
+	s := Spec{Kind: j.Kind, SyncMembers: j.SyncMembers, Visibility: time.Duration(j.VisibilityMS) * time.Millisecond,
+		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, Created: j.Created, Deleting: j.Deleting}
+	switch {
+	case err != nil:
+		return s, fmt.Errorf("queue metadata: %w", err)
+	case s.Deleting:
+		return s, nil
+	case j.V != specVersion:
+		return s, fmt.Errorf("queue metadata version %d, want %d", j.V, specVersion)
+	case s.Kind != KindFIFO && s.Kind != KindPriority && s.Kind != KindSync:
+		return s, fmt.Errorf("queue metadata: unknown kind %q", s.Kind)
+	}
+	return s, nil
+}
