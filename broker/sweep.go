@@ -92,18 +92,15 @@ func (s *leaseSweep) run() error {
 			return err
 		}
 		s.watch = w
-		listed := make(map[string]bool, len(names))
+		// Keep what is known of the queues still listed; forget the rest.
+		next := make(map[string]*sweptQueue, len(names))
 		for _, n := range names {
-			listed[n] = true
-			if s.queues[n] == nil {
-				s.queues[n] = &sweptQueue{name: n}
+			next[n] = s.queues[n]
+			if next[n] == nil {
+				next[n] = &sweptQueue{name: n}
 			}
 		}
-		for n := range s.queues {
-			if !listed[n] {
-				delete(s.queues, n)
-			}
-		}
+		s.queues = next
 	}
 	now := time.Now()
 	var due []*sweptQueue

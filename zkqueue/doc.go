@@ -13,6 +13,9 @@
 //	             release, unclaim, dead letters, redrive
 //	sweep.go     LeaseSweeper: releases expired leases, watch-driven
 //	commit.go    Committer: group commit of concurrent writes into one Multi
+//	consumers.go ConsumerGroup: the processes consuming a queue, their rank (share)
+//	catalog.go   Catalog: named queues under one parent: create, two-step guarded
+//	             delete, list, load with a watch; spec.go: a queue's stored Spec
 //	names.go     node names and their order; codec.go: message and lease encodings
 //	budget.go    Budget: memory of messages published here, for read-free claims
 //	observe.go   Observer: per-request latency for metrics
@@ -84,5 +87,6 @@
 //     the backlog to about 60,000 messages with the default 1 MiB
 //     jute.maxbuffer on the server.
 //
-// A Queue, Leases and a Committer are safe for concurrent use.
+// A Queue, Leases, a Committer, a ConsumerGroup and a Catalog are safe for
+// concurrent use.
 package zkqueue
