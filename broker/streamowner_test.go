@@ -2,7 +2,6 @@ package broker_test
 
 import (
 	"context"
-	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -10,11 +9,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
-	"github.com/qbroker/qbroker/broker"
+	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -77,16 +75,6 @@ func TestConsumeStreamGoroutinesEndBeforeShutdownReturns(t *testing.T) {
 func testStreamGoroutinesOwned(t *testing.T, clientCancels bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b, err := broker.New(ctx, broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t),
-		SweepInterval: 100 * time.Millisecond, SessionTimeout: 4 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Close()
-		t.Fatal(err)
-	}
 	checked := make(chan struct{})
 	returned := make(chan error, 1)
 	hold := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
@@ -97,14 +85,9 @@ func testStreamGoroutinesOwned(t *testing.T, clientCancels bool) {
 		returned <- err
 		return err
 	}
-	tb := &testBroker{b: b, srv: b.GRPCServer(grpc.ChainStreamInterceptor(hold)), addr: lis.Addr().String()}
-	go func() { _ = tb.srv.Serve(lis) }()
-	tb.conn, err = grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb.client = pb.NewQueueClient(tb.conn)
-	t.Cleanup(tb.stop)
+	tb := launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t),
+		brokertest.Options{ServerOptions: []grpc.ServerOption{grpc.ChainStreamInterceptor(hold)}})
+	b := tb.b
 
 	const queue = "owned"
 	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: queue})
