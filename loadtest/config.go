@@ -28,18 +28,21 @@ type Config struct {
 	QBrokerBin   string   `json:"-"`
 
 	// Workload.
-	Producers      int                  `json:"producers"`
-	Consumers      int                  `json:"consumers"`
-	ConnsPerBroker int                  `json:"conns_per_broker"`
-	Messages       int                  `json:"messages"`
-	Duration       time.Duration        `json:"-"`
-	Payload        int                  `json:"payload_bytes"`
-	Kind           qbroker.QueueKind    `json:"kind"`
-	PriorityMix    []PriorityShare      `json:"priority_mix,omitempty"`
-	Mode           qbroker.DeliveryMode `json:"mode"`
-	NackRate       float64              `json:"nack_rate"`
-	Batch          int                  `json:"batch"`
-	Rate           float64              `json:"rate"`
+	Producers      int `json:"producers"`
+	Consumers      int `json:"consumers"`
+	ConnsPerBroker int `json:"conns_per_broker"`
+	Messages       int `json:"messages"`
+	// Backlog, when set, publishes that many messages before any
+	// consumer starts, then measures how fast the consumers drain them.
+	Backlog     int                  `json:"backlog,omitempty"`
+	Duration    time.Duration        `json:"-"`
+	Payload     int                  `json:"payload_bytes"`
+	Kind        qbroker.QueueKind    `json:"kind"`
+	PriorityMix []PriorityShare      `json:"priority_mix,omitempty"`
+	Mode        qbroker.DeliveryMode `json:"mode"`
+	NackRate    float64              `json:"nack_rate"`
+	Batch       int                  `json:"batch"`
+	Rate        float64              `json:"rate"`
 	// RateOfRaw, when set, runs the raw baseline first and sets Rate to
 	// this fraction of its throughput: latency at a load relative to the
 	// ceiling measured in the same run.
@@ -138,6 +141,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.IntVar(&c.Consumers, "consumers", 64, "consumers (one Consume stream each)")
 	fs.IntVar(&c.ConnsPerBroker, "conns-per-broker", 1, "client connections per broker, shared round-robin by producers and consumers; 0: one per producer or consumer")
 	fs.IntVar(&c.Messages, "messages", 0, "messages to publish in all (0: until --duration)")
+	fs.IntVar(&c.Backlog, "backlog", 0, "publish this many messages before the consumers start, then measure the drain (sets --messages; excludes --duration, --rate)")
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long producers publish (0 with --messages: until all are published)")
 	fs.IntVar(&c.Payload, "payload", 100, fmt.Sprintf("payload bytes (at least %d, the load test's header)", headerLen))
 	fs.StringVar(&f.kind, "kind", "fifo", "queue kind: fifo or priority")
@@ -169,6 +173,12 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 func (c *Config) complete(f *pendingFlags, set map[string]bool) error {
 	if set["messages"] && !set["duration"] {
 		c.Duration = 0 // a message count alone bounds the run
+	}
+	if c.Backlog > 0 {
+		if set["messages"] || set["duration"] || set["rate"] || set["rate-of-raw"] {
+			return fmt.Errorf("%w: --backlog excludes --messages, --duration, --rate and --rate-of-raw", errUsage)
+		}
+		c.Messages, c.Duration = c.Backlog, 0
 	}
 	c.Progress = !f.noProgress
 	c.Brokers = splitList(f.brokers)
@@ -255,8 +265,8 @@ func (c *Config) validate() error {
 		return errors.New("--producers and --consumers must be at least 1")
 	case c.ConnsPerBroker < 0:
 		return fmt.Errorf("--conns-per-broker %d < 0", c.ConnsPerBroker)
-	case c.Messages < 0 || c.Duration < 0:
-		return errors.New("--messages and --duration must not be negative")
+	case c.Messages < 0 || c.Duration < 0 || c.Backlog < 0:
+		return errors.New("--messages, --duration and --backlog must not be negative")
 	case c.Messages == 0 && c.Duration == 0:
 		return errors.New("give --messages or --duration")
 	case c.Payload < headerLen || c.Payload > 512<<10:

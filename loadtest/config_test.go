@@ -91,6 +91,15 @@ var validFlags = []parseFlagsCase{
 		},
 	},
 	{
+		name: "a backlog bounds the run by its count",
+		args: []string{"--spawn-brokers", "1", "--backlog", "20000"},
+		check: func(t *testing.T, c Config) {
+			if c.Backlog != 20000 || c.Messages != 20000 || c.Duration != 0 {
+				t.Errorf("got backlog %d, messages %d, duration %v; want 20000, 20000, 0", c.Backlog, c.Messages, c.Duration)
+			}
+		},
+	},
+	{
 		name: "several brokers only report order violations",
 		args: []string{"--spawn-brokers", "2"},
 		check: func(t *testing.T, c Config) {
@@ -169,6 +178,9 @@ var badFlags = []parseFlagsCase{
 	{name: "prefetch", args: []string{"--spawn-brokers", "1", "--prefetch", "0"}, wantErr: "--prefetch"},
 	{name: "batch", args: []string{"--spawn-brokers", "1", "--batch", "1001"}, wantErr: "--batch"},
 	{name: "bad order", args: []string{"--spawn-brokers", "1", "--order", "sometimes"}, wantErr: "--order"},
+	{name: "backlog and duration", args: []string{"--spawn-brokers", "1", "--backlog", "10", "--duration", "5s"}, wantErr: "--backlog excludes"},
+	{name: "backlog and rate", args: []string{"--spawn-brokers", "1", "--backlog", "10", "--rate", "100"}, wantErr: "--backlog excludes"},
+	{name: "negative backlog", args: []string{"--spawn-brokers", "1", "--backlog", "-1"}, wantErr: "--backlog must not be negative"},
 	{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
 }
 

@@ -35,6 +35,11 @@
 // --rate-of-raw, the raw baseline for D before measuring it): a fresh
 // ZooKeeper JVM is still compiling its hot paths for the first seconds.
 //
+// --backlog N publishes N messages before any consumer starts, then starts
+// the consumers and measures how fast they drain the queue: the delivered
+// (acked) rate is over the drain alone, and end-to-end latency includes
+// the time a message waited in the backlog.
+//
 // A payload carries its producer, sequence number and send time (in open
 // loop the time it was due, so end-to-end latency includes any publishing
 // backlog) and a filler derived from them up to --payload bytes.

@@ -59,9 +59,11 @@ func TestEndToEnd(t *testing.T) {
 		baselines []string
 		rateOfRaw float64       // open loop relative to raw, which then runs first
 		warmup    time.Duration // checked, not reported
+		backlog   bool          // the 3000 messages published before the consumers start
 	}{
 		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive}, rateOfRaw: 0.2},
 		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond},
+		{name: "backlog", mode: qbroker.AtLeastOnce, batch: 100, backlog: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -78,6 +80,9 @@ func TestEndToEnd(t *testing.T) {
 				Timeout: 2 * time.Minute, DrainTimeout: time.Minute,
 				JSONPath: filepath.Join(dir, tt.name+".json"),
 				HTMLPath: filepath.Join(dir, tt.name+".html"),
+			}
+			if tt.backlog {
+				cfg.Backlog = cfg.Messages
 			}
 			var stdout, stderr bytes.Buffer
 			if code := runOn(ctx, cfg, topo, &stdout, &stderr); code != 0 {
@@ -108,7 +113,10 @@ type jsonReport struct {
 		NackRate float64 `json:"nack_rate"`
 		Rate     float64 `json:"rate"`
 	} `json:"config"`
-	Throughput struct {
+	PublishSeconds float64 `json:"publish_seconds"`
+	Seconds        float64 `json:"seconds"`
+	DrainSeconds   float64 `json:"drain_seconds"`
+	Throughput     struct {
 		Published       int64   `json:"published"`
 		Delivered       int64   `json:"delivered"`
 		PublishedPerSec float64 `json:"published_per_sec"`
@@ -170,10 +178,16 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	if r.CPU == nil || r.CPU.BrokerPer1k <= 0 || r.CPU.ZooKeeperPer1k <= 0 {
 		t.Errorf("cpu: %+v", r.CPU)
 	}
-	if cfg.Mode == qbroker.AtLeastOnce {
+	if cfg.Backlog > 0 && (r.DrainSeconds <= 0 || r.PublishSeconds+r.DrainSeconds > r.Seconds*1.01) {
+		t.Errorf("backlog: published in %vs, drained in %vs, run %vs", r.PublishSeconds, r.DrainSeconds, r.Seconds)
+	}
+	if cfg.Mode == qbroker.AtLeastOnce && v.Acked != 3000 {
+		t.Errorf("at least once: %d acked, want 3000", v.Acked)
+	}
+	if cfg.NackRate > 0 {
 		// About 300 of 3000 are nacked once, so redelivered.
-		if v.Acked != 3000 || v.Redeliveries < 100 || r.Conflicts == nil || r.Conflicts.Broker.Nacked < 100 {
-			t.Errorf("at least once: %d acked, %d redeliveries, broker %+v", v.Acked, v.Redeliveries, r.Conflicts)
+		if v.Redeliveries < 100 || r.Conflicts == nil || r.Conflicts.Broker.Nacked < 100 {
+			t.Errorf("nacks: %d redeliveries, broker %+v", v.Redeliveries, r.Conflicts)
 		}
 	}
 	if len(r.Baselines) != len(baselines) {

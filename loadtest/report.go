@@ -27,15 +27,18 @@ type Report struct {
 	Warnings []string `json:"warnings,omitempty"`
 	// PublishSeconds: from the first publish to the last producer's
 	// end; Seconds: to the last message delivered (acked).
-	PublishSeconds float64          `json:"publish_seconds"`
-	Seconds        float64          `json:"seconds"`
-	Throughput     Throughput       `json:"throughput"`
-	Latency        Latencies        `json:"latency"`
-	Check          Verdict          `json:"check"`
-	Errors         ErrorStats       `json:"errors"`
-	Conflicts      *ConflictStats   `json:"conflicts,omitempty"`
-	CPU            *CPUStats        `json:"cpu,omitempty"`
-	Baselines      []BaselineResult `json:"baselines,omitempty"`
+	PublishSeconds float64 `json:"publish_seconds"`
+	Seconds        float64 `json:"seconds"`
+	// DrainSeconds: with a backlog, from the consumers' start to the
+	// last message delivered (acked); the delivered rate is over it.
+	DrainSeconds float64          `json:"drain_seconds,omitempty"`
+	Throughput   Throughput       `json:"throughput"`
+	Latency      Latencies        `json:"latency"`
+	Check        Verdict          `json:"check"`
+	Errors       ErrorStats       `json:"errors"`
+	Conflicts    *ConflictStats   `json:"conflicts,omitempty"`
+	CPU          *CPUStats        `json:"cpu,omitempty"`
+	Baselines    []BaselineResult `json:"baselines,omitempty"`
 	// Ratios: qbroker's delivered/s divided by each baseline's rate.
 	Ratios   map[string]float64 `json:"ratios,omitempty"`
 	Timeline []TimelinePoint    `json:"timeline"`
@@ -143,11 +146,16 @@ func buildReport(in reportInput) *Report {
 	if c.Mode == qbroker.AtLeastOnce {
 		delivered = w.Verdict.Acked
 	}
+	deliverSeconds := r.Seconds
+	if !w.DrainStart.IsZero() {
+		r.DrainSeconds = w.End.Sub(w.DrainStart).Seconds()
+		deliverSeconds = r.DrainSeconds
+	}
 	r.Throughput = Throughput{
 		Published:       w.Verdict.Published,
 		Delivered:       delivered,
 		PublishedPerSec: perSec(w.Verdict.Published, r.PublishSeconds),
-		DeliveredPerSec: perSec(delivered, r.Seconds),
+		DeliveredPerSec: perSec(delivered, deliverSeconds),
 		TargetRate:      c.Rate,
 		MaxSendLagMS:    float64(w.MaxSendLag) / float64(time.Millisecond),
 	}
@@ -240,8 +248,13 @@ func writeSummary(out io.Writer, r *Report) {
 	c := r.Config
 	writeRun(&b, r)
 	t := r.Throughput
-	fmt.Fprintf(&b, "throughput   published %d in %.1fs = %.0f msg/s; delivered %d in %.1fs = %.0f msg/s\n",
-		t.Published, r.PublishSeconds, t.PublishedPerSec, t.Delivered, r.Seconds, t.DeliveredPerSec)
+	if r.DrainSeconds > 0 {
+		fmt.Fprintf(&b, "throughput   published %d in %.1fs = %.0f msg/s, then drained %d in %.1fs = %.0f msg/s\n",
+			t.Published, r.PublishSeconds, t.PublishedPerSec, t.Delivered, r.DrainSeconds, t.DeliveredPerSec)
+	} else {
+		fmt.Fprintf(&b, "throughput   published %d in %.1fs = %.0f msg/s; delivered %d in %.1fs = %.0f msg/s\n",
+			t.Published, r.PublishSeconds, t.PublishedPerSec, t.Delivered, r.Seconds, t.DeliveredPerSec)
+	}
 	writeLatency(&b, "publish call", r.Latency.Publish)
 	writeLatency(&b, "end to end", r.Latency.EndToEnd)
 	if r.Conflicts != nil {
@@ -305,6 +318,9 @@ func writeRun(b *strings.Builder, r *Report) {
 	}
 	if c.NackRate > 0 {
 		fmt.Fprintf(b, ", nack rate %.2f", c.NackRate)
+	}
+	if c.Backlog > 0 {
+		fmt.Fprintf(b, ", a backlog of %d published before the consumers started", c.Backlog)
 	}
 	if c.Warmup > 0 {
 		fmt.Fprintf(b, ", measured after a %v warmup", c.Warmup)

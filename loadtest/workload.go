@@ -16,8 +16,11 @@ import (
 
 // workloadResult is what one run of producers and consumers measured.
 type workloadResult struct {
-	Start      time.Time // producers started (consumers were subscribed)
+	Start      time.Time // producers started (consumers were subscribed, unless Backlog)
 	PublishEnd time.Time // the last producer finished
+	// DrainStart: with Backlog, when the consumers started, after every
+	// message was published; zero otherwise.
+	DrainStart time.Time
 	End        time.Time // every published message was complete, or the drain gave up
 	Verdict    Verdict
 	// Problems beyond the checker's: drain timeout, consumers that
@@ -45,7 +48,8 @@ type shared struct {
 
 // runWorkload runs producers and consumers on the existing queue
 // cfg.Queue. It subscribes the consumers, runs the producers until their
-// quota or deadline, waits until every published message is delivered
+// quota or deadline (with a backlog, the producers first, then the
+// consumers), waits until every published message is delivered
 // (acked at least once) or cfg.DrainTimeout passes, closes the consumers
 // and checks that the queue is empty. Every goroutine it starts has ended
 // when it returns.
@@ -55,35 +59,40 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	sh := &shared{cfg: cfg, checker: NewChecker(cfg.Producers, ackMode), live: live, errs: newErrorCounts(live)}
 	res := &workloadResult{}
 
-	// Consumers first, so producers publish into a consumed queue.
-	consumers, err := startConsumers(ctx, sh, pool)
-	if err != nil {
-		return nil, err
+	// Consumers first, so producers publish into a consumed queue; with
+	// a backlog, after the producers, so they find it all there.
+	var consumers *consumerGroup
+	var err error
+	if cfg.Backlog == 0 {
+		if consumers, err = startConsumers(ctx, sh, pool); err != nil {
+			return nil, err
+		}
 	}
 	res.Start = time.Now()
 	producers, err := newProducers(ctx, sh, pool, res.Start)
 	if err != nil {
-		consumers.close()
+		if consumers != nil {
+			consumers.close()
+		}
 		return nil, err
 	}
-
 	var phase atomic.Value
 	phase.Store("publish")
 	sctx, stopSampler := context.WithCancel(ctx)
+	defer stopSampler()
 	s := newSampler(live, res.Start, progress, ackMode, func() string { return phase.Load().(string) })
 	go s.run(sctx)
-
-	var wg sync.WaitGroup
-	for _, p := range producers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.run(ctx)
-		}()
-	}
-	wg.Wait()
+	runProducers(ctx, producers)
 	res.PublishEnd = time.Now()
 	phase.Store("drain")
+	if cfg.Backlog > 0 {
+		res.DrainStart = time.Now()
+		if consumers, err = startConsumers(ctx, sh, pool); err != nil {
+			stopSampler()
+			<-s.done
+			return nil, err
+		}
+	}
 
 	if ctx.Err() == nil {
 		res.Problems = append(res.Problems, drain(ctx, sh, &consumers.left)...)
@@ -93,7 +102,26 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	res.Problems = append(res.Problems, consumers.close()...)
 	stopSampler()
 	<-s.done
+	return finishWorkload(ctx, cfg, pool, sh, res, producers, consumers, s), nil
+}
 
+// runProducers runs the producers until their quota or deadline and
+// waits for them.
+func runProducers(ctx context.Context, producers []*producer) {
+	var wg sync.WaitGroup
+	for _, p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.run(ctx)
+		}()
+	}
+	wg.Wait()
+}
+
+// finishWorkload gives a run that ended its verdict and its figures.
+func finishWorkload(ctx context.Context, cfg *Config, pool *connPool, sh *shared, res *workloadResult,
+	producers []*producer, consumers *consumerGroup, s *sampler) *workloadResult {
 	if !res.Interrupted {
 		res.Verdict = sh.checker.Verdict(cfg.Order == orderStrict)
 		if p := leftovers(ctx, cfg, pool, res.Verdict); p != "" {
@@ -113,7 +141,7 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	res.EndToEnd = mergeHists(consumers.hists)
 	res.ErrorsByCode, res.ErrorsByOp = sh.errs.snapshot()
 	res.Timeline = s.points
-	return res, nil
+	return res
 }
 
 // consumerGroup owns the consumers' goroutines.
