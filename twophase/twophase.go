@@ -73,8 +73,8 @@ const (
 // Node names under the transaction node. Participants' nodes are
 // prefixed, so no participant name can collide with the decision.
 const (
-	decisionName  = "decision"
-	votePrefix = "p-"
+	decisionName = "decision"
+	votePrefix   = "p-"
 )
 
 // Coordinator is the decider's name in a Decision made by the
