@@ -78,7 +78,8 @@ const (
 )
 
 // Coordinator is the decider's name in a Decision made by the
-// coordinator's or an observer's Tx (one not joined as a participant).
+// coordinator's or an observer's Tx (one not joined as a participant); a
+// participant named so cannot be told from it.
 const Coordinator = "coordinator"
 
 // Decision is a transaction's outcome, read from its decision node.
@@ -110,7 +111,9 @@ type txRecord struct {
 //
 // Errors: ErrInvalid (txPath not absolute and clean, no participants,
 // more than MaxParticipants, a name CheckName refuses or given twice,
-// timeout <= 0), ErrExists (txPath exists: never reuse a path).
+// timeout <= 0), ErrExists (txPath exists: never reuse a path). A Begin
+// that fails with the connection may have created the transaction: a
+// retry then gets ErrExists, and Watch follows the transaction.
 func Begin(ctx context.Context, conn *zk.Conn, txPath string, participants []string, timeout time.Duration) (*Tx, error) {
 	if err := checkBegin(conn, txPath, participants, timeout); err != nil {
 		return nil, err
