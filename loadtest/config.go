@@ -155,7 +155,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
 	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
-	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw,naive, or none (default raw,naive when ZooKeeper is known)")
+	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw, naive, jetstream (NATS JetStream work queue, default sync), jetstream-sync (fsync every write), or none (default raw,naive when ZooKeeper is known)")
 	fs.DurationVar(&c.BaselineDuration, "baseline-duration", 10*time.Second, "bound of each baseline")
 	fs.IntVar(&c.RawSessions, "raw-sessions", 24, "raw baseline: ZooKeeper sessions")
 	fs.IntVar(&c.RawGoroutines, "raw-goroutines", 16, "raw baseline: goroutines per session")
@@ -299,12 +299,15 @@ func (c *Config) validate() error {
 		return errors.New("--raw-sessions, --raw-goroutines and --naive-prefill must be at least 1")
 	}
 	for _, b := range c.Baselines {
-		if b != baselineRaw && b != baselineNaive {
-			return fmt.Errorf("unknown baseline %q (want raw, naive or none)", b)
+		switch b {
+		case baselineRaw, baselineNaive:
+			if c.SpawnBrokers == 0 && c.ZooKeeper == "" {
+				return fmt.Errorf("baseline %s needs --zk (or --spawn-brokers)", b)
+			}
+		case baselineJetStream, baselineJetStreamSync:
+		default:
+			return fmt.Errorf("unknown baseline %q (want raw, naive, jetstream, jetstream-sync or none)", b)
 		}
-	}
-	if len(c.Baselines) > 0 && c.SpawnBrokers == 0 && c.ZooKeeper == "" {
-		return errors.New("baselines need --zk (or --spawn-brokers)")
 	}
 	addrs := append(append(slices.Clone(c.Brokers), c.Metrics...), splitList(c.ZooKeeper)...)
 	for _, a := range addrs {

@@ -166,7 +166,7 @@ var badFlags = []parseFlagsCase{
 	{name: "not loopback", args: []string{"--broker", "10.0.0.1:7070"}, wantErr: "not a loopback"},
 	{name: "zk not loopback", args: []string{"--broker", "127.0.0.1:7070", "--zk", "example.com:2181"}, wantErr: "not a loopback"},
 	{name: "metrics count", args: []string{"--broker", "127.0.0.1:7070", "--metrics", "127.0.0.1:1,127.0.0.1:2"}, wantErr: "2 --metrics addresses for 1"},
-	{name: "baselines need zk", args: []string{"--broker", "127.0.0.1:7070", "--baselines", "raw"}, wantErr: "need --zk"},
+	{name: "baselines need zk", args: []string{"--broker", "127.0.0.1:7070", "--baselines", "raw"}, wantErr: "needs --zk"},
 	{name: "unknown baseline", args: []string{"--spawn-brokers", "1", "--baselines", "fast"}, wantErr: "unknown baseline"},
 	{name: "mix without priority", args: []string{"--spawn-brokers", "1", "--priority-mix", "0:100"}, wantErr: "needs --kind priority"},
 	{name: "bad mix", args: []string{"--spawn-brokers", "1", "--kind", "priority", "--priority-mix", "0:50"}, wantErr: "add up to 50"},

@@ -81,7 +81,13 @@
 //     session, listing the children, sorting them and racing for the head
 //     with getData+delete, moving on to the next child when the node is
 //     gone and listing again when the list is used up, on a queue
-//     prefilled with --naive-prefill messages.
+//     prefilled with --naive-prefill messages;
+//   - jetstream, jetstream-sync (only when asked for): the workload itself
+//     (producers, batch, consumers, prefetch, mode, backlog) on a NATS
+//     JetStream work queue with file storage, on an in-process nats-server
+//     storing in a temporary directory on the same disk: with JetStream's
+//     default durability (files synced every 2 minutes), and syncing every
+//     write, as ZooKeeper does every commit.
 //
 // qbroker's delivered/s is reported as a ratio of each.
 //

@@ -63,7 +63,7 @@ func TestEndToEnd(t *testing.T) {
 	}{
 		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive}, rateOfRaw: 0.2},
 		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond},
-		{name: "backlog", mode: qbroker.AtLeastOnce, batch: 100, backlog: true},
+		{name: "backlog", mode: qbroker.AtLeastOnce, batch: 100, backlog: true, baselines: []string{baselineJetStreamSync}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

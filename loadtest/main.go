@@ -225,11 +225,16 @@ func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.
 		if ctx.Err() != nil {
 			break
 		}
-		run := runRaw
-		if name == baselineNaive {
-			run = runNaive
+		var b BaselineResult
+		var err error
+		switch name {
+		case baselineRaw:
+			b, err = runRaw(ctx, cfg, topo.ZooKeeper, topo, progress)
+		case baselineNaive:
+			b, err = runNaive(ctx, cfg, topo.ZooKeeper, topo, progress)
+		default:
+			b, err = runJetStream(ctx, cfg, name == baselineJetStreamSync, progress)
 		}
-		b, err := run(ctx, cfg, topo.ZooKeeper, topo, progress)
 		if err != nil {
 			failures = append(failures, fmt.Sprintf("baseline %s: %v", name, err))
 			continue

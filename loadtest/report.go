@@ -338,6 +338,13 @@ func writeBaselines(b *strings.Builder, r *Report) {
 		case baselineNaive:
 			fmt.Fprintf(b, "baseline     naive consumers (seeds' recipe): %.0f msg/s, %.1f lost races per message (%d consumers, depth %d)",
 				bl.PerSec, bl.ConflictsPerDelivered, bl.Sessions, bl.Prefill)
+		case baselineJetStream, baselineJetStreamSync:
+			sync := "files synced every 2 minutes (the default)"
+			if bl.Name == baselineJetStreamSync {
+				sync = "every write synced"
+			}
+			fmt.Fprintf(b, "baseline     %s: NATS JetStream work queue, same workload, %s: %.0f msg/s",
+				bl.Name, sync, bl.PerSec)
 		}
 		if bl.ZooKeeperCPUSecPer1k > 0 {
 			fmt.Fprintf(b, "; ZooKeeper %.3fs per 1k", bl.ZooKeeperCPUSecPer1k)
