@@ -93,47 +93,93 @@ func (l *locker) list() ([]node, error) {
 }
 
 // wait blocks until the node key holds the lock and returns its grant.
+// It rides out connection losses (the client reconnects, maybe with a
+// new session that no longer has our node: errVanished then) until ctx
+// ends, the connection closes, or ZooKeeper has not answered for
+// noContactLimit.
 func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error) {
 	me, _ := parseNode(path.Base(key)) // ZooKeeper named it after our prefix
+	backoff, contact := retryMin, time.Now()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		nodes, err := l.list()
-		if err != nil {
+		w, holds, err := l.check(me, try)
+		if holds {
+			return l.grant(l.path + "/" + me.name)
+		}
+		if err != nil && (!transient(err) || time.Since(contact) > noContactLimit) {
 			return nil, err
 		}
-		if _, ok := withNonce(nodes, me.nonce); !ok {
-			return nil, errVanished
-		}
-		b, blocked := blocker(nodes, me)
-		if !blocked {
-			return l.grant(key)
-		}
-		if try {
-			return nil, fmt.Errorf("lock: %s: %w", l.path, ErrLocked)
-		}
-		p := l.path + "/" + b.name
-		ok, _, w, err := l.conn.ExistsW(p)
 		if err != nil {
-			return nil, fmt.Errorf("lock: exists %s: %w", p, err)
-		}
-		if !ok {
+			if !sleep(backoff, ctx.Done(), l.done) {
+				return nil, errors.Join(err, context.Cause(ctx), l.closedErr())
+			}
+			backoff = min(2*backoff, retryMax)
 			continue
 		}
-		if testHookWaiting != nil {
-			testHookWaiting(key, p)
+		backoff, contact = retryMin, time.Now()
+		if w == nil {
+			continue // the node to wait for went meanwhile
 		}
 		select {
-		case <-w:
-			// Deleted, or the watch ended (the session expired: our
-			// node is gone too, which the next list shows).
+		case ev := <-w:
+			// Deleted, or the watch ended: the session expired (our node
+			// is gone too, which the next list shows) or the connection
+			// closed.
+			if errors.Is(ev.Err, zk.ErrClosing) {
+				return nil, fmt.Errorf("lock: waiting in %s: %w", l.path, ev.Err)
+			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-l.done:
 			return nil, ErrClosed
 		}
 	}
+}
+
+// check lists the lock's nodes once: holds when me holds the lock, else
+// the exists watch on the node me waits for (nil when that node is gone
+// already).
+func (l *locker) check(me node, try bool) (w <-chan zk.Event, holds bool, err error) {
+	nodes, err := l.list()
+	if err != nil {
+		return nil, false, err
+	}
+	if _, ok := withNonce(nodes, me.nonce); !ok {
+		return nil, false, errVanished
+	}
+	b, blocked := blocker(nodes, me)
+	if !blocked {
+		return nil, true, nil
+	}
+	if try {
+		return nil, false, fmt.Errorf("lock: %s: %w", l.path, ErrLocked)
+	}
+	p := l.path + "/" + b.name
+	ok, _, w, err := l.conn.ExistsW(p)
+	if err != nil {
+		return nil, false, fmt.Errorf("lock: exists %s: %w", p, err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	if testHookWaiting != nil {
+		testHookWaiting(l.path+"/"+me.name, p)
+	}
+	return w, false, nil
+}
+
+// transient reports an error that a reconnection may cure.
+func transient(err error) bool {
+	return zkutil.IsUnavailable(err) && !errors.Is(err, zk.ErrClosing)
+}
+
+func (l *locker) closedErr() error {
+	if l.isClosed() {
+		return ErrClosed
+	}
+	return nil
 }
 
 // grant makes the node key, now holding the lock, a Grant: it reads the
