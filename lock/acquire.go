@@ -154,7 +154,7 @@ func (l *locker) check(me node, try bool) (w <-chan zk.Event, holds bool, err er
 		return nil, true, nil
 	}
 	if try {
-		return nil, false, fmt.Errorf("lock: %s: %w", l.path, ErrLocked)
+		return nil, false, fmt.Errorf("lock: trylock %s: %w", l.path, ErrLocked)
 	}
 	p := l.path + "/" + b.name
 	ok, _, w, err := l.conn.ExistsW(p)
