@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -99,6 +100,17 @@ func (l *locker) list() ([]node, error) {
 // noContactLimit.
 func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error) {
 	me, _ := parseNode(path.Base(key)) // ZooKeeper named it after our prefix
+	// Our node's Stat and exists watch, which a grant needs, are read
+	// beside the first listing: an uncontended Lock costs a create and
+	// one round trip.
+	var mine watched
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		mine = l.watchOwn(key)
+	}()
+	defer wg.Wait()
 	backoff, contact := retryMin, time.Now()
 	for {
 		if err := ctx.Err(); err != nil {
@@ -106,7 +118,8 @@ func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error)
 		}
 		w, holds, err := l.check(me, try)
 		if holds {
-			return l.grant(l.path + "/" + me.name)
+			wg.Wait()
+			return l.grant(key, mine)
 		}
 		if err != nil && (!transient(err) || time.Since(contact) > noContactLimit) {
 			return nil, err
@@ -182,19 +195,42 @@ func (l *locker) closedErr() error {
 	return nil
 }
 
-// grant makes the node key, now holding the lock, a Grant: it reads the
-// node's creation zxid (the fencing token) with the watch the grant
-// follows. A node that is not our current session's is one of an expired
-// session that the server has not deleted yet: it holds nothing.
-func (l *locker) grant(key string) (*Grant, error) {
+// watched is a node's Stat and exists watch, read together.
+type watched struct {
+	st  *zk.Stat
+	w   <-chan zk.Event
+	err error
+}
+
+// watchOwn reads our node's Stat with an exists watch: the grant follows
+// the watch, so whatever happened to the node since (a revocation, its
+// deletion, the session's end) reaches the grant.
+func (l *locker) watchOwn(key string) watched {
 	ok, st, w, err := l.conn.ExistsW(key)
-	if err != nil {
-		return nil, fmt.Errorf("lock: exists %s: %w", key, err)
+	switch {
+	case err != nil:
+		return watched{err: fmt.Errorf("lock: exists %s: %w", key, err)}
+	case !ok:
+		return watched{err: errVanished}
 	}
-	if !ok || st.EphemeralOwner != l.conn.SessionID() {
+	return watched{st: st, w: w}
+}
+
+// grant makes the node key, now holding the lock, a Grant: its Stat gives
+// the fencing token (the creation zxid), its watch the grant's watcher.
+// A node that is not our current session's is one of an expired session
+// that the server has not deleted yet: it holds nothing.
+func (l *locker) grant(key string, mine watched) (*Grant, error) {
+	if mine.err != nil && !errors.Is(mine.err, errVanished) {
+		mine = l.watchOwn(key) // the first read failed: read again
+	}
+	if mine.err != nil {
+		return nil, mine.err
+	}
+	if mine.st.EphemeralOwner != l.conn.SessionID() {
 		return nil, errVanished
 	}
-	return startGrant(l.conn, l.log, key, st, w), nil
+	return startGrant(l.conn, l.log, key, mine.st, mine.w), nil
 }
 
 // abandon deletes the node of an attempt that failed; when the delete

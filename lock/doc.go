@@ -19,8 +19,9 @@
 // and a "write" node are exclusive, so a Mutex and an RWMutex's writers
 // on the same path exclude each other.
 //
-// The lowest exclusive node holds the lock alone; read nodes before the
-// first exclusive node share it. Each waiter watches exactly one node (an
+// An exclusive node holds the lock alone once it is the lowest; read nodes
+// before the first exclusive node share it, and a waiting writer makes
+// the readers behind it wait too (readers do not starve writers). Each waiter watches exactly one node (an
 // exists watch): an exclusive waiter the node just before its own, a
 // reader the last exclusive node before its own. So a Mutex's release
 // wakes its successor alone, whatever the number of waiters, and a writer's
@@ -60,10 +61,14 @@
 //     connection is down), the grant's watcher retries it until the node
 //     is gone or the session ends, so the lock is never left stuck by a
 //     live session (the Curator failure of a release lost with the
-//     connection). Lost closes when the node is gone.
-//   - A waiter whose watch misses nothing: it lists the children after
-//     setting up nothing, then sets an exists watch on its predecessor and
-//     lists again if that node is already gone.
+//     connection). Lost closes when the node is gone; Grant.Err tells a
+//     loss from an Unlock.
+//   - No missed wakeup: a waiter lists the nodes, then sets its exists
+//     watch on the one it waits for, and lists again when that node is
+//     gone already or the watch fires. A connection loss keeps the watch
+//     (the client sets it again when it reconnects); a session expiry
+//     ends it, and the waiter, its node gone with the session, queues
+//     again with a new node.
 //
 // What it does not guarantee: that a holder knows at once when another
 // may hold the lock. A holder cut off from ZooKeeper keeps its grant

@@ -122,12 +122,14 @@ func (m *Mutex) Path() string { return m.l.path }
 // until it is the lowest, watches only the node just before its own, so
 // each release wakes one waiter.
 //
-// When ctx ends first, Lock deletes its node and returns ctx.Err(); on any
-// other error it deletes its node too. A delete that fails (the
-// connection is down), or a create whose answer was lost with the
-// connection, is finished in the background (see Close). Errors of
-// ZooKeeper are wrapped (zk.ErrNoNode when the lock's node is missing);
-// ErrClosed after Close.
+// Once its node is made, Lock rides out connection losses (queueing again
+// with a new node if the session expired) until ctx ends, the connection
+// closes, or ZooKeeper has not answered for two minutes. When ctx ends
+// first, Lock deletes its node and returns ctx.Err(); on any other error
+// it deletes its node too. A delete that fails (the connection is down),
+// or a create whose answer was lost with the connection, is finished in
+// the background (see Close). Errors of ZooKeeper are wrapped
+// (zk.ErrNoNode when the lock's node is missing); ErrClosed after Close.
 func (m *Mutex) Lock(ctx context.Context) (*Grant, error) {
 	return m.l.acquire(ctx, kindLock, false)
 }
@@ -140,9 +142,10 @@ func (m *Mutex) TryLock(ctx context.Context) (*Grant, error) {
 }
 
 // Close ends the Locks under way (they return ErrClosed, their nodes
-// deleted) and the background removal of nodes left by failed calls
-// (those nodes stay until the session ends), and waits for them. Grants
-// are not affected. Close is idempotent.
+// deleted) and stops the background removal of nodes left by failed calls
+// (those nodes then stay until the session ends), waiting for it. Grants
+// are not affected: each ends with its Unlock or loss. Close is
+// idempotent.
 func (m *Mutex) Close() error { return m.l.close() }
 
 // Path returns the lock's node.
