@@ -1,0 +1,327 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Test hooks, set by tests only (export_test.go). testHookCreate stands
+// in for the create of a contender's node; testHookWaiting runs when the
+// contender key starts waiting for the node pred to go.
+var (
+	testHookCreate  func(conn *zk.Conn, prefix string, data []byte) (string, error)
+	testHookWaiting func(key, pred string)
+)
+
+// acquire is Lock, TryLock, RLock and TryRLock: kind names the node, try
+// gives up with ErrLocked instead of waiting.
+func (l *locker) acquire(ctx context.Context, kind string, try bool) (*Grant, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if l.isClosed() {
+			return nil, ErrClosed
+		}
+		nonce := newNonce()
+		key, err := l.create(kind, nonce)
+		if err != nil {
+			return nil, err
+		}
+		g, err := l.wait(ctx, key, try)
+		if errors.Is(err, errVanished) {
+			// The session expired while we waited: queue again.
+			l.log.Debug("contender's node vanished, queueing again", "znode", key)
+			continue
+		}
+		if err != nil {
+			l.abandon(key, nonce)
+			return nil, err
+		}
+		return g, nil
+	}
+}
+
+// create makes the contender's node. A create that fails with the
+// connection may have been applied, its answer lost: the node, ephemeral
+// and owned by our live session, would otherwise block the lock for
+// everyone until the session ends. Its nonce finds it: create adopts it
+// when the connection is back at once, and leaves its removal to the
+// background otherwise.
+func (l *locker) create(kind, nonce string) (string, error) {
+	prefix := l.path + "/" + namePrefix(kind, nonce)
+	var key string
+	var err error
+	if testHookCreate != nil {
+		key, err = testHookCreate(l.conn, prefix, l.value)
+	} else {
+		key, err = l.conn.Create(prefix, l.value, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	}
+	if err == nil {
+		return key, nil
+	}
+	err = fmt.Errorf("lock: create in %s: %w", l.path, err)
+	if !zkutil.IsUnavailable(err) {
+		return "", err
+	}
+	nodes, lerr := l.list()
+	if lerr != nil {
+		l.reap(nonce)
+		return "", err
+	}
+	if n, ok := withNonce(nodes, nonce); ok {
+		l.log.Info("adopting a node whose create answer was lost", "znode", l.path+"/"+n.name)
+		return l.path + "/" + n.name, nil
+	}
+	return "", err
+}
+
+// list returns the lock nodes under the lock's node.
+func (l *locker) list() ([]node, error) {
+	children, _, err := l.conn.Children(l.path)
+	if err != nil {
+		return nil, fmt.Errorf("lock: children %s: %w", l.path, err)
+	}
+	return parseAll(children), nil
+}
+
+// wait blocks until the node key holds the lock and returns its grant.
+// It rides out connection losses (the client reconnects, maybe with a
+// new session that no longer has our node: errVanished then) until ctx
+// ends, the connection closes, or ZooKeeper has not answered for
+// noContactLimit.
+func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error) {
+	me, _ := parseNode(path.Base(key)) // ZooKeeper named it after our prefix
+	// Our node's Stat and exists watch, which a grant needs, are read
+	// beside the first listing: an uncontended Lock costs a create and
+	// one round trip.
+	var mine watched
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		mine = l.watchOwn(key)
+	}()
+	defer wg.Wait()
+	backoff, contact := retryMin, time.Now()
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		w, holds, err := l.check(me, try)
+		if holds {
+			wg.Wait()
+			return l.grant(key, mine)
+		}
+		if err != nil && (!transient(err) || time.Since(contact) > noContactLimit) {
+			return nil, err
+		}
+		if err != nil {
+			if !sleep(backoff, ctx.Done(), l.done) {
+				return nil, errors.Join(err, context.Cause(ctx), l.closedErr())
+			}
+			backoff = min(2*backoff, retryMax)
+			continue
+		}
+		backoff, contact = retryMin, time.Now()
+		if w == nil {
+			continue // the node to wait for went meanwhile
+		}
+		select {
+		case ev := <-w:
+			// Deleted, or the watch ended: the session expired (our node
+			// is gone too, which the next list shows) or the connection
+			// closed.
+			if errors.Is(ev.Err, zk.ErrClosing) {
+				return nil, fmt.Errorf("lock: waiting in %s: %w", l.path, ev.Err)
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-l.done:
+			return nil, ErrClosed
+		}
+	}
+}
+
+// check lists the lock's nodes once: holds when me holds the lock, else
+// the exists watch on the node me waits for (nil when that node is gone
+// already).
+func (l *locker) check(me node, try bool) (w <-chan zk.Event, holds bool, err error) {
+	nodes, err := l.list()
+	if err != nil {
+		return nil, false, err
+	}
+	if _, ok := withNonce(nodes, me.nonce); !ok {
+		return nil, false, errVanished
+	}
+	b, blocked := blocker(nodes, me)
+	if !blocked {
+		return nil, true, nil
+	}
+	if try {
+		return nil, false, fmt.Errorf("lock: trylock %s: %w", l.path, ErrLocked)
+	}
+	p := l.path + "/" + b.name
+	ok, _, w, err := l.conn.ExistsW(p)
+	if err != nil {
+		return nil, false, fmt.Errorf("lock: exists %s: %w", p, err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	if testHookWaiting != nil {
+		testHookWaiting(l.path+"/"+me.name, p)
+	}
+	return w, false, nil
+}
+
+// transient reports an error that a reconnection may cure.
+func transient(err error) bool {
+	return zkutil.IsUnavailable(err) && !errors.Is(err, zk.ErrClosing)
+}
+
+func (l *locker) closedErr() error {
+	if l.isClosed() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// watched is a node's Stat and exists watch, read together.
+type watched struct {
+	st  *zk.Stat
+	w   <-chan zk.Event
+	err error
+}
+
+// watchOwn reads our node's Stat with an exists watch: the grant follows
+// the watch, so whatever happened to the node since (a revocation, its
+// deletion, the session's end) reaches the grant.
+func (l *locker) watchOwn(key string) watched {
+	ok, st, w, err := l.conn.ExistsW(key)
+	switch {
+	case err != nil:
+		return watched{err: fmt.Errorf("lock: exists %s: %w", key, err)}
+	case !ok:
+		return watched{err: errVanished}
+	}
+	return watched{st: st, w: w}
+}
+
+// grant makes the node key, now holding the lock, a Grant: its Stat gives
+// the fencing token (the creation zxid), its watch the grant's watcher.
+// A node that is not our current session's is one of an expired session
+// that the server has not deleted yet: it holds nothing.
+func (l *locker) grant(key string, mine watched) (*Grant, error) {
+	if mine.err != nil && !errors.Is(mine.err, errVanished) {
+		mine = l.watchOwn(key) // the first read failed: read again
+	}
+	if mine.err != nil {
+		return nil, mine.err
+	}
+	if mine.st.EphemeralOwner != l.conn.SessionID() {
+		return nil, errVanished
+	}
+	return startGrant(l.conn, l.log, key, mine.st, mine.w), nil
+}
+
+// abandon deletes the node of an attempt that failed; when the delete
+// fails, the background removes it.
+func (l *locker) abandon(key, nonce string) {
+	err := l.conn.Delete(key, -1)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		l.log.Debug("contender's node left behind", "znode", key, "err", err)
+		l.reap(nonce)
+	}
+}
+
+// Bounds of the background retries: between tries, and how long without
+// an answer from ZooKeeper before giving up. A session cannot outlive that
+// long without its client (ZooKeeper's default maximum session timeout is
+// 40 s), so its ephemeral nodes are gone by then.
+const (
+	retryMin       = 50 * time.Millisecond
+	retryMax       = 2 * time.Second
+	noContactLimit = 2 * time.Minute
+)
+
+// reap removes, in the background, the node whose name holds nonce: a
+// create whose answer was lost, or a delete that failed. It retries until
+// the node is gone, ZooKeeper has not answered for noContactLimit, or
+// Close.
+func (l *locker) reap(nonce string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		backoff, contact := retryMin, time.Now()
+		for sleep(backoff, l.done, nil) {
+			done, err := l.reapOnce(nonce)
+			switch {
+			case done:
+				return
+			case !zkutil.IsUnavailable(err):
+				l.log.Info("cannot remove a node left behind", "nonce", nonce, "err", err)
+				return
+			case errors.Is(err, errAnswered):
+				contact = time.Now()
+			case time.Since(contact) > noContactLimit:
+				l.log.Info("giving up removing a node: no answer from ZooKeeper", "nonce", nonce, "err", err)
+				return
+			}
+			backoff = min(2*backoff, retryMax)
+		}
+	}()
+}
+
+// errAnswered marks a failure after ZooKeeper answered a call of the
+// same attempt: the session was alive then.
+var errAnswered = errors.New("answered before")
+
+// reapOnce deletes the node named with nonce; done when it is gone.
+func (l *locker) reapOnce(nonce string) (done bool, err error) {
+	nodes, err := l.list()
+	if errors.Is(err, zk.ErrNoNode) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	n, ok := withNonce(nodes, nonce)
+	if !ok {
+		return true, nil
+	}
+	p := l.path + "/" + n.name
+	if err := l.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return false, fmt.Errorf("lock: delete %s: %w (%w)", p, err, errAnswered)
+	}
+	l.log.Info("removed a node left behind by a failed call", "znode", p)
+	return true, nil
+}
+
+// sleep waits d unless a or b closes first (false then); a nil channel
+// never closes.
+func sleep(d time.Duration, a, b <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-a:
+		return false
+	case <-b:
+		return false
+	}
+}
