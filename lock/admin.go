@@ -1,0 +1,156 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// Holder describes a holder of a lock.
+type Holder struct {
+	// Key is the holder's node, <path>/<kind>-<nonce>-<seq>.
+	Key string
+	// Value is the node's data: the holder's WithValue.
+	Value []byte
+	// Token is the holder's fencing token (Grant.Token).
+	Token int64
+	// Revoked says that a revocation was requested (the node's data
+	// version is above 0).
+	Revoked bool
+	// Shared says that the holder is a reader of an RWMutex, maybe one
+	// of several.
+	Shared bool
+
+	version int32
+}
+
+// Current returns the holder of the lock at p: the holder of a Mutex or
+// the writer of an RWMutex, or the first of an RWMutex's readers (Holders
+// returns them all). It may not have noticed yet that it holds. It
+// returns ErrNotHeld when nobody holds the lock, or p does not exist.
+func Current(ctx context.Context, conn *zk.Conn, p string) (Holder, error) {
+	hs, err := Holders(ctx, conn, p)
+	if err != nil {
+		return Holder{}, err
+	}
+	return hs[0], nil
+}
+
+// Holders returns the holders of the lock at p, lowest node first: one
+// for a Mutex or a writer, every reader sharing an RWMutex. It returns
+// ErrNotHeld when nobody holds the lock, or p does not exist.
+func Holders(ctx context.Context, conn *zk.Conn, p string) ([]Holder, error) {
+	if err := checkPath(p); err != nil {
+		return nil, err
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		children, _, err := conn.Children(p)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return nil, fmt.Errorf("lock: %s: %w", p, ErrNotHeld)
+		case err != nil:
+			return nil, fmt.Errorf("lock: children %s: %w", p, err)
+		}
+		nodes := holders(parseAll(children))
+		if len(nodes) == 0 {
+			return nil, fmt.Errorf("lock: %s: %w", p, ErrNotHeld)
+		}
+		out, err := readHolders(conn, p, nodes)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue // a holder just left: look again
+		}
+		if err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+}
+
+func readHolders(conn *zk.Conn, p string, nodes []node) ([]Holder, error) {
+	out := make([]Holder, 0, len(nodes))
+	for _, n := range nodes {
+		key := p + "/" + n.name
+		data, st, err := conn.Get(key)
+		if err != nil {
+			return nil, fmt.Errorf("lock: get %s: %w", key, err)
+		}
+		out = append(out, Holder{Key: key, Value: data, Token: st.Czxid, Revoked: st.Version > 0,
+			Shared: !n.exclusive(), version: st.Version})
+	}
+	return out, nil
+}
+
+// Revoke asks the holders of the lock at p to release it (seed 001's
+// revocable lock): the holder of a Mutex, the writer of an RWMutex, or
+// every reader sharing it. Each holder's Grant.Revoked closes; each holder
+// decides when to Unlock. The request is a write of the holder's node,
+// its data unchanged (the data version counts the requests). Revoke
+// returns the first holder, with Revoked set, or ErrNotHeld when nobody
+// holds the lock.
+func Revoke(ctx context.Context, conn *zk.Conn, p string) (Holder, error) {
+	for {
+		hs, err := Holders(ctx, conn, p)
+		if err != nil {
+			return Holder{}, err
+		}
+		asked := false
+		for _, h := range hs {
+			_, err := conn.Set(h.Key, h.Value, h.version)
+			switch {
+			case err == nil, errors.Is(err, zk.ErrBadVersion):
+				// Written since we read it: by another revocation, the
+				// only writer of a lock node.
+				asked = true
+			case errors.Is(err, zk.ErrNoNode):
+				// Released meanwhile.
+			default:
+				return Holder{}, fmt.Errorf("lock: revoke %s: %w", h.Key, err)
+			}
+		}
+		if asked {
+			h := hs[0]
+			h.Revoked = true
+			return h, nil
+		}
+	}
+}
+
+// UnlockKey deletes the grant's node key when its fencing token is token:
+// the release of a grant by someone other than its Grant (a service that
+// holds locks on its clients' behalf). The grant's holder sees Lost close.
+// It returns ErrNotHeld when the node is gone or has another token, and
+// ErrInvalid when key is not a lock node's path.
+func UnlockKey(ctx context.Context, conn *zk.Conn, key string, token int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := checkPath(key); err != nil {
+		return err
+	}
+	if _, ok := parseNode(path.Base(key)); !ok {
+		return fmt.Errorf("%w: %q is not a lock node", ErrInvalid, key)
+	}
+	ok, st, err := conn.Exists(key)
+	if err != nil {
+		return fmt.Errorf("lock: exists %s: %w", key, err)
+	}
+	if !ok || st.Czxid != token {
+		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+	}
+	// Node names are never reused (the nonce, the sequence): the node
+	// checked is the one deleted.
+	err = conn.Delete(key, -1)
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+	case err != nil:
+		return fmt.Errorf("lock: unlock %s: %w", key, err)
+	}
+	return nil
+}

@@ -1,0 +1,9 @@
+package lock_test
+
+import (
+	"testing"
+
+	"github.com/qbroker/qbroker/internal/zktest"
+)
+
+func TestMain(m *testing.M) { zktest.Main(m) }

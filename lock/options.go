@@ -1,0 +1,46 @@
+package lock
+
+import (
+	"log/slog"
+)
+
+// Option configures a Mutex or an RWMutex.
+type Option func(*options)
+
+type options struct {
+	value  []byte
+	logger *slog.Logger
+	create bool
+}
+
+// defaults are the options NewMutex and NewRWMutex start from.
+func defaults() options {
+	return options{logger: slog.New(slog.DiscardHandler), create: true}
+}
+
+// WithValue sets the data of every lock node this Mutex creates: what
+// Current and Revoke report as the holder's Value (an owner's name, an
+// address). Empty by default; it must stay well under ZooKeeper's
+// jute.maxbuffer (1 MiB).
+func WithValue(v []byte) Option {
+	return func(o *options) { o.value = append([]byte(nil), v...) }
+}
+
+// WithLogger logs grants and losses (Debug) and the removal of nodes left
+// behind by a failed call (Info) to l; by default nothing is logged. A nil
+// l keeps the default.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.logger = l
+		}
+	}
+}
+
+// WithoutCreate says that the lock's node exists already: the constructor
+// does no I/O, and Lock fails (wrapping zk.ErrNoNode) while the node is
+// missing. By default the constructor creates the node and its missing
+// parents (persistent, empty, world-writable).
+func WithoutCreate() Option {
+	return func(o *options) { o.create = false }
+}

@@ -1,0 +1,144 @@
+package lock_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lock"
+)
+
+func newMutex(t testing.TB, conn *zk.Conn, p string, opts ...lock.Option) *lock.Mutex {
+	t.Helper()
+	m, err := lock.NewMutex(conn, p, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+func newRWMutex(t testing.TB, conn *zk.Conn, p string, opts ...lock.Option) *lock.RWMutex {
+	t.Helper()
+	rw, err := lock.NewRWMutex(conn, p, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rw.Close() })
+	return rw
+}
+
+type result struct {
+	g   *lock.Grant
+	err error
+}
+
+// async runs a Lock-like call in the background; its result arrives on
+// the channel.
+func async(ctx context.Context, f func(context.Context) (*lock.Grant, error)) <-chan result {
+	c := make(chan result, 1)
+	go func() {
+		g, err := f(ctx)
+		c <- result{g, err}
+	}()
+	return c
+}
+
+func await(t testing.TB, c <-chan result, what string) result {
+	t.Helper()
+	select {
+	case r := <-c:
+		return r
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		return result{}
+	}
+}
+
+func pending(c <-chan result) bool {
+	return len(c) == 0
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+func waitClosed(t testing.TB, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+func children(t testing.TB, conn *zk.Conn, p string) []string {
+	t.Helper()
+	c, _, err := conn.Children(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// deletions counts, per session, the NodeDeleted events its watches
+// received, by path.
+type deletions struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (d *deletions) onEvent(ev zk.Event) {
+	if ev.Type == zk.EventNodeDeleted {
+		d.mu.Lock()
+		d.n[ev.Path]++
+		d.mu.Unlock()
+	}
+}
+
+func (d *deletions) count(p string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.n[p]
+}
+
+// connCounting opens a session to servers whose watch events are counted.
+func connCounting(t testing.TB, servers []string, timeout time.Duration) (*zk.Conn, *deletions) {
+	t.Helper()
+	d := &deletions{n: map[string]int{}}
+	conn, err := zkutil.Connect(servers, timeout, nil, d.onEvent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Close)
+	if err := zkutil.WaitConnected(conn, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return conn, d
+}
+
+func testCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
