@@ -496,6 +496,7 @@ func (b *Broker) setServing(ok bool) {
 	b.health.SetServingStatus("", st)
 	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, st)
 	b.health.SetServingStatus(pb.Election_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Lock_ServiceDesc.ServiceName, st)
 }
 
 // GRPCServer returns a gRPC server with the Queue service, health,
@@ -520,6 +521,7 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	s := grpc.NewServer(opts...)
 	pb.RegisterQueueServer(s, b)
 	pb.RegisterElectionServer(s, electionServer{b: b})
+	pb.RegisterLockServer(s, lockServer{b: b})
 	healthpb.RegisterHealthServer(s, b.health)
 	reflection.Register(s)
 	b.metrics.grpc.InitializeMetrics(s)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/qbroker/qbroker/election"
+	"github.com/qbroker/qbroker/lock"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -54,6 +55,9 @@ func TestToStatus(t *testing.T) {
 		{errLeadershipLost, codes.Aborted},
 		{errLockLost, codes.Aborted},
 		{election.ErrNodeLost, codes.Aborted},
+		{fmt.Errorf("unlock: %w", lock.ErrNotHeld), codes.FailedPrecondition},
+		{lock.ErrInvalid, codes.InvalidArgument},
+		{fmt.Errorf("x: %w", lock.ErrLost), codes.Aborted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.err.Error(), func(t *testing.T) {
