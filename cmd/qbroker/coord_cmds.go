@@ -176,8 +176,10 @@ func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value 
 	case err := <-observed:
 		observerDone = true
 		giveUp()
-		if w = <-ch; w.err == nil {
-			w.err = err // won as the observer failed: resigned below
+		// The campaign ends as given up (or won meanwhile: resigned
+		// below); the observer's error says why.
+		if w = <-ch; w.err == nil || errors.Is(w.err, context.Canceled) {
+			w.err = err
 		}
 	}
 	if w.l != nil {
