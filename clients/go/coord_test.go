@@ -14,6 +14,11 @@ func closedWithin(c <-chan struct{}, d time.Duration) bool {
 	select {
 	case <-c:
 		return true
+	default:
+	}
+	select {
+	case <-c:
+		return true
 	case <-time.After(d):
 		return false
 	}
