@@ -50,16 +50,16 @@ bench: deps
 loadtest: deps build
 	./bin/loadtest --spawn-brokers 1
 
-# generate rebuilds api/queuepb from api/queue.proto (committed; only needed
-# after editing the .proto).
+# generate rebuilds api/queuepb from api/queue.proto and api/coord.proto
+# (committed; only needed after editing a .proto).
 generate:
 	@command -v protoc >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq protobuf-compiler >/dev/null; }
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 	protoc --go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
-		api/queue.proto
-	mkdir -p api/queuepb && mv api/queue.pb.go api/queue_grpc.pb.go api/queuepb/
+		api/queue.proto api/coord.proto
+	mkdir -p api/queuepb && mv api/queue.pb.go api/queue_grpc.pb.go api/coord.pb.go api/coord_grpc.pb.go api/queuepb/
 
 clean:
 	rm -rf bin

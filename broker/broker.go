@@ -327,6 +327,8 @@ type Broker struct {
 
 	keeper *zkutil.Keeper // ephemeral nodes kept through session changes (registry.go)
 
+	coord coordState // the Election and Lock services' local state (coord.go)
+
 	listenersMu sync.Mutex
 	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
 	warnings    rateLimit             // refusals' warnings
@@ -385,7 +387,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	for _, p := range []string{b.queuesPath(), b.brokersPath(), b.electionPath()} {
+	for _, p := range []string{b.queuesPath(), b.brokersPath(), b.electionPath(), b.electionsPath(), b.locksPath()} {
 		if err := zkutil.EnsurePath(conn, p); err != nil {
 			b.batcher.Close()
 			b.closeConns()
@@ -493,6 +495,8 @@ func (b *Broker) setServing(ok bool) {
 	}
 	b.health.SetServingStatus("", st)
 	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Election_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Lock_ServiceDesc.ServiceName, st)
 }
 
 // GRPCServer returns a gRPC server with the Queue service, health,
@@ -516,6 +520,8 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	}, opts...)
 	s := grpc.NewServer(opts...)
 	pb.RegisterQueueServer(s, b)
+	pb.RegisterElectionServer(s, electionServer{b: b})
+	pb.RegisterLockServer(s, lockServer{b: b})
 	healthpb.RegisterHealthServer(s, b.health)
 	reflection.Register(s)
 	b.metrics.grpc.InitializeMetrics(s)

@@ -73,9 +73,9 @@ func buildQbroker(t *testing.T) string {
 }
 
 // startQbrokerProcess starts `qbroker serve` under root on a free
-// 127.0.0.1 port, killed when the test ends, and returns it with a
-// connection to it once it is SERVING.
-func startQbrokerProcess(t *testing.T, root string) (*exec.Cmd, *grpc.ClientConn) {
+// 127.0.0.1 port, with the further flags args, killed when the test ends,
+// and returns it with a connection to it once it is SERVING.
+func startQbrokerProcess(t *testing.T, root string, args ...string) (*exec.Cmd, *grpc.ClientConn) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -83,8 +83,8 @@ func startQbrokerProcess(t *testing.T, root string) (*exec.Cmd, *grpc.ClientConn
 	}
 	addr := lis.Addr().String()
 	lis.Close()
-	cmd := exec.Command(buildQbroker(t), "serve", "--zk", zktest.Addr(t), "--root", root,
-		"--listen", addr, "--metrics-listen", "", "--log-level", "warn")
+	cmd := exec.Command(buildQbroker(t), append([]string{"serve", "--zk", zktest.Addr(t), "--root", root,
+		"--listen", addr, "--metrics-listen", "", "--log-level", "warn"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

@@ -1,5 +1,7 @@
 // Package broker is qbroker's gRPC service (qbroker.v1.Queue, api/queue.proto)
-// over queues whose only state is in ZooKeeper. A Broker keeps no state of
+// over queues whose only state is in ZooKeeper, and its coordination
+// services (qbroker.v1.Election and qbroker.v1.Lock, api/coord.proto; see
+// coord.go) over the election and lock recipes. A Broker keeps no state of
 // its own: any number of brokers can serve the same queues under the same
 // root, and any broker settles what another delivered.
 //
@@ -17,6 +19,8 @@
 //	/<root>/queues/<name>/start                sync queue opened
 //	/<root>/brokers/<id>                       EPHEMERAL, live brokers
 //	/<root>/election/n-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, leader election
+//	/<root>/elections/<name>/n-NNNNNNNNNN      EPHEMERAL_SEQUENTIAL, Election service candidates
+//	/<root>/locks/<name>/lock-<nonce>-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL, Lock service contenders
 //	/<root>/token-key                          random key signing ack tokens, created by
 //	                                           the first broker, read by all
 //
@@ -97,6 +101,10 @@
 //	qbroker_streams_refused_total{reason}          counter (max_streams|no_subscribe)
 //	qbroker_connections_refused_total{reason}      counter (max_conns|per_ip|evicted_unproven|handshake_timeout)
 //	qbroker_connections_open                       gauge: connections on LimitListener listeners
+//	qbroker_lock_wait_seconds                      histogram: Lock request to grant
+//	qbroker_locks_held                             gauge: locks held by this broker's Lock streams
+//	qbroker_lock_revocations_total                 counter: Revoke calls that reached a holder
+//	qbroker_election_leaders                       gauge: elections led by this broker's Campaign streams
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //

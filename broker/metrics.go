@@ -44,6 +44,12 @@ type metrics struct {
 	streamsRefused *prometheus.CounterVec
 	connsRefused   *prometheus.CounterVec
 	connsOpen      prometheus.Gauge
+
+	// The coordination services (coord.go).
+	lockWait        prometheus.Histogram
+	locksHeld       prometheus.Gauge
+	lockRevocations prometheus.Counter
+	leaders         prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -93,6 +99,15 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		connsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_connections_open",
 			Help: "Client connections open on the broker's limited listeners."}),
 	}
+	m.lockWait = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "qbroker_lock_wait_seconds",
+		Help:    "Time from a Lock stream's request to its grant.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60, 600}})
+	m.locksHeld = prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_locks_held",
+		Help: "Locks held by this broker's Lock streams."})
+	m.lockRevocations = prometheus.NewCounter(prometheus.CounterOpts{Name: "qbroker_lock_revocations_total",
+		Help: "Revocation requests made through this broker (Revoke calls that reached a holder)."})
+	m.leaders = prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_election_leaders",
+		Help: "Elections led by this broker's Campaign streams."})
 	m.expiredUnsent = qv("qbroker_deliveries_expired_unsent_total",
 		"At-least-once deliveries claimed but given back unsent: their lease had (nearly) run out, or the ZooKeeper session was lost, before they could be sent.")
 	if reg == nil {
@@ -107,7 +122,8 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
-		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen} {
+		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
+		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders} {
 		reg.MustRegister(c)
 	}
 	return m

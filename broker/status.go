@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lock"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -58,20 +60,26 @@ func codeOf(err error) codes.Code {
 		return codes.DeadlineExceeded
 	case errors.Is(err, errInvalid), errors.Is(err, zkqueue.ErrTooLarge), errors.Is(err, zkqueue.ErrBatchTooLarge),
 		errors.Is(err, zkqueue.ErrEmptyBatch), errors.Is(err, zkqueue.ErrBadPriority),
-		errors.Is(err, zkqueue.ErrBadName), errors.Is(err, zkqueue.ErrBadSpec):
+		errors.Is(err, zkqueue.ErrBadName), errors.Is(err, zkqueue.ErrBadSpec), errors.Is(err, election.ErrInvalid),
+		errors.Is(err, lock.ErrInvalid):
 		return codes.InvalidArgument
-	case errors.Is(err, errQueueNotFound):
+	case errors.Is(err, errQueueNotFound), errors.Is(err, election.ErrNoLeader), errors.Is(err, election.ErrNoCandidate):
 		return codes.NotFound
 	case errors.Is(err, errQueueExists), errors.Is(err, errMemberExists):
 		return codes.AlreadyExists
 	case errors.Is(err, errWrongKind), errors.Is(err, errNotOpen), errors.Is(err, zkqueue.ErrUnknownLease),
-		errors.Is(err, errSyncGroup):
+		errors.Is(err, errSyncGroup), errors.Is(err, election.ErrNotLeader), errors.Is(err, lock.ErrNotHeld),
+		errors.Is(err, lock.ErrLocked):
 		return codes.FailedPrecondition
 	case errors.Is(err, errLimit), errors.Is(err, zkqueue.ErrTooManyQueues):
 		return codes.ResourceExhausted
 	case errors.Is(err, errClosing), errors.Is(err, zkqueue.ErrCommitterClosed), zkutil.IsUnavailable(err),
 		errors.Is(err, errStalled):
 		return codes.Unavailable
+	case errors.Is(err, errLeadershipLost), errors.Is(err, errLockLost), errors.Is(err, election.ErrNodeLost),
+		errors.Is(err, lock.ErrLost):
+		// The client may campaign or lock again.
+		return codes.Aborted
 	case errors.Is(err, errQueueDeleting):
 		// Retry: the deletion is finished by the next call.
 		return codes.Aborted

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/qbroker/qbroker/election"
+	"github.com/qbroker/qbroker/lock"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -46,6 +48,16 @@ func TestToStatus(t *testing.T) {
 		{fmt.Errorf("wait: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
 		{errors.New("runtime error: index out of range [3] with length 3"), codes.Internal},
 		{status.Error(codes.PermissionDenied, "kept"), codes.PermissionDenied},
+		{fmt.Errorf("leader: %w", election.ErrNoLeader), codes.NotFound},
+		{fmt.Errorf("resign: %w", election.ErrNoCandidate), codes.NotFound},
+		{fmt.Errorf("proclaim: %w", election.ErrNotLeader), codes.FailedPrecondition},
+		{election.ErrInvalid, codes.InvalidArgument},
+		{errLeadershipLost, codes.Aborted},
+		{errLockLost, codes.Aborted},
+		{election.ErrNodeLost, codes.Aborted},
+		{fmt.Errorf("unlock: %w", lock.ErrNotHeld), codes.FailedPrecondition},
+		{lock.ErrInvalid, codes.InvalidArgument},
+		{fmt.Errorf("x: %w", lock.ErrLost), codes.Aborted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.err.Error(), func(t *testing.T) {

@@ -60,6 +60,10 @@
 //     a second that is 68 years; delete and recreate <path> (no candidate
 //     in it) long before.
 //
+// ProclaimKey and ResignKey act on a candidate by its key from any
+// session: a service that campaigns for its clients (the broker's
+// Election service) proclaims and resigns for them wherever they call.
+//
 // An Election is safe for concurrent use. Its goroutines (the leadership's
 // watcher, one per Observe stream) end with the leadership, the stream's
 // context, or Close.

@@ -22,9 +22,11 @@ import (
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {
-	conn *grpc.ClientConn
-	rpc  pb.QueueClient
-	opts options
+	conn  *grpc.ClientConn
+	rpc   pb.QueueClient
+	elect pb.ElectionClient
+	locks pb.LockClient
+	opts  options
 }
 
 // Option configures Dial.
@@ -163,7 +165,8 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("qbroker: dial %s: %w", strings.Join(o.addrs, ","), err)
 	}
-	c := &Client{conn: conn, rpc: pb.NewQueueClient(conn), opts: o}
+	c := &Client{conn: conn, rpc: pb.NewQueueClient(conn), elect: pb.NewElectionClient(conn),
+		locks: pb.NewLockClient(conn), opts: o}
 	if o.waitReady {
 		if err := c.waitReady(ctx); err != nil {
 			conn.Close()

@@ -47,6 +47,24 @@
 // Receive is the request/response alternative: a long poll for up to 100
 // messages.
 //
+// # Locks and elections
+//
+// Lock takes a distributed lock and holds it while its stream to the
+// broker is open: Unlock releases it, and so does this process's death
+// (the stream ends) or the broker's (its ZooKeeper session ends). Lost
+// closes when the holding ends; Token is the grant's fencing token, to
+// pass to what is written under the lock; Revoked closes when another
+// client asks for the lock (Revoke). Campaign runs for leader the same
+// way (Resign, Done, Token, Proclaim); Leader and Observe look on.
+//
+//	l, err := c.Lock(ctx, "nightly-report")
+//	...
+//	defer l.Unlock(ctx)
+//	select {
+//	case <-l.Lost():   // stop: someone else may hold it now
+//	case <-work(l.Token()):
+//	}
+//
 // # Errors
 //
 // Broker errors are *Error values carrying the gRPC code; errors.Is
@@ -59,5 +77,7 @@
 //
 // A Client starts none of its own beyond gRPC's. Each Consumer and
 // Membership runs one goroutine that owns its stream (with a helper that
-// receives from it); Close and Leave stop them and wait.
+// receives from it); Close and Leave stop them and wait. Each Lock and
+// Leadership runs one goroutine receiving from its stream; it ends with
+// the holding (Unlock, Resign, or the loss).
 package qbroker

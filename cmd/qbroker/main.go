@@ -67,9 +67,12 @@ func runMain(args []string) int {
 	}
 	err := c.run(args[1:])
 	var ue usageError
+	var es exitStatus
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.As(err, &es):
+		return es.code // a command run by lock: its status, its own messages
 	case errors.As(err, &ue):
 		fmt.Fprintf(os.Stderr, "qbroker %s: %v\n", c.name, err)
 		return 2

@@ -1,6 +1,7 @@
 // Package events defines the queue events a broker emits (published,
-// delivered, acked, ...) and the sink interface that carries them out of
-// the process, such as the NATS bridge.
+// delivered, acked, ...), its coordination events (lock granted and
+// released, leader elected and ended) and the sink interface that
+// carries them out of the process, such as the NATS bridge.
 package events
 
 import (
@@ -23,6 +24,16 @@ const (
 	SyncOpened   Kind = "sync_opened"
 )
 
+// Coordination event kinds: a lock granted or released, a leadership won
+// or ended, through the broker's Lock and Election services. Their NATS
+// subject is <prefix>.lock.<name>.<kind> or <prefix>.election.<name>.<kind>.
+const (
+	LockGranted   Kind = "lock_granted"
+	LockReleased  Kind = "lock_released"
+	LeaderElected Kind = "leader_elected"
+	LeaderEnded   Kind = "leader_ended"
+)
+
 // Event is one queue event. Its JSON form is the body of a NATS message.
 type Event struct {
 	// ID identifies the event independently of the broker that emitted it:
@@ -43,6 +54,16 @@ type Event struct {
 	DeliveryCount int `json:"delivery_count"`
 	// Member is the member id of sync events.
 	Member string `json:"member,omitempty"`
+	// Lock is the lock's name (lock events).
+	Lock string `json:"lock,omitempty"`
+	// Election is the election's name (election events).
+	Election string `json:"election,omitempty"`
+	// Key is the grant's or the leadership's node name (coordination
+	// events).
+	Key string `json:"key,omitempty"`
+	// Token is the grant's or the leadership's fencing token
+	// (coordination events).
+	Token int64 `json:"token,omitempty"`
 	// Broker is the id of the emitting broker.
 	Broker string `json:"broker"`
 	// Time is when it happened.

@@ -311,7 +311,7 @@ func (b *Bridge) publish(e events.Event) {
 		b.publishFailed(e.Kind, err)
 		return
 	}
-	subj := Subject(b.prefix, e.Queue, e.Kind)
+	subj := EventSubject(b.prefix, &e)
 	if b.js == nil {
 		if err := b.nc.Publish(subj, data); err != nil {
 			b.publishFailed(e.Kind, err)

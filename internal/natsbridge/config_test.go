@@ -76,6 +76,22 @@ func TestSubject(t *testing.T) {
 	}
 }
 
+func TestEventSubject(t *testing.T) {
+	tests := []struct {
+		e    events.Event
+		want string
+	}{
+		{events.Event{Queue: "orders", Kind: events.Acked}, "qbroker.orders.acked"},
+		{events.Event{Lock: "db.main", Kind: events.LockGranted}, "qbroker.lock.db~main.lock_granted"},
+		{events.Event{Election: "sched", Kind: events.LeaderEnded}, "qbroker.election.sched.leader_ended"},
+	}
+	for _, tt := range tests {
+		if got := EventSubject("qbroker", &tt.e); got != tt.want {
+			t.Errorf("EventSubject(%+v) = %q, want %q", tt.e, got, tt.want)
+		}
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	ok := Config{URL: "nats://127.0.0.1:4222"}
 	tests := []struct {

@@ -18,6 +18,11 @@
 // "qbroker.orders_eu.published", and "qbroker.*.published" matches every
 // queue. The mapping is one to one: two queues never share a subject.
 //
+// Coordination events (lock_granted, lock_released, leader_elected,
+// leader_ended) are on <prefix>.lock.<name>.<event> and
+// <prefix>.election.<name>.<event> (EventSubject): one token more than a
+// queue's, so "qbroker.*.published" never matches them.
+//
 // # Body
 //
 // The body is the JSON form of events.Event:
@@ -30,6 +35,8 @@
 //	size            payload size in bytes (always set, even when the payload is omitted)
 //	delivery_count  deliveries so far
 //	member          member id of sync events; absent otherwise
+//	lock, election  the lock's or election's name (coordination events)
+//	key, token      the grant's or leadership's node name and fencing token
 //	broker          id of the emitting broker (Config.BrokerID when the event had none)
 //	time            RFC 3339 time of the event
 //	payload         base64 message body; only with Config.IncludePayload and at

@@ -9,6 +9,20 @@ func Subject(prefix, queue string, kind events.Kind) string {
 	return prefix + "." + SubjectToken(queue) + "." + SubjectToken(string(kind))
 }
 
+// EventSubject returns the subject of e under prefix: Subject's for
+// queue events; "<prefix>.lock.<name>.<kind>" and
+// "<prefix>.election.<name>.<kind>" for coordination events, one token
+// longer than a queue's subjects so the two never meet.
+func EventSubject(prefix string, e *events.Event) string {
+	switch {
+	case e.Lock != "":
+		return prefix + ".lock." + SubjectToken(e.Lock) + "." + SubjectToken(string(e.Kind))
+	case e.Election != "":
+		return prefix + ".election." + SubjectToken(e.Election) + "." + SubjectToken(string(e.Kind))
+	}
+	return Subject(prefix, e.Queue, e.Kind)
+}
+
 // SubjectToken makes s a single NATS subject token, one to one: distinct
 // strings give distinct tokens, so two queues never share a subject.
 //

@@ -1,0 +1,174 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/qbroker/qbroker/internal/events"
+)
+
+// The coordination services (Election in coord_election.go, Lock in
+// coord_lock.go) map gRPC onto the public recipes election/ and lock/, the
+// way etcd's v3election and v3lock servers wrap clientv3/concurrency.
+// Their state is in ZooKeeper only: a campaign or a lock of a client is an
+// ephemeral node of the broker's primary session, held while the client's
+// stream is open. A client that vanishes ends its stream (gRPC keepalive
+// finds a dead peer), which removes the node; a broker that dies takes its
+// session, and so its clients' nodes, with it once the session times out.
+//
+//	/<root>/elections/<name>/n-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL candidates
+//	/<root>/locks/<name>/lock-NNNNNNNNNN   EPHEMERAL_SEQUENTIAL holders and waiters
+//
+// Keys on the wire are the nodes' names ("n-0000000041"), never paths:
+// the broker joins them to the name's node after checking them.
+
+// maxCoordValue bounds a campaign's or a lock holder's value: it is node
+// data that every Leader, Observe and Revoke reads.
+const maxCoordValue = 64 << 10
+
+// Errors of the coordination services; codeOf maps them.
+var (
+	errLeadershipLost = errors.New("leadership lost")
+	errLockLost       = errors.New("lock lost")
+)
+
+func (b *Broker) electionsPath() string { return b.cfg.Root + "/elections" }
+func (b *Broker) locksPath() string     { return b.cfg.Root + "/locks" }
+
+// checkValue refuses a value over maxCoordValue.
+func checkValue(v []byte) error {
+	if len(v) > maxCoordValue {
+		return invalidf("value of %d bytes: at most %d", len(v), maxCoordValue)
+	}
+	return nil
+}
+
+// keyPath checks a key sent by a client, the name of a node with prefix
+// under dir, and returns the node's path. Only the name is checked here
+// (one path element, so it cannot escape dir); the recipe checks the
+// sequence.
+func keyPath(dir, key, prefix string) (string, error) {
+	if err := validName("key", key); err != nil {
+		return "", err
+	}
+	if !strings.HasPrefix(key, prefix) {
+		return "", invalidf("key %q: want %s<sequence>", printable(key), prefix)
+	}
+	return dir + "/" + key, nil
+}
+
+// outbox sends a coordination stream's messages on a goroutine of its
+// own, for the reason stream.go gives: a Send held up by flow control
+// returns only once the stream ends, which gRPC does right after the
+// handler returns, so the handler must be free to return. The goroutine is
+// counted by the broker's WaitGroup and ends once closed and its last Send
+// came back.
+type outbox[T any] struct {
+	in  chan T
+	out chan error
+}
+
+func newOutbox[T any](b *Broker, send func(T) error) *outbox[T] {
+	o := &outbox[T]{in: make(chan T), out: make(chan error, 1)}
+	b.wg.Add(1) // within the stream's own count, so never from zero
+	go func() {
+		defer b.wg.Done()
+		for m := range o.in {
+			o.out <- send(m)
+		}
+	}()
+	return o
+}
+
+// send sends m and waits for the transport to take it, or for ctx.
+func (o *outbox[T]) send(ctx context.Context, m T) error {
+	select {
+	case o.in <- m:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-o.out:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// close lets the goroutine end once its Send under way, if any, returns.
+func (o *outbox[T]) close() { close(o.in) }
+
+// turns lets one stream at a time campaign in an election on this broker:
+// the election recipe allows one candidate per session and election (a
+// campaign takes the session's other candidate nodes for orphans), and
+// all the broker's candidates share its primary session. The others wait
+// here, in no ZooKeeper line, until the one before them ends.
+type turns struct {
+	mu sync.Mutex
+	m  map[string]*turn
+}
+
+type turn struct {
+	ch   chan struct{} // holds a value while someone has the turn
+	refs int           // streams holding or waiting for the turn
+}
+
+// acquire waits for name's turn, or ctx; release gives it back.
+func (t *turns) acquire(ctx context.Context, name string) (release func(), err error) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = make(map[string]*turn)
+	}
+	tn := t.m[name]
+	if tn == nil {
+		tn = &turn{ch: make(chan struct{}, 1)}
+		t.m[name] = tn
+	}
+	tn.refs++
+	t.mu.Unlock()
+	drop := func() {
+		t.mu.Lock()
+		if tn.refs--; tn.refs == 0 {
+			delete(t.m, name)
+		}
+		t.mu.Unlock()
+	}
+	select {
+	case tn.ch <- struct{}{}:
+		return func() { <-tn.ch; drop() }, nil
+	case <-ctx.Done():
+		drop()
+		return nil, ctx.Err()
+	}
+}
+
+// coordState is the coordination services' local state.
+type coordState struct {
+	campaigns turns
+}
+
+// emitCoord emits a coordination event: kind of lock or election name,
+// for the node key (a name) and token.
+func (b *Broker) emitCoord(kind events.Kind, lock, election, key string, token int64) {
+	if b.events == nil {
+		return
+	}
+	name, what := lock, "lock"
+	if election != "" {
+		name, what = election, "election"
+	}
+	b.events.Emit(events.Event{
+		ID:       fmt.Sprintf("%s/%s/%s/%d", what, name, kind, token),
+		Kind:     kind,
+		Lock:     lock,
+		Election: election,
+		Key:      key,
+		Token:    token,
+		Broker:   b.cfg.ID,
+		Time:     time.Now(),
+	})
+}

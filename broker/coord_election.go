@@ -1,0 +1,197 @@
+package broker
+
+import (
+	"context"
+	"path"
+	"time"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/election"
+	"github.com/qbroker/qbroker/internal/events"
+)
+
+// electionServer serves qbroker.v1.Election (api/coord.proto) with the
+// election recipe. It is its own type: the generated servers' embedded
+// Unimplemented types cannot share one struct.
+type electionServer struct {
+	pb.UnimplementedElectionServer
+	b *Broker
+}
+
+var _ pb.ElectionServer = electionServer{}
+
+// electionPathOf checks an election's name and returns its node.
+func (b *Broker) electionPathOf(name string) (string, error) {
+	if err := validName("election name", name); err != nil {
+		return "", err
+	}
+	return b.electionsPath() + "/" + name, nil
+}
+
+// lookElection returns an Election under name for calls that only look
+// or act by key: it creates no node.
+func (b *Broker) lookElection(name string) (*election.Election, error) {
+	p, err := b.electionPathOf(name)
+	if err != nil {
+		return nil, err
+	}
+	return election.New(b.conn, p, election.WithCreateParents(false), election.WithLogger(b.log))
+}
+
+// Campaign implements pb.ElectionServer. The candidate is a node of the
+// broker's primary session; the broker's other streams campaigning in the
+// same election wait for their turn first (turns). The stream's end
+// resigns (Close deletes the node).
+func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_CampaignServer) error {
+	b := s.b
+	ctx, end, err := b.openStream(stream.Context())
+	if err != nil {
+		return err
+	}
+	defer end()
+	p, err := b.electionPathOf(req.GetName())
+	if err == nil {
+		err = checkValue(req.GetValue())
+	}
+	if err != nil {
+		return b.fail(err)
+	}
+	release, err := b.coord.campaigns.acquire(ctx, req.GetName())
+	if err != nil {
+		return b.streamEnd()
+	}
+	defer release()
+	e, err := election.New(b.conn, p, election.WithLogger(b.log))
+	if err != nil {
+		return b.fail(err)
+	}
+	defer b.closeElection(e)
+	if err := e.Campaign(ctx, req.GetValue()); err != nil {
+		if ctx.Err() != nil {
+			return b.streamEnd()
+		}
+		return b.fail(err)
+	}
+	return b.holdLeadership(ctx, stream, req.GetName(), e)
+}
+
+// holdLeadership holds a won leadership until the stream or the leadership ends.
+func (b *Broker) holdLeadership(ctx context.Context, stream pb.Election_CampaignServer, name string, e *election.Election) error {
+	done, key, token := e.Done(), e.Key(), e.Token()
+	if key == "" {
+		return b.fail(errLeadershipLost) // ended as soon as won
+	}
+	key = path.Base(key)
+	b.metrics.leaders.Inc()
+	defer b.metrics.leaders.Dec()
+	b.emitCoord(events.LeaderElected, "", name, key, token)
+	defer b.emitCoord(events.LeaderEnded, "", name, key, token)
+	out := newOutbox(b, stream.Send)
+	defer out.close()
+	if err := out.send(ctx, &pb.LeaderEvent{Type: pb.LeaderEvent_TYPE_LEADING, Key: key, Token: token}); err != nil {
+		return b.streamEnd()
+	}
+	select {
+	case <-done:
+		_ = out.send(ctx, &pb.LeaderEvent{Type: pb.LeaderEvent_TYPE_LOST, Key: key, Token: token})
+		return b.fail(errLeadershipLost)
+	case <-ctx.Done():
+		return b.streamEnd()
+	}
+}
+
+// closeElection resigns and ends e's goroutines. A failed delete leaves
+// the node to the next campaign of this session in the election (it
+// removes its session's orphans) or to the session's end.
+func (b *Broker) closeElection(e *election.Election) {
+	if err := e.Close(); err != nil {
+		b.log.Warn("election: resign failed; the node goes with the next campaign here or the session", "election", e.Path(), "err", err)
+	}
+}
+
+// Proclaim implements pb.ElectionServer.
+func (s electionServer) Proclaim(ctx context.Context, req *pb.ProclaimRequest) (*pb.ProclaimResponse, error) {
+	b := s.b
+	key, err := b.electionKey(req.GetName(), req.GetKey())
+	if err == nil {
+		err = checkValue(req.GetValue())
+	}
+	if err == nil {
+		err = election.ProclaimKey(ctx, b.conn, key, req.GetValue())
+	}
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	return &pb.ProclaimResponse{}, nil
+}
+
+// Resign implements pb.ElectionServer.
+func (s electionServer) Resign(ctx context.Context, req *pb.ResignRequest) (*pb.ResignResponse, error) {
+	b := s.b
+	key, err := b.electionKey(req.GetName(), req.GetKey())
+	if err == nil {
+		err = election.ResignKey(ctx, b.conn, key)
+	}
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	return &pb.ResignResponse{}, nil
+}
+
+// electionKey checks an election's name and a candidate's key and returns
+// the candidate's node.
+func (b *Broker) electionKey(name, key string) (string, error) {
+	p, err := b.electionPathOf(name)
+	if err != nil {
+		return "", err
+	}
+	return keyPath(p, key, "n-")
+}
+
+// Leader implements pb.ElectionServer.
+func (s electionServer) Leader(ctx context.Context, req *pb.LeaderRequest) (*pb.LeaderInfo, error) {
+	b := s.b
+	e, err := b.lookElection(req.GetName())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	defer b.closeElection(e)
+	l, err := e.Leader(ctx)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	return leaderInfo(l), nil
+}
+
+func leaderInfo(l election.LeaderInfo) *pb.LeaderInfo {
+	return &pb.LeaderInfo{Key: path.Base(l.Key), Value: l.Value, Token: l.Token}
+}
+
+// Observe implements pb.ElectionServer: the recipe's Observe, sent as it
+// comes, until the stream ends.
+func (s electionServer) Observe(req *pb.ObserveRequest, stream pb.Election_ObserveServer) error {
+	b := s.b
+	ctx, end, err := b.openStream(stream.Context())
+	if err != nil {
+		return err
+	}
+	defer end()
+	e, err := b.lookElection(req.GetName())
+	if err != nil {
+		return b.fail(err)
+	}
+	defer b.closeElection(e)
+	out := newOutbox(b, stream.Send)
+	defer out.close()
+	for l := range e.Observe(ctx) {
+		if err := out.send(ctx, leaderInfo(l)); err != nil {
+			break
+		}
+	}
+	return b.streamEnd()
+}
+
+// closeTimeout bounds the release of a lock or a leadership when its
+// stream ends: the release is a ZooKeeper delete, and a failed one leaves
+// the node to the session's end.
+const closeTimeout = 5 * time.Second
