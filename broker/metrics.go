@@ -146,7 +146,7 @@ func zkResult(err error) string {
 	return "error"
 }
 
-// observeZK records one ZooKeeper request of a queue's Store.
+// observeZK records one ZooKeeper request of a queue's zkqueue.Queue.
 func (b *Broker) observeZK(op string, d time.Duration, err error) {
 	b.metrics.zkDuration.WithLabelValues(op, zkResult(err)).Observe(d.Seconds())
 }

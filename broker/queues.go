@@ -19,7 +19,7 @@ import (
 // opened while its queue is being deleted cannot bring parts of it back.
 
 // queue is this broker's handle on one queue: its metadata and the shared
-// Store through which all local consumers take messages (the queue's
+// zkqueue.Queue through which all local consumers take messages (the queue's
 // dispatcher in this process). Handles are cached; a metadata watch
 // evicts a handle when the queue is deleted or changed elsewhere.
 type queue struct {
@@ -101,7 +101,7 @@ func (b *Broker) queue(ctx context.Context, name string) (*queue, error) {
 	defer b.queuesMu.Unlock()
 	if cur := b.queues[name]; cur != nil && !cur.stale() {
 		cur.touch()
-		return cur, nil // another call loaded it first: share its Store
+		return cur, nil // another call loaded it first: share its Queue
 	}
 	b.queues[name] = q
 	return q, nil

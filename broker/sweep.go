@@ -23,8 +23,8 @@ import (
 // visits only the queues where something changed or a known deadline
 // passed, so while nothing happens it makes no ZooKeeper request: an idle
 // queue costs the leader a few hundred bytes and two watches. It never
-// opens a queue's handle (Store). Its requests are observed like the
-// Stores' (qbroker_zk_request_duration_seconds).
+// opens a queue's handle (zkqueue.Queue). Its requests are observed like the
+// handles' (qbroker_zk_request_duration_seconds).
 //
 // The sweep also finishes deletions that were abandoned: a queue marked
 // for deletion (see zkqueue.Catalog.Delete) more than abandonedAfter ago.

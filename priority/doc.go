@@ -28,7 +28,7 @@
 // A consumer works from a sorted snapshot of the children. In a FIFO queue a
 // stale snapshot is harmless, since new messages sort after it; here a new
 // message may sort first. Seed 001 has the consumer call sync() after each
-// message. This package instead builds its Store in strict mode: every
+// message. This package instead builds its zkqueue.Queue WithPriorities: every
 // snapshot is read together with a children watch, and a snapshot is
 // dropped as soon as that watch has fired, i.e. as soon as anything was
 // published or taken since the read. A claim's own delete fires the watch

@@ -8,7 +8,7 @@ import (
 )
 
 // DefaultMemoryBytes is the budget of a Queue that has none given (see
-// Config.Recent).
+// WithMemory).
 const DefaultMemoryBytes = 4 << 20
 
 // recentOverhead is what one remembered message costs beyond its data and
@@ -19,8 +19,8 @@ const recentOverhead = 64
 // long stops remembering what it publishes and forgets what it holds.
 const recentIdle = 2 * time.Second
 
-// Budget bounds the memory that Stores sharing it spend remembering the
-// messages they published (see Config.Recent). It is safe for concurrent
+// Budget bounds the memory that the Queues sharing it spend remembering the
+// messages they published (see WithMemory). It is safe for concurrent
 // use.
 type Budget struct {
 	max  int64
@@ -52,7 +52,7 @@ func (b *Budget) release(n int) { b.used.Add(-int64(n)) }
 // only then: a Queue that nobody here consumes from (for recentIdle)
 // forgets everything. Messages claimed elsewhere (another broker, a purge)
 // are forgotten at the next listing that no longer has them. Memory is
-// bounded by a Budget, possibly shared by many Stores; when it is spent,
+// bounded by a Budget, possibly shared by many Queues; when it is spent,
 // new messages are not remembered and their claims read as usual.
 type recent struct {
 	budget *Budget

@@ -75,7 +75,7 @@ type Leases struct {
 
 // NewLeases returns the lease layer of items, keeping leases under
 // leasesPath and dead letters under deadPath (created when missing, unless
-// the Queue's Config has NoCreate).
+// the Queue was opened WithoutCreate).
 func NewLeases(items *Queue, leasesPath, deadPath string) (*Leases, error) {
 	for _, p := range []string{leasesPath, deadPath} {
 		if items.opt.noCreate {

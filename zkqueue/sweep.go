@@ -21,7 +21,7 @@ type Expired struct {
 type SweeperConfig struct {
 	// Observer, when set, sees every ZooKeeper request of the sweeper.
 	Observer Observer
-	// Committer, when set, carries the releases (see Config.Committer).
+	// Committer, when set, carries the releases (see WithCommitter).
 	Committer *Committer
 }
 
