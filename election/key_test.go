@@ -25,7 +25,10 @@ func TestKeyFunctions(t *testing.T) {
 	}
 	second := newElection(t, zktest.Conn(t), root)
 	won := campaign(ctx, second, "b")
-	waitFor(t, 30*time.Second, "the second candidate", func() bool { return len(children(t, other, root)) == 2 })
+	// Its node shows in the listing before Campaign has recorded it.
+	waitFor(t, 30*time.Second, "the second candidate", func() bool {
+		return second.Key() != "" && len(children(t, other, root)) == 2
+	})
 	waiting := second.Key()
 
 	if err := election.ProclaimKey(ctx, other, waiting, []byte("x")); !errors.Is(err, election.ErrNotLeader) {
