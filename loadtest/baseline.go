@@ -35,6 +35,8 @@ type BaselineResult struct {
 	ConflictsOnDelete     int64   `json:"conflicts_on_delete,omitempty"`
 	ConflictsPerDelivered float64 `json:"conflicts_per_delivered,omitempty"`
 	Drained               bool    `json:"drained,omitempty"`
+	// Create only: the latency of one create call.
+	Latency *LatencySummary `json:"latency,omitempty"`
 	// Spawned topologies: ZooKeeper's CPU per 1,000 messages (pairs),
 	// and its average use in cores.
 	ZooKeeperCPUSecPer1k float64 `json:"zookeeper_cpu_seconds_per_1k,omitempty"`

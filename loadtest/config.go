@@ -155,7 +155,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
 	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
-	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw, naive, jetstream (NATS JetStream work queue, default sync), jetstream-sync (fsync every write), or none (default raw,naive when ZooKeeper is known)")
+	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw, naive, create (latency of one bare create per call, one session per producer), jetstream (NATS JetStream work queue, default sync), jetstream-sync (fsync every write), or none (default raw,naive when ZooKeeper is known)")
 	fs.DurationVar(&c.BaselineDuration, "baseline-duration", 10*time.Second, "bound of each baseline")
 	fs.IntVar(&c.RawSessions, "raw-sessions", 24, "raw baseline: ZooKeeper sessions")
 	fs.IntVar(&c.RawGoroutines, "raw-goroutines", 16, "raw baseline: goroutines per session")
@@ -300,13 +300,13 @@ func (c *Config) validate() error {
 	}
 	for _, b := range c.Baselines {
 		switch b {
-		case baselineRaw, baselineNaive:
+		case baselineRaw, baselineNaive, baselineCreate:
 			if c.SpawnBrokers == 0 && c.ZooKeeper == "" {
 				return fmt.Errorf("baseline %s needs --zk (or --spawn-brokers)", b)
 			}
 		case baselineJetStream, baselineJetStreamSync:
 		default:
-			return fmt.Errorf("unknown baseline %q (want raw, naive, jetstream, jetstream-sync or none)", b)
+			return fmt.Errorf("unknown baseline %q (want raw, naive, create, jetstream, jetstream-sync or none)", b)
 		}
 	}
 	addrs := append(append(slices.Clone(c.Brokers), c.Metrics...), splitList(c.ZooKeeper)...)

@@ -82,6 +82,10 @@
 //     with getData+delete, moving on to the next child when the node is
 //     gone and listing again when the list is used up, on a queue
 //     prefilled with --naive-prefill messages;
+//   - create (only when asked for): --producers goroutines, each with its
+//     own session, creating one sequential node per call in closed loop:
+//     the latency floor of a durable publish of one message, printed
+//     beside qbroker's publish call latency;
 //   - jetstream, jetstream-sync (only when asked for): the workload itself
 //     (producers, batch, consumers, prefetch, mode, backlog) on a NATS
 //     JetStream work queue with file storage, on an in-process nats-server

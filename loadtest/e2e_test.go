@@ -61,7 +61,7 @@ func TestEndToEnd(t *testing.T) {
 		warmup    time.Duration // checked, not reported
 		backlog   bool          // the 3000 messages published before the consumers start
 	}{
-		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive}, rateOfRaw: 0.2},
+		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive, baselineCreate}, rateOfRaw: 0.2},
 		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond},
 		{name: "backlog", mode: qbroker.AtLeastOnce, batch: 100, backlog: true, baselines: []string{baselineJetStreamSync}},
 	}
@@ -196,6 +196,9 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	for i, bl := range r.Baselines {
 		if bl.Name != baselines[i] || bl.Messages <= 0 || bl.PerSec <= 0 || r.Ratios["vs_"+bl.Name] <= 0 {
 			t.Errorf("baseline %+v, ratio %v", bl, r.Ratios["vs_"+bl.Name])
+		}
+		if bl.Name == baselineCreate && (bl.Latency == nil || bl.Latency.Count == 0 || bl.Latency.P50MS <= 0) {
+			t.Errorf("create baseline without latencies: %+v", bl)
 		}
 	}
 	if cfg.RateOfRaw > 0 {

@@ -232,6 +232,8 @@ func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.
 			b, err = runRaw(ctx, cfg, topo.ZooKeeper, topo, progress)
 		case baselineNaive:
 			b, err = runNaive(ctx, cfg, topo.ZooKeeper, topo, progress)
+		case baselineCreate:
+			b, err = runCreate(ctx, cfg, topo.ZooKeeper, topo, progress)
 		default:
 			b, err = runJetStream(ctx, cfg, name == baselineJetStreamSync, progress)
 		}

@@ -338,6 +338,9 @@ func writeBaselines(b *strings.Builder, r *Report) {
 		case baselineNaive:
 			fmt.Fprintf(b, "baseline     naive consumers (seeds' recipe): %.0f msg/s, %.1f lost races per message (%d consumers, depth %d)",
 				bl.PerSec, bl.ConflictsPerDelivered, bl.Sessions, bl.Prefill)
+		case baselineCreate:
+			fmt.Fprintf(b, "baseline     bare ZooKeeper create, one a call: %.0f/s (%d sessions); create p50 %s, p99 %s; qbroker publish call p50 %s, p99 %s",
+				bl.PerSec, bl.Sessions, ms(bl.Latency.P50MS), ms(bl.Latency.P99MS), ms(r.Latency.Publish.P50MS), ms(r.Latency.Publish.P99MS))
 		case baselineJetStream, baselineJetStreamSync:
 			sync := "files synced every 2 minutes (the default)"
 			if bl.Name == baselineJetStreamSync {
