@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/zkutil"
@@ -19,8 +20,29 @@ import (
 // out far below ZooKeeper's capacity.
 func runRaw(ctx context.Context, cfg *Config, zkAddr string, topo *Topology, progress io.Writer) (BaselineResult, error) {
 	res := BaselineResult{Name: baselineRaw, Sessions: cfg.RawSessions, Goroutines: cfg.RawSessions * cfg.RawGoroutines}
-	parent := baselineRoot(cfg.Queue) + "/raw"
-	conns, err := openSessions(zkAddr, cfg.RawSessions)
+	op := func(conn *zk.Conn, parent string, data []byte) error {
+		p, err := conn.Create(parent+"/qn-", data, zk.FlagSequence, worldACL)
+		if err != nil {
+			return err
+		}
+		return conn.Delete(p, -1)
+	}
+	return runZKOps(ctx, cfg, zkAddr, topo, progress, res, cfg.RawGoroutines, "pairs", nil, op)
+}
+
+// worldACL is the ACL of the baselines' nodes.
+var worldACL = zk.WorldACL(zk.PermAll)
+
+// runZKOps runs res.Sessions sessions of perSession goroutines, each
+// calling op in closed loop under a fresh parent node (removed after)
+// until cfg.BaselineDuration passes, and counts the calls that succeed.
+// With hists, each goroutine also records its calls' latencies into one
+// (hists gets one per goroutine). A call failing because ZooKeeper is
+// away is retried after 10 ms.
+func runZKOps(ctx context.Context, cfg *Config, zkAddr string, topo *Topology, progress io.Writer, res BaselineResult,
+	perSession int, unit string, hists *[]*hdrhistogram.Histogram, op func(conn *zk.Conn, parent string, data []byte) error) (BaselineResult, error) {
+	parent := baselineRoot(cfg.Queue) + "/" + res.Name
+	conns, err := openSessions(zkAddr, res.Sessions)
 	if err != nil {
 		return res, err
 	}
@@ -30,41 +52,47 @@ func runRaw(ctx context.Context, cfg *Config, zkAddr string, topo *Topology, pro
 	}
 	defer func() { _ = removeTree(context.WithoutCancel(ctx), conns[0], parent) }()
 	data := baselineData(cfg)
-	acl := zk.WorldACL(zk.PermAll)
 
 	var stop atomic.Bool
-	var pairs, errs atomic.Int64
+	var done, errs atomic.Int64
 	var wg sync.WaitGroup
 	cpu0, cpuOK := topo.cpu()
 	start := time.Now()
 	for _, conn := range conns {
-		for range cfg.RawGoroutines {
+		for range perSession {
+			var h *hdrhistogram.Histogram
+			if hists != nil {
+				h = newHist()
+				*hists = append(*hists, h)
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for !stop.Load() {
-					p, err := conn.Create(parent+"/qn-", data, zk.FlagSequence, acl)
-					if err != nil {
+					var t time.Time
+					if h != nil {
+						t = time.Now()
+					}
+					if err := op(conn, parent, data); err != nil {
 						errs.Add(1)
 						if zkutil.IsUnavailable(err) {
 							time.Sleep(10 * time.Millisecond)
 						}
 						continue
 					}
-					if err := conn.Delete(p, -1); err != nil {
-						errs.Add(1)
-						continue
+					if h != nil {
+						record(h, time.Since(t))
 					}
-					pairs.Add(1)
+					done.Add(1)
 				}
 			}()
 		}
 	}
 	tctx, stopTicker := context.WithCancel(ctx)
-	tickerDone := baselineTicker(tctx, progress, "raw", start, &pairs, "pairs")
+	tickerDone := baselineTicker(tctx, progress, res.Name, start, &done, unit)
 	stopAfter(ctx, cfg.BaselineDuration, &stop, nil)
 	elapsed := time.Since(start)
-	res.Messages = pairs.Load()
+	res.Messages = done.Load()
 	cpu1, cpu1OK := topo.cpu()
 	stopTicker()
 	<-tickerDone
