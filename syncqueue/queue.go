@@ -96,8 +96,10 @@ func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error
 	}
 	// The members parent is created as the items one is: unless
 	// WithoutCreate, which then left items/ alone too.
-	if _, err := zkqueue.New(conn, path+"/members", opts...); err != nil {
-		return nil, err
+	if zkqueue.Creates(opts...) {
+		if err := zkutil.EnsurePath(conn, path+"/members"); err != nil {
+			return nil, fmt.Errorf("syncqueue: %w", err)
+		}
 	}
 	return &Queue{Queue: items, conn: conn, path: path, members: members}, nil
 }

@@ -150,6 +150,17 @@ func WithCommitter(c *Committer) Option { return func(o *options) { o.committer 
 // DefaultMemoryBytes for this queue alone.
 func WithMemory(b *Budget) Option { return func(o *options) { o.memory = b } }
 
+// Creates reports whether a Queue opened with opts creates its missing
+// nodes, that is, whether opts lack WithoutCreate. A layer over a Queue
+// that has nodes of its own (syncqueue's members) creates them alike.
+func Creates(opts ...Option) bool {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	return !o.noCreate
+}
+
 // WithoutCreate makes New and NewLeases only read: the parents must exist
 // (a missing one fails the requests that need it with zk.ErrNoNode). A
 // process that also deletes queues needs this: a Queue opened while its
