@@ -173,7 +173,7 @@ func TestElectionByKey(t *testing.T) {
 	if _, err := c2.Proclaim(ctx, &pb.ProclaimRequest{Name: "e", Key: ev.GetKey(), Value: []byte("v2")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the observer to see v2", func() bool { return obs.seen(ev.GetKey(), "v2") })
+	zktest.WaitFor(t, 30*time.Second, "the observer to see v2", func() bool { return obs.seen(ev.GetKey(), "v2") })
 	if _, err := c2.Resign(ctx, &pb.ResignRequest{Name: "e", Key: ev.GetKey()}); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestElectionBadInput(t *testing.T) {
 	defer func() { _ = waiter.CloseSend() }()
 	zc := zktest.Conn(t)
 	var waitingKey string
-	waitFor(t, 30*time.Second, "the second candidate's node", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the second candidate's node", func() bool {
 		kids, _, err := zc.Children(root + "/elections/e")
 		if err != nil || len(kids) != 2 {
 			return false

@@ -220,12 +220,12 @@ func TestLockWaiterLeaves(t *testing.T) {
 	if err := unlocked.Send(&pb.LockRequest{Name: "l"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "three contenders' nodes", func() bool { return nodes() == 3 })
+	zktest.WaitFor(t, 30*time.Second, "three contenders' nodes", func() bool { return nodes() == 3 })
 	leave()
 	if err := unlockStream(unlocked); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the waiters' nodes to go", func() bool { return nodes() == 1 })
+	zktest.WaitFor(t, 30*time.Second, "the waiters' nodes to go", func() bool { return nodes() == 1 })
 	if err := unlockStream(holder); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestLockWaiterLeaves(t *testing.T) {
 	if err := unlockStream(next); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "no node left", func() bool { return nodes() == 0 })
+	zktest.WaitFor(t, 30*time.Second, "no node left", func() bool { return nodes() == 0 })
 }
 
 // Bad names, keys, tokens and values get InvalidArgument and create
@@ -304,7 +304,7 @@ func TestKilledBrokerReleasesLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	zc := zktest.Conn(t)
-	waitFor(t, 30*time.Second, "the waiter's node", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the waiter's node", func() bool {
 		kids, _, err := zc.Children(root + "/locks/job")
 		return err == nil && len(kids) == 2
 	})

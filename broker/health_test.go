@@ -74,13 +74,13 @@ func TestSessionLossIsLoud(t *testing.T) {
 	defer hs.Close()
 	leader := func() float64 { return metric(t, reg, "qbroker_leader", nil) }
 
-	waitFor(t, 20*time.Second, "leadership", func() bool { return leader() == 1 })
+	zktest.WaitFor(t, 20*time.Second, "leadership", func() bool { return leader() == 1 })
 	if code, body := getHealthz(t, hs.URL); code != http.StatusOK || body != "ok" {
 		t.Fatalf("/healthz with a session: %d %q", code, body)
 	}
 
 	proxy.Cut()
-	waitFor(t, 20*time.Second, "a warning", func() bool { return logs.has("WARN", "zookeeper session lost") })
+	zktest.WaitFor(t, 20*time.Second, "a warning", func() bool { return logs.has("WARN", "zookeeper session lost") })
 	waitHealth(t, tb, healthpb.HealthCheckResponse_NOT_SERVING, 10*time.Second)
 	if v := leader(); v != 0 {
 		t.Fatalf("qbroker_leader = %v without a session", v)
@@ -92,7 +92,7 @@ func TestSessionLossIsLoud(t *testing.T) {
 	if err := tb.b.CheckHealth(); err == nil || !strings.Contains(err.Error(), "no ZooKeeper session") {
 		t.Fatalf("CheckHealth without a session: %v", err)
 	}
-	waitFor(t, 20*time.Second, "an error past the session timeout", func() bool {
+	zktest.WaitFor(t, 20*time.Second, "an error past the session timeout", func() bool {
 		return logs.has("ERROR", "longer than the session timeout")
 	})
 	if _, body := getHealthz(t, hs.URL); !strings.Contains(body, "longer than the session timeout") {
@@ -100,14 +100,14 @@ func TestSessionLossIsLoud(t *testing.T) {
 	}
 
 	proxy.Restore()
-	waitFor(t, 30*time.Second, "the expiry reported", func() bool { return logs.has("ERROR", "zookeeper session expired") })
-	waitFor(t, 30*time.Second, "the session regained", func() bool { return logs.has("INFO", "zookeeper session regained") })
+	zktest.WaitFor(t, 30*time.Second, "the expiry reported", func() bool { return logs.has("ERROR", "zookeeper session expired") })
+	zktest.WaitFor(t, 30*time.Second, "the session regained", func() bool { return logs.has("INFO", "zookeeper session regained") })
 	waitHealth(t, tb, healthpb.HealthCheckResponse_SERVING, 30*time.Second)
-	waitFor(t, 30*time.Second, "/healthz ok", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "/healthz ok", func() bool {
 		code, body := getHealthz(t, hs.URL)
 		return code == http.StatusOK && body == "ok"
 	})
-	waitFor(t, 30*time.Second, "leadership again", func() bool { return leader() == 1 })
+	zktest.WaitFor(t, 30*time.Second, "leadership again", func() bool { return leader() == 1 })
 	if err := tb.b.CheckHealth(); err != nil {
 		t.Fatalf("CheckHealth after recovery: %v", err)
 	}

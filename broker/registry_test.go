@@ -87,7 +87,7 @@ func consumersOf(t *testing.T, observer *zk.Conn, root, queue string) map[string
 func waitConsumers(t *testing.T, c pb.QueueClient, queue string, want uint64) {
 	t.Helper()
 	var last uint64
-	waitFor(t, 30*time.Second, fmt.Sprintf("Stats consumers == %d", want), func() bool {
+	zktest.WaitFor(t, 30*time.Second, fmt.Sprintf("Stats consumers == %d", want), func() bool {
 		st, err := c.Stats(context.Background(), &pb.StatsRequest{Name: queue})
 		if err == nil {
 			last = st.GetConsumers()
@@ -131,7 +131,7 @@ func TestRegistrationsRemovedAfterZooKeeperCut(t *testing.T) {
 		s.cancel()
 	}
 	// The broker has ended the three streams (their unregistration failed).
-	waitFor(t, 20*time.Second, "three streams ended on the broker", func() bool {
+	zktest.WaitFor(t, 20*time.Second, "three streams ended on the broker", func() bool {
 		return metric(t, reg, "qbroker_consumers", map[string]string{"queue": "q"}) == 1
 	})
 	// The outage lasts a few more seconds: the ZooKeeper client fails the
@@ -141,7 +141,7 @@ func TestRegistrationsRemovedAfterZooKeeperCut(t *testing.T) {
 	proxy.Restore()
 	waitHealth(t, tb, healthpb.HealthCheckResponse_SERVING, 30*time.Second)
 	waitConsumers(t, tb.client, "q", 1)
-	waitFor(t, 30*time.Second, "one registration left in ZooKeeper", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "one registration left in ZooKeeper", func() bool {
 		return len(consumersOf(t, observer, root, "q")) == 1
 	})
 	delivers(t, tb.client, "q", "after the cut", msgs)
@@ -175,13 +175,13 @@ func TestRegistrationsRecreatedAfterSessionExpiry(t *testing.T) {
 	}
 
 	proxy.Cut()
-	waitFor(t, 30*time.Second, "the session expired on the server", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the session expired on the server", func() bool {
 		return owner(observer, brokerNode) == 0 && len(consumersOf(t, observer, root, "q")) == 0
 	})
 	proxy.Restore()
 	waitHealth(t, tb, healthpb.HealthCheckResponse_SERVING, 30*time.Second)
 	var now int64
-	waitFor(t, 30*time.Second, "brokers/<id> registered by the new session", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "brokers/<id> registered by the new session", func() bool {
 		now = owner(observer, brokerNode)
 		return now != 0 && now != old
 	})
@@ -196,7 +196,7 @@ func TestRegistrationsRecreatedAfterSessionExpiry(t *testing.T) {
 			open++
 		}
 	}
-	waitFor(t, 30*time.Second, "the open streams registered by the new session", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the open streams registered by the new session", func() bool {
 		cs := consumersOf(t, observer, root, "q")
 		for _, o := range cs {
 			if o != now {
@@ -244,11 +244,11 @@ func TestRestartedBrokerTakesOverItsRegistration(t *testing.T) {
 	msgs := make(chan *pb.Message, 16)
 	subscribe(t, tb.client, "q", msgs)
 	waitConsumers(t, tb.client, "q", 1)
-	waitFor(t, 30*time.Second, "the previous process's registrations removed", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the previous process's registrations removed", func() bool {
 		return len(consumersOf(t, observer, root, "q")) == 1
 	})
 	prev.Close() // the previous session ends
-	waitFor(t, 10*time.Second, "the previous session gone", func() bool {
+	zktest.WaitFor(t, 10*time.Second, "the previous session gone", func() bool {
 		_, err := observer.Sync(root)
 		return err == nil
 	})

@@ -57,18 +57,6 @@ func metric(t *testing.T, reg *prometheus.Registry, name string, labels map[stri
 	return value(m, name, labels)
 }
 
-// waitFor polls cond until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // Consume streams that never send their subscribe request cannot hold the
 // broker's stream limit: beyond MaxStreams they are refused at once, the
 // others end after FirstMessageTimeout, every refusal is counted, and a
@@ -98,7 +86,7 @@ func TestIdleConsumeStreamsAreEnded(t *testing.T) {
 	// Meanwhile the limit holds: once the broker has seen every idle
 	// stream (and none has timed out yet), a new stream is refused.
 	full := false
-	waitFor(t, time.Minute, "the broker sees the idle streams", func() bool {
+	zktest.WaitFor(t, time.Minute, "the broker sees the idle streams", func() bool {
 		full = metric(t, reg, "qbroker_streams_refused_total", map[string]string{"reason": "max_streams"}) >= idle-maxStreams
 		return full || metric(t, reg, "qbroker_streams_refused_total", map[string]string{"reason": "no_subscribe"}) > 0
 	})
@@ -163,7 +151,7 @@ func openIdleStreams(t *testing.T, ctx context.Context, clients []pb.QueueClient
 func checkStreamsServed(t *testing.T, ctx context.Context, c pb.QueueClient) {
 	t.Helper()
 	var m *pb.Message
-	waitFor(t, 30*time.Second, "a legitimate Consume", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "a legitimate Consume", func() bool {
 		var err error
 		m, err = consumeOne(ctx, c, "q")
 		return err == nil
@@ -373,7 +361,7 @@ func TestHalfOpenConnectionsDoNotStarveClients(t *testing.T) {
 	}
 	// The broker accepts what is left in its listen backlog, evicting.
 	var evicted, open float64
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d half-open connections evicted", n-maxConns), func() bool {
+	zktest.WaitFor(t, 30*time.Second, fmt.Sprintf("%d half-open connections evicted", n-maxConns), func() bool {
 		evicted = metric(t, reg, "qbroker_connections_refused_total", map[string]string{"reason": "evicted_unproven"})
 		open = metric(t, reg, "qbroker_connections_open", nil)
 		if open > maxConns {
@@ -405,12 +393,12 @@ func TestConnectionLimits(t *testing.T) {
 			t.Fatal("a connection beyond the bound of proven ones was not refused")
 		}
 		// Counted just after the connection is closed.
-		waitFor(t, 10*time.Second, "max_conns counted", func() bool {
+		zktest.WaitFor(t, 10*time.Second, "max_conns counted", func() bool {
 			return metric(t, reg, "qbroker_connections_refused_total", map[string]string{"reason": "max_conns"}) >= 1
 		})
 		extra[0].Close()
 		fresh := pb.NewQueueClient(dial(t, tb.addr))
-		waitFor(t, 30*time.Second, "a call once a connection closed", func() bool {
+		zktest.WaitFor(t, 30*time.Second, "a call once a connection closed", func() bool {
 			_, err := fresh.Stats(context.Background(), &pb.StatsRequest{Name: "q"})
 			return err == nil
 		})
@@ -422,7 +410,7 @@ func TestConnectionLimits(t *testing.T) {
 		if !closedByPeer(c, 20*time.Second) {
 			t.Fatal("a silent connection was not closed")
 		}
-		waitFor(t, 10*time.Second, "handshake_timeout counted", func() bool {
+		zktest.WaitFor(t, 10*time.Second, "handshake_timeout counted", func() bool {
 			return metric(t, reg, "qbroker_connections_refused_total", map[string]string{"reason": "handshake_timeout"}) >= 1
 		})
 		if _, err := tb.client.ListQueues(context.Background(), &pb.ListQueuesRequest{}); err != nil {
@@ -442,7 +430,7 @@ func TestConnectionLimits(t *testing.T) {
 		if closedByPeer(cs[0], 200*time.Millisecond) {
 			t.Fatal("a connection within the per-address bound was closed")
 		}
-		waitFor(t, 10*time.Second, "per_ip counted", func() bool {
+		zktest.WaitFor(t, 10*time.Second, "per_ip counted", func() bool {
 			return metric(t, reg, "qbroker_connections_refused_total", map[string]string{"reason": "per_ip"}) == 1
 		})
 	})

@@ -36,17 +36,6 @@ func campaign(ctx context.Context, e *election.Election, value string) <-chan er
 	return c
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func waitErr(t *testing.T, c <-chan error, d time.Duration, what string) error {
 	t.Helper()
 	select {
@@ -162,42 +151,6 @@ func leadOnce(ctx context.Context, e *election.Election, conn *zk.Conn, marker, 
 	return nil
 }
 
-// deletions counts, per session, the NodeDeleted events its watches
-// received, by path.
-type deletions struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (d *deletions) onEvent(ev zk.Event) {
-	if ev.Type == zk.EventNodeDeleted {
-		d.mu.Lock()
-		d.n[ev.Path]++
-		d.mu.Unlock()
-	}
-}
-
-func (d *deletions) count(p string) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.n[p]
-}
-
-// connCounting opens a session whose watch events are counted.
-func connCounting(t *testing.T, servers []string, timeout time.Duration) (*zk.Conn, *deletions) {
-	t.Helper()
-	d := &deletions{n: map[string]int{}}
-	conn, err := zkutil.Connect(servers, timeout, nil, d.onEvent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	if err := zkutil.WaitConnected(conn, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	return conn, d
-}
-
 // Six candidates queue up; the leader resigns five times over. Each
 // candidate waits for the node just before its own, and each resignation
 // is seen (as a NodeDeleted watch event, counted on each session) by the
@@ -217,21 +170,21 @@ func TestHerdFree(t *testing.T) {
 	defer cancel()
 
 	conns := make([]*zk.Conn, n)
-	dels := make([]*deletions, n)
+	dels := make([]*zktest.Deletions, n)
 	els := make([]*election.Election, n)
 	results := make([]<-chan error, n)
 	keys := make([]string, n)
 	for i := range n {
-		conns[i], dels[i] = connCounting(t, []string{zktest.Addr(t)}, 4*time.Second)
+		conns[i], dels[i] = zktest.ConnCounting(t, []string{zktest.Addr(t)}, 4*time.Second)
 		els[i] = newElection(t, conns[i], root)
 		results[i] = campaign(ctx, els[i], fmt.Sprint("c", i))
-		waitFor(t, 20*time.Second, "the candidate's node", func() bool { return els[i].Key() != "" })
+		zktest.WaitFor(t, 20*time.Second, "the candidate's node", func() bool { return els[i].Key() != "" })
 		keys[i] = els[i].Key()
 	}
 	if err := waitErr(t, results[0], 20*time.Second, "the first to lead"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "every other candidate waiting", func() bool {
+	zktest.WaitFor(t, 20*time.Second, "every other candidate waiting", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(waits) == n-1
@@ -260,7 +213,7 @@ func TestHerdFree(t *testing.T) {
 			if j == i+1 {
 				want = 1
 			}
-			if got := dels[j].count(keys[i]); got != want {
+			if got := dels[j].Count(keys[i]); got != want {
 				t.Errorf("resignation of candidate %d: session %d got %d deletion events, want %d", i, j, got, want)
 			}
 		}
@@ -332,7 +285,7 @@ func TestCampaignCancelled(t *testing.T) {
 func TestLeaderSessionExpiry(t *testing.T) {
 	root := zktest.Root(t) + "/election"
 	proxy := zktest.NewProxy(t, zktest.Addr(t))
-	connA, _ := connCounting(t, []string{proxy.Addr()}, 2*time.Second)
+	connA, _ := zktest.ConnCounting(t, []string{proxy.Addr()}, 2*time.Second)
 	a := newElection(t, connA, root)
 	b := newElection(t, zktest.Conn(t), root)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -342,7 +295,7 @@ func TestLeaderSessionExpiry(t *testing.T) {
 	}
 	aToken, aDone := a.Token(), a.Done()
 	bRes := campaign(ctx, b, "b")
-	waitFor(t, 20*time.Second, "b's node", func() bool { return b.Key() != "" })
+	zktest.WaitFor(t, 20*time.Second, "b's node", func() bool { return b.Key() != "" })
 
 	proxy.Cut()
 	if err := waitErr(t, bRes, 60*time.Second, "b to lead after a's session expired"); err != nil {
@@ -369,7 +322,7 @@ func TestLeaderSessionExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	aRes := campaign(ctx, a, "a again")
-	waitFor(t, 20*time.Second, "a's new node", func() bool { return a.Key() != "" })
+	zktest.WaitFor(t, 20*time.Second, "a's new node", func() bool { return a.Key() != "" })
 	bToken := b.Token()
 	if err := b.Resign(ctx); err != nil {
 		t.Fatal(err)
@@ -399,7 +352,7 @@ func TestLeaderConnectionClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	bRes := campaign(ctx, b, "b")
-	waitFor(t, 20*time.Second, "b's node", func() bool { return b.Key() != "" })
+	zktest.WaitFor(t, 20*time.Second, "b's node", func() bool { return b.Key() != "" })
 	done := a.Done()
 	connA.Close()
 	select {
@@ -454,7 +407,7 @@ func TestOrphanOfOwnSessionRemoved(t *testing.T) {
 	defer cancel()
 	other := newElection(t, zktest.Conn(t), root)
 	otherRes := campaign(ctx, other, "other") // stalled behind the orphan
-	waitFor(t, 20*time.Second, "the other candidate's node", func() bool { return other.Key() != "" })
+	zktest.WaitFor(t, 20*time.Second, "the other candidate's node", func() bool { return other.Key() != "" })
 	eRes := campaign(ctx, e, "me")
 	if err := waitErr(t, otherRes, 20*time.Second, "the candidate behind the orphan to lead"); err != nil {
 		t.Fatal(err)
@@ -560,7 +513,7 @@ func TestObserve(t *testing.T) {
 	for i := range n {
 		els[i] = newElection(t, zktest.Conn(t), root)
 		results[i] = campaign(ctx, els[i], fmt.Sprint("c", i))
-		waitFor(t, 20*time.Second, "the candidate's node", func() bool { return els[i].Key() != "" })
+		zktest.WaitFor(t, 20*time.Second, "the candidate's node", func() bool { return els[i].Key() != "" })
 	}
 	var last int64
 	for i, e := range els {
@@ -687,7 +640,7 @@ func TestClose(t *testing.T) {
 	}
 	stream := e.Observe(ctx)
 	res := campaign(ctx, e, "w")
-	waitFor(t, 20*time.Second, "the candidate's node", func() bool { return e.Key() != "" })
+	zktest.WaitFor(t, 20*time.Second, "the candidate's node", func() bool { return e.Key() != "" })
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -769,7 +722,7 @@ func TestOrder(t *testing.T) {
 func TestCloseRemovesLostCreate(t *testing.T) {
 	root := zktest.Root(t) + "/election"
 	proxy := zktest.NewProxy(t, zktest.Addr(t))
-	conn, _ := connCounting(t, []string{proxy.Addr()}, 10*time.Second)
+	conn, _ := zktest.ConnCounting(t, []string{proxy.Addr()}, 10*time.Second)
 	e, err := election.New(conn, root)
 	if err != nil {
 		t.Fatal(err)

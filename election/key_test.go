@@ -26,7 +26,7 @@ func TestKeyFunctions(t *testing.T) {
 	second := newElection(t, zktest.Conn(t), root)
 	won := campaign(ctx, second, "b")
 	// Its node shows in the listing before Campaign has recorded it.
-	waitFor(t, 30*time.Second, "the second candidate", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the second candidate", func() bool {
 		return second.Key() != "" && len(children(t, other, root)) == 2
 	})
 	waiting := second.Key()
@@ -45,7 +45,7 @@ func TestKeyFunctions(t *testing.T) {
 	if err := election.ResignKey(ctx, other, key); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the resigned leadership to end", func() bool { return isClosed(first.Done()) })
+	zktest.WaitFor(t, 30*time.Second, "the resigned leadership to end", func() bool { return isClosed(first.Done()) })
 	if err := waitErr(t, won, 30*time.Second, "the second to lead"); err != nil {
 		t.Fatal(err)
 	}

@@ -127,13 +127,13 @@ func TestHerdFree(t *testing.T) {
 	ctx := testCtx(t, 2*time.Minute)
 
 	conns := make([]*zk.Conn, n)
-	dels := make([]*deletions, n)
+	dels := make([]*zktest.Deletions, n)
 	results := make([]<-chan result, n)
 	for i := range n {
-		conns[i], dels[i] = connCounting(t, []string{zktest.Addr(t)}, 4*time.Second)
+		conns[i], dels[i] = zktest.ConnCounting(t, []string{zktest.Addr(t)}, 4*time.Second)
 		m := newMutex(t, conns[i], root)
 		results[i] = async(ctx, m.Lock)
-		waitFor(t, 30*time.Second, "the contender's node", func() bool { return len(children(t, conns[0], root)) == i+1 })
+		zktest.WaitFor(t, 30*time.Second, "the contender's node", func() bool { return len(children(t, conns[0], root)) == i+1 })
 	}
 	grants := make([]*lock.Grant, n)
 	r := await(t, results[0], "the first grant")
@@ -141,7 +141,7 @@ func TestHerdFree(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	grants[0] = r.g
-	waitFor(t, 30*time.Second, "every other contender waiting", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "every other contender waiting", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(waits) == n-1
@@ -171,7 +171,7 @@ func TestHerdFree(t *testing.T) {
 			if j == i+1 {
 				want = 1
 			}
-			if got := dels[j].count(grants[i].Key()); got != want {
+			if got := dels[j].Count(grants[i].Key()); got != want {
 				t.Errorf("release by contender %d: session %d got %d deletion events, want %d", i, j, got, want)
 			}
 		}
@@ -219,12 +219,12 @@ func TestRWMutex(t *testing.T) {
 		t.Fatalf("TryLock while readers hold: got %v, want ErrLocked", err)
 	}
 	writer := async(ctx, rws[3].Lock)
-	waitFor(t, 30*time.Second, "the writer's node", func() bool { return len(children(t, conn, root)) == 4 })
+	zktest.WaitFor(t, 30*time.Second, "the writer's node", func() bool { return len(children(t, conn, root)) == 4 })
 	if _, err := rws[4].TryRLock(ctx); !errors.Is(err, lock.ErrLocked) {
 		t.Fatalf("TryRLock behind a waiting writer: got %v, want ErrLocked", err)
 	}
 	lateReader := async(ctx, rws[4].RLock)
-	waitFor(t, 30*time.Second, "the late reader's node", func() bool { return len(children(t, conn, root)) == 5 })
+	zktest.WaitFor(t, 30*time.Second, "the late reader's node", func() bool { return len(children(t, conn, root)) == 5 })
 	for i, g := range readers {
 		if !pending(writer) {
 			t.Fatalf("the writer holds while %d readers do", 3-i)

@@ -121,7 +121,7 @@ func TestSessionExpiryFencing(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy := zktest.NewProxy(t, zktest.Addr(t))
-	connA, _ := connCounting(t, []string{proxy.Addr()}, 2*time.Second)
+	connA, _ := zktest.ConnCounting(t, []string{proxy.Addr()}, 2*time.Second)
 	a := newMutex(t, connA, root+"/lock")
 	b := newMutex(t, zktest.Conn(t), root+"/lock")
 	ctx := testCtx(t, 3*time.Minute)
@@ -133,7 +133,7 @@ func TestSessionExpiryFencing(t *testing.T) {
 		t.Fatal(err)
 	}
 	bRes := async(ctx, b.Lock)
-	waitFor(t, 30*time.Second, "b's node", func() bool { return len(children(t, admin, root+"/lock")) == 2 })
+	zktest.WaitFor(t, 30*time.Second, "b's node", func() bool { return len(children(t, admin, root+"/lock")) == 2 })
 
 	proxy.Cut()
 	rb := await(t, bRes, "b's grant after a's session expired")
@@ -176,7 +176,7 @@ func TestSessionExpiryFencing(t *testing.T) {
 func TestUnlockDuringConnectionLoss(t *testing.T) {
 	root := zktest.Root(t) + "/lock"
 	proxy := zktest.NewProxy(t, zktest.Addr(t))
-	connA, _ := connCounting(t, []string{proxy.Addr()}, 20*time.Second)
+	connA, _ := zktest.ConnCounting(t, []string{proxy.Addr()}, 20*time.Second)
 	a := newMutex(t, connA, root)
 	b := newMutex(t, zktest.Conn(t), root)
 	ctx := testCtx(t, 2*time.Minute)
@@ -187,7 +187,7 @@ func TestUnlockDuringConnectionLoss(t *testing.T) {
 	sid := connA.SessionID()
 	bRes := async(ctx, b.Lock)
 	proxy.Cut()
-	waitFor(t, 30*time.Second, "the connection to drop", func() bool { return connA.State() != zk.StateHasSession })
+	zktest.WaitFor(t, 30*time.Second, "the connection to drop", func() bool { return connA.State() != zk.StateHasSession })
 	if err := g.Unlock(ctx); err == nil || !zkutil.IsUnavailable(err) {
 		t.Fatalf("Unlock without a connection: got %v, want an unavailable error", err)
 	}
@@ -223,7 +223,7 @@ func TestUnlockDuringConnectionLoss(t *testing.T) {
 func TestLostCreateAnswer(t *testing.T) {
 	root := zktest.Root(t) + "/lock"
 	proxy := zktest.NewProxy(t, zktest.Addr(t))
-	conn, _ := connCounting(t, []string{proxy.Addr()}, 20*time.Second)
+	conn, _ := zktest.ConnCounting(t, []string{proxy.Addr()}, 20*time.Second)
 	admin := zktest.Conn(t)
 	m := newMutex(t, conn, root)
 	ctx := testCtx(t, 2*time.Minute)
@@ -286,7 +286,7 @@ func TestWaiterSessionExpiry(t *testing.T) {
 	root := zktest.Root(t) + "/lock"
 	holder := newMutex(t, zktest.Conn(t), root)
 	proxy := zktest.NewProxy(t, zktest.Addr(t))
-	connW, _ := connCounting(t, []string{proxy.Addr()}, 2*time.Second)
+	connW, _ := zktest.ConnCounting(t, []string{proxy.Addr()}, 2*time.Second)
 	w := newMutex(t, connW, root)
 	admin := zktest.Conn(t)
 	ctx := testCtx(t, 3*time.Minute)
@@ -295,13 +295,13 @@ func TestWaiterSessionExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := async(ctx, w.Lock)
-	waitFor(t, 30*time.Second, "the waiter's node", func() bool { return len(children(t, admin, root)) == 2 })
+	zktest.WaitFor(t, 30*time.Second, "the waiter's node", func() bool { return len(children(t, admin, root)) == 2 })
 	old := children(t, admin, root)
 	sid := connW.SessionID()
 	proxy.Cut()
-	waitFor(t, 60*time.Second, "the waiter's node to go with its session", func() bool { return len(children(t, admin, root)) == 1 })
+	zktest.WaitFor(t, 60*time.Second, "the waiter's node to go with its session", func() bool { return len(children(t, admin, root)) == 1 })
 	proxy.Restore()
-	waitFor(t, 60*time.Second, "the waiter's new node", func() bool {
+	zktest.WaitFor(t, 60*time.Second, "the waiter's new node", func() bool {
 		if !pending(res) {
 			r := <-res
 			t.Fatalf("Lock returned %v, %v while the holder holds", r.g, r.err)

@@ -148,7 +148,7 @@ func TestClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := async(ctx, m.Lock)
-	waitFor(t, 30*time.Second, "the waiter's node", func() bool { return len(children(t, conn, root)) == 2 })
+	zktest.WaitFor(t, 30*time.Second, "the waiter's node", func() bool { return len(children(t, conn, root)) == 2 })
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestUnlockKey(t *testing.T) {
 // Closing the holder's connection ends its grant.
 func TestLostOnConnectionClosed(t *testing.T) {
 	root := zktest.Root(t) + "/lock"
-	conn, _ := connCounting(t, []string{zktest.Addr(t)}, 4*time.Second)
+	conn, _ := zktest.ConnCounting(t, []string{zktest.Addr(t)}, 4*time.Second)
 	m := newMutex(t, conn, root)
 	ctx := testCtx(t, time.Minute)
 	g, err := m.Lock(ctx)

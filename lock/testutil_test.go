@@ -2,13 +2,11 @@ package lock_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/lock"
 )
 
@@ -63,17 +61,6 @@ func pending(c <-chan result) bool {
 	return len(c) == 0
 }
 
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func isClosed(c <-chan struct{}) bool {
 	select {
 	case <-c:
@@ -99,42 +86,6 @@ func children(t testing.TB, conn *zk.Conn, p string) []string {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// deletions counts, per session, the NodeDeleted events its watches
-// received, by path.
-type deletions struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (d *deletions) onEvent(ev zk.Event) {
-	if ev.Type == zk.EventNodeDeleted {
-		d.mu.Lock()
-		d.n[ev.Path]++
-		d.mu.Unlock()
-	}
-}
-
-func (d *deletions) count(p string) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.n[p]
-}
-
-// connCounting opens a session to servers whose watch events are counted.
-func connCounting(t testing.TB, servers []string, timeout time.Duration) (*zk.Conn, *deletions) {
-	t.Helper()
-	d := &deletions{n: map[string]int{}}
-	conn, err := zkutil.Connect(servers, timeout, nil, d.onEvent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	if err := zkutil.WaitConnected(conn, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	return conn, d
 }
 
 func testCtx(t testing.TB, d time.Duration) context.Context {

@@ -18,18 +18,6 @@ func countAll(n *atomic.Int64) zkqueue.Observer {
 	return func(string, time.Duration, error) { n.Add(1) }
 }
 
-// waitFor polls cond until it holds or 20s pass.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // The sweeper reads a lease once; while nothing changes and no deadline
 // passes it has nothing to do (Due is false) and makes no request. An
 // Extend or a delayed Nack that moves a deadline earlier is seen through
@@ -77,7 +65,7 @@ func TestLeaseSweeper(t *testing.T) {
 	if err != nil || len(ls) != 2 {
 		t.Fatalf("TakeLeases: %v, %v", ls, err)
 	}
-	waitFor(t, "the leases' children watch", func() bool { return sw.Due(time.Now()) })
+	zktest.WaitFor(t, 20*time.Second, "the leases' children watch", func() bool { return sw.Due(time.Now()) })
 	sweep(0)
 	if sw.InFlight() != 2 {
 		t.Fatalf("InFlight: got %d, want 2", sw.InFlight())
@@ -96,7 +84,7 @@ func TestLeaseSweeper(t *testing.T) {
 func sweepUntil(ctx context.Context, t *testing.T, what string, sw *zkqueue.LeaseSweeper, p zkqueue.Policy, n int) []zkqueue.Expired {
 	t.Helper()
 	var released []zkqueue.Expired
-	waitFor(t, what, func() bool {
+	zktest.WaitFor(t, 20*time.Second, what, func() bool {
 		if sw.Due(time.Now()) {
 			out, err := sw.Sweep(ctx, time.Now(), p)
 			if err != nil {
@@ -121,7 +109,7 @@ func releaseAtNewDeadlines(ctx context.Context, t *testing.T, leases *zkqueue.Le
 	if _, out, err := leases.Nack(ctx, ls[1].Token, 300*time.Millisecond, zkqueue.Policy{}); err != nil || out != zkqueue.Delayed {
 		t.Fatalf("Nack: %v, %v", out, err)
 	}
-	waitFor(t, "the leases' data watches", func() bool { return sw.Due(time.Now()) })
+	zktest.WaitFor(t, 20*time.Second, "the leases' data watches", func() bool { return sw.Due(time.Now()) })
 	if reqs.Load() != before {
 		t.Fatalf("%d requests while nothing changed", reqs.Load()-before)
 	}

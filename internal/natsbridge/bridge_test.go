@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/zktest"
 )
 
 func testEvent(queue string, kind events.Kind, n int) events.Event {
@@ -179,7 +180,7 @@ func TestNATSKilledMidLoad(t *testing.T) {
 	}
 	emit(total / 2)
 	srv.WaitForShutdown()
-	waitFor(t, 10*time.Second, "the bridge to see the disconnection", func() bool { return !b.Connected() })
+	zktest.WaitFor(t, 10*time.Second, "the bridge to see the disconnection", func() bool { return !b.Connected() })
 	if got := metricValue(t, reg, "qbroker_nats_connected"); got != 0 {
 		t.Errorf("qbroker_nats_connected = %v while NATS is down, want 0", got)
 	}
@@ -231,10 +232,10 @@ func TestReconnect(t *testing.T) {
 	}
 
 	srv.Shutdown()
-	waitFor(t, 10*time.Second, "disconnection", func() bool { return !b.Connected() })
+	zktest.WaitFor(t, 10*time.Second, "disconnection", func() bool { return !b.Connected() })
 
 	srv2 := runServer(t, port, false)
-	waitFor(t, 10*time.Second, "reconnection", b.Connected)
+	zktest.WaitFor(t, 10*time.Second, "reconnection", b.Connected)
 	sub2 := subscribe(t, srv2, "qbroker.>")
 	for i := 10; i < 20; i++ {
 		b.Emit(testEvent("r", events.Acked, i))
@@ -278,12 +279,12 @@ func TestStartWithNATSDown(t *testing.T) {
 	b.Emit(testEvent("late", events.Published, 0)) // must not block nor fail
 
 	srv := runServer(t, port, true)
-	waitFor(t, 10*time.Second, "connection", b.Connected)
+	zktest.WaitFor(t, 10*time.Second, "connection", b.Connected)
 	const n = 20
 	for i := 1; i <= n; i++ {
 		b.Emit(testEvent("late", events.Published, i))
 	}
-	waitFor(t, 10*time.Second, "acks", func() bool { sent, _ := b.Stats(); return sent >= n })
+	zktest.WaitFor(t, 10*time.Second, "acks", func() bool { sent, _ := b.Stats(); return sent >= n })
 	closeBridge(t, b)
 	sent, dropped := b.Stats()
 	if sent+dropped != n+1 {
@@ -328,7 +329,7 @@ func TestJetStreamDedup(t *testing.T) {
 		DuplicateWindow: time.Minute,
 	})
 	waitSent := func(n uint64) {
-		waitFor(t, 10*time.Second, fmt.Sprintf("%d acks", n), func() bool { sent, _ := b.Stats(); return sent >= n })
+		zktest.WaitFor(t, 10*time.Second, fmt.Sprintf("%d acks", n), func() bool { sent, _ := b.Stats(); return sent >= n })
 	}
 
 	e := testEvent("orders", events.Delivered, 1)
@@ -407,7 +408,7 @@ func TestCloseDrains(t *testing.T) {
 	t.Run("jetstream", func(t *testing.T) {
 		srv := runServer(t, -1, true)
 		b, _ := newBridge(t, Config{URL: srv.ClientURL(), JetStream: true})
-		waitFor(t, 10*time.Second, "connection", b.Connected)
+		zktest.WaitFor(t, 10*time.Second, "connection", b.Connected)
 		for i := range n {
 			b.Emit(testEvent("drain", events.Published, i))
 		}

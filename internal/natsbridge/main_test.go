@@ -132,18 +132,6 @@ func closeBridge(t *testing.T, b *Bridge) {
 	}
 }
 
-// waitFor polls cond every 10ms for up to timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // metricValue returns the value of the series of metric name on reg whose
 // labels include the given name/value pairs (0 when there is none).
 func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {

@@ -45,17 +45,6 @@ func ownerOf(observer *zk.Conn, p string) int64 {
 	return st.EphemeralOwner
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // A create whose answer was lost (the node exists, made by this very
 // session) is recognized as ours, and dropping it deletes it.
 func TestKeepAdoptsItsOwnNode(t *testing.T) {
@@ -106,10 +95,10 @@ func TestKeepReplacesAndRemovesStrays(t *testing.T) {
 		t.Fatalf("kept node: known %v wanted %v", known, wanted)
 	}
 	k.Stray(stray)
-	waitUntil(t, 20*time.Second, "the stray node deleted", func() bool { return !exists(t, conn, stray) })
-	waitUntil(t, 20*time.Second, "the stray node forgotten", func() bool { known, _ := k.Tracked(stray); return !known })
+	zktest.WaitFor(t, 20*time.Second, "the stray node deleted", func() bool { return !exists(t, conn, stray) })
+	zktest.WaitFor(t, 20*time.Second, "the stray node forgotten", func() bool { known, _ := k.Tracked(stray); return !known })
 	prev.Close()
-	waitUntil(t, 20*time.Second, "the previous session's nodes gone", func() bool { return !exists(t, conn, marker) })
+	zktest.WaitFor(t, 20*time.Second, "the previous session's nodes gone", func() bool { return !exists(t, conn, marker) })
 	if !exists(t, conn, kept) {
 		t.Fatal("the kept node vanished with the previous session")
 	}
@@ -143,20 +132,20 @@ func TestKeepRecreatesAfterSessionExpiry(t *testing.T) {
 	}
 
 	proxy.Cut()
-	waitUntil(t, 30*time.Second, "the session expired on the server", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the session expired on the server", func() bool {
 		return ownerOf(observer, a) == 0 && ownerOf(observer, b) == 0
 	})
 	k.Drop(eb)
 	proxy.Restore()
 	var now int64
-	waitUntil(t, 30*time.Second, "the kept node created by a new session", func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the kept node created by a new session", func() bool {
 		now = ownerOf(observer, a)
 		return now != 0 && now != old
 	})
 	if now != conn.SessionID() {
 		t.Fatalf("node owned by 0x%x, the keeper's session is 0x%x", now, conn.SessionID())
 	}
-	waitUntil(t, 30*time.Second, "the dropped node forgotten", func() bool { known, _ := k.Tracked(b); return !known })
+	zktest.WaitFor(t, 30*time.Second, "the dropped node forgotten", func() bool { known, _ := k.Tracked(b); return !known })
 	if exists(t, observer, b) {
 		t.Fatal("a node dropped during the partition was created again")
 	}
