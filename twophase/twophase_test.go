@@ -206,8 +206,9 @@ func TestNeverVotesTimesOut(t *testing.T) {
 	}
 }
 
-// Participants vote commit and crash; the coordinator's Tx decides, and
-// its session ends right after. Restarted, the participants read the
+// Participants vote commit and crash; the decision is made (by the
+// coordinator's Tx or the last voter's), and the coordinator's session
+// ends right after. Restarted, the participants read the
 // decision.
 func TestCoordinatorGoneAfterDecision(t *testing.T) {
 	dc := countDecisions(t)
@@ -223,8 +224,10 @@ func TestCoordinatorGoneAfterDecision(t *testing.T) {
 	d := wait(t, coord)
 	_ = coord.Close()
 	coordConn.Close()
-	if !d.Committed || d.By != twophase.Coordinator {
-		t.Fatalf("got %+v, want a commit by the coordinator", d)
+	// Whichever handle saw the last vote first decided: the coordinator's,
+	// or the last voter's own before it closed.
+	if !d.Committed || (d.By != twophase.Coordinator && d.By != "a" && d.By != "b") {
+		t.Fatalf("got %+v, want a commit by the coordinator or a voter", d)
 	}
 	conn := zktest.Conn(t)
 	if out, err := twophase.Outcome(context.Background(), conn, p); err != nil || out != d {
