@@ -7,7 +7,7 @@ ZK_JAR   := /usr/share/java/zookeeper.jar
 GOBIN    := $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all deps test faults run build generate bench loadtest fmt vet clean
+.PHONY: all deps test faults run build generate python bench loadtest fmt vet clean
 
 all: build
 
@@ -19,6 +19,10 @@ deps:
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends zookeeper default-jre-headless >/dev/null; \
 	fi
+	@{ python3 -c 'import grpc' || /usr/bin/python3 -c 'import grpc'; } 2>/dev/null || { \
+		echo "installing Python gRPC for clients/python (apt-get install python3-grpcio)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends python3-grpcio python3-protobuf >/dev/null; }
 	@$(GO) mod download
 
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
@@ -60,6 +64,18 @@ generate:
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
 		api/queue.proto api/coord.proto
 	mkdir -p api/queuepb && mv api/queue.pb.go api/queue_grpc.pb.go api/coord.pb.go api/coord_grpc.pb.go api/queuepb/
+
+# python rebuilds the Python client's stubs clients/python/queue_pb2.py and
+# queue_pb2_grpc.py from api/queue.proto (committed; only needed after
+# editing it) with Debian's protoc and gRPC Python plugin, and installs the
+# runtime the example needs (deps).
+GRPC_PY_PLUGIN := /usr/bin/grpc_python_plugin
+python: deps
+	@{ command -v protoc >/dev/null && [ -x $(GRPC_PY_PLUGIN) ]; } || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends protobuf-compiler protobuf-compiler-grpc >/dev/null; }
+	protoc -Iapi --python_out=clients/python \
+		--plugin=protoc-gen-grpc_python=$(GRPC_PY_PLUGIN) --grpc_python_out=clients/python \
+		api/queue.proto
 
 clean:
 	rm -rf bin
