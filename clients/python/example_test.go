@@ -5,6 +5,7 @@ package python_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +15,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	"github.com/qbroker/qbroker/api/queuepb"
 
 	"github.com/qbroker/qbroker/broker"
 	qbroker "github.com/qbroker/qbroker/clients/go"
@@ -47,6 +53,48 @@ func python(t *testing.T) string {
 	}
 	t.Skip(msg)
 	return ""
+}
+
+// TestStubsMatchProto checks that the committed Python stubs were
+// generated from the api/queue.proto the Go stubs were (`make python`
+// after `make generate`): their file descriptors are equal but for the
+// file's name (api/queue.proto for Go, queue.proto for Python).
+func TestStubsMatchProto(t *testing.T) {
+	py := python(t)
+	cmd := exec.Command(py, "-B", "-c",
+		"import base64, queue_pb2; print(base64.b64encode(queue_pb2.DESCRIPTOR.serialized_pb).decode())")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("reading queue_pb2's descriptor: %v\n%s", err, stderr.String())
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(out)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pyFile := &descriptorpb.FileDescriptorProto{}
+	if err := proto.Unmarshal(raw, pyFile); err != nil {
+		t.Fatal(err)
+	}
+	goFile := protodesc.ToFileDescriptorProto(queuepb.File_api_queue_proto)
+	goFile.Name = pyFile.Name
+	clearJSONNames(pyFile.MessageType)
+	clearJSONNames(goFile.MessageType)
+	if !proto.Equal(pyFile, goFile) {
+		t.Error("clients/python/queue_pb2.py does not match api/queuepb: run make python (and make generate)")
+	}
+}
+
+// clearJSONNames drops the fields' json_name, which protoc hands to the
+// Go generator but not to the Python one.
+func clearJSONNames(msgs []*descriptorpb.DescriptorProto) {
+	for _, m := range msgs {
+		for _, f := range m.Field {
+			f.JsonName = nil
+		}
+		clearJSONNames(m.NestedType)
+	}
 }
 
 // startBroker serves a broker on a fresh root, with its metrics in reg,
