@@ -145,6 +145,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithShare(func() (int, int) { q.touch(); return q.consumers.Rank() }),
 		zkqueue.WithLogger(b.log.With("queue", name)),
 		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
+		zkqueue.WithACL(b.acl),
 	}
 	if meta.Kind == kindPriority {
 		opts = append(opts, zkqueue.WithPriorities())

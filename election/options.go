@@ -2,6 +2,8 @@ package election
 
 import (
 	"log/slog"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // Option configures an Election.
@@ -10,6 +12,7 @@ type Option func(*options)
 type options struct {
 	logger        *slog.Logger
 	createParents bool
+	acl           []zk.ACL
 }
 
 // defaults are the options New starts from.
@@ -35,4 +38,11 @@ func WithLogger(l *slog.Logger) Option {
 // their layout themselves, with their own ACLs.
 func WithCreateParents(create bool) Option {
 	return func(o *options) { o.createParents = create }
+}
+
+// WithACL sets the ACL of the nodes the Election creates: its node and
+// missing parents, and its candidates (default: open to anyone,
+// zk.WorldACL(zk.PermAll)).
+func WithACL(acl []zk.ACL) Option {
+	return func(o *options) { o.acl = acl }
 }

@@ -2,6 +2,8 @@ package lock
 
 import (
 	"log/slog"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // Option configures a Mutex or an RWMutex.
@@ -11,6 +13,7 @@ type options struct {
 	value  []byte
 	logger *slog.Logger
 	create bool
+	acl    []zk.ACL
 }
 
 // defaults are the options NewMutex and NewRWMutex start from.
@@ -43,4 +46,11 @@ func WithLogger(l *slog.Logger) Option {
 // parents (persistent, empty, world-writable).
 func WithoutCreate() Option {
 	return func(o *options) { o.create = false }
+}
+
+// WithACL sets the ACL of the nodes the lock creates: its node and missing
+// parents, and its lock nodes (default: open to anyone,
+// zk.WorldACL(zk.PermAll)).
+func WithACL(acl []zk.ACL) Option {
+	return func(o *options) { o.acl = acl }
 }

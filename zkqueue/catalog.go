@@ -56,6 +56,8 @@ type CatalogConfig struct {
 	Observer Observer
 	// Logger receives the failures of deletions (default: discarded).
 	Logger *slog.Logger
+	// ACL of every node the catalog creates (see WithACL); default open.
+	ACL []zk.ACL
 }
 
 // queueParents are the parents created with every queue, in the order a
@@ -87,7 +89,8 @@ func NewCatalog(conn *zk.Conn, p string, cfg CatalogConfig) (*Catalog, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := zkutil.EnsurePath(conn, p); err != nil {
+	cfg.ACL = zkutil.ACLOr(cfg.ACL)
+	if err := zkutil.EnsurePath(conn, p, cfg.ACL); err != nil {
 		return nil, fmt.Errorf("zkqueue: %w", err)
 	}
 	return &Catalog{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg}, nil
@@ -127,7 +130,7 @@ func (c *Catalog) Create(ctx context.Context, name string, s Spec) (Spec, error)
 		return s, err
 	}
 	p := c.Path(name)
-	acl := zk.WorldACL(zk.PermAll)
+	acl := c.cfg.ACL
 	ops := []any{&zk.CreateRequest{Path: p, Data: data, Acl: acl}}
 	for _, sub := range queueParents {
 		ops = append(ops, &zk.CreateRequest{Path: p + "/" + sub, Acl: acl})
@@ -212,7 +215,7 @@ func (c *Catalog) repair(p string, version int32) error {
 	ops := []any{&zk.CheckVersionRequest{Path: p, Version: version}}
 	for _, sub := range queueParents {
 		if !slices.Contains(children, sub) {
-			ops = append(ops, &zk.CreateRequest{Path: p + "/" + sub, Acl: zk.WorldACL(zk.PermAll)})
+			ops = append(ops, &zk.CreateRequest{Path: p + "/" + sub, Acl: c.cfg.ACL})
 		}
 	}
 	if len(ops) == 1 {

@@ -50,7 +50,7 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 		return nil, err
 	}
 	if !o.noCreate {
-		if err := zkutil.EnsurePath(conn, p); err != nil {
+		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
 			return nil, fmt.Errorf("zkqueue: %w", err)
 		}
 	}
@@ -136,7 +136,7 @@ func (s *Queue) publish(ctx context.Context, prefix string, payload []byte) (str
 	res, err := s.write(ctx, &zk.CreateRequest{
 		Path:  s.path + "/" + prefix,
 		Data:  data,
-		Acl:   zk.WorldACL(zk.PermAll),
+		Acl:   s.opt.acl,
 		Flags: zk.FlagSequence,
 	})
 	if err != nil {
@@ -210,7 +210,7 @@ func (s *Queue) publishBatch(ctx context.Context, prefixes []string, payloads []
 		ops[i] = &zk.CreateRequest{
 			Path:  s.path + "/" + prefixes[i],
 			Data:  EncodeData(p, now, 0),
-			Acl:   zk.WorldACL(zk.PermAll),
+			Acl:   s.opt.acl,
 			Flags: zk.FlagSequence,
 		}
 	}
