@@ -410,8 +410,11 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, err
 	}
-	for _, p := range []string{b.queuesPath(), b.brokersPath(), b.electionPath(), b.electionsPath(), b.locksPath()} {
-		if err := zkutil.EnsurePath(conn, p, acl); err != nil {
+	// The nodes above the root are shared with whoever else uses the
+	// ensemble: those the broker creates are open; the root and all
+	// below it carry the brokers' ACL.
+	for _, p := range []string{path.Dir(cfg.Root), b.queuesPath(), b.brokersPath(), b.electionPath(), b.electionsPath(), b.locksPath()} {
+		if err := zkutil.EnsurePath(conn, p, b.nodeACL(p)); err != nil {
 			b.batcher.Close()
 			b.closeConns()
 			b.cancel()

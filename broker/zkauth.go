@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -37,6 +38,15 @@ func (c *Config) zkACL() ([]zk.ACL, error) {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	return acl, nil
+}
+
+// nodeACL is the ACL the broker gives node p: open above the root, acl
+// at the root and below.
+func (b *Broker) nodeACL(p string) []zk.ACL {
+	if p == b.cfg.Root || strings.HasPrefix(p, b.cfg.Root+"/") {
+		return b.acl
+	}
+	return nil
 }
 
 // connect opens one ZooKeeper session and, with a digest credential,
