@@ -128,6 +128,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	p := b.catalog.Path(name)
 	label := b.metrics.labels.get(name)
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
+	bad := b.metrics.badNodes.WithLabelValues(label)
 	q := &queue{name: name, path: p, meta: meta, label: label, gone: watch,
 		policy: meta.Policy()}
 	if q.consumers, err = b.consumerGroup(p); err != nil {
@@ -136,6 +137,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	opts := []zkqueue.Option{
 		zkqueue.WithLimits(zkqueue.Limits{MaxPayload: b.cfg.MaxPayload, MaxBatchBytes: b.cfg.MaxBatchBytes, MaxBatchCount: b.cfg.MaxBatchCount}),
 		zkqueue.WithConflictHook(conflicts.Inc),
+		zkqueue.WithBadDataHook(func(string) { bad.Inc() }),
 		zkqueue.WithObserver(b.observeZK),
 		zkqueue.WithCommitter(b.batcher),
 		zkqueue.WithMemory(b.recent),

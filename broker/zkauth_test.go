@@ -9,6 +9,10 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
@@ -189,4 +193,56 @@ func TestZKDigestSurvivesReconnect(t *testing.T) {
 	if len(ms) != 1 || string(ms[0].GetPayload()) != "after" {
 		t.Fatalf("received %v, want after", ms)
 	}
+}
+
+// A node injected into a queue's items where ACLs do not stop it (the
+// `create .../items/qn-0000009999 garbage` of any ZooKeeper client) is
+// never delivered, in either mode; it is counted once, and Purge deletes
+// it. Metadata that is not a valid spec makes the queue absent rather
+// than served with it.
+func TestForeignNodeNeverDelivered(t *testing.T) {
+	root := zktest.Root(t)
+	reg := prometheus.NewRegistry()
+	b := newBroker(t, root, func(c *broker.Config) { c.Registerer = reg })
+	ctx := context.Background()
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "q"})
+	plain := zktest.Conn(t)
+	items := root + "/queues/q/items"
+	for _, name := range []string{"qn-0000009999", "qn-0000000000"} {
+		if _, err := plain.Create(items+"/"+name, []byte("garbage"), 0, zk.WorldACL(zk.PermAll)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publishN(t, b.client, "q", 2)
+	ms := receive(t, b.client, &pb.ReceiveRequest{Queue: "q", Mode: alo, MaxMessages: 10})
+	ms = append(ms, receive(t, b.client, &pb.ReceiveRequest{Queue: "q", MaxMessages: 10})...)
+	if len(ms) != 2 || string(ms[0].GetPayload()) != "m00000" || string(ms[1].GetPayload()) != "m00001" {
+		t.Fatalf("received %v, want m00000 and m00001 only", ms)
+	}
+	if _, err := b.client.Ack(ctx, &pb.AckRequest{AckToken: ms[0].GetAckToken()}); err != nil {
+		t.Fatal(err)
+	}
+	if ms := receive(t, b.client, &pb.ReceiveRequest{Queue: "q", MaxMessages: 10, Wait: durationpb.New(200 * time.Millisecond)}); len(ms) != 0 {
+		t.Fatalf("received %v after the real messages, want none", ms)
+	}
+	if n := counterSum(t, reg, "qbroker_bad_message_nodes_total"); n != 2 {
+		t.Errorf("qbroker_bad_message_nodes_total = %v, want 2", n)
+	}
+	r, err := b.client.Purge(ctx, &pb.PurgeRequest{Name: "q"})
+	if err != nil || r.GetPurged() != 2 {
+		t.Fatalf("Purge = %v, %v; want the 2 foreign nodes", r, err)
+	}
+	if left, _, _ := plain.Children(items); len(left) != 0 {
+		t.Fatalf("left after Purge: %v", left)
+	}
+
+	// A FIFO queue turned into a sync queue without a group size is no
+	// queue at all.
+	if _, err := plain.Set(root+"/queues/q", []byte(`{"v":1,"kind":"sync","visibility_ms":30000}`), -1); err != nil {
+		t.Fatal(err)
+	}
+	zktest.WaitFor(t, 30*time.Second, "the queue refused", func() bool {
+		_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "q", Messages: []*pb.OutMessage{{Payload: []byte("x")}}})
+		return status.Code(err) == codes.NotFound
+	})
 }

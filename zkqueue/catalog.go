@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -44,7 +45,9 @@ type Catalog struct {
 	zk     observed
 	path   string
 	cfg    CatalogConfig
-	listed func(p string) // set by tests only: see DeleteTreeHooked
+	badMu  sync.Mutex
+	bad    map[string]bool // queues whose bad metadata was logged
+	listed func(p string)  // set by tests only: see DeleteTreeHooked
 }
 
 // CatalogConfig configures a Catalog.
@@ -93,7 +96,23 @@ func NewCatalog(conn *zk.Conn, p string, cfg CatalogConfig) (*Catalog, error) {
 	if err := zkutil.EnsurePath(conn, p, cfg.ACL); err != nil {
 		return nil, fmt.Errorf("zkqueue: %w", err)
 	}
-	return &Catalog{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg}, nil
+	return &Catalog{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg, bad: map[string]bool{}}, nil
+}
+
+// badSpec logs, once per queue (up to 1000), metadata that does not
+// decode or validate: the queue is refused (absent) rather than served
+// with a configuration no Catalog wrote.
+func (c *Catalog) badSpec(name string, err error) {
+	c.badMu.Lock()
+	first := !c.bad[name] && len(c.bad) < 1000
+	if first {
+		c.bad[name] = true
+	}
+	c.badMu.Unlock()
+	if first {
+		c.cfg.Logger.Warn("refusing a queue whose metadata is not valid; delete the queue or restore its metadata",
+			"queue", name, "znode", c.Path(name), "err", err)
+	}
 }
 
 // Path returns the node of the queue name: the parent of its items/,
@@ -266,6 +285,9 @@ func (c *Catalog) Info(name string) (Spec, error) {
 		return Spec{}, fmt.Errorf("get %s: %w", c.Path(name), err)
 	}
 	s, err := DecodeSpec(data)
+	if err != nil {
+		c.badSpec(name, err)
+	}
 	if err != nil || s.Deleting {
 		return Spec{}, fmt.Errorf("%w: %s", ErrQueueNotFound, name)
 	}
@@ -290,6 +312,7 @@ func (c *Catalog) Load(name string) (Spec, <-chan zk.Event, error) {
 	s, err := DecodeSpec(data)
 	if err != nil {
 		// Unreadable metadata: treat as absent.
+		c.badSpec(name, err)
 		return Spec{}, nil, fmt.Errorf("%w: %s (%v)", ErrQueueNotFound, name, err)
 	}
 	if s.Deleting {

@@ -31,6 +31,7 @@ type options struct {
 	limits       Limits
 	priorities   bool
 	conflictHook func()
+	badDataHook  func(znode string)
 	logger       *slog.Logger
 	observer     Observer
 	share        func() (rank, n int)
@@ -120,6 +121,10 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // WithConflictHook sets a function called once per lost race for a head
 // message (NoNode or BadVersion while claiming).
 func WithConflictHook(f func()) Option { return func(o *options) { o.conflictHook = f } }
+
+// WithBadDataHook sets a function called once for each message node
+// whose data does not decode (see baddata.go), with the node's path.
+func WithBadDataHook(f func(znode string)) Option { return func(o *options) { o.badDataHook = f } }
 
 // WithObserver sets a function that sees the latency and outcome of every
 // ZooKeeper request of the queue, for metrics.
