@@ -92,6 +92,7 @@ type natsOptions struct {
 	payload    bool
 	maxPayload int
 	buffer     int
+	auth       natsAuthOptions
 }
 
 // envDefaults reads flag defaults from QBROKER_* variables. A value that
@@ -192,6 +193,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.nats.maxPayload, "nats-max-payload", e.int("NATS_MAX_PAYLOAD", 4096), "largest payload included in an event ($QBROKER_NATS_MAX_PAYLOAD)")
 	fs.IntVar(&o.nats.buffer, "nats-buffer", e.int("NATS_BUFFER", 8192), "events buffered before dropping ($QBROKER_NATS_BUFFER)")
 	o.zkAuth.register(fs, e)
+	o.nats.auth.register(fs, e)
 	return o
 }
 
