@@ -429,7 +429,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	if b.tokenKey, err = loadTokenKey(conn, cfg.Root, acl); err != nil {
+	if b.tokenKey, err = loadTokenKey(conn, cfg.Root, secretACL(acl)); err != nil {
 		b.batcher.Close()
 		b.closeConns()
 		b.cancel()

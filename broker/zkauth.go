@@ -108,6 +108,10 @@ func (b *Broker) checkRootACL(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker: migrate the ACL of %s (%d nodes changed, run again to finish): %w", root, n, err)
 	}
+	key := root + "/" + tokenKeyNode
+	if _, err := b.conn.SetACL(key, secretACL(b.acl), -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return fmt.Errorf("broker: set acl %s: %w", key, err)
+	}
 	b.log.Warn("migrated the ZooKeeper ACL of the broker's tree", "znode", root, "nodes", n,
 		"took", time.Since(start).Round(time.Millisecond))
 	return nil
@@ -122,4 +126,17 @@ func grants(acl []zk.ACL, id zk.ACL) bool {
 		}
 	}
 	return false
+}
+
+// secretACL is acl without its world-read entry: the token key signs ack
+// tokens, and whoever reads it can forge them, so ZKWorldRead does not
+// extend to it.
+func secretACL(acl []zk.ACL) []zk.ACL {
+	var out []zk.ACL
+	for _, a := range acl {
+		if a.Scheme != "world" {
+			out = append(out, a)
+		}
+	}
+	return out
 }

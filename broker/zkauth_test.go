@@ -136,6 +136,10 @@ func TestZKWorldRead(t *testing.T) {
 	if _, err := plain.Set(root+"/queues/q", nil, -1); !errors.Is(err, zk.ErrNoAuth) {
 		t.Fatalf("set with world read: got %v, want ErrNoAuth", err)
 	}
+	// The key that signs ack tokens stays secret.
+	if _, _, err := plain.Get(root + "/token-key"); !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("read the token key with world read: got %v, want ErrNoAuth", err)
+	}
 }
 
 // A root made without authentication is open to anyone: a broker with a
