@@ -32,7 +32,7 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithCreateParents says whether New creates the election's node and its
-// missing parents (persistent, empty, world-writable), which is the
+// missing parents (persistent, empty, with the WithACL ACL), which is the
 // default. With false, New does no I/O and Campaign fails (wrapping
 // zk.ErrNoNode) while the node is missing: for applications that create
 // their layout themselves, with their own ACLs.

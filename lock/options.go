@@ -43,7 +43,7 @@ func WithLogger(l *slog.Logger) Option {
 // WithoutCreate says that the lock's node exists already: the constructor
 // does no I/O, and Lock fails (wrapping zk.ErrNoNode) while the node is
 // missing. By default the constructor creates the node and its missing
-// parents (persistent, empty, world-writable).
+// parents (persistent, empty, with the WithACL ACL).
 func WithoutCreate() Option {
 	return func(o *options) { o.create = false }
 }
