@@ -39,6 +39,17 @@ type Config struct {
 	ID string
 	// SessionTimeout of the ZooKeeper session; default 10s.
 	SessionTimeout time.Duration
+	// ZKDigest, "user:password", authenticates every ZooKeeper session of
+	// the broker (digest scheme) and gives every node the broker creates
+	// an ACL that lets only that identity write (zkauth.go). Empty: no
+	// authentication, nodes open to anyone.
+	ZKDigest string
+	// ZKWorldRead (with ZKDigest) lets anyone read the broker's nodes.
+	ZKWorldRead bool
+	// ZKMigrateACL (with ZKDigest) sets the brokers' ACL on an existing
+	// root, and everything below it, that is open to anyone, instead of
+	// refusing to start.
+	ZKMigrateACL bool
 	// ZKSessions is the number of ZooKeeper sessions the broker opens
 	// (default 5). The first carries watches, scans, ephemeral nodes and
 	// health; the others are split between group-commit writes and
@@ -296,6 +307,7 @@ type Broker struct {
 	pb.UnimplementedQueueServer
 
 	cfg     Config
+	acl     []zk.ACL // of every node the broker creates; nil: open (zkauth.go)
 	log     *slog.Logger
 	conn    *zk.Conn           // the primary session: watches, scans, ephemerals, health
 	extra   []*zk.Conn         // further sessions, split into writers and readers
@@ -343,8 +355,13 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
+	acl, err := cfg.zkACL()
+	if err != nil {
+		return nil, err
+	}
 	b := &Broker{
 		cfg:     cfg,
+		acl:     acl,
 		log:     cfg.Logger.With("broker", cfg.ID),
 		metrics: newMetrics(cfg.Registerer, cfg.MaxQueueLabels),
 		health:  health.NewServer(),
@@ -357,15 +374,15 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	b.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 
-	conn, err := zkutil.Connect(cfg.ZooKeeper, cfg.SessionTimeout, b.log, b.onZKEvent)
+	conn, err := b.connect(ctx, b.onZKEvent)
 	if err != nil {
 		b.cancel()
 		return nil, fmt.Errorf("broker: %w", err)
 	}
 	b.conn = conn
-	b.keeper.Bind(conn)
+	b.keeper.Bind(conn, acl)
 	for i := 1; i < cfg.ZKSessions; i++ {
-		c, err := zkutil.Connect(cfg.ZooKeeper, cfg.SessionTimeout, b.log, nil)
+		c, err := b.connect(ctx, nil)
 		if err != nil {
 			b.closeConns()
 			b.cancel()
@@ -387,8 +404,17 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	for _, p := range []string{b.queuesPath(), b.brokersPath(), b.electionPath(), b.electionsPath(), b.locksPath()} {
-		if err := zkutil.EnsurePath(conn, p); err != nil {
+	if err := b.checkRootACL(ctx); err != nil {
+		b.batcher.Close()
+		b.closeConns()
+		b.cancel()
+		return nil, err
+	}
+	// The nodes above the root are shared with whoever else uses the
+	// ensemble: those the broker creates are open; the root and all
+	// below it carry the brokers' ACL.
+	for _, p := range []string{path.Dir(cfg.Root), b.queuesPath(), b.brokersPath(), b.electionPath(), b.electionsPath(), b.locksPath()} {
+		if err := zkutil.EnsurePath(conn, p, b.nodeACL(p)); err != nil {
 			b.batcher.Close()
 			b.closeConns()
 			b.cancel()
@@ -396,14 +422,14 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		}
 	}
 	b.catalog, err = zkqueue.NewCatalog(conn, b.queuesPath(), zkqueue.CatalogConfig{
-		MaxQueues: cfg.MaxQueues, Observer: b.observeZK, Logger: b.log})
+		MaxQueues: cfg.MaxQueues, Observer: b.observeZK, Logger: b.log, ACL: acl})
 	if err != nil {
 		b.batcher.Close()
 		b.closeConns()
 		b.cancel()
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	if b.tokenKey, err = loadTokenKey(conn, cfg.Root); err != nil {
+	if b.tokenKey, err = loadTokenKey(conn, cfg.Root, secretACL(acl)); err != nil {
 		b.batcher.Close()
 		b.closeConns()
 		b.cancel()

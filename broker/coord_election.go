@@ -35,7 +35,7 @@ func (b *Broker) lookElection(name string) (*election.Election, error) {
 	if err != nil {
 		return nil, err
 	}
-	return election.New(b.conn, p, election.WithCreateParents(false), election.WithLogger(b.log))
+	return election.New(b.conn, p, election.WithCreateParents(false), election.WithLogger(b.log), election.WithACL(b.acl))
 }
 
 // Campaign implements pb.ElectionServer. The candidate is a node of the
@@ -61,7 +61,7 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 		return b.streamEnd()
 	}
 	defer release()
-	e, err := election.New(b.conn, p, election.WithLogger(b.log))
+	e, err := election.New(b.conn, p, election.WithLogger(b.log), election.WithACL(b.acl))
 	if err != nil {
 		return b.fail(err)
 	}

@@ -116,7 +116,7 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 	if first.GetUnlock() {
 		return nil // released before asking
 	}
-	m, err := lock.NewMutex(b.conn, p, lock.WithValue(first.GetValue()), lock.WithLogger(b.log))
+	m, err := lock.NewMutex(b.conn, p, lock.WithValue(first.GetValue()), lock.WithLogger(b.log), lock.WithACL(b.acl))
 	if err != nil {
 		return b.fail(err)
 	}

@@ -88,6 +88,7 @@
 //	qbroker_messages_redelivered_total{queue}      counter: deliveries with count > 1
 //	qbroker_messages_dead_lettered_total{queue}    counter
 //	qbroker_claim_conflicts_total{queue}           counter: claims lost to another consumer
+//	qbroker_bad_message_nodes_total{queue}         counter: message nodes whose data does not decode, never delivered
 //	qbroker_deliveries_expired_unsent_total{queue} counter: at-least-once claims given back unsent
 //	qbroker_message_queue_seconds{queue}           histogram: publish to delivery
 //	qbroker_zk_request_duration_seconds{op,result} histogram

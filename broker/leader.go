@@ -21,7 +21,7 @@ import (
 
 func (b *Broker) runMembership() {
 	defer b.wg.Done()
-	el, err := election.New(b.conn, b.electionPath(), election.WithLogger(b.log), election.WithCreateParents(false))
+	el, err := election.New(b.conn, b.electionPath(), election.WithLogger(b.log), election.WithCreateParents(false), election.WithACL(b.acl))
 	if err != nil {
 		b.log.Error("election", "err", err) // not with a root that New accepted
 		return

@@ -27,6 +27,7 @@ type metrics struct {
 	redelivered  *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	conflicts    *prometheus.CounterVec
+	badNodes     *prometheus.CounterVec
 	queueTime    *prometheus.HistogramVec
 	zkDuration   *prometheus.HistogramVec
 	sessionState prometheus.Gauge
@@ -68,6 +69,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		redelivered:  qv("qbroker_messages_redelivered_total", "Deliveries of messages delivered before (delivery count > 1)."),
 		deadLettered: qv("qbroker_messages_dead_lettered_total", "Messages moved to the dead letters (or dropped) after too many deliveries."),
 		conflicts:    qv("qbroker_claim_conflicts_total", "Claims lost to another consumer (NoNode or BadVersion on the head)."),
+		badNodes:     qv("qbroker_bad_message_nodes_total", "Message nodes whose data does not decode, skipped and never delivered (Purge deletes them)."),
 		queueTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "qbroker_message_queue_seconds",
 			Help:    "Time from publish to delivery (first delivery and redeliveries alike).",
@@ -123,7 +125,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
-		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders} {
+		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes} {
 		reg.MustRegister(c)
 	}
 	return m

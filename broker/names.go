@@ -112,9 +112,9 @@ const tokenKeyNode = "token-key"
 
 // loadTokenKey creates the root's token key when it has none and returns
 // it.
-func loadTokenKey(conn *zk.Conn, root string) ([]byte, error) {
+func loadTokenKey(conn *zk.Conn, root string, acl []zk.ACL) ([]byte, error) {
 	p := root + "/" + tokenKeyNode
-	key, err := zkutil.LoadOrCreate(conn, p, func() ([]byte, error) {
+	key, err := zkutil.LoadOrCreate(conn, p, acl, func() ([]byte, error) {
 		key := make([]byte, 32)
 		_, err := rand.Read(key)
 		return key, err

@@ -128,6 +128,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	p := b.catalog.Path(name)
 	label := b.metrics.labels.get(name)
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
+	bad := b.metrics.badNodes.WithLabelValues(label)
 	q := &queue{name: name, path: p, meta: meta, label: label, gone: watch,
 		policy: meta.Policy()}
 	if q.consumers, err = b.consumerGroup(p); err != nil {
@@ -136,6 +137,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	opts := []zkqueue.Option{
 		zkqueue.WithLimits(zkqueue.Limits{MaxPayload: b.cfg.MaxPayload, MaxBatchBytes: b.cfg.MaxBatchBytes, MaxBatchCount: b.cfg.MaxBatchCount}),
 		zkqueue.WithConflictHook(conflicts.Inc),
+		zkqueue.WithBadDataHook(func(string) { bad.Inc() }),
 		zkqueue.WithObserver(b.observeZK),
 		zkqueue.WithCommitter(b.batcher),
 		zkqueue.WithMemory(b.recent),
@@ -145,6 +147,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithShare(func() (int, int) { q.touch(); return q.consumers.Rank() }),
 		zkqueue.WithLogger(b.log.With("queue", name)),
 		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
+		zkqueue.WithACL(b.acl),
 	}
 	if meta.Kind == kindPriority {
 		opts = append(opts, zkqueue.WithPriorities())

@@ -20,7 +20,7 @@ import (
 // this broker sees them.
 func (b *Broker) consumerGroup(p string) (*zkqueue.ConsumerGroup, error) {
 	return zkqueue.NewConsumerGroup(b.conn, p+"/consumers", b.cfg.ID,
-		zkqueue.ConsumerGroupConfig{Own: b.ownRegistration})
+		zkqueue.ConsumerGroupConfig{Own: b.ownRegistration, ACL: b.acl})
 }
 
 // ownRegistration reports whether this broker's registration at p counts:

@@ -83,7 +83,7 @@ func TestElectionOrphansRemoved(t *testing.T) {
 func TestElectionSharedWithOlderBrokers(t *testing.T) {
 	root := zktest.Root(t)
 	other := zktest.Conn(t)
-	if err := zkutil.EnsurePath(other, root+"/election"); err != nil {
+	if err := zkutil.EnsurePath(other, root+"/election", nil); err != nil {
 		t.Fatal(err)
 	}
 	old, err := other.Create(root+"/election/n-", []byte("older-broker"), zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))

@@ -222,7 +222,7 @@ func TestRestartedBrokerTakesOverItsRegistration(t *testing.T) {
 	const id = "restarted-1"
 	// The previous process's session and its nodes.
 	prev := zktest.Conn(t)
-	if err := zkutil.EnsurePath(prev, root+"/brokers"); err != nil {
+	if err := zkutil.EnsurePath(prev, root+"/brokers", nil); err != nil {
 		t.Fatal(err)
 	}
 	brokerNode := root + "/brokers/" + id

@@ -25,7 +25,7 @@ type syncGate struct {
 }
 
 func (b *Broker) newSyncGate(q *queue) (*syncGate, error) {
-	sq, err := syncqueue.New(b.conn, q.path, q.meta.SyncMembers, zkqueue.WithoutCreate())
+	sq, err := syncqueue.New(b.conn, q.path, q.meta.SyncMembers, zkqueue.WithoutCreate(), zkqueue.WithACL(b.acl))
 	if err != nil {
 		return nil, err
 	}

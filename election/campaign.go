@@ -53,7 +53,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) error {
 	if err := e.begin(); err != nil {
 		return err
 	}
-	key, err := e.conn.Create(e.path+"/"+prefix, value, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	key, err := e.conn.Create(e.path+"/"+prefix, value, zk.FlagEphemeral|zk.FlagSequence, e.acl)
 	if err != nil {
 		e.mu.Lock()
 		// The node may exist, its answer lost with the connection: the

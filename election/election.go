@@ -56,6 +56,7 @@ type LeaderInfo struct {
 type Election struct {
 	conn *zk.Conn
 	path string
+	acl  []zk.ACL
 	log  *slog.Logger
 
 	closed chan struct{}  // closed by Close: ends campaigns, watchers, observers
@@ -109,11 +110,11 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Election, error) {
 		return nil, fmt.Errorf("%w: path %q: want an absolute, clean ZooKeeper path other than /", ErrInvalid, p)
 	}
 	if o.createParents {
-		if err := zkutil.EnsurePath(conn, p); err != nil {
+		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
 			return nil, fmt.Errorf("election: %w", err)
 		}
 	}
-	return &Election{conn: conn, path: p, log: o.logger.With("election", p), closed: make(chan struct{})}, nil
+	return &Election{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), log: o.logger.With("election", p), closed: make(chan struct{})}, nil
 }
 
 // Path returns the election's node.

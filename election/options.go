@@ -2,6 +2,8 @@ package election
 
 import (
 	"log/slog"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // Option configures an Election.
@@ -10,6 +12,7 @@ type Option func(*options)
 type options struct {
 	logger        *slog.Logger
 	createParents bool
+	acl           []zk.ACL
 }
 
 // defaults are the options New starts from.
@@ -29,10 +32,17 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithCreateParents says whether New creates the election's node and its
-// missing parents (persistent, empty, world-writable), which is the
+// missing parents (persistent, empty, with the WithACL ACL), which is the
 // default. With false, New does no I/O and Campaign fails (wrapping
 // zk.ErrNoNode) while the node is missing: for applications that create
 // their layout themselves, with their own ACLs.
 func WithCreateParents(create bool) Option {
 	return func(o *options) { o.createParents = create }
+}
+
+// WithACL sets the ACL of the nodes the Election creates: its node and
+// missing parents, and its candidates (default: open to anyone,
+// zk.WorldACL(zk.PermAll)).
+func WithACL(acl []zk.ACL) Option {
+	return func(o *options) { o.acl = acl }
 }

@@ -32,7 +32,7 @@ func runNaive(ctx context.Context, cfg *Config, zkAddr string, topo *Topology, p
 		return res, err
 	}
 	defer closeSessions(conns)
-	if err := zkutil.EnsurePath(conns[0], parent); err != nil {
+	if err := zkutil.EnsurePath(conns[0], parent, nil); err != nil {
 		return res, err
 	}
 	defer func() { _ = removeTree(context.WithoutCancel(ctx), conns[0], parent) }()

@@ -63,7 +63,7 @@ func (l *locker) create(kind, nonce string) (string, error) {
 	if testHookCreate != nil {
 		key, err = testHookCreate(l.conn, prefix, l.value)
 	} else {
-		key, err = l.conn.Create(prefix, l.value, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
+		key, err = l.conn.Create(prefix, l.value, zk.FlagEphemeral|zk.FlagSequence, l.acl)
 	}
 	if err == nil {
 		return key, nil

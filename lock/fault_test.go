@@ -117,7 +117,7 @@ func TestSessionExpiryFencing(t *testing.T) {
 	root := zktest.Root(t)
 	resource := root + "-resource"
 	admin := zktest.Conn(t)
-	if err := zkutil.EnsurePath(admin, resource); err != nil {
+	if err := zkutil.EnsurePath(admin, resource, nil); err != nil {
 		t.Fatal(err)
 	}
 	proxy := zktest.NewProxy(t, zktest.Addr(t))

@@ -52,6 +52,7 @@ type RWMutex struct{ l *locker }
 type locker struct {
 	conn  *zk.Conn
 	path  string
+	acl   []zk.ACL
 	value []byte
 	log   *slog.Logger
 
@@ -97,11 +98,11 @@ func newLocker(conn *zk.Conn, p string, opts []Option) (*locker, error) {
 		return nil, fmt.Errorf("%w: value of %d bytes, at most %d", ErrInvalid, len(o.value), maxValue)
 	}
 	if o.create {
-		if err := zkutil.EnsurePath(conn, p); err != nil {
+		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
 			return nil, fmt.Errorf("lock: %w", err)
 		}
 	}
-	return &locker{conn: conn, path: p, value: o.value, log: o.logger.With("lock", p), done: make(chan struct{})}, nil
+	return &locker{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), value: o.value, log: o.logger.With("lock", p), done: make(chan struct{})}, nil
 }
 
 // maxValue bounds a node's value well under ZooKeeper's jute.maxbuffer.

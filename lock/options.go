@@ -2,6 +2,8 @@ package lock
 
 import (
 	"log/slog"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // Option configures a Mutex or an RWMutex.
@@ -11,6 +13,7 @@ type options struct {
 	value  []byte
 	logger *slog.Logger
 	create bool
+	acl    []zk.ACL
 }
 
 // defaults are the options NewMutex and NewRWMutex start from.
@@ -40,7 +43,14 @@ func WithLogger(l *slog.Logger) Option {
 // WithoutCreate says that the lock's node exists already: the constructor
 // does no I/O, and Lock fails (wrapping zk.ErrNoNode) while the node is
 // missing. By default the constructor creates the node and its missing
-// parents (persistent, empty, world-writable).
+// parents (persistent, empty, with the WithACL ACL).
 func WithoutCreate() Option {
 	return func(o *options) { o.create = false }
+}
+
+// WithACL sets the ACL of the nodes the lock creates: its node and missing
+// parents, and its lock nodes (default: open to anyone,
+// zk.WorldACL(zk.PermAll)).
+func WithACL(acl []zk.ACL) Option {
+	return func(o *options) { o.acl = acl }
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Barrier is seed 001's barrier: while its node exists, Wait blocks; when
@@ -16,19 +17,21 @@ import (
 // concurrent use.
 type Barrier struct {
 	conn *zk.Conn
+	acl  []zk.ACL
 	path string
 }
 
 // NewBarrier returns the barrier whose node is path. It writes nothing:
-// the barrier starts down (absent) unless its node exists already.
-func NewBarrier(conn *zk.Conn, path string) (*Barrier, error) {
+// the barrier starts down (absent) unless its node exists already. Of
+// opts, only zkqueue.WithACL counts: the ACL of the nodes Raise creates.
+func NewBarrier(conn *zk.Conn, path string, opts ...Option) (*Barrier, error) {
 	if conn == nil {
 		return nil, errors.New("syncqueue: nil zk conn")
 	}
 	if err := checkPath(path); err != nil {
 		return nil, fmt.Errorf("syncqueue: %w", err)
 	}
-	return &Barrier{conn: conn, path: path}, nil
+	return &Barrier{conn: conn, acl: zkqueue.ACLOf(opts...), path: path}, nil
 }
 
 // Path returns the barrier node.
@@ -47,10 +50,10 @@ func (b *Barrier) Set(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := zkutil.EnsurePath(b.conn, path.Dir(b.path)); err != nil {
+	if err := zkutil.EnsurePath(b.conn, path.Dir(b.path), b.acl); err != nil {
 		return b.wrap("set", err)
 	}
-	_, err := b.conn.Create(b.path, nil, 0, zk.WorldACL(zk.PermAll))
+	_, err := b.conn.Create(b.path, nil, 0, b.acl)
 	if errors.Is(err, zk.ErrNodeExists) {
 		err = nil
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Double barrier errors.
@@ -50,6 +51,7 @@ var (
 // serialize).
 type DoubleBarrier struct {
 	conn *zk.Conn
+	acl  []zk.ACL
 	path string
 	n    int
 	id   string
@@ -59,9 +61,10 @@ type DoubleBarrier struct {
 }
 
 // NewDoubleBarrier returns participant id of the double barrier at path
-// for n participants, creating path and its parents as needed. Errors:
+// for n participants, creating path and its parents as needed (with the
+// ACL of zkqueue.WithACL among opts; the other options do not count). Errors:
 // ErrBadID, a bad path or n < 1, or a ZooKeeper error.
-func NewDoubleBarrier(conn *zk.Conn, path string, n int, id string) (*DoubleBarrier, error) {
+func NewDoubleBarrier(conn *zk.Conn, path string, n int, id string, opts ...Option) (*DoubleBarrier, error) {
 	if conn == nil {
 		return nil, errors.New("syncqueue: nil zk conn")
 	}
@@ -74,10 +77,10 @@ func NewDoubleBarrier(conn *zk.Conn, path string, n int, id string) (*DoubleBarr
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	if err := zkutil.EnsurePath(conn, path); err != nil {
+	if err := zkutil.EnsurePath(conn, path, zkqueue.ACLOf(opts...)); err != nil {
 		return nil, fmt.Errorf("syncqueue: %w", err)
 	}
-	return &DoubleBarrier{conn: conn, path: path, n: n, id: id}, nil
+	return &DoubleBarrier{conn: conn, acl: zkqueue.ACLOf(opts...), path: path, n: n, id: id}, nil
 }
 
 // Path returns the barrier node.
@@ -148,7 +151,7 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	p, err := b.conn.Create(b.path+"/"+b.id+"@", nil, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	p, err := b.conn.Create(b.path+"/"+b.id+"@", nil, zk.FlagEphemeral|zk.FlagSequence, b.acl)
 	if err != nil {
 		return b.wrap("enter", err)
 	}
@@ -170,7 +173,7 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 			return b.wrap("enter", err)
 		}
 		if len(ps) >= b.n {
-			_, err := b.conn.Create(b.readyPath(), nil, 0, zk.WorldACL(zk.PermAll))
+			_, err := b.conn.Create(b.readyPath(), nil, 0, b.acl)
 			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 				b.abort()
 				return b.wrap("enter", err)

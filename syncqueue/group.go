@@ -85,7 +85,7 @@ func (q *Queue) complete() error {
 // createStart creates the start node naming group. An existing start node
 // (someone else completed the group first) is not an error.
 func (q *Queue) createStart(group []string) error {
-	_, err := q.conn.Create(q.startPath(), encodeGroup(group), 0, zk.WorldACL(zk.PermAll))
+	_, err := q.conn.Create(q.startPath(), encodeGroup(group), 0, q.acl)
 	if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 		return fmt.Errorf("create %s: %w", q.startPath(), err)
 	}

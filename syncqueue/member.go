@@ -84,7 +84,7 @@ func (q *Queue) JoinAsync(ctx context.Context, memberID string) (*Membership, er
 		opened: make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	_, err := q.conn.Create(m.node, nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+	_, err := q.conn.Create(m.node, nil, zk.FlagEphemeral, q.acl)
 	if errors.Is(err, zk.ErrNodeExists) {
 		return nil, q.wrap("join", fmt.Errorf("%w: %s", ErrDuplicateMember, memberID))
 	}

@@ -71,6 +71,7 @@ type Queue struct {
 	*zkqueue.Queue // path/items
 
 	conn    *zk.Conn
+	acl     []zk.ACL // of the nodes the queue creates (zkqueue.WithACL)
 	path    string
 	members int
 
@@ -97,11 +98,11 @@ func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error
 	// The members parent is created as the items one is: unless
 	// WithoutCreate, which then left items/ alone too.
 	if zkqueue.Creates(opts...) {
-		if err := zkutil.EnsurePath(conn, path+"/members"); err != nil {
+		if err := zkutil.EnsurePath(conn, path+"/members", zkqueue.ACLOf(opts...)); err != nil {
 			return nil, fmt.Errorf("syncqueue: %w", err)
 		}
 	}
-	return &Queue{Queue: items, conn: conn, path: path, members: members}, nil
+	return &Queue{Queue: items, conn: conn, acl: zkqueue.ACLOf(opts...), path: path, members: members}, nil
 }
 
 // Path returns the queue's node.

@@ -114,7 +114,8 @@ type txRecord struct {
 // timeout <= 0), ErrExists (txPath exists: never reuse a path). A Begin
 // that fails with the connection may have created the transaction: a
 // retry then gets ErrExists, and Watch follows the transaction.
-func Begin(ctx context.Context, conn *zk.Conn, txPath string, participants []string, timeout time.Duration) (*Tx, error) {
+func Begin(ctx context.Context, conn *zk.Conn, txPath string, participants []string, timeout time.Duration, opts ...Option) (*Tx, error) {
+	o := applyOptions(opts)
 	if err := checkBegin(conn, txPath, participants, timeout); err != nil {
 		return nil, err
 	}
@@ -126,10 +127,10 @@ func Begin(ctx context.Context, conn *zk.Conn, txPath string, participants []str
 	if err != nil {
 		return nil, fmt.Errorf("twophase: begin %s: %w", txPath, err)
 	}
-	if err := zkutil.EnsurePath(conn, path.Dir(txPath)); err != nil {
+	if err := zkutil.EnsurePath(conn, path.Dir(txPath), o.acl); err != nil {
 		return nil, fmt.Errorf("twophase: begin %s: %w", txPath, err)
 	}
-	acl := zk.WorldACL(zk.PermAll)
+	acl := o.acl
 	ops := []any{&zk.CreateRequest{Path: txPath, Data: data, Acl: acl}}
 	for _, p := range participants {
 		ops = append(ops, &zk.CreateRequest{Path: votePath(txPath, p), Acl: acl})
@@ -140,7 +141,7 @@ func Begin(ctx context.Context, conn *zk.Conn, txPath string, participants []str
 		}
 		return nil, fmt.Errorf("twophase: begin %s: %w", txPath, err)
 	}
-	return start(conn, txPath, "", rec), nil
+	return start(conn, txPath, "", rec, o), nil
 }
 
 func checkBegin(conn *zk.Conn, txPath string, participants []string, timeout time.Duration) error {
@@ -183,7 +184,7 @@ func checkPath(conn *zk.Conn, txPath string) error {
 // recorded vote harmlessly, and Wait returns the decision made meanwhile.
 //
 // Errors: ErrInvalid, ErrNoTransaction, ErrNotParticipant.
-func Join(ctx context.Context, conn *zk.Conn, txPath, name string) (*Tx, error) {
+func Join(ctx context.Context, conn *zk.Conn, txPath, name string, opts ...Option) (*Tx, error) {
 	if err := checkPath(conn, txPath); err != nil {
 		return nil, err
 	}
@@ -196,7 +197,7 @@ func Join(ctx context.Context, conn *zk.Conn, txPath, name string) (*Tx, error) 
 	}
 	for _, p := range rec.Participants {
 		if p == name {
-			return start(conn, txPath, name, rec), nil
+			return start(conn, txPath, name, rec, applyOptions(opts)), nil
 		}
 	}
 	return nil, fmt.Errorf("twophase: join %s as %q: %w", txPath, name, ErrNotParticipant)
@@ -207,7 +208,7 @@ func Join(ctx context.Context, conn *zk.Conn, txPath, name string) (*Tx, error) 
 // Begin returns; a coordinator restarted after Begin watches with it.
 //
 // Errors: ErrInvalid, ErrNoTransaction.
-func Watch(ctx context.Context, conn *zk.Conn, txPath string) (*Tx, error) {
+func Watch(ctx context.Context, conn *zk.Conn, txPath string, opts ...Option) (*Tx, error) {
 	if err := checkPath(conn, txPath); err != nil {
 		return nil, err
 	}
@@ -215,7 +216,7 @@ func Watch(ctx context.Context, conn *zk.Conn, txPath string) (*Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return start(conn, txPath, "", rec), nil
+	return start(conn, txPath, "", rec, applyOptions(opts)), nil
 }
 
 func readRecord(ctx context.Context, conn *zk.Conn, txPath string) (txRecord, error) {

@@ -20,6 +20,7 @@ import (
 // until the decision is known or Close. A Tx is safe for concurrent use.
 type Tx struct {
 	conn     *zk.Conn
+	acl      []zk.ACL
 	path     string
 	name     string // the participant; "" for the coordinator and observers
 	parts    []string
@@ -43,9 +44,10 @@ var testHookDecided func(txPath string, d Decision)
 // arriving in between.
 var testHookBeforeDecide func(txPath, by string, d Decision)
 
-func start(conn *zk.Conn, txPath, name string, rec txRecord) *Tx {
+func start(conn *zk.Conn, txPath, name string, rec txRecord, o options) *Tx {
 	t := &Tx{
 		conn:     conn,
+		acl:      o.acl,
 		path:     txPath,
 		name:     name,
 		parts:    rec.Participants,
@@ -197,7 +199,7 @@ func (t *Tx) decide(d Decision, ops ...any) error {
 		return err
 	}
 	ops = append(ops, &zk.CreateRequest{
-		Path: path.Join(t.path, decisionName), Data: data, Acl: zk.WorldACL(zk.PermAll),
+		Path: path.Join(t.path, decisionName), Data: data, Acl: t.acl,
 	})
 	res, err := t.conn.Multi(ops...)
 	if err == nil {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -44,7 +45,9 @@ type Catalog struct {
 	zk     observed
 	path   string
 	cfg    CatalogConfig
-	listed func(p string) // set by tests only: see DeleteTreeHooked
+	badMu  sync.Mutex
+	bad    map[string]bool // queues whose bad metadata was logged
+	listed func(p string)  // set by tests only: see DeleteTreeHooked
 }
 
 // CatalogConfig configures a Catalog.
@@ -56,6 +59,8 @@ type CatalogConfig struct {
 	Observer Observer
 	// Logger receives the failures of deletions (default: discarded).
 	Logger *slog.Logger
+	// ACL of every node the catalog creates (see WithACL); default open.
+	ACL []zk.ACL
 }
 
 // queueParents are the parents created with every queue, in the order a
@@ -87,10 +92,27 @@ func NewCatalog(conn *zk.Conn, p string, cfg CatalogConfig) (*Catalog, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := zkutil.EnsurePath(conn, p); err != nil {
+	cfg.ACL = zkutil.ACLOr(cfg.ACL)
+	if err := zkutil.EnsurePath(conn, p, cfg.ACL); err != nil {
 		return nil, fmt.Errorf("zkqueue: %w", err)
 	}
-	return &Catalog{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg}, nil
+	return &Catalog{conn: conn, zk: observed{conn, cfg.Observer}, path: p, cfg: cfg, bad: map[string]bool{}}, nil
+}
+
+// badSpec logs, once per queue (up to 1000), metadata that does not
+// decode or validate: the queue is refused (absent) rather than served
+// with a configuration no Catalog wrote.
+func (c *Catalog) badSpec(name string, err error) {
+	c.badMu.Lock()
+	first := !c.bad[name] && len(c.bad) < 1000
+	if first {
+		c.bad[name] = true
+	}
+	c.badMu.Unlock()
+	if first {
+		c.cfg.Logger.Warn("refusing a queue whose metadata is not valid; delete the queue or restore its metadata",
+			"queue", name, "znode", c.Path(name), "err", err)
+	}
 }
 
 // Path returns the node of the queue name: the parent of its items/,
@@ -127,7 +149,7 @@ func (c *Catalog) Create(ctx context.Context, name string, s Spec) (Spec, error)
 		return s, err
 	}
 	p := c.Path(name)
-	acl := zk.WorldACL(zk.PermAll)
+	acl := c.cfg.ACL
 	ops := []any{&zk.CreateRequest{Path: p, Data: data, Acl: acl}}
 	for _, sub := range queueParents {
 		ops = append(ops, &zk.CreateRequest{Path: p + "/" + sub, Acl: acl})
@@ -212,7 +234,7 @@ func (c *Catalog) repair(p string, version int32) error {
 	ops := []any{&zk.CheckVersionRequest{Path: p, Version: version}}
 	for _, sub := range queueParents {
 		if !slices.Contains(children, sub) {
-			ops = append(ops, &zk.CreateRequest{Path: p + "/" + sub, Acl: zk.WorldACL(zk.PermAll)})
+			ops = append(ops, &zk.CreateRequest{Path: p + "/" + sub, Acl: c.cfg.ACL})
 		}
 	}
 	if len(ops) == 1 {
@@ -263,6 +285,9 @@ func (c *Catalog) Info(name string) (Spec, error) {
 		return Spec{}, fmt.Errorf("get %s: %w", c.Path(name), err)
 	}
 	s, err := DecodeSpec(data)
+	if err != nil {
+		c.badSpec(name, err)
+	}
 	if err != nil || s.Deleting {
 		return Spec{}, fmt.Errorf("%w: %s", ErrQueueNotFound, name)
 	}
@@ -287,6 +312,7 @@ func (c *Catalog) Load(name string) (Spec, <-chan zk.Event, error) {
 	s, err := DecodeSpec(data)
 	if err != nil {
 		// Unreadable metadata: treat as absent.
+		c.badSpec(name, err)
 		return Spec{}, nil, fmt.Errorf("%w: %s (%v)", ErrQueueNotFound, name, err)
 	}
 	if s.Deleting {

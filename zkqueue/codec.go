@@ -3,6 +3,7 @@ package zkqueue
 import (
 	"encoding/binary"
 	"errors"
+	"math"
 	"time"
 )
 
@@ -29,8 +30,9 @@ type Message struct {
 //	uvarint deliveries so far | varint published time (Unix ns)
 //	payload
 //
-// Data without the magic (a node written by another client of the seed
-// recipe) is a bare payload.
+// Data without the magic is not a message: anything may have written it
+// (a client of another recipe, or one that should not have), so it is
+// refused rather than delivered as a bare payload.
 var magic = [3]byte{0xCB, 0x51, 1}
 
 // HeaderMax is the largest header EncodeData writes.
@@ -47,18 +49,17 @@ func EncodeData(payload []byte, published time.Time, deliveries int) []byte {
 
 var errBadHeader = errors.New("bad message header")
 
-// DecodeData parses node data written by EncodeData. ctime (the node's
-// creation time) stands in for the publish time of bare payloads.
+// DecodeData parses node data written by EncodeData. Data without the
+// header, with a header of another version or a truncated one is refused
+// (errBadHeader). ctime is not used: every message carries its publish
+// time.
 func DecodeData(data []byte, ctime time.Time) (payload []byte, published time.Time, deliveries int, err error) {
-	if len(data) < 3 || data[0] != magic[0] || data[1] != magic[1] {
-		return data, ctime, 0, nil
-	}
-	if data[2] != magic[2] {
+	if len(data) < 3 || data[0] != magic[0] || data[1] != magic[1] || data[2] != magic[2] {
 		return nil, time.Time{}, 0, errBadHeader
 	}
 	rest := data[3:]
 	d, n := binary.Uvarint(rest)
-	if n <= 0 {
+	if n <= 0 || d > math.MaxInt32 {
 		return nil, time.Time{}, 0, errBadHeader
 	}
 	rest = rest[n:]

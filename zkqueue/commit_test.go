@@ -19,7 +19,7 @@ import (
 func TestBatcherIsolatesFailures(t *testing.T) {
 	conn := zktest.Conn(t)
 	root := zktest.Root(t)
-	if err := zkutil.EnsurePath(conn, root); err != nil {
+	if err := zkutil.EnsurePath(conn, root, nil); err != nil {
 		t.Fatal(err)
 	}
 	const n = 400

@@ -90,6 +90,9 @@ type ConsumerGroupConfig struct {
 	// RankTTL is how long one listing serves Rank (default
 	// DefaultRankTTL).
 	RankTTL time.Duration
+	// ACL of the registrations and of dir when Register creates it (see
+	// WithACL); default open.
+	ACL []zk.ACL
 }
 
 // ConsumerGroup is the set of consumers of one queue across processes:
@@ -128,6 +131,7 @@ func NewConsumerGroup(conn *zk.Conn, dir, processID string, cfg ConsumerGroupCon
 	if cfg.RankTTL <= 0 {
 		cfg.RankTTL = DefaultRankTTL
 	}
+	cfg.ACL = zkutil.ACLOr(cfg.ACL)
 	return &ConsumerGroup{conn: conn, dir: dir, id: processID, cfg: cfg, regs: map[string]bool{}}, nil
 }
 
@@ -155,12 +159,12 @@ func (g *ConsumerGroup) Register(ctx context.Context) (*Registration, error) {
 		return nil, err
 	}
 	p := g.NewRegistrationPath()
-	_, err := g.conn.Create(p, nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+	_, err := g.conn.Create(p, nil, zk.FlagEphemeral, g.cfg.ACL)
 	if errors.Is(err, zk.ErrNoNode) {
-		if err := zkutil.EnsurePath(g.conn, g.dir); err != nil {
+		if err := zkutil.EnsurePath(g.conn, g.dir, g.cfg.ACL); err != nil {
 			return nil, fmt.Errorf("zkqueue: register: %w", err)
 		}
-		_, err = g.conn.Create(p, nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+		_, err = g.conn.Create(p, nil, zk.FlagEphemeral, g.cfg.ACL)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("zkqueue: register %s: %w", p, err)

@@ -28,6 +28,7 @@ type dispatcher struct {
 	claims  map[string]int  // candidates handed out whose claim is not done
 	watch   <-chan zk.Event // armed children watch of path; nil when none
 	foreign map[string]bool // foreign children already logged
+	bad     map[string]bool // message nodes whose data does not decode (baddata.go)
 	// scanning is closed when the listing under way ends; nil when none.
 	scanning chan struct{}
 	// doneWhileScanning: claims finished during the listing under way.
@@ -35,7 +36,7 @@ type dispatcher struct {
 }
 
 func newDispatcher() dispatcher {
-	return dispatcher{foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
+	return dispatcher{foreign: map[string]bool{}, bad: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
 }
 
 // scan lists the children into a new snapshot. It is called with s.mu
@@ -72,6 +73,7 @@ func (s *Queue) scan() error {
 		return fmt.Errorf("children %s: %w", s.path, err)
 	}
 	s.watch = w
+	names = s.dropBadLocked(names)
 	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
 		// Candidates being claimed by this process's consumers, or
 		// claimed while the listing was under way (it may predate
@@ -366,6 +368,8 @@ func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bo
 			case err == nil:
 				out = append(out, vals[i])
 			case errors.Is(err, ErrNoRoom):
+			case errors.Is(err, ErrBadData):
+				s.markBad(cands[i])
 			case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
 				if s.opt.conflictHook != nil {
 					s.opt.conflictHook()

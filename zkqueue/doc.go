@@ -18,6 +18,7 @@
 //	             delete, list, load with a watch; spec.go: a queue's stored Spec
 //	names.go     node names and their order; codec.go: message and lease encodings
 //	budget.go    Budget: memory of messages published here, for read-free claims
+//	baddata.go   skipping message nodes whose data does not decode
 //	observe.go   Observer: per-request latency for metrics
 //	errors.go    sentinel errors, all prefixed "zkqueue: "
 //
@@ -34,7 +35,14 @@
 // its deadline, <dead>/<item> a dead letter. The header of a message holds
 // a format version, the delivery count and the publish time (codec.go).
 // Children whose names do not parse as messages are skipped and logged
-// once, never fatal.
+// once, never fatal; so are messages whose data lacks the header or does
+// not decode (baddata.go): never delivered, reported once through
+// WithBadDataHook, deleted by Purge.
+//
+// Every node is created with the ACL of WithACL (CatalogConfig.ACL,
+// ConsumerGroupConfig.ACL, SweeperConfig.ACL), open to anyone by default.
+// With zk.DigestACL of the processes' identity only they can change the
+// queue.
 //
 // # Consuming
 //

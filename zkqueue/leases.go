@@ -81,7 +81,7 @@ func NewLeases(items *Queue, leasesPath, deadPath string) (*Leases, error) {
 		if items.opt.noCreate {
 			break
 		}
-		if err := zkutil.EnsurePath(items.conn, p); err != nil {
+		if err := zkutil.EnsurePath(items.conn, p, items.opt.acl); err != nil {
 			return nil, err
 		}
 	}
@@ -192,7 +192,7 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 		&zk.CreateRequest{
 			Path: l.leases + "/" + token,
 			Data: encodeLease(deadline, EncodeData(m.Payload, m.Published, m.Deliveries)),
-			Acl:  zk.WorldACL(zk.PermAll),
+			Acl:  l.items.opt.acl,
 		})
 	if err != nil {
 		return Lease{}, fmt.Errorf("lease %s: %w", itemPath, err)
@@ -341,7 +341,7 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 			&zk.CreateRequest{
 				Path: l.leases + "/" + newLeaseName(item.Raw),
 				Data: encodeNackedLease(time.Now().Add(delay), itemData),
-				Acl:  zk.WorldACL(zk.PermAll),
+				Acl:  l.items.opt.acl,
 			})
 		if err != nil {
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
@@ -365,7 +365,7 @@ func tooMany(m Message, p Policy) bool {
 // release moves a lease back to the items (or to the dead letters) in one
 // Multi, conditional on the lease's version.
 func (l *Leases) release(ctx context.Context, token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
-	ops, out := releaseOps(l.items.path, l.leases, l.dead, token, item, itemData, version, m, p)
+	ops, out := releaseOps(l.items.path, l.leases, l.dead, l.items.opt.acl, token, item, itemData, version, m, p)
 	if _, err := l.items.write(ctx, ops...); err != nil {
 		return 0, fmt.Errorf("release %s/%s: %w", l.leases, token, err)
 	}
@@ -378,13 +378,13 @@ func (l *Leases) release(ctx context.Context, token string, item Name, itemData 
 // releaseOps is the transaction that releases lease token (of item, at
 // version): back into itemsPath under a new incarnation, or into deadPath,
 // or deleted, by the policy.
-func releaseOps(itemsPath, leasesPath, deadPath, token string, item Name, itemData []byte, version int32, m Message, p Policy) ([]any, Outcome) {
+func releaseOps(itemsPath, leasesPath, deadPath string, acl []zk.ACL, token string, item Name, itemData []byte, version int32, m Message, p Policy) ([]any, Outcome) {
 	del := &zk.DeleteRequest{Path: leasesPath + "/" + token, Version: version}
 	switch {
 	case !tooMany(m, p):
-		return []any{del, &zk.CreateRequest{Path: itemsPath + "/" + newIncarnation(item), Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}, Requeued
+		return []any{del, &zk.CreateRequest{Path: itemsPath + "/" + newIncarnation(item), Data: itemData, Acl: acl}}, Requeued
 	case p.DeadLetter:
-		return []any{del, &zk.CreateRequest{Path: deadPath + "/" + item.Base, Data: itemData, Acl: zk.WorldACL(zk.PermAll)}}, DeadLettered
+		return []any{del, &zk.CreateRequest{Path: deadPath + "/" + item.Base, Data: itemData, Acl: acl}}, DeadLettered
 	default:
 		return []any{del}, Dropped
 	}
@@ -553,7 +553,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		}
 		res, err := l.items.zk.Multi(
 			&zk.DeleteRequest{Path: deadPath, Version: stat.Version},
-			&zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(n), Data: EncodeData(m.Payload, m.Published, 0), Acl: zk.WorldACL(zk.PermAll)})
+			&zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(n), Data: EncodeData(m.Payload, m.Published, 0), Acl: l.items.opt.acl})
 		if err != nil {
 			err = zkutil.MultiError(res, err)
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {

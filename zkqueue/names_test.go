@@ -101,11 +101,12 @@ func TestDataRoundTrip(t *testing.T) {
 			t.Errorf("got (%v, %d), want (%v, 3)", gotPub, d, pub)
 		}
 	}
-	// A bare payload from another client of the recipe.
+	// Data without the header is not a message.
 	ctime := time.Unix(5, 0)
-	p, gotPub, d, err := DecodeData([]byte("raw"), ctime)
-	if err != nil || string(p) != "raw" || !gotPub.Equal(ctime) || d != 0 {
-		t.Errorf("bare payload: got (%q, %v, %d, %v)", p, gotPub, d, err)
+	for _, raw := range []string{"raw", "", "garbage"} {
+		if p, _, _, err := DecodeData([]byte(raw), ctime); err == nil {
+			t.Errorf("data %q without a header: got payload %q, want an error", raw, p)
+		}
 	}
 	// A header of an unknown version is corrupt, not a payload.
 	if _, _, _, err := DecodeData([]byte{0xCB, 0x51, 9, 1}, ctime); err == nil {

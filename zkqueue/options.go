@@ -31,6 +31,7 @@ type options struct {
 	limits       Limits
 	priorities   bool
 	conflictHook func()
+	badDataHook  func(znode string)
 	logger       *slog.Logger
 	observer     Observer
 	share        func() (rank, n int)
@@ -38,6 +39,7 @@ type options struct {
 	committer    *Committer
 	memory       *Budget
 	noCreate     bool
+	acl          []zk.ACL
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -88,6 +90,7 @@ func (o *options) validate() error {
 	if o.memory == nil {
 		o.memory = NewBudget(DefaultMemoryBytes)
 	}
+	o.acl = zkutil.ACLOr(o.acl)
 	return nil
 }
 
@@ -118,6 +121,10 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // WithConflictHook sets a function called once per lost race for a head
 // message (NoNode or BadVersion while claiming).
 func WithConflictHook(f func()) Option { return func(o *options) { o.conflictHook = f } }
+
+// WithBadDataHook sets a function called once for each message node
+// whose data does not decode (see baddata.go), with the node's path.
+func WithBadDataHook(f func(znode string)) Option { return func(o *options) { o.badDataHook = f } }
 
 // WithObserver sets a function that sees the latency and outcome of every
 // ZooKeeper request of the queue, for metrics.
@@ -166,3 +173,21 @@ func Creates(opts ...Option) bool {
 // process that also deletes queues needs this: a Queue opened while its
 // queue is being deleted would otherwise create the parents again.
 func WithoutCreate() Option { return func(o *options) { o.noCreate = true } }
+
+// WithACL sets the ACL of every node the queue creates: its parents,
+// messages, leases and dead letters (default: open to anyone,
+// zk.WorldACL(zk.PermAll)). Give the same ACL to every process of the
+// queue; zk.DigestACL with the processes' digest identity (added to their
+// sessions with AddAuth) lets only them change the queue.
+func WithACL(acl []zk.ACL) Option { return func(o *options) { o.acl = acl } }
+
+// ACLOf returns the ACL a Queue opened with opts gives the nodes it
+// creates (see WithACL). A layer over a Queue that has nodes of its own
+// (syncqueue's members) creates them with it.
+func ACLOf(opts ...Option) []zk.ACL {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	return zkutil.ACLOr(o.acl)
+}

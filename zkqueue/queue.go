@@ -50,7 +50,7 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 		return nil, err
 	}
 	if !o.noCreate {
-		if err := zkutil.EnsurePath(conn, p); err != nil {
+		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
 			return nil, fmt.Errorf("zkqueue: %w", err)
 		}
 	}
@@ -136,7 +136,7 @@ func (s *Queue) publish(ctx context.Context, prefix string, payload []byte) (str
 	res, err := s.write(ctx, &zk.CreateRequest{
 		Path:  s.path + "/" + prefix,
 		Data:  data,
-		Acl:   zk.WorldACL(zk.PermAll),
+		Acl:   s.opt.acl,
 		Flags: zk.FlagSequence,
 	})
 	if err != nil {
@@ -210,7 +210,7 @@ func (s *Queue) publishBatch(ctx context.Context, prefixes []string, payloads []
 		ops[i] = &zk.CreateRequest{
 			Path:  s.path + "/" + prefixes[i],
 			Data:  EncodeData(p, now, 0),
-			Acl:   zk.WorldACL(zk.PermAll),
+			Acl:   s.opt.acl,
 			Flags: zk.FlagSequence,
 		}
 	}
@@ -284,17 +284,21 @@ func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, 
 	if err != nil {
 		return Message{}, err
 	}
-	// Undecodable data is deleted all the same (and reported), so that
-	// it cannot block the queue.
-	m, decodeErr := decodeMessage(n, data, ctime, 1)
-	if decodeErr == nil && !fit.admits(len(m.Payload)) {
+	// Undecodable data is never delivered: the claim fails with
+	// ErrBadData, and the node stays, skipped, until a purge
+	// (baddata.go).
+	m, err := decodeMessage(n, data, ctime, 1)
+	if err != nil {
+		return Message{}, err
+	}
+	if !fit.admits(len(m.Payload)) {
 		s.unread(n, data, version)
 		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}
 	if _, err := s.write(ctx, &zk.DeleteRequest{Path: p, Version: version}); err != nil {
 		return Message{}, fmt.Errorf("delete %s: %w", p, err)
 	}
-	return m, decodeErr
+	return m, nil
 }
 
 // Take claims up to max messages from the head, at most once (see
@@ -373,7 +377,11 @@ func (s *Queue) Peek(ctx context.Context) (Message, error) {
 		if err != nil {
 			return Message{}, fmt.Errorf("get %s/%s: %w", s.path, n.Raw, err)
 		}
-		return decodeMessage(n, data, ctimeOf(stat), 0)
+		m, err := decodeMessage(n, data, ctimeOf(stat), 0)
+		if errors.Is(err, ErrBadData) {
+			continue // never delivered: the next is the head
+		}
+		return m, err
 	}
 	return Message{}, ErrEmpty
 }
@@ -428,17 +436,18 @@ func (s *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
 	return time.Since(m.Published), nil
 }
 
-// Purge deletes every message present when it starts and returns how many
-// it deleted. Messages claimed concurrently are not counted.
+// Purge deletes every child present when it starts and returns how many
+// it deleted: the messages, and the nodes that are not (foreign names,
+// data that does not decode), which are never delivered. Messages
+// claimed concurrently are not counted.
 func (s *Queue) Purge(ctx context.Context) (int, error) {
 	children, _, err := s.zk.Children(s.path)
 	if err != nil {
 		return 0, fmt.Errorf("children %s: %w", s.path, err)
 	}
-	names, _ := SortNames(children)
-	raw := make([]string, len(names))
-	for i, n := range names {
-		raw[i] = s.path + "/" + n.Raw
+	raw := make([]string, len(children))
+	for i, c := range children {
+		raw[i] = s.path + "/" + c
 	}
 	return zkutil.DeleteNodes(ctx, s.conn, raw)
 }

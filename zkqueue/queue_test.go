@@ -1,7 +1,6 @@
 package zkqueue_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -351,23 +350,68 @@ func TestForeignChildSkipped(t *testing.T) {
 	if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Fatalf("second TryDequeue: got %v, want ErrEmpty", err)
 	}
-	if n, _ := q.Purge(ctx); n != 0 {
-		t.Errorf("Purge deleted %d foreign nodes, want 0", n)
+	if n, err := q.Purge(ctx); n != 3 || err != nil {
+		t.Errorf("Purge = %d, %v; want the 3 foreign nodes deleted", n, err)
 	}
 }
 
-// A message written by another client of the seed recipe (bare payload,
-// no header) is delivered as is.
-func TestBarePayloadInterop(t *testing.T) {
+// A node with a message's name whose data does not decode (no header, as
+// `create .../qn-0000000001 garbage` from any client makes; a header of
+// another version; a truncated header) is never delivered, at most or at
+// least once, nor peeked: it is skipped, reported once, and left for
+// Purge to delete.
+func TestUndecodableNodeNeverDelivered(t *testing.T) {
 	ctx := context.Background()
 	conn := zktest.Conn(t)
-	path := zktest.Root(t) + "/q"
-	q := newQueue(t, conn, path)
-	if _, err := conn.Create(path+"/qn-", []byte("from-java"), zk.FlagSequence, zk.WorldACL(zk.PermAll)); err != nil {
+	root := zktest.Root(t)
+	var mu sync.Mutex
+	var reported []string
+	q := newQueue(t, conn, root+"/items", zkqueue.WithBadDataHook(func(znode string) {
+		mu.Lock()
+		reported = append(reported, znode)
+		mu.Unlock()
+	}))
+	leases, err := zkqueue.NewLeases(q, root+"/leases", root+"/dead")
+	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := q.TryDequeue(ctx)
-	if err != nil || !bytes.Equal(m.Payload, []byte("from-java")) {
-		t.Fatalf("got %q, %v; want from-java", m.Payload, err)
+	bad := [][]byte{[]byte("garbage"), {0xCB, 0x51, 9, 0, 0}, {0xCB, 0x51, 1, 0x80}, nil}
+	for _, data := range bad {
+		if _, err := conn.Create(root+"/items/qn-", data, zk.FlagSequence, zk.WorldACL(zk.PermAll)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{"one", "two"} {
+		if _, err := q.Publish(ctx, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, err := q.Peek(ctx); err != nil || string(m.Payload) != "one" {
+		t.Fatalf("Peek = %q, %v; want one", m.Payload, err)
+	}
+	ls, err := leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
+	if err != nil || len(ls) != 1 || string(ls[0].Payload) != "one" {
+		t.Fatalf("leased Take = %v, %v; want one", ls, err)
+	}
+	ms, err := q.Take(ctx, 10, zkqueue.Room{}, false)
+	if err != nil || len(ms) != 1 || string(ms[0].Payload) != "two" {
+		t.Fatalf("Take = %v, %v; want two", ms, err)
+	}
+	for range 2 {
+		if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
+			t.Fatalf("TryDequeue: got %v, want ErrEmpty", err)
+		}
+	}
+	mu.Lock()
+	n := len(reported)
+	mu.Unlock()
+	if n != len(bad) {
+		t.Errorf("reported %d bad nodes (%v), want %d, once each", n, reported, len(bad))
+	}
+	if k, err := q.Purge(ctx); k != len(bad) || err != nil {
+		t.Fatalf("Purge = %d, %v; want %d", k, err, len(bad))
+	}
+	if k, _ := q.Len(ctx); k != 0 {
+		t.Fatalf("%d nodes left after Purge", k)
 	}
 }

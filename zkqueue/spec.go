@@ -89,7 +89,9 @@ func (s Spec) Encode() ([]byte, error) {
 
 // DecodeSpec parses a stored spec. A spec marked Deleting decodes whatever
 // else it says (a mark over metadata that did not decode carries nothing
-// else); any other must have a known version and kind.
+// else); any other must have a known version and pass Validate (a known
+// kind, a group size that fits it, no negative values): metadata written
+// by anything but a Catalog is not trusted.
 func DecodeSpec(data []byte) (Spec, error) {
 	var j specJSON
 	err := json.Unmarshal(data, &j)
@@ -102,8 +104,9 @@ func DecodeSpec(data []byte) (Spec, error) {
 		return s, nil
 	case j.V != specVersion:
 		return s, fmt.Errorf("queue metadata version %d, want %d", j.V, specVersion)
-	case s.Kind != KindFIFO && s.Kind != KindPriority && s.Kind != KindSync:
-		return s, fmt.Errorf("queue metadata: unknown kind %q", s.Kind)
+	}
+	if err := s.Validate(); err != nil {
+		return s, fmt.Errorf("queue metadata: %w", err)
 	}
 	return s, nil
 }

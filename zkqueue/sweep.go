@@ -23,6 +23,8 @@ type SweeperConfig struct {
 	Observer Observer
 	// Committer, when set, carries the releases (see WithCommitter).
 	Committer *Committer
+	// ACL of the nodes releases create (see WithACL); default open.
+	ACL []zk.ACL
 }
 
 // LeaseSweeper releases the expired leases of one queue for a process
@@ -45,6 +47,7 @@ type LeaseSweeper struct {
 	items     string
 	leases    string
 	dead      string
+	acl       []zk.ACL
 
 	watch <-chan zk.Event        // children watch of leases; nil when none is armed
 	known map[string]*sweptLease // lease name -> what the sweeper knows
@@ -61,7 +64,7 @@ type sweptLease struct {
 // request.
 func NewLeaseSweeper(conn *zk.Conn, itemsPath, leasesPath, deadPath string, cfg SweeperConfig) *LeaseSweeper {
 	return &LeaseSweeper{zk: observed{conn, cfg.Observer}, committer: cfg.Committer,
-		items: itemsPath, leases: leasesPath, dead: deadPath, known: map[string]*sweptLease{}}
+		items: itemsPath, leases: leasesPath, dead: deadPath, acl: zkutil.ACLOr(cfg.ACL), known: map[string]*sweptLease{}}
 }
 
 // Due reports whether Sweep has anything to do at now: the leases changed
@@ -176,7 +179,7 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 		l.deadline = farFuture
 		return nil, false, nil
 	}
-	ops, out := releaseOps(s.items, s.leases, s.dead, name, l.item, itemData, stat.Version, m, p)
+	ops, out := releaseOps(s.items, s.leases, s.dead, s.acl, name, l.item, itemData, stat.Version, m, p)
 	if _, err := s.write(ctx, ops...); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			// Settled, extended or released meanwhile (or the queue is

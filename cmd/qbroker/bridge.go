@@ -19,8 +19,13 @@ func newEventBridge(o *serveOptions, reg prometheus.Registerer, log *slog.Logger
 	if o.nats.url == "" {
 		return nil, nil, natsbridge.RegisterDisabled(reg)
 	}
+	auth, err := o.nats.auth.auth()
+	if err != nil {
+		return nil, nil, err
+	}
 	b, err := natsbridge.New(natsbridge.Config{
 		URL:            o.nats.url,
+		Auth:           auth,
 		SubjectPrefix:  o.nats.prefix,
 		BufferSize:     o.nats.buffer,
 		IncludePayload: o.nats.payload,

@@ -23,7 +23,7 @@ func init() {
 		o := serveFlags(fs)
 		dir := fs.String("zk-dir", "", "ZooKeeper data directory; default a temporary one, removed on exit")
 		fs.Usage = func() {
-			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nZooKeeper's output goes to zookeeper.log in its data directory. Stopping\nqbroker stops ZooKeeper; ZooKeeper dying stops qbroker, with an error.\n\nflags (as for serve; --zk is ignored):")
+			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nZooKeeper's output goes to zookeeper.log in its data directory. Stopping\nqbroker stops ZooKeeper; ZooKeeper dying stops qbroker, with an error.\n\nUnless --zk-auth-file is given, the broker authenticates to ZooKeeper with a\ncredential generated in the data directory (qbroker-zk-auth) and closes its nodes.\n\nflags (as for serve; --zk is ignored):")
 			fs.PrintDefaults()
 		}
 		if err := parseFlags(fs, args); err != nil {
@@ -46,6 +46,15 @@ func init() {
 		}
 		fmt.Fprintf(os.Stderr, "ZooKeeper running at %s (data in %s, log in %s)\n", zk.Addr(), zk.Dir(), zk.LogPath())
 		o.zk = zk.Addr()
+		if o.zkAuth.file == "" {
+			// Closed by default: a credential of its own, kept with the
+			// data so that a later `dev --zk-dir` finds it.
+			if o.zkAuth.file, err = ensureDevAuth(zk.Dir()); err != nil {
+				_ = zk.Close()
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "ZooKeeper digest credential in %s (zkCli: addauth digest <its content>)\n", o.zkAuth.file)
+		}
 		err = devServe(sctx, o, zk, log, os.Stderr)
 		if errors.Is(err, errZKExited) {
 			_ = zk.Stop() // keep the directory: its log tells why

@@ -70,6 +70,7 @@ type serveOptions struct {
 	logFormat      string
 	logLevel       string
 	nats           natsOptions
+	zkAuth         zkAuthOptions
 }
 
 // limitOptions are the stream and connection limits.
@@ -91,6 +92,7 @@ type natsOptions struct {
 	payload    bool
 	maxPayload int
 	buffer     int
+	auth       natsAuthOptions
 }
 
 // envDefaults reads flag defaults from QBROKER_* variables. A value that
@@ -190,6 +192,8 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.BoolVar(&o.nats.payload, "nats-payload", e.bool("NATS_PAYLOAD", false), "include message payloads in events ($QBROKER_NATS_PAYLOAD)")
 	fs.IntVar(&o.nats.maxPayload, "nats-max-payload", e.int("NATS_MAX_PAYLOAD", 4096), "largest payload included in an event ($QBROKER_NATS_MAX_PAYLOAD)")
 	fs.IntVar(&o.nats.buffer, "nats-buffer", e.int("NATS_BUFFER", 8192), "events buffered before dropping ($QBROKER_NATS_BUFFER)")
+	o.zkAuth.register(fs, e)
+	o.nats.auth.register(fs, e)
 	return o
 }
 
@@ -228,6 +232,9 @@ func (o *serveOptions) validate() error {
 		errs = append(errs, fmt.Errorf("--max-batch-bytes %d < --max-payload %d: a batch could not hold one message of the largest payload", o.maxBatchBytes, o.maxPayload))
 	}
 	if _, err := newLogger(o.logFormat, o.logLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.zkAuth.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
@@ -289,8 +296,13 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		}
 	}
 
+	cfg := o.brokerConfig(log, reg, sink)
+	if cfg.ZKDigest, err = o.zkAuth.digest(); err != nil {
+		stopSink()
+		return err
+	}
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	b, err := broker.New(startCtx, o.brokerConfig(log, reg, sink))
+	b, err := broker.New(startCtx, cfg)
 	cancel()
 	if err != nil {
 		stopSink()
@@ -356,6 +368,8 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 		MaxConnsPerIP:       o.limits.maxConnsPerIP,
 		HandshakeTimeout:    o.limits.handshake,
 		MaxConnectionIdle:   o.limits.maxConnIdle,
+		ZKWorldRead:         o.zkAuth.worldRead,
+		ZKMigrateACL:        o.zkAuth.migrate,
 		Logger:              log,
 		Registerer:          reg,
 		Events:              sink,

@@ -91,7 +91,11 @@ func New(cfg Config) (*Bridge, error) {
 	if cfg.BrokerID != "" {
 		name += "-" + cfg.BrokerID
 	}
-	nc, err := nats.Connect(cfg.URL,
+	authOpts, err := cfg.Auth.options()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(cfg.URL, append(authOpts,
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(cfg.ReconnectWait),
@@ -117,7 +121,7 @@ func New(cfg Config) (*Bridge, error) {
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			b.log.Warn("nats error", "err", err)
 		}),
-	)
+	)...)
 	if err != nil {
 		// The URL is left out: it may hold credentials.
 		return nil, fmt.Errorf("natsbridge: connect: %w", err)

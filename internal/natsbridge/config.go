@@ -35,6 +35,8 @@ type Config struct {
 	// URL is the NATS server URL (or a comma-separated list), the broker's
 	// nats-url flag. Required.
 	URL string
+	// Auth holds the credentials and TLS settings (auth.go); zero: none.
+	Auth Auth
 	// SubjectPrefix is the first token(s) of every subject; default
 	// "qbroker". It may contain dots but no wildcards or spaces.
 	SubjectPrefix string
@@ -131,6 +133,9 @@ func (c Config) validate() error {
 		return bad("reconnect wait %v < 0", c.ReconnectWait)
 	case c.ReconnectBufSize < 0:
 		return bad("reconnect buffer size %d < 0", c.ReconnectBufSize)
+	}
+	if err := c.Auth.validate(); err != nil {
+		return err
 	}
 	if c.JetStream {
 		switch {

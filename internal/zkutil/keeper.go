@@ -39,6 +39,7 @@ import (
 // for concurrent use.
 type Keeper struct {
 	conn *zk.Conn
+	acl  []zk.ACL
 	log  *slog.Logger
 
 	mu    sync.Mutex
@@ -79,9 +80,9 @@ func NewKeeper(logger *slog.Logger) *Keeper {
 	return &Keeper{log: logger, nodes: map[string]*Kept{}, kick: make(chan struct{}, 1)}
 }
 
-// Bind sets the connection the nodes live on. Call it once, before Keep,
-// Drop, Stray and Run.
-func (k *Keeper) Bind(conn *zk.Conn) { k.conn = conn }
+// Bind sets the connection the nodes live on and their ACL (OpenACL when
+// empty). Call it once, before Keep, Drop, Stray and Run.
+func (k *Keeper) Bind(conn *zk.Conn, acl []zk.ACL) { k.conn, k.acl = conn, ACLOr(acl) }
 
 // Wake makes Run reconcile now. Call it on every new session (a
 // StateHasSession event): a new session has none of the old one's
@@ -200,7 +201,7 @@ var ErrKeepRace = errors.New("zk: kept node replaced repeatedly")
 // session (a create whose answer was lost, then an expiry; or the
 // previous process's) is deleted and created again. e.mu is held.
 func (k *Keeper) ensure(e *Kept) error {
-	acl := zk.WorldACL(zk.PermAll)
+	acl := k.acl
 	for range 5 {
 		sid := k.conn.SessionID()
 		_, err := k.conn.Create(e.path, e.data, zk.FlagEphemeral, acl)

@@ -25,7 +25,7 @@ func keeperOn(t *testing.T, servers []string, timeout time.Duration) (*zkutil.Ke
 	if err != nil {
 		t.Fatal(err)
 	}
-	k.Bind(conn)
+	k.Bind(conn, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)

@@ -67,8 +67,9 @@ func (a slogAdapter) Printf(format string, args ...any) {
 }
 
 // EnsurePath creates p and its missing parents as persistent nodes with
-// empty data. Existing nodes are left alone.
-func EnsurePath(conn *zk.Conn, p string) error {
+// empty data and ACL acl (OpenACL when empty). Existing nodes are left
+// alone.
+func EnsurePath(conn *zk.Conn, p string, acl []zk.ACL) error {
 	if p == "/" {
 		return nil
 	}
@@ -77,10 +78,10 @@ func EnsurePath(conn *zk.Conn, p string) error {
 	} else if ok {
 		return nil
 	}
-	if err := EnsurePath(conn, path.Dir(p)); err != nil {
+	if err := EnsurePath(conn, path.Dir(p), acl); err != nil {
 		return err
 	}
-	if _, err := conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+	if _, err := conn.Create(p, nil, 0, ACLOr(acl)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 		return fmt.Errorf("create %s: %w", p, err)
 	}
 	return nil
@@ -269,14 +270,15 @@ func MultiError(res []zk.MultiResponse, err error) error {
 }
 
 // LoadOrCreate returns the data of p, creating p first with the data gen
-// returns when p does not exist. Of concurrent callers, the first create
-// wins and all of them return its data.
-func LoadOrCreate(conn *zk.Conn, p string, gen func() ([]byte, error)) ([]byte, error) {
+// returns when p does not exist, with ACL acl (OpenACL when empty). Of
+// concurrent callers, the first create wins and all of them return its
+// data.
+func LoadOrCreate(conn *zk.Conn, p string, acl []zk.ACL, gen func() ([]byte, error)) ([]byte, error) {
 	data, err := gen()
 	if err != nil {
 		return nil, err
 	}
-	_, err = conn.Create(p, data, 0, zk.WorldACL(zk.PermAll))
+	_, err = conn.Create(p, data, 0, ACLOr(acl))
 	if err == nil {
 		return data, nil
 	}

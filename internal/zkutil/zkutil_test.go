@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { zktest.Main(m) }
 func create(t *testing.T, conn *zk.Conn, paths ...string) {
 	t.Helper()
 	for _, p := range paths {
-		if err := zkutil.EnsurePath(conn, p); err != nil {
+		if err := zkutil.EnsurePath(conn, p, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
