@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -234,7 +235,13 @@ func (b *staticBuilder) Scheme() string { return staticScheme }
 func (b *staticBuilder) Build(_ resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
 	st := resolver.State{}
 	for _, a := range b.addrs {
-		st.Addresses = append(st.Addresses, resolver.Address{Addr: a})
+		// The address's host is the name its TLS certificate must carry
+		// (the channel's own authority, "qbroker", names no broker).
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			host = a
+		}
+		st.Addresses = append(st.Addresses, resolver.Address{Addr: a, ServerName: host})
 	}
 	// An error here means the LB policy rejected the list; a static list
 	// cannot do better, and calls report the policy's error.
