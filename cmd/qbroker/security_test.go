@@ -153,3 +153,56 @@ func TestServeSecured(t *testing.T) {
 		t.Fatalf("/healthz over HTTPS: %d %s", resp.StatusCode, body)
 	}
 }
+
+// qbroker token prints a token and its tokens-file line; qbroker certs
+// writes the development files and refuses to overwrite them; dev
+// --secure-dir points serve at its files.
+func TestTokenAndCertsCommands(t *testing.T) {
+	bin := buildCommand(t, "v0.0.0-test")
+	out, errOut, st := exitRun(t, bin, nil, "token", "ops")
+	if st != 0 {
+		t.Fatalf("token: status %d: %s", st, errOut)
+	}
+	l := lines(out)
+	if len(l) != 2 || !strings.HasPrefix(l[0], "qbt_") || !strings.HasPrefix(l[1], "ops sha256:") || strings.Contains(l[1], l[0]) {
+		t.Fatalf("token printed %q, want the token, then \"ops sha256:<hash>\"", out)
+	}
+	if _, err := broker.ParseTokens([]byte(l[1])); err != nil {
+		t.Fatalf("token line does not parse: %v", err)
+	}
+	if _, _, st := exitRun(t, bin, nil, "token", "bad name"); st != 2 {
+		t.Fatalf("token with a space in the identity: status %d, want 2", st)
+	}
+	dir := filepath.Join(t.TempDir(), "certs")
+	if _, errOut, st := exitRun(t, bin, nil, "certs", "--dir", dir); st != 0 {
+		t.Fatalf("certs: status %d: %s", st, errOut)
+	}
+	for _, f := range []string{tlsutil.CAFile, tlsutil.ServerCertFile, tlsutil.ServerKeyFile, tlsutil.ClientCertFile, tlsutil.ClientKeyFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, errOut, st := exitRun(t, bin, nil, "certs", "--dir", dir); st != 1 || !strings.Contains(errOut, "exists") {
+		t.Fatalf("certs over existing files: status %d, stderr %q; want 1 and a refusal", st, errOut)
+	}
+
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	o := serveFlags(fs)
+	sec := filepath.Join(t.TempDir(), "sec")
+	var msg bytes.Buffer
+	if err := devSecurity(sec, o, &msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.validate(); err != nil {
+		t.Fatalf("dev --secure-dir options: %v", err)
+	}
+	if _, err := o.security.auth(nil); err != nil {
+		t.Fatalf("dev --secure-dir auth files: %v", err)
+	}
+	if _, err := o.security.serverTLS(nil); err != nil {
+		t.Fatalf("dev --secure-dir certificates: %v", err)
+	}
+	if err := devSecurity(sec, o, io.Discard); err != nil {
+		t.Fatalf("second dev --secure-dir on the same directory: %v", err)
+	}
+}
