@@ -54,6 +54,9 @@ func (s *securityOptions) validate(listen, metricsListen string) []error {
 	if s.tokens != "" && s.rules == "" {
 		errs = append(errs, errors.New("--auth-tokens needs --auth-rules (with authentication on, what no rule allows is denied)"))
 	}
+	if s.rules != "" && s.tokens == "" && s.clientCA == "" {
+		errs = append(errs, errors.New("--auth-rules needs --auth-tokens or --tls-client-ca: otherwise no caller could authenticate"))
+	}
 	if s.rules != "" && s.tlsCert == "" {
 		errs = append(errs, errors.New("--auth-rules needs --tls-cert and --tls-key: tokens and identities are worthless in the clear"))
 	}
