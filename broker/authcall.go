@@ -163,10 +163,12 @@ func (b *Broker) check(ctx context.Context, id Identity, ma methodAuth, method s
 // and writes the audit log.
 func (b *Broker) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	ctx, id, ma, err := b.authorize(ctx, info.FullMethod)
-	if err == nil {
-		err = b.check(ctx, id, ma, info.FullMethod, req)
-	}
 	if err != nil {
+		// Not audited: an anonymous flood must not flood the log (the
+		// refusals are counted and logged at most every warnEvery).
+		return nil, err
+	}
+	if err := b.check(ctx, id, ma, info.FullMethod, req); err != nil {
 		b.audit(ctx, info.FullMethod, req, id, err)
 		return nil, err
 	}
@@ -253,9 +255,9 @@ var auditedMethods = map[string]func(req any) (action, queue string){
 	pb.Queue_Redrive_FullMethodName:     func(r any) (string, string) { return ActRedrive, r.(*pb.RedriveRequest).GetQueue() },
 }
 
-// audit logs a queue's creation, deletion, purge or redrive (done or
-// refused) with the caller's identity (without authentication: its
-// address).
+// audit logs a queue's creation, deletion, purge or redrive, done or
+// refused by the rules, with the caller's identity (without
+// authentication: its address).
 func (b *Broker) audit(ctx context.Context, method string, req any, id Identity, err error) {
 	f, ok := auditedMethods[method]
 	if !ok {
