@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -113,7 +114,7 @@ func newSecureBroker(t *testing.T, requireCert bool) *secureEnv {
 	}
 	e.tb = launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t),
 		brokertest.Options{ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS))}},
-		func(c *broker.Config) { c.Auth = auth })
+		func(c *broker.Config) { c.Auth, c.Logger = auth, slog.New(slog.NewTextHandler(&e.log, nil)) })
 	return e
 }
 
@@ -279,6 +280,16 @@ func TestTokenWithoutAdminCannotDelete(t *testing.T) {
 	}
 	if _, err := admin.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: "jobs"}); err != nil {
 		t.Fatalf("admin DeleteQueue: %v", err)
+	}
+	for _, want := range []string{
+		`msg=audit .*action=create queue=jobs .*grpc_code=OK identity=admin via=token`,
+		`msg=audit .*action=delete queue=jobs .*grpc_code=PermissionDenied identity=worker via=token`,
+		`msg=audit .*action=purge queue=jobs .*grpc_code=PermissionDenied identity=worker via=token`,
+		`msg=audit .*action=delete queue=jobs .*grpc_code=OK identity=admin via=token`,
+	} {
+		if !regexp.MustCompile(want).MatchString(e.log.String()) {
+			t.Errorf("no audit line matching %q in the log:\n%s", want, e.log.String())
+		}
 	}
 }
 
