@@ -501,3 +501,46 @@ func TestEveryMethodMapped(t *testing.T) {
 		}
 	}
 }
+
+// TestCoordinationRules: the Lock and Election services need lock and
+// election on the name; a denied Lock stream holds nothing, so another
+// identity gets the lock at once.
+func TestCoordinationRules(t *testing.T) {
+	e := newSecureBroker(t, false)
+	ctx := callCtx(t)
+	cert := clientCert(t, e.ca, "orders-app", time.Time{})
+	appConn := dialTLS(t, e.tb.addr, e.roots(), &cert, "")
+	adminConn := dialTLS(t, e.tb.addr, e.roots(), nil, e.tokens["admin"])
+
+	s, err := pb.NewLockClient(appConn).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&pb.LockRequest{Name: "nightly"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Recv()
+	mustCode(t, "Lock by orders-app", err, codes.PermissionDenied)
+	_, err = pb.NewLockClient(appConn).Revoke(ctx, &pb.RevokeRequest{Name: "nightly"})
+	mustCode(t, "Revoke by orders-app", err, codes.PermissionDenied)
+	c, err := pb.NewElectionClient(appConn).Campaign(ctx, &pb.CampaignRequest{Name: "scheduler", Value: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Recv()
+	mustCode(t, "Campaign by orders-app", err, codes.PermissionDenied)
+	_, err = pb.NewElectionClient(appConn).Leader(ctx, &pb.LeaderRequest{Name: "scheduler"})
+	mustCode(t, "Leader by orders-app", err, codes.PermissionDenied)
+
+	s, err = pb.NewLockClient(adminConn).Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&pb.LockRequest{Name: "nightly"}); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := s.Recv()
+	if err != nil || ev.GetType() != pb.LockEvent_TYPE_GRANTED {
+		t.Fatalf("admin Lock: got %v, %v; want GRANTED", ev, err)
+	}
+}
