@@ -122,6 +122,12 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Events receives queue events (the NATS bridge); nil: none are built.
 	Events events.Sink
+	// Auth, when set, requires every call but health checks to
+	// authenticate (a verified client certificate or a bearer token) and
+	// allows only what its rules grant. Nil: every call is allowed. Either
+	// way, queue creation, deletion, purge and redrive are logged at info
+	// (audit), with the identity when there is one.
+	Auth *Auth
 }
 
 func (c *Config) setDefaults() error {
@@ -526,11 +532,16 @@ func (b *Broker) setServing(ok bool) {
 }
 
 // GRPCServer returns a gRPC server with the Queue service, health,
-// reflection and the broker's logging and metrics interceptors.
+// reflection and the broker's logging, metrics and (with Config.Auth)
+// authentication and authorization interceptors. For TLS pass
+// grpc.Creds.
 func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	opts = append([]grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(b.provenUnary, b.metrics.grpc.UnaryServerInterceptor(), b.unaryLog),
-		grpc.ChainStreamInterceptor(b.provenStream, b.metrics.grpc.StreamServerInterceptor(), b.streamLog),
+		// Only authenticated calls prove a connection (limits.go): with
+		// authentication on, a client without credentials cannot keep its
+		// connection from being evicted by calling.
+		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.authUnary, b.provenUnary, b.unaryLog),
+		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.authStream, b.provenStream, b.streamLog),
 		grpc.MaxRecvMsgSize(b.cfg.maxRequest()),
 		grpc.MaxConcurrentStreams(uint32(b.cfg.MaxStreamsPerConn)),
 		// The HTTP/2 handshake (preface and settings) must complete within

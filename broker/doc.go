@@ -112,5 +112,17 @@
 // The queue label takes at most Config.MaxQueueLabels distinct values;
 // further queues share the label "_other".
 //
+// # Authentication and authorization
+//
+// With Config.Auth (NewAuth) every call but health checks must
+// authenticate, by a client certificate the TLS handshake verified or a
+// bearer token whose SHA-256 is in the tokens file, and is checked against
+// the rules file (ParseRules): each method maps to an action on a queue,
+// lock or election name (authcall.go's methodAuths; a method missing there
+// is denied). Streams are checked per request received, so a Consume
+// stream's settlements need consume on their tokens' queues too. Queue
+// creation, deletion, purge and redrive are logged at info ("audit") with
+// the identity, with or without Auth.
+//
 // A Broker is safe for concurrent use.
 package broker

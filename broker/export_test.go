@@ -18,3 +18,16 @@ func SetAbandonedAfter(d time.Duration) (restore func()) {
 func (b *Broker) RemoveQueueAt(ctx context.Context, name string, version int32) error {
 	return b.catalog.FinishDelete(ctx, name, version)
 }
+
+// MethodAuth reports how the broker authorizes method: public (no
+// credentials), mapped (known; unknown methods are denied) and the actions
+// one request msg needs.
+func MethodAuth(method string, msg any) (public, mapped bool, actions []string) {
+	ma, ok := authFor(method)
+	if ma.needs != nil && msg != nil {
+		for _, a := range ma.needs(msg) {
+			actions = append(actions, a.action)
+		}
+	}
+	return ma.public, ok, actions
+}

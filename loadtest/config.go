@@ -26,6 +26,7 @@ type Config struct {
 	ZooKeeper    string   `json:"zookeeper,omitempty"`
 	SpawnBrokers int      `json:"spawn_brokers"`
 	QBrokerBin   string   `json:"-"`
+	Security     Security `json:"security"` // TLS and credentials (security.go)
 
 	// Workload.
 	Producers      int `json:"producers"`
@@ -165,6 +166,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.StringVar(&c.JSONPath, "json", "", "write the JSON report to this file")
 	fs.StringVar(&c.HTMLPath, "html", "", "write the HTML report to this file")
 	fs.BoolVar(&f.noProgress, "quiet", false, "no live progress line on stderr")
+	c.Security.define(fs)
 	return f
 }
 
@@ -308,6 +310,9 @@ func (c *Config) validate() error {
 		default:
 			return fmt.Errorf("unknown baseline %q (want raw, naive, create, jetstream, jetstream-sync or none)", b)
 		}
+	}
+	if err := c.Security.validate(c.SpawnBrokers); err != nil {
+		return err
 	}
 	addrs := append(append(slices.Clone(c.Brokers), c.Metrics...), splitList(c.ZooKeeper)...)
 	for _, a := range addrs {

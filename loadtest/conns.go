@@ -16,17 +16,18 @@ type connPool struct {
 	perBroker int
 	shared    [][]*qbroker.Client // [broker][conn], perBroker > 0
 	own       []*qbroker.Client   // perBroker == 0: every client dialled
+	opts      []qbroker.Option    // TLS and token
 }
 
-func newConnPool(ctx context.Context, brokers []string, perBroker int) (*connPool, error) {
-	p := &connPool{brokers: brokers, perBroker: perBroker}
+func newConnPool(ctx context.Context, brokers []string, perBroker int, opts ...qbroker.Option) (*connPool, error) {
+	p := &connPool{brokers: brokers, perBroker: perBroker, opts: opts}
 	if perBroker == 0 {
 		return p, nil
 	}
 	for _, b := range brokers {
 		var cs []*qbroker.Client
 		for range perBroker {
-			c, err := dial(ctx, b)
+			c, err := dial(ctx, b, p.opts)
 			if err != nil {
 				p.Close()
 				return nil, err
@@ -38,8 +39,8 @@ func newConnPool(ctx context.Context, brokers []string, perBroker int) (*connPoo
 	return p, nil
 }
 
-func dial(ctx context.Context, addr string) (*qbroker.Client, error) {
-	c, err := qbroker.Dial(ctx, addr, qbroker.WithWaitConnected())
+func dial(ctx context.Context, addr string, opts []qbroker.Option) (*qbroker.Client, error) {
+	c, err := qbroker.Dial(ctx, addr, append([]qbroker.Option{qbroker.WithWaitConnected()}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
@@ -55,7 +56,7 @@ func (p *connPool) client(ctx context.Context, i int) (*qbroker.Client, error) {
 	if p.perBroker > 0 {
 		return p.shared[b][(i/len(p.brokers))%p.perBroker], nil
 	}
-	c, err := dial(ctx, p.brokers[b])
+	c, err := dial(ctx, p.brokers[b], p.opts)
 	if err != nil {
 		return nil, err
 	}

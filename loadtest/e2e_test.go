@@ -38,7 +38,7 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, err := spawnTopology(ctx, 2, bin)
+	topo, err := spawnTopology(ctx, 2, bin, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func run(ctx context.Context, cfg Config, stdout, stderr io.Writer) int {
 	if cfg.SpawnBrokers > 0 {
 		fmt.Fprintf(stderr, "loadtest: starting ZooKeeper and %d broker(s)\n", cfg.SpawnBrokers)
 		var err error
-		topo, err = spawnTopology(ctx, cfg.SpawnBrokers, cfg.QBrokerBin)
+		topo, err = spawnTopology(ctx, cfg.SpawnBrokers, cfg.QBrokerBin, cfg.Security.SpawnSecure)
 		if err != nil {
 			fmt.Fprintf(stderr, "loadtest: FAILED: %v\n", err)
 			return 1
@@ -101,7 +101,15 @@ func runOn(ctx context.Context, cfg Config, topo *Topology, stdout, stderr io.Wr
 // broke a guarantee returns a report whose OK is false.
 func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer) (*Report, error) {
 	started := time.Now()
-	pool, err := newConnPool(ctx, topo.Brokers, cfg.ConnsPerBroker)
+	sec := cfg.Security
+	if topo.Security != nil {
+		sec = *topo.Security
+	}
+	opts, err := sec.options()
+	if err != nil {
+		return nil, err
+	}
+	pool, err := newConnPool(ctx, topo.Brokers, cfg.ConnsPerBroker, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,9 @@ type Topology struct {
 	Metrics   []string
 	ZooKeeper string
 	Spawned   bool
+	// Security is what clients of spawned secure brokers use; nil
+	// otherwise.
+	Security *Security
 
 	zk      *zkserver.Server
 	procs   []*brokerProc
@@ -50,7 +53,7 @@ func externalTopology(c Config) *Topology {
 // process runs in its own process group with SIGKILL as its parent-death
 // signal; Close stops them all. The brokers log (at warn level) to files
 // in a temporary directory, whose last lines errors quote.
-func spawnTopology(ctx context.Context, n int, bin string) (_ *Topology, err error) {
+func spawnTopology(ctx context.Context, n int, bin string, secure bool) (_ *Topology, err error) {
 	if !zkserver.Installed() {
 		return nil, zkserver.ErrNotInstalled
 	}
@@ -79,8 +82,16 @@ func spawnTopology(ctx context.Context, n int, bin string) (_ *Topology, err err
 		return nil, err
 	}
 	t.ZooKeeper = t.zk.Addr()
+	var extra []string
+	if secure {
+		var sec Security
+		if extra, sec, err = secureFiles(filepath.Join(tmp, "security")); err != nil {
+			return nil, err
+		}
+		t.Security = &sec
+	}
 	for i := range n {
-		p, grpcAddr, metricsAddr, err := startBroker(tmp, bin, t.ZooKeeper, i)
+		p, grpcAddr, metricsAddr, err := startBroker(tmp, bin, t.ZooKeeper, i, extra...)
 		if err != nil {
 			return nil, err
 		}
@@ -145,7 +156,7 @@ func freeAddr() (string, error) {
 	return l.Addr().String(), nil
 }
 
-func startBroker(tmp, bin, zkAddr string, i int) (*brokerProc, string, string, error) {
+func startBroker(tmp, bin, zkAddr string, i int, extra ...string) (*brokerProc, string, string, error) {
 	grpcAddr, err := freeAddr()
 	if err != nil {
 		return nil, "", "", err
@@ -160,11 +171,11 @@ func startBroker(tmp, bin, zkAddr string, i int) (*brokerProc, string, string, e
 		return nil, "", "", err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, "serve",
+	cmd := exec.Command(bin, append([]string{"serve",
 		"--zk", zkAddr, "--root", "/qbroker-loadtest",
 		"--listen", grpcAddr, "--metrics-listen", metricsAddr,
-		"--id", "loadtest-"+strconv.Itoa(i), "--log-level", "warn",
-		"--shutdown-timeout", "3s")
+		"--id", "loadtest-" + strconv.Itoa(i), "--log-level", "warn",
+		"--shutdown-timeout", "3s"}, extra...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = cleanEnv()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

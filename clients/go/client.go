@@ -2,7 +2,9 @@ package qbroker
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -39,6 +41,9 @@ type options struct {
 	waitReady   bool
 	minBackoff  time.Duration
 	maxBackoff  time.Duration
+	tls         *tls.Config // nil: no TLS (security.go)
+	token       string      // bearer token; needs tls
+	optErr      error       // an option that failed (WithTLSFiles)
 }
 
 func defaultOptions() options {
@@ -54,10 +59,9 @@ func WithAddrs(addrs ...string) Option {
 }
 
 // WithDialOptions passes options to grpc.NewClient after the client's own
-// (insecure transport credentials, the round-robin and retry service
-// config, a 100ms..5s reconnect backoff), so they can override them: for
-// example grpc.WithTransportCredentials for TLS, or
-// grpc.WithPerRPCCredentials for a token.
+// (transport credentials: insecure, or WithTLS's; the round-robin and
+// retry service config, a 100ms..5s reconnect backoff), so they can
+// override them.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
 }
@@ -131,6 +135,13 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	if len(o.addrs) == 0 {
 		return nil, fmt.Errorf("qbroker: dial: no broker address: %w", ErrInvalidArgument)
 	}
+	if o.optErr != nil {
+		return nil, fmt.Errorf("qbroker: dial: %w: %w", o.optErr, ErrInvalidArgument)
+	}
+	sec, err := o.securityOptions()
+	if err != nil {
+		return nil, fmt.Errorf("qbroker: dial: %w: %w", err, ErrInvalidArgument)
+	}
 	if o.minBackoff <= 0 || o.maxBackoff < o.minBackoff {
 		return nil, fmt.Errorf("qbroker: dial: bad reconnect backoff %v..%v: %w", o.minBackoff, o.maxBackoff, ErrInvalidArgument)
 	}
@@ -160,6 +171,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		target = staticScheme + ":///qbroker"
 		dialOpts = append(dialOpts, grpc.WithResolvers(rb))
 	}
+	dialOpts = append(dialOpts, sec...)
 	dialOpts = append(dialOpts, o.dialOpts...)
 	conn, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {
@@ -223,7 +235,13 @@ func (b *staticBuilder) Scheme() string { return staticScheme }
 func (b *staticBuilder) Build(_ resolver.Target, cc resolver.ClientConn, _ resolver.BuildOptions) (resolver.Resolver, error) {
 	st := resolver.State{}
 	for _, a := range b.addrs {
-		st.Addresses = append(st.Addresses, resolver.Address{Addr: a})
+		// The address's host is the name its TLS certificate must carry
+		// (the channel's own authority, "qbroker", names no broker).
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			host = a
+		}
+		st.Addresses = append(st.Addresses, resolver.Address{Addr: a, ServerName: host})
 	}
 	// An error here means the LB policy rejected the list; a static list
 	// cannot do better, and calls report the policy's error.

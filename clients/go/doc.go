@@ -70,8 +70,17 @@
 // Broker errors are *Error values carrying the gRPC code; errors.Is
 // matches them against ErrNotFound, ErrAlreadyExists,
 // ErrInvalidArgument, ErrFailedPrecondition, ErrResourceExhausted,
-// ErrUnavailable, ErrAborted, ErrInternal, context.Canceled and
-// context.DeadlineExceeded. Each method names the ones it returns.
+// ErrUnavailable, ErrAborted, ErrInternal, ErrUnauthenticated,
+// ErrPermissionDenied, context.Canceled and context.DeadlineExceeded. Each
+// method names the ones it returns; any call to a broker with
+// authentication on may fail with ErrUnauthenticated or
+// ErrPermissionDenied.
+//
+// # Security
+//
+// WithTLS or WithTLSFiles dial over TLS (a client certificate for mutual
+// TLS is re-read when its files change); WithToken sends a bearer token
+// with every call, over TLS only.
 //
 // # Goroutines
 //

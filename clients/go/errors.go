@@ -34,6 +34,12 @@ var (
 	ErrAborted = errors.New("qbroker: aborted")
 	// ErrInternal: a broker bug; the broker logged the details.
 	ErrInternal = errors.New("qbroker: internal error")
+	// ErrUnauthenticated: the broker requires credentials (a client
+	// certificate or a bearer token) and got none, or a bad one.
+	ErrUnauthenticated = errors.New("qbroker: unauthenticated")
+	// ErrPermissionDenied: the broker's rules do not allow the caller's
+	// identity this action on this queue (or lock, or election).
+	ErrPermissionDenied = errors.New("qbroker: permission denied")
 
 	// ErrClosed: the Client, Consumer or Membership was closed.
 	ErrClosed = errors.New("qbroker: closed")
@@ -52,6 +58,8 @@ var sentinels = map[codes.Code]error{
 	codes.Unavailable:        ErrUnavailable,
 	codes.Aborted:            ErrAborted,
 	codes.Internal:           ErrInternal,
+	codes.Unauthenticated:    ErrUnauthenticated,
+	codes.PermissionDenied:   ErrPermissionDenied,
 	codes.Canceled:           context.Canceled,
 	codes.DeadlineExceeded:   context.DeadlineExceeded,
 }

@@ -79,6 +79,7 @@ func cliError(err error) error {
 type clientFlags struct {
 	addr    string
 	timeout time.Duration
+	sec     clientSecurity // TLS and token (security.go)
 }
 
 // newFlagSet returns a command's FlagSet with --addr and --timeout and a
@@ -90,6 +91,7 @@ func newFlagSet(name, synopsis, help string, std stdio) (*flag.FlagSet, *clientF
 	cf := &clientFlags{}
 	fs.StringVar(&cf.addr, "addr", env("ADDR", "127.0.0.1:7070"), "broker address host:port, or several comma-separated ($QBROKER_ADDR)")
 	fs.DurationVar(&cf.timeout, "timeout", 10*time.Second, "bound of each request to the broker")
+	cf.sec.define(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: qbroker %s %s\n\n%s\n\nflags:\n", name, synopsis, strings.TrimSpace(help))
 		fs.PrintDefaults()
@@ -138,7 +140,11 @@ func (cf *clientFlags) dial(ctx context.Context) (*qbroker.Client, error) {
 	if cf.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: want a positive duration", cf.timeout)
 	}
-	return qbroker.Dial(ctx, cf.addr, qbroker.WithCallTimeout(cf.timeout))
+	opts, err := cf.sec.options()
+	if err != nil {
+		return nil, err
+	}
+	return qbroker.Dial(ctx, cf.addr, append(opts, qbroker.WithCallTimeout(cf.timeout))...)
 }
 
 func runQueues(ctx context.Context, std stdio, args []string) error {

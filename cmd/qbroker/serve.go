@@ -20,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/qbroker/qbroker/broker"
 	"github.com/qbroker/qbroker/internal/connlimit"
@@ -71,6 +73,7 @@ type serveOptions struct {
 	logLevel       string
 	nats           natsOptions
 	zkAuth         zkAuthOptions
+	security       securityOptions // TLS, authentication, exposure (security.go)
 }
 
 // limitOptions are the stream and connection limits.
@@ -194,6 +197,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.nats.buffer, "nats-buffer", e.int("NATS_BUFFER", 8192), "events buffered before dropping ($QBROKER_NATS_BUFFER)")
 	o.zkAuth.register(fs, e)
 	o.nats.auth.register(fs, e)
+	o.security.define(fs, e)
 	return o
 }
 
@@ -237,6 +241,7 @@ func (o *serveOptions) validate() error {
 	if err := o.zkAuth.validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, o.security.validate(o.listen, o.metricsListen)...)
 	if len(errs) > 0 {
 		return usageError{errors.Join(errs...)}
 	}
@@ -281,6 +286,16 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		log.Debug("open-file limit", "limit", files)
 	}
 
+	o.security.logExposure(log, o.listen, o.metricsListen)
+	tlsCfg, err := o.security.serverTLS(log)
+	if err != nil {
+		return err
+	}
+	auth, err := o.security.auth(log)
+	if err != nil {
+		return err
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -301,6 +316,7 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		stopSink()
 		return err
 	}
+	cfg.Auth = auth
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	b, err := broker.New(startCtx, cfg)
 	cancel()
@@ -315,16 +331,28 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		return err
 	}
 	lis = b.LimitListener(lis)
-	srv := b.GRPCServer()
-	log.Info("serving", "listen", lis.Addr().String(), "metrics", o.metricsListen, "broker", b.ID())
+	var srvOpts []grpc.ServerOption
+	if tlsCfg != nil {
+		srvOpts = append(srvOpts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	srv := b.GRPCServer(srvOpts...)
+	log.Info("serving", "listen", lis.Addr().String(), "metrics", o.metricsListen, "broker", b.ID(),
+		"tls", tlsCfg != nil, "auth", auth != nil)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(lis) })
 	var hs *http.Server
 	if o.metricsListen != "" {
 		hs = &http.Server{Addr: o.metricsListen, Handler: o.metricsHandler(reg, b), ReadHeaderTimeout: 5 * time.Second}
+		if o.security.metricsTLS {
+			hs.TLSConfig = tlsCfg.Clone()
+		}
 		g.Go(func() error {
-			if err := hs.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+			serveHTTP := hs.ListenAndServe
+			if hs.TLSConfig != nil {
+				serveHTTP = func() error { return hs.ListenAndServeTLS("", "") }
+			}
+			if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil

@@ -1,0 +1,279 @@
+package broker
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+)
+
+// access is one permission a request needs: action on the queue, lock or
+// election called name.
+type access struct {
+	action, kind, name string
+}
+
+// methodAuth is what a method's callers need besides an identity.
+type methodAuth struct {
+	// public methods need no credentials (health checks).
+	public bool
+	// needs lists the permissions one request message needs; nil: an
+	// authenticated identity is enough.
+	needs func(msg any) []access
+	// listing: the answer keeps only the queues the caller may view.
+	listing bool
+}
+
+func onQueue(action string, name func(msg any) string) func(any) []access {
+	return func(m any) []access { return []access{{action, "queue", name(m)}} }
+}
+
+// tokenQueue is the queue an ack token names (its first element); a token
+// that names none matches no rule, unless one grants "*".
+func tokenQueue(tok string) string {
+	q, _, _ := strings.Cut(tok, "/")
+	return q
+}
+
+func onToken(tok func(msg any) string) func(any) []access {
+	return func(m any) []access { return []access{{ActConsume, "queue", tokenQueue(tok(m))}} }
+}
+
+func onCoord(action string, name func(msg any) string) func(any) []access {
+	return func(m any) []access { return []access{{action, action, name(m)}} }
+}
+
+// methodAuths maps every method the broker serves to what it needs
+// (TestEveryMethodMapped holds it to GRPCServer's services). A method
+// missing here is denied.
+var methodAuths = map[string]methodAuth{
+	pb.Queue_CreateQueue_FullMethodName: {needs: onQueue(ActCreate, func(m any) string { return m.(*pb.CreateQueueRequest).GetName() })},
+	pb.Queue_GetQueue_FullMethodName:    {needs: onQueue(ActView, func(m any) string { return m.(*pb.GetQueueRequest).GetName() })},
+	pb.Queue_ListQueues_FullMethodName:  {listing: true},
+	pb.Queue_DeleteQueue_FullMethodName: {needs: onQueue(ActDelete, func(m any) string { return m.(*pb.DeleteQueueRequest).GetName() })},
+	pb.Queue_Purge_FullMethodName:       {needs: onQueue(ActPurge, func(m any) string { return m.(*pb.PurgeRequest).GetName() })},
+	pb.Queue_Stats_FullMethodName:       {needs: onQueue(ActView, func(m any) string { return m.(*pb.StatsRequest).GetName() })},
+	pb.Queue_Publish_FullMethodName:     {needs: onQueue(ActPublish, func(m any) string { return m.(*pb.PublishRequest).GetQueue() })},
+	pb.Queue_Consume_FullMethodName:     {needs: consumeNeeds},
+	pb.Queue_Receive_FullMethodName:     {needs: onQueue(ActConsume, func(m any) string { return m.(*pb.ReceiveRequest).GetQueue() })},
+	pb.Queue_Ack_FullMethodName:         {needs: onToken(func(m any) string { return m.(*pb.AckRequest).GetAckToken() })},
+	pb.Queue_Nack_FullMethodName:        {needs: onToken(func(m any) string { return m.(*pb.NackRequest).GetAckToken() })},
+	pb.Queue_ExtendLease_FullMethodName: {needs: onToken(func(m any) string { return m.(*pb.ExtendLeaseRequest).GetAckToken() })},
+	pb.Queue_JoinSync_FullMethodName:    {needs: onQueue(ActJoin, func(m any) string { return m.(*pb.JoinSyncRequest).GetQueue() })},
+	pb.Queue_ListDeadLetters_FullMethodName: {needs: onQueue(ActConsume, func(m any) string {
+		return m.(*pb.ListDeadLettersRequest).GetQueue()
+	})},
+	pb.Queue_Redrive_FullMethodName: {needs: onQueue(ActRedrive, func(m any) string { return m.(*pb.RedriveRequest).GetQueue() })},
+
+	pb.Election_Campaign_FullMethodName: {needs: onCoord(ActElection, func(m any) string { return m.(*pb.CampaignRequest).GetName() })},
+	pb.Election_Proclaim_FullMethodName: {needs: onCoord(ActElection, func(m any) string { return m.(*pb.ProclaimRequest).GetName() })},
+	pb.Election_Resign_FullMethodName:   {needs: onCoord(ActElection, func(m any) string { return m.(*pb.ResignRequest).GetName() })},
+	pb.Election_Leader_FullMethodName:   {needs: onCoord(ActElection, func(m any) string { return m.(*pb.LeaderRequest).GetName() })},
+	pb.Election_Observe_FullMethodName:  {needs: onCoord(ActElection, func(m any) string { return m.(*pb.ObserveRequest).GetName() })},
+	pb.Lock_Lock_FullMethodName:         {needs: lockNeeds},
+	pb.Lock_Unlock_FullMethodName:       {needs: onCoord(ActLock, func(m any) string { return m.(*pb.UnlockRequest).GetName() })},
+	pb.Lock_Revoke_FullMethodName:       {needs: onCoord(ActLock, func(m any) string { return m.(*pb.RevokeRequest).GetName() })},
+}
+
+// consumeNeeds: a Consume stream's subscription needs consume on its
+// queue, and every settlement consume on its token's queue (an ack token
+// of another queue settles nothing for a caller who may not consume it).
+func consumeNeeds(m any) []access {
+	r := m.(*pb.ConsumeRequest)
+	var need []access
+	if s := r.GetSubscribe(); s != nil {
+		need = append(need, access{ActConsume, "queue", s.GetQueue()})
+	}
+	for _, s := range r.GetSettle() {
+		need = append(need, access{ActConsume, "queue", tokenQueue(s.GetAckToken())})
+	}
+	return need
+}
+
+// lockNeeds: the request naming the lock needs lock on it; the later
+// {unlock} requests release what the stream holds.
+func lockNeeds(m any) []access {
+	r := m.(*pb.LockRequest)
+	if r.GetName() == "" && r.GetUnlock() {
+		return nil
+	}
+	return []access{{ActLock, ActLock, r.GetName()}}
+}
+
+// authFor returns what method needs; ok false for a method nothing maps
+// (denied). Health checks are public (load balancers probe them);
+// reflection needs an identity.
+func authFor(method string) (methodAuth, bool) {
+	if ma, ok := methodAuths[method]; ok {
+		return ma, true
+	}
+	switch {
+	case strings.HasPrefix(method, "/grpc.health.v1.Health/"):
+		return methodAuth{public: true}, true
+	case strings.HasPrefix(method, "/grpc.reflection.v1.ServerReflection/"),
+		strings.HasPrefix(method, "/grpc.reflection.v1alpha.ServerReflection/"):
+		return methodAuth{}, true
+	}
+	return methodAuth{}, false
+}
+
+// authorize authenticates a call to method and checks its first (or only)
+// request msg; nil msg checks only the identity. It returns ctx with the
+// identity.
+func (b *Broker) authorize(ctx context.Context, method string) (context.Context, Identity, methodAuth, error) {
+	ma, ok := authFor(method)
+	if b.cfg.Auth == nil || ma.public {
+		return ctx, Identity{}, ma, nil
+	}
+	id, err := b.cfg.Auth.authenticate(ctx)
+	if err != nil {
+		b.warnings.warn(b.log, "auth:unauthenticated", "call refused: unauthenticated", "method", method, "peer", peerAddr(ctx), "err", status.Convert(err).Message())
+		return ctx, Identity{}, ma, err
+	}
+	if !ok {
+		return ctx, id, ma, status.Errorf(codes.PermissionDenied, "%s may not call %s", id.Name, method)
+	}
+	return context.WithValue(ctx, identityKey{}, id), id, ma, nil
+}
+
+// check returns PermissionDenied, naming the action and the name, unless
+// id may do all that msg needs.
+func (b *Broker) check(ctx context.Context, id Identity, ma methodAuth, method string, msg any) error {
+	if b.cfg.Auth == nil || ma.public || ma.needs == nil {
+		return nil
+	}
+	rules := b.cfg.Auth.rules.Get()
+	for _, a := range ma.needs(msg) {
+		if !rules.Allowed(id.Name, a.action, a.name) {
+			b.warnings.warn(b.log, "auth:denied", "call refused: permission denied", "method", method,
+				"identity", id.Name, "action", a.action, a.kind, a.name)
+			return status.Errorf(codes.PermissionDenied, "%s may not %s %s %q", id.Name, a.action, a.kind, printable(a.name))
+		}
+	}
+	return nil
+}
+
+// authUnary authenticates and authorizes unary calls, filters listings
+// and writes the audit log.
+func (b *Broker) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	ctx, id, ma, err := b.authorize(ctx, info.FullMethod)
+	if err != nil {
+		// Not audited: an anonymous flood must not flood the log (the
+		// refusals are counted and logged at most every warnEvery).
+		return nil, err
+	}
+	if err := b.check(ctx, id, ma, info.FullMethod, req); err != nil {
+		b.audit(ctx, info.FullMethod, req, id, err)
+		return nil, err
+	}
+	resp, err := h(ctx, req)
+	if ma.listing && b.cfg.Auth != nil {
+		if l, ok := resp.(*pb.ListQueuesResponse); ok {
+			rules := b.cfg.Auth.rules.Get()
+			kept := l.Queues[:0]
+			for _, q := range l.Queues {
+				if rules.Allowed(id.Name, ActView, q.GetName()) {
+					kept = append(kept, q)
+				}
+			}
+			l.Queues = kept
+		}
+	}
+	b.audit(ctx, info.FullMethod, req, id, err)
+	return resp, err
+}
+
+// authStream authenticates streams and authorizes each request they
+// receive (a Consume stream's subscription and settlements, a Lock
+// stream's lock, ...).
+func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	ctx, id, ma, err := b.authorize(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	if b.cfg.Auth == nil || ma.public {
+		return h(srv, ss)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := &checkedStream{ServerStream: ss, ctx: ctx, cancel: cancel, check: func(m any) error {
+		return b.check(ctx, id, ma, info.FullMethod, m)
+	}}
+	err = h(srv, w)
+	if d := w.deniedErr(); d != nil {
+		return d // the handler saw a failed receive, or its context end
+	}
+	return err
+}
+
+// checkedStream checks each request received; a denied one fails the
+// receive and ends the stream's context, so the handler stops whatever it
+// does, and the interceptor answers PermissionDenied.
+type checkedStream struct {
+	grpc.ServerStream
+	ctx    context.Context
+	cancel context.CancelFunc
+	check  func(any) error
+
+	mu     sync.Mutex
+	denied error
+}
+
+func (s *checkedStream) Context() context.Context { return s.ctx }
+
+func (s *checkedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if err := s.check(m); err != nil {
+		s.mu.Lock()
+		s.denied = err
+		s.mu.Unlock()
+		s.cancel()
+		return err
+	}
+	return nil
+}
+
+func (s *checkedStream) deniedErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.denied
+}
+
+// auditedMethods change or remove queues: logged at info with who did it.
+var auditedMethods = map[string]func(req any) (action, queue string){
+	pb.Queue_CreateQueue_FullMethodName: func(r any) (string, string) { return ActCreate, r.(*pb.CreateQueueRequest).GetName() },
+	pb.Queue_DeleteQueue_FullMethodName: func(r any) (string, string) { return ActDelete, r.(*pb.DeleteQueueRequest).GetName() },
+	pb.Queue_Purge_FullMethodName:       func(r any) (string, string) { return ActPurge, r.(*pb.PurgeRequest).GetName() },
+	pb.Queue_Redrive_FullMethodName:     func(r any) (string, string) { return ActRedrive, r.(*pb.RedriveRequest).GetQueue() },
+}
+
+// audit logs a queue's creation, deletion, purge or redrive, done or
+// refused by the rules, with the caller's identity (without
+// authentication: its address).
+func (b *Broker) audit(ctx context.Context, method string, req any, id Identity, err error) {
+	f, ok := auditedMethods[method]
+	if !ok {
+		return
+	}
+	action, queue := f(req)
+	args := []any{"action", action, "queue", printable(queue), "peer", peerAddr(ctx), "grpc_code", status.Code(err).String()}
+	if b.cfg.Auth != nil {
+		args = append(args, "identity", id.Name, "via", id.Via)
+	}
+	b.log.Info("audit", args...)
+}
+
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}

@@ -1,0 +1,138 @@
+package broker
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+	"strings"
+)
+
+// Actions a rule grants on names matching its patterns.
+const (
+	ActPublish  = "publish"  // Publish
+	ActConsume  = "consume"  // Consume, Receive, Ack, Nack, ExtendLease, ListDeadLetters
+	ActCreate   = "create"   // CreateQueue
+	ActDelete   = "delete"   // DeleteQueue
+	ActPurge    = "purge"    // Purge
+	ActRedrive  = "redrive"  // Redrive
+	ActJoin     = "join"     // JoinSync
+	ActView     = "view"     // GetQueue, Stats, ListQueues (implied by every queue action)
+	ActLock     = "lock"     // the Lock service
+	ActElection = "election" // the Election service
+)
+
+// actionGroups are names standing for several actions in a rules file.
+var actionGroups = map[string][]string{
+	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive},
+	"all":   {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActElection},
+}
+
+// queueActions are the actions on queues: each implies view.
+var queueActions = []string{ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView}
+
+// Rules are a parsed rules file.
+type Rules struct {
+	rules []rule
+}
+
+type rule struct {
+	identity string // or "*": any authenticated identity
+	actions  []string
+	patterns []string // path.Match globs: orders.*, billing, *
+}
+
+func readRules(file string) (*Rules, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	r, err := ParseRules(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return r, nil
+}
+
+// ParseRules parses a rules file: one rule per line,
+//
+//	<identity> <action>[,<action>...] <pattern>[,<pattern>...]
+//
+// granting the actions on the queues (or locks, or elections) whose names
+// match a pattern (a glob: * matches any run of characters, ? one, [a-z]
+// a class). The identity * stands for any authenticated identity. Actions:
+// publish, consume, create, delete, purge, redrive, join, view, lock,
+// election; admin is create, delete, purge and redrive; all is every
+// action. Blank lines and lines starting with # are ignored. What no rule
+// allows is denied.
+func ParseRules(data []byte) (*Rules, error) {
+	r := &Rules{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			return nil, fmt.Errorf("line %d: want \"<identity> <actions> <patterns>\"", n)
+		}
+		ru := rule{identity: f[0]}
+		if f[0] != "*" {
+			if err := checkIdentity(f[0]); err != nil {
+				return nil, fmt.Errorf("line %d: %w", n, err)
+			}
+		}
+		for _, a := range strings.Split(f[1], ",") {
+			if g, ok := actionGroups[a]; ok {
+				ru.actions = append(ru.actions, g...)
+			} else if slices.Contains(actionGroups["all"], a) {
+				ru.actions = append(ru.actions, a)
+			} else {
+				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, election, admin or all)", n, a)
+			}
+		}
+		for _, p := range strings.Split(f[2], ",") {
+			if _, err := path.Match(p, ""); err != nil || p == "" {
+				return nil, fmt.Errorf("line %d: bad pattern %q", n, p)
+			}
+			ru.patterns = append(ru.patterns, p)
+		}
+		r.rules = append(r.rules, ru)
+	}
+	return r, sc.Err()
+}
+
+// Allowed reports whether identity may do action on name.
+func (r *Rules) Allowed(identity, action, name string) bool {
+	for _, ru := range r.rules {
+		if ru.identity != "*" && ru.identity != identity {
+			continue
+		}
+		if !ru.grants(action) {
+			continue
+		}
+		for _, p := range ru.patterns {
+			if ok, _ := path.Match(p, name); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (ru rule) grants(action string) bool {
+	if slices.Contains(ru.actions, action) {
+		return true
+	}
+	if action == ActView {
+		for _, a := range ru.actions {
+			if slices.Contains(queueActions, a) {
+				return true
+			}
+		}
+	}
+	return false
+}
