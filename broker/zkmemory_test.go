@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"flag"
 	"os"
 	"strings"
 	"sync"
@@ -17,16 +18,22 @@ import (
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
+var floodHeap = flag.Int("flood-heap", 128, "TestLargeMessageFloodLeavesZooKeeperUp: ZooKeeper's heap in MiB")
+
+var floodUnguarded = flag.Bool("flood-unguarded", false,
+	"TestLargeMessageFloodLeavesZooKeeperUp without the data budget: measures where the flood kills ZooKeeper (the test then expects it to)")
+
 // The attack that once killed ZooKeeper: large messages published as fast
 // as a few producers can, against a ZooKeeper with a small heap. The data
 // budget refuses them, naming it, before ZooKeeper runs out of heap;
 // ZooKeeper stays up, the other queue keeps its messages and serves them,
 // and publishing resumes once the flood is purged. Without the budget the
 // 400 messages allowed here (200 MB) are seven times what kills this
-// ZooKeeper (measured: it ran out of heap after 57 accepted messages).
+// ZooKeeper (measured: it ran out of heap after 57 accepted messages;
+// go test ./broker -run TestLargeMessageFlood -v -flood-unguarded).
 func TestLargeMessageFloodLeavesZooKeeperUp(t *testing.T) {
 	zktest.Server(t) // skips without a ZooKeeper installation
-	const heapMB = 128
+	heapMB := *floodHeap
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	zks, err := zkserver.Start(ctx, zkserver.Config{HeapMB: heapMB})
 	cancel()
@@ -34,14 +41,16 @@ func TestLargeMessageFloodLeavesZooKeeperUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = zks.Close() })
-	b := startBroker(t, []string{zks.Addr()}, zktest.Root(t), func(c *broker.Config) {
-		c.ZKDataBudget = zkserver.DataBudget(heapMB)
-	})
+	budget := zkserver.DataBudget(heapMB)
+	if *floodUnguarded {
+		budget = -1
+	}
+	b := startBroker(t, []string{zks.Addr()}, zktest.Root(t), func(c *broker.Config) { c.ZKDataBudget = budget })
 	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "other"})
 	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "flood"})
 	publishN(t, b.client, "other", 100)
 
-	const producers, maxAttempts = 4, 400
+	producers, maxAttempts := 4, 400*heapMB/128
 	payload := make([]byte, 500<<10)
 	var (
 		mu       sync.Mutex
@@ -75,8 +84,18 @@ func TestLargeMessageFloodLeavesZooKeeperUp(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	if *floodUnguarded {
+		select {
+		case <-zks.Exited():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("without a budget ZooKeeper held %d messages of 500 KiB; the producers ended with %v", accepted, ends)
+		}
+		t.Logf("without a budget ZooKeeper (heap %d MiB) died after %d accepted messages of 500 KiB (%d MiB): %v",
+			heapMB, accepted, accepted/2, zks.ExitError())
+		return
+	}
 	t.Logf("%d of %d publishes of 500 KiB accepted (%d MiB) before the budget of %d MiB refused them",
-		accepted, attempts, accepted/2, zkserver.DataBudget(heapMB)>>20)
+		accepted, attempts, accepted/2, budget>>20)
 	if len(ends) != producers {
 		t.Fatalf("%d of %d producers were refused in %d attempts", len(ends), producers, attempts)
 	}
