@@ -34,12 +34,16 @@ const (
 	DataCharge = 2
 )
 
-// Budget refreshes: every dataInterval, each server asked within
-// dataTimeout. A read older than dataStale is no read at all.
+// Budget refreshes: every dataInterval while the broker publishes (it
+// admitted a publish within dataActive), else every dataIdleInterval, each
+// server asked within dataTimeout. A read older than dataStale is no read
+// at all.
 const (
-	dataInterval = time.Second
-	dataTimeout  = 2 * time.Second
-	dataStale    = 15 * time.Second
+	dataInterval     = time.Second
+	dataActive       = 10 * time.Second
+	dataIdleInterval = 10 * time.Second
+	dataTimeout      = 2 * time.Second
+	dataStale        = 15 * time.Second
 )
 
 // zkMemory tracks the estimate against the budget. The publish path only
@@ -57,10 +61,11 @@ type zkMemory struct {
 	log     *slog.Logger
 	gauge   func(float64) // the estimate, -1 while unknown
 
-	mu      sync.Mutex
-	used    int64     // the estimate at readAt
-	readAt  time.Time // zero: never read
-	pending int64     // bytes admitted since the read that set used began
+	mu       sync.Mutex
+	used     int64     // the estimate at readAt
+	readAt   time.Time // zero: never read
+	pending  int64     // bytes admitted since the read that set used began
+	admitted time.Time // the last admit
 }
 
 func newZKMemory(servers []string, budget int64, log *slog.Logger, gauge func(float64)) *zkMemory {
@@ -89,6 +94,7 @@ func (m *zkMemory) admit(n int64) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.admitted = time.Now()
 	if m.readAt.IsZero() || time.Since(m.readAt) > dataStale {
 		return nil // unknown: admitted (see zkMemory), warned by run
 	}
@@ -100,33 +106,39 @@ func (m *zkMemory) admit(n int64) error {
 	return nil
 }
 
-// run refreshes the estimate every dataInterval until ctx ends.
+// run refreshes the estimate until ctx ends: every dataInterval while
+// the broker publishes, every dataIdleInterval otherwise (an idle broker
+// keeps the estimate fresh enough for its next publish at a tenth of the
+// cost).
 func (m *zkMemory) run(ctx context.Context) {
 	if m.budget <= 0 {
 		return
 	}
 	t := time.NewTicker(dataInterval)
 	defer t.Stop()
-	var lastWarn time.Time
+	var lastWarn, lastRead time.Time
 	known := false
 	for {
-		err := m.refresh(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err == nil && !known:
-			known = true
-			if !lastWarn.IsZero() {
-				m.log.Info("ZooKeeper data size known again: the data budget is enforced", "budget_bytes", m.budget)
+		if m.due(lastRead) {
+			lastRead = time.Now()
+			err := m.refresh(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err == nil && !known:
+				known = true
+				if !lastWarn.IsZero() {
+					m.log.Info("ZooKeeper data size known again: the data budget is enforced", "budget_bytes", m.budget)
+				}
+			case err != nil && m.stale():
+				if known || time.Since(lastWarn) > time.Minute {
+					m.log.Warn("ZooKeeper data size unknown: publishes are admitted without the data budget until a server answers mntr",
+						"err", err, "servers", m.servers, "fix", "list mntr in each server's 4lw.commands.whitelist and let the brokers reach its client port")
+					lastWarn = time.Now()
+				}
+				known = false
+				m.gauge(-1)
 			}
-		case err != nil && m.stale():
-			if known || time.Since(lastWarn) > time.Minute {
-				m.log.Warn("ZooKeeper data size unknown: publishes are admitted without the data budget until a server answers mntr",
-					"err", err, "servers", m.servers, "fix", "list mntr in each server's 4lw.commands.whitelist and let the brokers reach its client port")
-				lastWarn = time.Now()
-			}
-			known = false
-			m.gauge(-1)
 		}
 		select {
 		case <-ctx.Done():
@@ -134,6 +146,14 @@ func (m *zkMemory) run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// due reports whether a refresh is due, the last having begun at last.
+func (m *zkMemory) due(last time.Time) bool {
+	m.mu.Lock()
+	active := time.Since(m.admitted) < dataActive
+	m.mu.Unlock()
+	return active || time.Since(last) >= dataIdleInterval-dataInterval/2
 }
 
 func (m *zkMemory) stale() bool {
