@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -18,6 +19,8 @@ const (
 	minVisibility  = 100 * time.Millisecond
 	maxVisibility  = 12 * time.Hour
 	maxSyncMembers = 1000
+	// maxQuota keeps a quota within int64 (and any int).
+	maxQuota = 1 << 62
 )
 
 // CreateQueue implements pb.QueueServer.
@@ -40,9 +43,13 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	if req.GetMaxDepth() > maxQuota || req.GetMaxBytes() > maxQuota {
+		return nil, b.fail(invalidf("max_depth %d or max_bytes %d over %d", req.GetMaxDepth(), req.GetMaxBytes(), uint64(maxQuota)))
+	}
 	s := zkqueue.Spec{
 		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
+		MaxDepth: int(req.GetMaxDepth()), MaxBytes: int64(req.GetMaxBytes()),
 		Created: time.Now().UTC().Truncate(time.Millisecond),
 	}
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
@@ -51,6 +58,14 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	}
 	if err != nil {
 		return nil, b.fail(err)
+	}
+	if s.MaxBytes > 0 {
+		// ZooKeeper counts the queue's bytes from now on (quota.go). A
+		// failure fails the call; repeating it sets them up (a publish
+		// would too).
+		if err := zkutil.EnsureQuota(b.conn, b.catalog.Path(req.GetName()), b.acl); err != nil {
+			return nil, b.fail(err)
+		}
 	}
 	return queueInfo(req.GetName(), s), nil
 }
@@ -120,6 +135,13 @@ func (b *Broker) DeleteQueue(ctx context.Context, req *pb.DeleteQueueRequest) (*
 	b.evict(req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
+	}
+	// The queue's byte counting, if it had a max_bytes, goes with it; one
+	// left behind (a failure here) costs ZooKeeper a little bookkeeping
+	// per write under the path, and serves a queue created again under
+	// the name.
+	if err := zkutil.RemoveQuota(b.conn, b.catalog.Path(req.GetName())); err != nil {
+		b.log.Warn("queue deleted, its quota statistics not", "queue", req.GetName(), "err", err)
 	}
 	return &pb.DeleteQueueResponse{}, nil
 }

@@ -70,11 +70,17 @@ type Config struct {
 	MaxPayload    int
 	MaxBatchBytes int
 	MaxBatchCount int
-	// MaxDepth bounds a queue's ready messages (default 100,000):
-	// getChildren answers in one packet, and the broker's client accepts
-	// 4 MiB, so a deeper queue could not be read. Publishing beyond it
-	// fails with ResourceExhausted.
+	// MaxDepth, when set, bounds every queue's ready messages: publishing
+	// beyond it fails with ResourceExhausted. Default 0: no bound but a
+	// queue's own quota (CreateQueue's max_depth) and ZKDataBudget.
 	MaxDepth int
+	// ZKDataBudget bounds what ZooKeeper holds, in bytes of estimated heap
+	// (see zkMemory: DataCharge times its approximate data size plus
+	// NodeCharge per znode, from mntr): publishing beyond it fails with ResourceExhausted, so
+	// that ZooKeeper never runs out of heap. Default DefaultZKDataBudget,
+	// which fits a ZooKeeper heap of 1 GiB (zkserver.DataBudget);
+	// negative: no budget.
+	ZKDataBudget int64
 	// MaxQueues bounds the number of queues (default 10,000, at most
 	// 20,000: the list of queues is read in one packet of at most 4 MiB).
 	// CreateQueue beyond it fails with ResourceExhausted; concurrent
@@ -205,11 +211,11 @@ func (c *Config) setStoreDefaults() error {
 	if c.DefaultVisibility < minVisibility || c.DefaultVisibility > maxVisibility {
 		return fmt.Errorf("broker: DefaultVisibility %v out of range [%v, %v]", c.DefaultVisibility, minVisibility, maxVisibility)
 	}
-	if c.MaxDepth == 0 {
-		c.MaxDepth = 100_000
+	if c.MaxDepth < 0 {
+		return fmt.Errorf("broker: MaxDepth %d: want 0 (none) or more", c.MaxDepth)
 	}
-	if c.MaxDepth < 1 || c.MaxDepth > 120_000 {
-		return fmt.Errorf("broker: MaxDepth %d out of range [1, 120000]", c.MaxDepth)
+	if c.ZKDataBudget == 0 {
+		c.ZKDataBudget = DefaultZKDataBudget
 	}
 	if c.MaxQueues == 0 {
 		c.MaxQueues = 10_000
@@ -300,6 +306,11 @@ func (c *Config) maxRequest() int {
 	return max(c.MaxPayload, c.MaxBatchBytes) + requestSlack
 }
 
+// DefaultZKDataBudget is ZKDataBudget's default: a quarter of the 1 GiB
+// heap that ZooKeeper's own scripts give a server (zkEnv.sh, 1000 MB) and
+// that qbroker dev gives its ZooKeeper (zkserver.DataBudget).
+const DefaultZKDataBudget = 256 << 20
+
 // maxMaxQueues keeps the list of queues (names up to 200 bytes, 4 bytes
 // of framing each) within the 4 MiB the broker's ZooKeeper client reads.
 const maxMaxQueues = 20_000
@@ -322,6 +333,7 @@ type Broker struct {
 	catalog *zkqueue.Catalog   // the queues: create, delete, list, metadata
 	batcher *zkqueue.Committer // group commit of all queues' writes
 	recent  *zkqueue.Budget    // all queues' memory of messages published here
+	zkmem   *zkMemory          // ZooKeeper's data against ZKDataBudget
 	metrics *metrics
 	health  *health.Server
 	events  events.Sink
@@ -442,8 +454,10 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("broker: token key: %w", err)
 	}
 	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
-	b.wg.Add(4)
+	b.zkmem = newZKMemory(cfg.ZooKeeper, cfg.ZKDataBudget, b.log, b.metrics.zkData.Set)
+	b.wg.Add(5)
 	go func() { defer b.wg.Done(); b.keeper.Run(b.ctx) }()
+	go func() { defer b.wg.Done(); b.zkmem.run(b.ctx) }()
 	go b.runSessionWatch()
 	go b.runMembership()
 	go b.runStats()

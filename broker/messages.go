@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -78,14 +77,8 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		}
 		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p}
 	}
-	// Past MaxDepth a getChildren answer would no longer fit in one
-	// packet.
-	depth, err := q.depth(ctx)
-	if err != nil {
-		return nil, b.fail(err)
-	}
-	if depth+len(msgs) > b.cfg.MaxDepth {
-		return nil, b.fail(fmt.Errorf("%w: queue %s holds %d messages, at most %d", errLimit, q.name, depth, b.cfg.MaxDepth))
+	if err := b.admit(ctx, q, drafts); err != nil {
+		return nil, b.fail(b.gone(q, err))
 	}
 	var ids []string
 	if len(msgs) == 1 {

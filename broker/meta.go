@@ -48,5 +48,7 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		MaxDeliveries:     uint32(s.MaxDeliveries),
 		DeadLetter:        s.DeadLetter,
 		CreatedAt:         timestamppb.New(s.Created),
+		MaxDepth:          uint64(s.MaxDepth),
+		MaxBytes:          uint64(s.MaxBytes),
 	}
 }

@@ -32,6 +32,7 @@ type metrics struct {
 	zkDuration   *prometheus.HistogramVec
 	sessionState prometheus.Gauge
 	reconnects   prometheus.Counter
+	zkData       prometheus.Gauge
 	depth        *prometheus.GaugeVec
 	inFlight     *prometheus.GaugeVec
 	oldestAge    *prometheus.GaugeVec
@@ -84,6 +85,8 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 			Help: "1 while the broker has a ZooKeeper session, 0 otherwise."}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "qbroker_zk_reconnects_total",
 			Help: "ZooKeeper sessions (re)established after the first."}),
+		zkData: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_zk_data_bytes",
+			Help: "ZooKeeper's data as the data budget counts it (approximate data size plus a charge per znode, the largest of the ensemble's servers); -1 while unknown."}),
 		depth:     gv("qbroker_queue_depth", "Ready messages (refreshed periodically for queues this broker serves)."),
 		inFlight:  gv("qbroker_queue_in_flight", "Leased (unacknowledged) messages."),
 		oldestAge: gv("qbroker_queue_oldest_age_seconds", "Age of the oldest ready message."),
@@ -123,7 +126,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Always 1; the labels describe the build.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
-		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.depth, m.inFlight,
+		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.depth, m.inFlight,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
 		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes} {
 		reg.MustRegister(c)

@@ -38,6 +38,10 @@ type queue struct {
 	depthN    int       // ready messages at depthRead
 	depthRead time.Time // when depthN was read
 
+	dataMu   sync.Mutex
+	dataN    int64     // data bytes under the queue's node at dataRead (quota.go)
+	dataRead time.Time // when dataN was read
+
 	consumers *zkqueue.ConsumerGroup // the Consume streams on all brokers: registrations, rank
 }
 
@@ -49,8 +53,7 @@ func (q *queue) published(n int) {
 }
 
 // depthTTL is how long a read queue depth serves publishes. The limit is
-// thereby approximate by what a queue takes in that time, far below the
-// margin between MaxDepth's ceiling and what a getChildren answer holds.
+// thereby approximate by what a queue takes in that time.
 const depthTTL = 100 * time.Millisecond
 
 // depth returns the queue's ready messages, read from the parent's Stat at

@@ -175,6 +175,7 @@ func TestSweepOfIdleQueues(t *testing.T) {
 		c.SweepInterval = sweep
 		c.StatsInterval = time.Hour
 		c.Registerer = reg
+		c.ZKDataBudget = -1 // the proxy carries ZooKeeper's protocol, not the budget's mntr
 	})
 	const queues = 50
 	for i := 0; i < queues; i++ {
@@ -275,6 +276,7 @@ func TestIdleQueuesCost(t *testing.T) {
 	b := startBroker(t, []string{proxy.addr()}, zktest.Root(t), func(c *broker.Config) {
 		c.SweepInterval = time.Second
 		c.Registerer = reg
+		c.ZKDataBudget = -1 // the proxy carries ZooKeeper's protocol, not the budget's mntr
 	})
 	const queues = 10_000
 	start := time.Now()

@@ -35,15 +35,18 @@ type Config struct {
 	Messages       int `json:"messages"`
 	// Backlog, when set, publishes that many messages before any
 	// consumer starts, then measures how fast the consumers drain them.
-	Backlog     int                  `json:"backlog,omitempty"`
-	Duration    time.Duration        `json:"-"`
-	Payload     int                  `json:"payload_bytes"`
-	Kind        qbroker.QueueKind    `json:"kind"`
-	PriorityMix []PriorityShare      `json:"priority_mix,omitempty"`
-	Mode        qbroker.DeliveryMode `json:"mode"`
-	NackRate    float64              `json:"nack_rate"`
-	Batch       int                  `json:"batch"`
-	Rate        float64              `json:"rate"`
+	Backlog int `json:"backlog,omitempty"`
+	// CompareShallow, with Backlog, runs the same messages again with the
+	// consumers subscribed first, and reports the two side by side.
+	CompareShallow bool                 `json:"compare_shallow,omitempty"`
+	Duration       time.Duration        `json:"-"`
+	Payload        int                  `json:"payload_bytes"`
+	Kind           qbroker.QueueKind    `json:"kind"`
+	PriorityMix    []PriorityShare      `json:"priority_mix,omitempty"`
+	Mode           qbroker.DeliveryMode `json:"mode"`
+	NackRate       float64              `json:"nack_rate"`
+	Batch          int                  `json:"batch"`
+	Rate           float64              `json:"rate"`
 	// RateOfRaw, when set, runs the raw baseline first and sets Rate to
 	// this fraction of its throughput: latency at a load relative to the
 	// ceiling measured in the same run.
@@ -142,7 +145,8 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.IntVar(&c.Consumers, "consumers", 64, "consumers (one Consume stream each)")
 	fs.IntVar(&c.ConnsPerBroker, "conns-per-broker", 1, "client connections per broker, shared round-robin by producers and consumers; 0: one per producer or consumer")
 	fs.IntVar(&c.Messages, "messages", 0, "messages to publish in all (0: until --duration)")
-	fs.IntVar(&c.Backlog, "backlog", 0, "publish this many messages before the consumers start, then measure the drain (sets --messages; excludes --duration, --rate)")
+	fs.IntVar(&c.Backlog, "backlog", 0, "publish this many messages before the consumers start, then measure the drain (sets --messages; excludes --duration, --rate); with --spawn-brokers also the first delivery of a broker started on the backlog and the brokers' peak RSS")
+	fs.BoolVar(&c.CompareShallow, "compare-shallow", false, "with --backlog: then run the same messages with the consumers subscribed first (a shallow queue) and report both")
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long producers publish (0 with --messages: until all are published)")
 	fs.IntVar(&c.Payload, "payload", 100, fmt.Sprintf("payload bytes (at least %d, the load test's header)", headerLen))
 	fs.StringVar(&f.kind, "kind", "fifo", "queue kind: fifo or priority")
@@ -181,6 +185,8 @@ func (c *Config) complete(f *pendingFlags, set map[string]bool) error {
 			return fmt.Errorf("%w: --backlog excludes --messages, --duration, --rate and --rate-of-raw", errUsage)
 		}
 		c.Messages, c.Duration = c.Backlog, 0
+	} else if c.CompareShallow {
+		return fmt.Errorf("%w: --compare-shallow needs --backlog", errUsage)
 	}
 	c.Progress = !f.noProgress
 	c.Brokers = splitList(f.brokers)

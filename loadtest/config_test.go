@@ -181,6 +181,7 @@ var badFlags = []parseFlagsCase{
 	{name: "backlog and duration", args: []string{"--spawn-brokers", "1", "--backlog", "10", "--duration", "5s"}, wantErr: "--backlog excludes"},
 	{name: "backlog and rate", args: []string{"--spawn-brokers", "1", "--backlog", "10", "--rate", "100"}, wantErr: "--backlog excludes"},
 	{name: "negative backlog", args: []string{"--spawn-brokers", "1", "--backlog", "-1"}, wantErr: "--backlog must not be negative"},
+	{name: "shallow comparison without a backlog", args: []string{"--spawn-brokers", "1", "--compare-shallow"}, wantErr: "--compare-shallow needs --backlog"},
 	{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
 }
 

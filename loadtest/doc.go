@@ -39,6 +39,12 @@
 // the consumers and measures how fast they drain the queue: the delivered
 // (acked) rate is over the drain alone, and end-to-end latency includes
 // the time a message waited in the backlog.
+// With spawned brokers it also starts one more broker process once the
+// backlog is published and times its first delivery (a message received
+// at least once and nacked back), and reads the brokers' peak RSS (VmHWM)
+// at the end of the drain. --compare-shallow then runs the same N messages
+// with the consumers subscribed first; the report shows the deep and the
+// shallow publish and consume rates side by side (deep.go).
 //
 // A payload carries its producer, sequence number and send time (in open
 // loop the time it was due, so end-to-end latency includes any publishing

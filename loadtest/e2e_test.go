@@ -59,7 +59,7 @@ func TestEndToEnd(t *testing.T) {
 		baselines []string
 		rateOfRaw float64       // open loop relative to raw, which then runs first
 		warmup    time.Duration // checked, not reported
-		backlog   bool          // the 3000 messages published before the consumers start
+		backlog   bool          // the 3000 messages published before the consumers start, then a shallow run of them
 	}{
 		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive, baselineCreate}, rateOfRaw: 0.2},
 		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond},
@@ -82,7 +82,7 @@ func TestEndToEnd(t *testing.T) {
 				HTMLPath: filepath.Join(dir, tt.name+".html"),
 			}
 			if tt.backlog {
-				cfg.Backlog = cfg.Messages
+				cfg.Backlog, cfg.CompareShallow = cfg.Messages, true
 			}
 			var stdout, stderr bytes.Buffer
 			if code := runOn(ctx, cfg, topo, &stdout, &stderr); code != 0 {
@@ -138,6 +138,7 @@ type jsonReport struct {
 		ZooKeeperPer1k float64 `json:"zookeeper_seconds_per_1k"`
 	} `json:"cpu"`
 	Baselines []BaselineResult `json:"baselines"`
+	Deep      *DeepReport      `json:"deep"`
 	Ratios    map[string]float64
 	Timeline  []TimelinePoint `json:"timeline"`
 }
@@ -180,6 +181,17 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	}
 	if cfg.Backlog > 0 && (r.DrainSeconds <= 0 || r.PublishSeconds+r.DrainSeconds > r.Seconds*1.01) {
 		t.Errorf("backlog: published in %vs, drained in %vs, run %vs", r.PublishSeconds, r.DrainSeconds, r.Seconds)
+	}
+	if cfg.Backlog > 0 {
+		d := r.Deep
+		if d == nil || d.Messages != 3000 || d.PublishPerSec <= 0 || d.ConsumePerSec <= 0 || d.PeakRSSBytes < 1<<20 {
+			t.Errorf("deep figures: %+v", d)
+		} else if d.Shallow == nil || !d.Shallow.OK || d.Shallow.ConsumePerSec <= 0 || d.ConsumeRatio <= 0 ||
+			d.Cold == nil || d.Cold.StartSeconds <= 0 || d.Cold.FirstDeliverySeconds <= 0 {
+			t.Errorf("deep figures: shallow %+v, ratio %v, cold %+v", d.Shallow, d.ConsumeRatio, d.Cold)
+		}
+	} else if r.Deep != nil {
+		t.Errorf("deep figures without a backlog: %+v", r.Deep)
 	}
 	if cfg.Mode == qbroker.AtLeastOnce && v.Acked != 3000 {
 		t.Errorf("at least once: %d acked, want 3000", v.Acked)

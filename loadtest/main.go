@@ -143,13 +143,26 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 			failures = append(failures, err.Error())
 		}
 	}
-	in, scrapeFailures, err := measureWorkload(ctx, &cfg, topo, pool, progress)
+	var hooks workloadHooks
+	var cold *ColdStart
+	if cfg.Backlog > 0 && topo.Spawned {
+		hooks.beforeDrain = func(ctx context.Context) {
+			var err error
+			if cold, err = coldProbe(ctx, &cfg, topo, opts); err != nil {
+				failures = append(failures, err.Error())
+			}
+		}
+	}
+	in, scrapeFailures, err := measureWorkload(ctx, &cfg, topo, pool, progress, hooks)
 	if err != nil {
 		return nil, err
 	}
 	in.Started = started
 	failures = append(failures, scrapeFailures...)
 	failures = append(failures, topo.exited()...)
+	if cfg.Backlog > 0 && !in.Workload.Interrupted {
+		in.Deep, failures = deepFigures(ctx, cfg, topo, pool, progress, in.Workload, cold, failures)
+	}
 	deleteQueue()
 
 	in.Baselines = first
@@ -190,7 +203,7 @@ func rawBaselineFirst(ctx context.Context, cfg *Config, topo *Topology, progress
 // and the spawned processes' CPU read before and after it. It returns the
 // report's input so far and the scrapes that failed; an error only when
 // the workload could not run.
-func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *connPool, progress io.Writer) (reportInput, []string, error) {
+func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *connPool, progress io.Writer, hooks workloadHooks) (reportInput, []string, error) {
 	var failures []string
 	var before, after brokerCounters
 	var err error
@@ -202,7 +215,7 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 		}
 	}
 	cpu0, cpuOK := topo.cpu()
-	w, err := runWorkload(ctx, cfg, pool, progress)
+	w, err := runWorkload(ctx, cfg, pool, progress, hooks)
 	if err != nil {
 		return reportInput{}, nil, err
 	}
@@ -259,7 +272,7 @@ func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.
 // caches) and warm brokers. It returns what went wrong, if anything.
 func warmup(ctx context.Context, cfg Config, pool *connPool, progress io.Writer) error {
 	cfg.Duration, cfg.Messages = cfg.Warmup, 0
-	w, err := runWorkload(ctx, &cfg, pool, progress)
+	w, err := runWorkload(ctx, &cfg, pool, progress, workloadHooks{})
 	if err != nil {
 		return fmt.Errorf("warmup: %w", err)
 	}
@@ -268,4 +281,37 @@ func warmup(ctx context.Context, cfg Config, pool *connPool, progress io.Writer)
 			w.Verdict.Lost, w.Verdict.Duplicates, w.Verdict.OrderViolations, strings.Join(append(w.Verdict.Problems, w.Problems...), "; "))
 	}
 	return nil
+}
+
+// deepFigures completes a backlog run w: the spawned brokers' peak memory
+// so far (the deep run's), then, with --compare-shallow, the shallow run
+// of the same messages. It returns the figures and failures with those of
+// the shallow run added.
+func deepFigures(ctx context.Context, cfg Config, topo *Topology, pool *connPool, progress io.Writer,
+	w *workloadResult, cold *ColdStart, failures []string) (*DeepReport, []string) {
+	delivered := w.Verdict.Delivered
+	if cfg.Mode == qbroker.AtLeastOnce {
+		delivered = w.Verdict.Acked
+	}
+	d := deepReport(cfg, w, delivered)
+	d.Cold = cold
+	if topo.Spawned {
+		rss, err := topo.peakRSS()
+		if err != nil {
+			failures = append(failures, fmt.Sprintf("brokers' peak RSS: %v", err))
+		}
+		d.PeakRSSBytes = rss
+	}
+	if cfg.CompareShallow && ctx.Err() == nil {
+		s, err := shallowRun(ctx, cfg, pool, progress)
+		if err != nil {
+			return d, append(failures, err.Error())
+		}
+		d.Shallow = s
+		if s.ConsumePerSec > 0 {
+			d.ConsumeRatio = d.ConsumePerSec / s.ConsumePerSec
+		}
+		failures = append(failures, s.Failures...)
+	}
+	return d, failures
 }

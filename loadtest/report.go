@@ -40,8 +40,10 @@ type Report struct {
 	CPU          *CPUStats        `json:"cpu,omitempty"`
 	Baselines    []BaselineResult `json:"baselines,omitempty"`
 	// Ratios: qbroker's delivered/s divided by each baseline's rate.
-	Ratios   map[string]float64 `json:"ratios,omitempty"`
-	Timeline []TimelinePoint    `json:"timeline"`
+	Ratios map[string]float64 `json:"ratios,omitempty"`
+	// Deep: with a backlog, the deep queue's figures (deep.go).
+	Deep     *DeepReport     `json:"deep,omitempty"`
+	Timeline []TimelinePoint `json:"timeline"`
 }
 
 const reportVersion = 1
@@ -121,7 +123,8 @@ type reportInput struct {
 	Counters  *brokerCounters // broker counters' delta; nil when not scraped
 	CPU       *cpuSample      // spawned processes' CPU delta; nil when unknown
 	Baselines []BaselineResult
-	Failures  []string // run-level failures (setup, scrape, baselines)
+	Deep      *DeepReport // with a backlog
+	Failures  []string    // run-level failures (setup, scrape, baselines)
 }
 
 // buildReport assembles a report. It does no I/O.
@@ -141,6 +144,7 @@ func buildReport(in reportInput) *Report {
 		Check:          w.Verdict,
 		Baselines:      in.Baselines,
 		Timeline:       w.Timeline,
+		Deep:           in.Deep,
 	}
 	delivered := w.Verdict.Delivered
 	if c.Mode == qbroker.AtLeastOnce {
@@ -254,6 +258,9 @@ func writeSummary(out io.Writer, r *Report) {
 	} else {
 		fmt.Fprintf(&b, "throughput   published %d in %.1fs = %.0f msg/s; delivered %d in %.1fs = %.0f msg/s\n",
 			t.Published, r.PublishSeconds, t.PublishedPerSec, t.Delivered, r.Seconds, t.DeliveredPerSec)
+	}
+	if r.Deep != nil {
+		writeDeep(&b, r.Deep)
 	}
 	writeLatency(&b, "publish call", r.Latency.Publish)
 	writeLatency(&b, "end to end", r.Latency.EndToEnd)

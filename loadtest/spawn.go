@@ -33,6 +33,8 @@ type Topology struct {
 	zk      *zkserver.Server
 	procs   []*brokerProc
 	tmp     string
+	bin     string   // the qbroker binary of spawned brokers
+	extra   []string // their security flags (--spawn-secure)
 	stopped sync.Once
 }
 
@@ -42,6 +44,12 @@ type brokerProc struct {
 	done    chan struct{} // closed when cmd has been waited for
 	logPath string
 }
+
+// spawnZKHeapMB is the spawned ZooKeeper's heap, and the spawned brokers'
+// data budget is what it holds (zkserver.DataBudget: 768 MiB): enough for
+// a backlog of 1,000,000 messages of 100 B (an estimate of 628 MB). The
+// heap grows only as it is used.
+const spawnZKHeapMB = 3072
 
 // externalTopology is a topology of brokers started by someone else.
 func externalTopology(c Config) *Topology {
@@ -77,21 +85,21 @@ func spawnTopology(ctx context.Context, n int, bin string, secure bool) (_ *Topo
 		return nil, err
 	}
 	defer zkLog.Close() // the child has its own descriptor
-	t.zk, err = zkserver.Start(ctx, zkserver.Config{Dir: filepath.Join(tmp, "zk"), HeapMB: 512, Stdout: zkLog})
+	t.bin = bin
+	t.zk, err = zkserver.Start(ctx, zkserver.Config{Dir: filepath.Join(tmp, "zk"), HeapMB: spawnZKHeapMB, Stdout: zkLog})
 	if err != nil {
 		return nil, err
 	}
 	t.ZooKeeper = t.zk.Addr()
-	var extra []string
 	if secure {
 		var sec Security
-		if extra, sec, err = secureFiles(filepath.Join(tmp, "security")); err != nil {
+		if t.extra, sec, err = secureFiles(filepath.Join(tmp, "security")); err != nil {
 			return nil, err
 		}
 		t.Security = &sec
 	}
 	for i := range n {
-		p, grpcAddr, metricsAddr, err := startBroker(tmp, bin, t.ZooKeeper, i, extra...)
+		p, grpcAddr, metricsAddr, err := startBroker(tmp, bin, t.ZooKeeper, i, t.extra...)
 		if err != nil {
 			return nil, err
 		}
@@ -175,6 +183,7 @@ func startBroker(tmp, bin, zkAddr string, i int, extra ...string) (*brokerProc, 
 		"--zk", zkAddr, "--root", "/qbroker-loadtest",
 		"--listen", grpcAddr, "--metrics-listen", metricsAddr,
 		"--id", "loadtest-" + strconv.Itoa(i), "--log-level", "warn",
+		"--zk-data-budget", strconv.FormatInt(zkserver.DataBudget(spawnZKHeapMB)>>20, 10),
 		"--shutdown-timeout", "3s"}, extra...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = cleanEnv()

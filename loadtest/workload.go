@@ -53,7 +53,7 @@ type shared struct {
 // (acked at least once) or cfg.DrainTimeout passes, closes the consumers
 // and checks that the queue is empty. Every goroutine it starts has ended
 // when it returns.
-func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.Writer) (*workloadResult, error) {
+func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.Writer, hooks workloadHooks) (*workloadResult, error) {
 	ackMode := cfg.Mode == qbroker.AtLeastOnce
 	live := &liveCounters{}
 	sh := &shared{cfg: cfg, checker: NewChecker(cfg.Producers, ackMode), live: live, errs: newErrorCounts(live)}
@@ -86,6 +86,11 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	res.PublishEnd = time.Now()
 	phase.Store("drain")
 	if cfg.Backlog > 0 {
+		if hooks.beforeDrain != nil && ctx.Err() == nil {
+			phase.Store("cold broker")
+			hooks.beforeDrain(ctx)
+			phase.Store("drain")
+		}
 		res.DrainStart = time.Now()
 		if consumers, err = startConsumers(ctx, sh, pool); err != nil {
 			stopSampler()
@@ -103,6 +108,13 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	stopSampler()
 	<-s.done
 	return finishWorkload(ctx, cfg, pool, sh, res, producers, consumers, s), nil
+}
+
+// workloadHooks are what a run does besides publishing and consuming.
+type workloadHooks struct {
+	// beforeDrain, with a backlog, runs once every message is published,
+	// before the consumers start.
+	beforeDrain func(context.Context)
 }
 
 // runProducers runs the producers until their quota or deadline and

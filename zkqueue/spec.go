@@ -31,8 +31,14 @@ type Spec struct {
 	Visibility    time.Duration // a lease's default duration; stored in milliseconds
 	MaxDeliveries int           // 0: unbounded
 	DeadLetter    bool          // past MaxDeliveries: dead letter, not dropped
-	Created       time.Time
-	Deleting      bool
+	// MaxDepth and MaxBytes are the queue's quotas: the most ready
+	// messages, and the most bytes of message data under its items
+	// parent; 0 means none. The engine stores them; whoever publishes
+	// enforces them (the broker does).
+	MaxDepth int
+	MaxBytes int64
+	Created  time.Time
+	Deleting bool
 }
 
 // specVersion is the version of the encoding; decoders reject the
@@ -47,6 +53,8 @@ type specJSON struct {
 	VisibilityMS  int64     `json:"visibility_ms"`
 	MaxDeliveries int       `json:"max_deliveries,omitempty"`
 	DeadLetter    bool      `json:"dead_letter,omitempty"`
+	MaxDepth      int       `json:"max_depth,omitempty"`
+	MaxBytes      int64     `json:"max_bytes,omitempty"`
 	Created       time.Time `json:"created"`
 	Deleting      bool      `json:"deleting,omitempty"`
 }
@@ -68,6 +76,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: sync members are for %s queues only", ErrBadSpec, KindSync)
 	case s.Visibility < 0 || s.MaxDeliveries < 0:
 		return fmt.Errorf("%w: negative visibility or max deliveries", ErrBadSpec)
+	case s.MaxDepth < 0 || s.MaxBytes < 0:
+		return fmt.Errorf("%w: negative max depth or max bytes", ErrBadSpec)
 	case s.Deleting:
 		return fmt.Errorf("%w: a new queue cannot be marked deleting", ErrBadSpec)
 	}
@@ -84,7 +94,7 @@ func (s Spec) sameConfig(o Spec) bool {
 func (s Spec) Encode() ([]byte, error) {
 	return json.Marshal(specJSON{V: specVersion, Kind: s.Kind, SyncMembers: s.SyncMembers,
 		VisibilityMS: s.Visibility.Milliseconds(), MaxDeliveries: s.MaxDeliveries,
-		DeadLetter: s.DeadLetter, Created: s.Created, Deleting: s.Deleting})
+		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, Created: s.Created, Deleting: s.Deleting})
 }
 
 // DecodeSpec parses a stored spec. A spec marked Deleting decodes whatever
@@ -96,7 +106,8 @@ func DecodeSpec(data []byte) (Spec, error) {
 	var j specJSON
 	err := json.Unmarshal(data, &j)
 	s := Spec{Kind: j.Kind, SyncMembers: j.SyncMembers, Visibility: time.Duration(j.VisibilityMS) * time.Millisecond,
-		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, Created: j.Created, Deleting: j.Deleting}
+		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, MaxDepth: j.MaxDepth, MaxBytes: j.MaxBytes,
+		Created: j.Created, Deleting: j.Deleting}
 	switch {
 	case err != nil:
 		return s, fmt.Errorf("queue metadata: %w", err)

@@ -206,7 +206,16 @@ type CreateQueueRequest struct {
 	// dead_letter is false); 0 means unlimited.
 	MaxDeliveries uint32 `protobuf:"varint,5,opt,name=max_deliveries,json=maxDeliveries,proto3" json:"max_deliveries,omitempty"`
 	// Keep messages that exceed max_deliveries in the dead-letter list.
-	DeadLetter    bool `protobuf:"varint,6,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
+	DeadLetter bool `protobuf:"varint,6,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
+	// Quota: the most ready messages; publishing beyond fails with
+	// RESOURCE_EXHAUSTED. 0 means none (the broker's --max-depth, when set,
+	// applies to every queue).
+	MaxDepth uint64 `protobuf:"varint,7,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
+	// Quota: the most bytes of message data the queue holds in ZooKeeper
+	// (payloads of ready, leased and dead-lettered messages, plus a few
+	// bytes of bookkeeping per message); publishing beyond fails with
+	// RESOURCE_EXHAUSTED. 0 means none.
+	MaxBytes      uint64 `protobuf:"varint,8,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -283,6 +292,20 @@ func (x *CreateQueueRequest) GetDeadLetter() bool {
 	return false
 }
 
+func (x *CreateQueueRequest) GetMaxDepth() uint64 {
+	if x != nil {
+		return x.MaxDepth
+	}
+	return 0
+}
+
+func (x *CreateQueueRequest) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
 // QueueInfo is a queue's configuration.
 type QueueInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -299,7 +322,10 @@ type QueueInfo struct {
 	// Whether messages past max_deliveries are kept as dead letters.
 	DeadLetter bool `protobuf:"varint,6,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
 	// When the queue was created.
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// The queue's quotas (see CreateQueueRequest); 0 means none.
+	MaxDepth      uint64 `protobuf:"varint,8,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
+	MaxBytes      uint64 `protobuf:"varint,9,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -381,6 +407,20 @@ func (x *QueueInfo) GetCreatedAt() *timestamppb.Timestamp {
 		return x.CreatedAt
 	}
 	return nil
+}
+
+func (x *QueueInfo) GetMaxDepth() uint64 {
+	if x != nil {
+		return x.MaxDepth
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetMaxBytes() uint64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
 }
 
 type GetQueueRequest struct {
@@ -2138,7 +2178,7 @@ var File_api_queue_proto protoreflect.FileDescriptor
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x88\x02\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x02\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2146,7 +2186,9 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x12visibility_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x11visibilityTimeout\x12%\n" +
 	"\x0emax_deliveries\x18\x05 \x01(\rR\rmaxDeliveries\x12\x1f\n" +
 	"\vdead_letter\x18\x06 \x01(\bR\n" +
-	"deadLetter\"\xba\x02\n" +
+	"deadLetter\x12\x1b\n" +
+	"\tmax_depth\x18\a \x01(\x04R\bmaxDepth\x12\x1b\n" +
+	"\tmax_bytes\x18\b \x01(\x04R\bmaxBytes\"\xf4\x02\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2156,7 +2198,9 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vdead_letter\x18\x06 \x01(\bR\n" +
 	"deadLetter\x129\n" +
 	"\n" +
-	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"%\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1b\n" +
+	"\tmax_depth\x18\b \x01(\x04R\bmaxDepth\x12\x1b\n" +
+	"\tmax_bytes\x18\t \x01(\x04R\bmaxBytes\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +

@@ -88,6 +88,13 @@ type QueueOptions struct {
 	MaxDeliveries int
 	// DeadLetter keeps messages past MaxDeliveries as dead letters.
 	DeadLetter bool
+	// MaxDepth is a quota: the most ready messages; publishing beyond it
+	// fails with ErrResourceExhausted. 0 means none.
+	MaxDepth int
+	// MaxBytes is a quota: the most bytes of message data the queue holds
+	// (ready, leased and dead-lettered payloads); publishing beyond it
+	// fails with ErrResourceExhausted. 0 means none.
+	MaxBytes int64
 }
 
 // QueueInfo is a queue's configuration.
@@ -98,6 +105,8 @@ type QueueInfo struct {
 	VisibilityTimeout time.Duration
 	MaxDeliveries     int
 	DeadLetter        bool
+	MaxDepth          int   // quota; 0 none
+	MaxBytes          int64 // quota; 0 none
 	CreatedAt         time.Time
 }
 
@@ -110,6 +119,8 @@ func infoFromPB(q *pb.QueueInfo) QueueInfo {
 		MaxDeliveries:     int(q.GetMaxDeliveries()),
 		DeadLetter:        q.GetDeadLetter(),
 		CreatedAt:         q.GetCreatedAt().AsTime(),
+		MaxDepth:          int(q.GetMaxDepth()),
+		MaxBytes:          int64(q.GetMaxBytes()),
 	}
 }
 
@@ -149,7 +160,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 	if err != nil {
 		return QueueInfo{}, err
 	}
-	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 {
+	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 || o.MaxDepth < 0 || o.MaxBytes < 0 {
 		return QueueInfo{}, fmt.Errorf("qbroker: create %s: negative option: %w", name, ErrInvalidArgument)
 	}
 	ctx, cancel := c.callCtx(ctx, 0)
@@ -161,6 +172,8 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		VisibilityTimeout: durationOrNil(o.VisibilityTimeout),
 		MaxDeliveries:     uint32(o.MaxDeliveries),
 		DeadLetter:        o.DeadLetter,
+		MaxDepth:          uint64(o.MaxDepth),
+		MaxBytes:          uint64(o.MaxBytes),
 	})
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("qbroker: create queue %s: %w", name, convErr(err))

@@ -169,7 +169,7 @@ Lists the queues with their configuration, sorted by name.`, std)
 
 func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tKIND\tMEMBERS\tVISIBILITY\tMAX-DELIVERIES\tDEAD-LETTER\tCREATED")
+	fmt.Fprintln(tw, "NAME\tKIND\tMEMBERS\tVISIBILITY\tMAX-DELIVERIES\tDEAD-LETTER\tMAX-DEPTH\tMAX-BYTES\tCREATED")
 	for _, q := range qs {
 		members := "-"
 		if q.Kind == qbroker.KindSync {
@@ -179,10 +179,18 @@ func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 		if q.MaxDeliveries > 0 {
 			maxDel = strconv.Itoa(q.MaxDeliveries)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\n", q.Name, q.Kind, members, q.VisibilityTimeout, maxDel,
-			q.DeadLetter, q.CreatedAt.Local().Format(time.DateTime))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\t%s\t%s\n", q.Name, q.Kind, members, q.VisibilityTimeout, maxDel,
+			q.DeadLetter, quota(q.MaxDepth), quota(q.MaxBytes), q.CreatedAt.Local().Format(time.DateTime))
 	}
 	tw.Flush()
+}
+
+// quota prints a quota, "-" when there is none.
+func quota[T int | int64](n T) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.FormatInt(int64(n), 10)
 }
 
 func runCreate(ctx context.Context, std stdio, args []string) error {
@@ -199,6 +207,8 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 	fs.DurationVar(&o.VisibilityTimeout, "visibility", 0, "lease of at-least-once deliveries; 0 means the broker's default (30s)")
 	fs.IntVar(&o.MaxDeliveries, "max-deliveries", 0, "deliveries after which a message is dead-lettered (or dropped); 0 means unlimited")
 	fs.BoolVar(&o.DeadLetter, "dead-letter", false, "keep messages past --max-deliveries as dead letters (see 'qbroker dlq')")
+	fs.IntVar(&o.MaxDepth, "max-depth", 0, "quota: most ready messages; publishing beyond fails; 0 means none")
+	fs.Int64Var(&o.MaxBytes, "max-bytes", 0, "quota: most bytes of message data the queue holds; publishing beyond fails; 0 means none")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err

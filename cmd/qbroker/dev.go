@@ -23,6 +23,7 @@ func init() {
 		o := serveFlags(fs)
 		dir := fs.String("zk-dir", "", "ZooKeeper data directory; default a temporary one, removed on exit")
 		secure := fs.String("secure-dir", "", "serve with TLS, client certificates and tokens from this directory, made on first use: a CA, certificates, a token for identity admin, a rules file")
+		heap := fs.Int("zk-heap", zkserver.DefaultHeapMB, "ZooKeeper's heap (-Xmx) in MiB; --zk-data-budget defaults to a quarter of it")
 		fs.Usage = func() {
 			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nZooKeeper's output goes to zookeeper.log in its data directory. Stopping\nqbroker stops ZooKeeper; ZooKeeper dying stops qbroker, with an error.\n\nUnless --zk-auth-file is given, the broker authenticates to ZooKeeper with a\ncredential generated in the data directory (qbroker-zk-auth) and closes its nodes.\n\nflags (as for serve; --zk is ignored):")
 			fs.PrintDefaults()
@@ -38,6 +39,12 @@ func init() {
 		if err := o.validate(); err != nil {
 			return err
 		}
+		if *heap < 64 {
+			return usageError{fmt.Errorf("--zk-heap %d: want at least 64 (MiB)", *heap)}
+		}
+		if !flagSet(fs, "zk-data-budget") && os.Getenv("QBROKER_ZK_DATA_BUDGET") == "" {
+			o.zkDataBudget = int(zkserver.DataBudget(*heap) >> 20)
+		}
 		log, err := newLogger(o.logFormat, o.logLevel)
 		if err != nil {
 			return err
@@ -45,12 +52,13 @@ func init() {
 		sctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		startCtx, cancel := context.WithTimeout(sctx, 60*time.Second)
-		zk, err := zkserver.Start(startCtx, zkserver.Config{Dir: *dir})
+		zk, err := zkserver.Start(startCtx, zkserver.Config{Dir: *dir, HeapMB: *heap})
 		cancel()
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "ZooKeeper running at %s (data in %s, log in %s)\n", zk.Addr(), zk.Dir(), zk.LogPath())
+		fmt.Fprintf(os.Stderr, "ZooKeeper running at %s (data in %s, log in %s; heap %d MiB, data budget %d MiB)\n",
+			zk.Addr(), zk.Dir(), zk.LogPath(), *heap, o.zkDataBudget)
 		o.zk = zk.Addr()
 		if o.zkAuth.file == "" {
 			// Closed by default: a credential of its own, kept with the
@@ -101,4 +109,11 @@ func devServe(ctx context.Context, o *serveOptions, zk *zkserver.Server, log *sl
 		return cause
 	}
 	return err
+}
+
+// flagSet reports whether the command line set the named flag.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -66,3 +66,13 @@ func TestDevReportsZooKeeperDeath(t *testing.T) {
 		t.Fatalf("no log tail printed:\n%s", stderr.String())
 	}
 }
+
+// dev refuses a ZooKeeper heap too small to start, before starting
+// anything, as a usage error naming the flag.
+func TestDevHeapFlag(t *testing.T) {
+	err := commands["dev"].run([]string{"--zk-heap", "16"})
+	var ue usageError
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "--zk-heap 16") {
+		t.Fatalf("got %v, want a usage error naming --zk-heap 16", err)
+	}
+}

@@ -61,6 +61,7 @@ type serveOptions struct {
 	maxBatchBytes  int
 	maxBatchCount  int
 	maxDepth       int
+	zkDataBudget   int
 	maxQueues      int
 	zkSessions     int
 	visibility     time.Duration
@@ -171,7 +172,8 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxPayload, "max-payload", e.int("MAX_PAYLOAD", 512<<10), fmt.Sprintf("largest message payload in bytes, at most %d ($QBROKER_MAX_PAYLOAD)", zkqueue.HardMaxPayload))
 	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", e.int("MAX_BATCH_BYTES", 0), "largest publish batch in bytes: the payloads plus about 160 bytes per message (its header and node path); 0 means 921600, or --max-payload when larger ($QBROKER_MAX_BATCH_BYTES)")
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", e.int("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
-	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
+	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 0), "most ready messages per queue, for every queue; publishing beyond fails with ResourceExhausted; 0: none but the queue's own max_depth ($QBROKER_MAX_DEPTH)")
+	fs.IntVar(&o.zkDataBudget, "zk-data-budget", e.int("ZK_DATA_BUDGET", broker.DefaultZKDataBudget>>20), "MiB of data ZooKeeper may hold (twice its approximate data size, from mntr, plus 384 bytes per znode); publishing beyond fails with ResourceExhausted; at most a quarter of ZooKeeper's heap (-Xmx); 0: no budget ($QBROKER_ZK_DATA_BUDGET)")
 	fs.IntVar(&o.maxQueues, "max-queues", e.int("MAX_QUEUES", 10_000), "most queues, at most 20000; creating beyond fails with ResourceExhausted ($QBROKER_MAX_QUEUES)")
 	fs.DurationVar(&o.visibility, "visibility-timeout", e.dur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
 	fs.DurationVar(&o.sweep, "sweep-interval", e.dur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
@@ -226,6 +228,7 @@ func (o *serveOptions) validate() error {
 	notNegative("max-batch-bytes", "MAX_BATCH_BYTES", o.maxBatchBytes)
 	notNegative("max-batch-count", "MAX_BATCH_COUNT", o.maxBatchCount)
 	notNegative("max-depth", "MAX_DEPTH", o.maxDepth)
+	notNegative("zk-data-budget", "ZK_DATA_BUDGET", o.zkDataBudget)
 	notNegative("zk-sessions", "ZK_SESSIONS", o.zkSessions)
 	notNegative("nats-max-payload", "NATS_MAX_PAYLOAD", o.nats.maxPayload)
 	notNegative("nats-buffer", "NATS_BUFFER", o.nats.buffer)
@@ -385,6 +388,7 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 		MaxBatchBytes:       o.maxBatchBytes,
 		MaxBatchCount:       o.maxBatchCount,
 		MaxDepth:            o.maxDepth,
+		ZKDataBudget:        budgetBytes(o.zkDataBudget),
 		MaxQueues:           o.maxQueues,
 		ZKSessions:          o.zkSessions,
 		DefaultVisibility:   o.visibility,
@@ -417,4 +421,13 @@ func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	return mux
+}
+
+// budgetBytes turns --zk-data-budget (MiB, 0 none) into
+// Config.ZKDataBudget (bytes, negative none).
+func budgetBytes(mib int) int64 {
+	if mib == 0 {
+		return -1
+	}
+	return int64(mib) << 20
 }

@@ -1,0 +1,110 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
+)
+
+// A publish passes three bounds before it is written, each refused with
+// ResourceExhausted (errLimit) and a message naming it:
+//   - the queue's depth quota: the smaller of its own max_depth and the
+//     broker's MaxDepth, whichever are set, against the ready messages
+//     (the engine's Len, read at most every depthTTL);
+//   - the queue's bytes quota (max_bytes), against the data bytes
+//     ZooKeeper counts under the queue's node (its quota statistics:
+//     one getData, read at most every depthTTL);
+//   - ZooKeeper's data budget (zkMemory), shared by all queues.
+// The quotas are approximate by what the queue takes in while a read is
+// cached (and by what other brokers publish meanwhile): they bound a
+// queue, not a message.
+
+// depthLimit returns the depth quota that applies to q and what sets it,
+// 0 when none does.
+func (b *Broker) depthLimit(q *queue) (int, string) {
+	own, broker := q.meta.MaxDepth, b.cfg.MaxDepth
+	switch {
+	case own > 0 && (broker == 0 || own <= broker):
+		return own, "the queue's max_depth"
+	case broker > 0:
+		return broker, "--max-depth"
+	}
+	return 0, ""
+}
+
+// admit checks the bounds of publishing drafts into q and charges the
+// data budget with them.
+func (b *Broker) admit(ctx context.Context, q *queue, drafts []zkqueue.Draft) error {
+	if limit, by := b.depthLimit(q); limit > 0 {
+		depth, err := q.depth(ctx)
+		if err != nil {
+			return err
+		}
+		if depth+len(drafts) > limit {
+			return fmt.Errorf("%w: queue %s holds %d ready messages, at most %d (%s)", errLimit, q.name, depth, limit, by)
+		}
+	}
+	var payload int64
+	for _, d := range drafts {
+		payload += int64(len(d.Payload))
+	}
+	if q.meta.MaxBytes > 0 {
+		held, err := q.dataBytes(ctx, b.conn, b.acl)
+		if err != nil {
+			return err
+		}
+		if held+payload > q.meta.MaxBytes {
+			return fmt.Errorf("%w: queue %s holds %d bytes of data, and this publish adds %d, over its max_bytes of %d",
+				errLimit, q.name, held, payload, q.meta.MaxBytes)
+		}
+	}
+	// What the estimate gains: the payloads with their headers and
+	// paths (MessageOverhead), and the per-node charge.
+	charge := DataCharge*(payload+int64(len(drafts)*q.items.MessageOverhead())) + int64(len(drafts))*NodeCharge
+	if err := b.zkmem.admit(charge); err != nil {
+		return err
+	}
+	if q.meta.MaxBytes > 0 {
+		q.addData(payload)
+	}
+	return nil
+}
+
+// dataBytes returns the data bytes ZooKeeper counts under the queue's
+// node, read at most every depthTTL, plus what this broker published
+// since. A queue without quota statistics (created by a broker that did
+// not set them up, or whose setup failed) gets them now.
+func (q *queue) dataBytes(ctx context.Context, conn *zk.Conn, acl []zk.ACL) (int64, error) {
+	q.dataMu.Lock()
+	defer q.dataMu.Unlock()
+	if time.Since(q.dataRead) < depthTTL {
+		return q.dataN, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	_, n, err := zkutil.QuotaStats(conn, q.path)
+	if errors.Is(err, zk.ErrNoNode) {
+		if err = zkutil.EnsureQuota(conn, q.path, acl); err == nil {
+			_, n, err = zkutil.QuotaStats(conn, q.path)
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	q.dataN, q.dataRead = n, time.Now()
+	return n, nil
+}
+
+// addData counts n bytes this broker published into the cached data size.
+func (q *queue) addData(n int64) {
+	q.dataMu.Lock()
+	q.dataN += n
+	q.dataMu.Unlock()
+}
