@@ -96,6 +96,7 @@
 //	qbroker_zk_reconnects_total                    counter
 //	qbroker_queue_depth{queue}                     gauge, refreshed every StatsInterval
 //	qbroker_queue_in_flight{queue}                 gauge
+//	qbroker_queue_dead{queue}                      gauge: dead letters
 //	qbroker_queue_oldest_age_seconds{queue}        gauge
 //	qbroker_consumers{queue}                       gauge: Consume streams on this broker
 //	qbroker_leader                                 gauge: 1 on the sweeping leader (with a session)
@@ -109,7 +110,8 @@
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //
-// The queue label takes at most Config.MaxQueueLabels distinct values;
+// A queue's counters appear at 0 when the broker first loads the queue,
+// so rate and increase count its first event. The queue label takes at most Config.MaxQueueLabels distinct values;
 // further queues share the label "_other".
 //
 // # Authentication and authorization

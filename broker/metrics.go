@@ -35,6 +35,7 @@ type metrics struct {
 	zkData       prometheus.Gauge
 	depth        *prometheus.GaugeVec
 	inFlight     *prometheus.GaugeVec
+	dead         *prometheus.GaugeVec
 	oldestAge    *prometheus.GaugeVec
 	consumers    *prometheus.GaugeVec
 	leader       prometheus.Gauge
@@ -89,6 +90,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 			Help: "ZooKeeper's data as the data budget counts it (approximate data size plus a charge per znode, the largest of the ensemble's servers); -1 while unknown."}),
 		depth:     gv("qbroker_queue_depth", "Ready messages (refreshed periodically for queues this broker serves)."),
 		inFlight:  gv("qbroker_queue_in_flight", "Leased (unacknowledged) messages."),
+		dead:      gv("qbroker_queue_dead", "Dead letters."),
 		oldestAge: gv("qbroker_queue_oldest_age_seconds", "Age of the oldest ready message."),
 		consumers: gv("qbroker_consumers", "Consume streams open on this broker."),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_leader",
@@ -126,12 +128,25 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Always 1; the labels describe the build.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
-		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.depth, m.inFlight,
+		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
 		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes} {
 		reg.MustRegister(c)
 	}
 	return m
+}
+
+// initQueue creates label's counters at 0, so that Prometheus's rate and
+// increase see a queue's first event (a series that appears at 1 has no
+// earlier sample to count from).
+func (m *metrics) initQueue(label string) {
+	for _, c := range []*prometheus.CounterVec{m.published, m.acked, m.nacked, m.redelivered,
+		m.deadLettered, m.conflicts, m.badNodes, m.expiredUnsent} {
+		c.WithLabelValues(label)
+	}
+	for _, mode := range []string{modeAtMostOnce, modeAtLeastOnce} {
+		m.delivered.WithLabelValues(label, mode)
+	}
 }
 
 // zkResult names a ZooKeeper request's outcome for the result label.

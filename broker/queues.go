@@ -130,6 +130,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	}
 	p := b.catalog.Path(name)
 	label := b.metrics.labels.get(name)
+	b.metrics.initQueue(label)
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
 	bad := b.metrics.badNodes.WithLabelValues(label)
 	q := &queue{name: name, path: p, meta: meta, label: label, gone: watch,
@@ -230,6 +231,9 @@ func (b *Broker) runStats() {
 			}
 			if n, err := q.leases.InFlight(b.ctx); err == nil {
 				b.metrics.inFlight.WithLabelValues(q.label).Set(float64(n))
+			}
+			if n, err := q.leases.DeadCount(b.ctx); err == nil {
+				b.metrics.dead.WithLabelValues(q.label).Set(float64(n))
 			}
 			if n == 0 && err == nil {
 				b.metrics.oldestAge.WithLabelValues(q.label).Set(0)
