@@ -25,6 +25,7 @@ import (
 
 	"github.com/qbroker/qbroker/broker"
 	"github.com/qbroker/qbroker/internal/connlimit"
+	"github.com/qbroker/qbroker/internal/console"
 	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/zkqueue"
 )
@@ -70,6 +71,7 @@ type serveOptions struct {
 	shutdown       time.Duration
 	limits         limitOptions
 	pprof          bool
+	console        bool
 	logFormat      string
 	logLevel       string
 	nats           natsOptions
@@ -188,6 +190,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.DurationVar(&o.limits.handshake, "handshake-timeout", e.dur("HANDSHAKE_TIMEOUT", 10*time.Second), "a new connection that sends nothing within this, or does not complete the HTTP/2 handshake within twice this, is closed ($QBROKER_HANDSHAKE_TIMEOUT)")
 	fs.DurationVar(&o.limits.maxConnIdle, "max-connection-idle", e.dur("MAX_CONNECTION_IDLE", 5*time.Minute), "a client connection without calls for this long is closed; clients reconnect ($QBROKER_MAX_CONNECTION_IDLE)")
 	fs.BoolVar(&o.pprof, "pprof", e.bool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
+	fs.BoolVar(&o.console, "console", e.bool("CONSOLE", true), "serve the web console at /console/ on --metrics-listen; with authentication on it acts as the client certificate of --metrics-tls ($QBROKER_CONSOLE)")
 	fs.StringVar(&o.logFormat, "log-format", env("LOG_FORMAT", "text"), "log format: text or json ($QBROKER_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", env("LOG_LEVEL", "info"), "log level: debug, info, warn, error ($QBROKER_LOG_LEVEL)")
 	fs.StringVar(&o.nats.url, "nats-url", env("NATS_URL", ""), "NATS server URL; enables the event bridge ($QBROKER_NATS_URL)")
@@ -245,6 +248,11 @@ func (o *serveOptions) validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, o.security.validate(o.listen, o.metricsListen)...)
+	if o.console && o.metricsListen != "" && !isLoopback(o.metricsListen) && o.security.rules == "" && !o.security.insecure {
+		// Without authentication the console lets whoever reaches it
+		// purge and delete every queue.
+		errs = append(errs, fmt.Errorf("--metrics-listen %s is not a loopback address: the web console there needs --auth-rules (or --console=false, or --insecure)", o.metricsListen))
+	}
 	if len(errs) > 0 {
 		return usageError{errors.Join(errs...)}
 	}
@@ -346,7 +354,13 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 	g.Go(func() error { return srv.Serve(lis) })
 	var hs *http.Server
 	if o.metricsListen != "" {
-		hs = &http.Server{Addr: o.metricsListen, Handler: o.metricsHandler(reg, b), ReadHeaderTimeout: 5 * time.Second}
+		h, err := o.metricsHandler(reg, b, log)
+		if err != nil {
+			b.Close()
+			stopSink()
+			return err
+		}
+		hs = &http.Server{Addr: o.metricsListen, Handler: h, ReadHeaderTimeout: 5 * time.Second}
 		if o.security.metricsTLS {
 			hs.TLSConfig = tlsCfg.Clone()
 		}
@@ -408,19 +422,28 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 	}
 }
 
-// metricsHandler serves /metrics from reg, /healthz from b and, with
+// metricsHandler serves /metrics from reg, /healthz from b, with
+// --console the web console at /console/ (and / leads there) and, with
 // --pprof, the Go profiles at /debug/pprof/.
-func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker) http.Handler {
+func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker, log *slog.Logger) (http.Handler, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.Handle("/healthz", b.HealthHandler())
+	if o.console {
+		c, err := console.New(console.Config{Broker: b, Gatherer: reg, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle(console.Prefix, c.Handler())
+		mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
+	}
 	if o.pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	return mux
+	return mux, nil
 }
 
 // budgetBytes turns --zk-data-budget (MiB, 0 none) into
