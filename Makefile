@@ -12,7 +12,8 @@ export PATH := $(GOBIN):$(PATH)
 all: build
 
 # deps installs ZooKeeper (Debian's package, with a Java runtime) unless it
-# or ZOOKEEPER_HOME is there. Idempotent and quiet when nothing is missing.
+# or ZOOKEEPER_HOME is there, Python gRPC, and Chromium (the web console's
+# browser test). Idempotent and quiet when nothing is missing.
 deps:
 	@if [ -n "$$ZOOKEEPER_HOME" ] || { [ -f $(ZK_JAR) ] && command -v java >/dev/null; }; then :; else \
 		echo "installing ZooKeeper (apt-get install zookeeper)"; \
@@ -23,6 +24,10 @@ deps:
 		echo "installing Python gRPC for clients/python (apt-get install python3-grpcio)"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends python3-grpcio python3-protobuf >/dev/null; }
+	@command -v chromium >/dev/null || { \
+		echo "installing Chromium for the web console's browser test (apt-get install chromium)"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 	@$(GO) mod download
 
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
