@@ -35,7 +35,10 @@ func TestServeExposureChecks(t *testing.T) {
 		{[]string{"--listen", "0.0.0.0:7070", "--tls-cert", "c", "--tls-key", "k", "--auth-rules", "r", "--auth-tokens", "t"}, ""},
 		{[]string{"--tls-cert", "c", "--tls-key", "k", "--auth-rules", "r"}, "--auth-rules needs --auth-tokens or --tls-client-ca"},
 		{[]string{"--listen", "0.0.0.0:7070", "--insecure"}, ""},
-		{[]string{"--listen", "localhost:7070", "--metrics-listen", "0.0.0.0:9090", "--tls-cert", "c", "--tls-key", "k", "--metrics-tls"}, ""},
+		{[]string{"--listen", "localhost:7070", "--metrics-listen", "0.0.0.0:9090", "--tls-cert", "c", "--tls-key", "k", "--metrics-tls", "--console=false"}, ""},
+		{[]string{"--listen", "localhost:7070", "--metrics-listen", "0.0.0.0:9090", "--tls-cert", "c", "--tls-key", "k", "--metrics-tls"}, "the web console there needs --auth-rules"},
+		{[]string{"--listen", "localhost:7070", "--metrics-listen", "0.0.0.0:9090", "--tls-cert", "c", "--tls-key", "k", "--metrics-tls",
+			"--tls-client-ca", "ca", "--auth-rules", "r"}, ""},
 		{[]string{"--tls-cert", "c"}, "--tls-cert and --tls-key go together"},
 		{[]string{"--auth-rules", "r", "--auth-tokens", "t"}, "--auth-rules needs --tls-cert"},
 		{[]string{"--auth-tokens", "x", "--tls-cert", "c", "--tls-key", "k"}, "--auth-tokens needs --auth-rules"},
@@ -153,6 +156,29 @@ func TestServeSecured(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("/healthz over HTTPS: %d %s", resp.StatusCode, body)
 	}
+
+	// The web console acts as the browser's client certificate; without
+	// one it refuses, saying why.
+	console := func(hc *http.Client, want int, says string) {
+		t.Helper()
+		resp, err := hc.Get("https://" + metrics + "/")
+		if err != nil {
+			t.Fatalf("console: %v", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || !strings.Contains(string(body), says) {
+			t.Fatalf("console: %d, want %d with %q\n%s", resp.StatusCode, want, says, body)
+		}
+	}
+	console(hc, http.StatusUnauthorized, "no verified client certificate")
+	clientCert, err := tls.LoadX509KeyPair(filepath.Join(dir, tlsutil.ClientCertFile), filepath.Join(dir, tlsutil.ClientKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCert := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool,
+		Certificates: []tls.Certificate{clientCert}}}}
+	console(withCert, http.StatusOK, "acting as <b>dev-client</b>")
 }
 
 // qbroker token prints a token and its tokens-file line; qbroker certs
