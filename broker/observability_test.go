@@ -79,7 +79,11 @@ next:
 // done, and queue labels beyond the cap share "_other".
 func TestMetricsAfterWorkload(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	b := newBroker(t, zktest.Root(t), func(c *broker.Config) { c.Registerer = reg; c.MaxQueueLabels = 2 })
+	b := newBroker(t, zktest.Root(t), func(c *broker.Config) {
+		c.Registerer = reg
+		c.MaxQueueLabels = 2
+		c.StatsInterval = 100 * time.Millisecond
+	})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +138,10 @@ func TestMetricsAfterWorkload(t *testing.T) {
 		{"qbroker_messages_published_total", map[string]string{"queue": "n"}, 1},
 		{"qbroker_messages_published_total", map[string]string{"queue": "_other"}, 1},
 		{"qbroker_messages_published_total", map[string]string{"queue": "o"}, -1},
+		// Created at 0 with the queue's label, so rate sees the first.
+		{"qbroker_messages_acked_total", map[string]string{"queue": "n"}, 0},
+		{"qbroker_messages_dead_lettered_total", map[string]string{"queue": "n"}, 0},
+		{"qbroker_messages_delivered_total", map[string]string{"queue": "n", "mode": "at_least_once"}, 0},
 		{"qbroker_zk_session_state", nil, 1},
 		{"qbroker_build_info", nil, 1},
 		{"grpc_server_handled_total", map[string]string{"grpc_method": "Publish", "grpc_code": "OK"}, 3},
@@ -150,6 +158,14 @@ func TestMetricsAfterWorkload(t *testing.T) {
 	if got := value(fams, "qbroker_leader", nil); got != 1 {
 		t.Errorf("qbroker_leader = %v, want 1 (the only broker leads)", got)
 	}
+	// The queue gauges, refreshed every StatsInterval: 3 ready (10 less 4
+	// at most once, 2 acked, 1 dead), 1 dead letter.
+	zktest.WaitFor(t, 30*time.Second, "the queue gauges", func() bool {
+		fams := scrape(t, url)
+		return value(fams, "qbroker_queue_dead", map[string]string{"queue": "m"}) == 1 &&
+			value(fams, "qbroker_queue_depth", map[string]string{"queue": "m"}) == 3 &&
+			value(fams, "qbroker_queue_dead", map[string]string{"queue": "n"}) == 0
+	})
 }
 
 // The NATS bridge carries every kind of event with the right fields; when
