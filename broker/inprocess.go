@@ -6,9 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"time"
 
-	"github.com/go-zookeeper/zk"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -19,6 +20,7 @@ import (
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/election"
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // In-process calls.
@@ -105,9 +107,10 @@ type Member struct {
 }
 
 // Members lists the live brokers, by their registrations
-// (/<root>/brokers/<id>), and marks the one the election names leader.
+// (/<root>/brokers/<id>), sorted by id, and marks the one the election
+// names leader.
 func (b *Broker) Members(ctx context.Context) ([]Member, error) {
-	ids, _, err := b.conn.Children(b.brokersPath())
+	regs, err := zkutil.ChildrenData(b.conn, b.brokersPath())
 	if err != nil {
 		return nil, b.fail(fmt.Errorf("broker: members: %w", err))
 	}
@@ -123,18 +126,12 @@ func (b *Broker) Members(ctx context.Context) ([]Member, error) {
 	case !errors.Is(err, election.ErrNoLeader):
 		return nil, b.fail(err)
 	}
-	ms := make([]Member, 0, len(ids))
-	for _, id := range ids {
+	ms := make([]Member, 0, len(regs))
+	for id, data := range regs {
 		m := Member{ID: id, Leader: id == leader}
-		data, _, err := b.conn.Get(b.brokersPath() + "/" + id)
-		switch {
-		case errors.Is(err, zk.ErrNoNode):
-			continue // gone meanwhile
-		case err != nil:
-			return nil, b.fail(fmt.Errorf("broker: members: %w", err))
-		}
 		m.Since, _ = time.Parse(time.RFC3339, string(data))
 		ms = append(ms, m)
 	}
+	slices.SortFunc(ms, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
 	return ms, nil
 }
