@@ -26,11 +26,11 @@ import (
 // with the others' only when its own is used up.
 type dispatcher struct {
 	mu      sync.Mutex
-	pending []Name          // sorted candidates of this process's share, not yet handed out
-	others  []Name          // sorted candidates of other processes' shares
-	claims  map[string]int  // candidates handed out whose claim is not done
+	pending []Name            // sorted candidates of this process's share, not yet handed out
+	others  []Name            // sorted candidates of other processes' shares
+	claims  map[string]int    // candidates handed out whose claim is not done
 	watches []<-chan zk.Event // armed watches of the snapshot (heads.go); nil when none
-	foreign map[string]bool // foreign children already logged
+	foreign map[string]bool   // foreign children already logged
 	// scanning is closed when the listing under way ends; nil when none.
 	scanning chan struct{}
 	// doneWhileScanning: claims finished during the listing under way.

@@ -388,4 +388,3 @@ func (s *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
 	}
 	return time.Since(m.Published), nil
 }
-
