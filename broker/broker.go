@@ -69,6 +69,12 @@ type Config struct {
 	// CreateQueue beyond it fails with ResourceExhausted; concurrent
 	// creates may pass it by their number.
 	MaxQueues int
+	// SegmentSize is the number of messages after which a queue's segment
+	// is sealed and the next started (zkqueue.WithSegmentSize; default
+	// zkqueue.DefaultSegmentSize, at most zkqueue.MaxSegmentSize).
+	// Consumers list one segment at a time. Every broker of a deployment
+	// should use the same size.
+	SegmentSize int
 	// DefaultVisibility is the lease of queues created without one;
 	// default 30s.
 	DefaultVisibility time.Duration
@@ -199,6 +205,12 @@ func (c *Config) setStoreDefaults() error {
 	}
 	if c.MaxQueues < 1 || c.MaxQueues > maxMaxQueues {
 		return fmt.Errorf("broker: MaxQueues %d out of range [1, %d]", c.MaxQueues, maxMaxQueues)
+	}
+	if c.SegmentSize == 0 {
+		c.SegmentSize = zkqueue.DefaultSegmentSize
+	}
+	if c.SegmentSize < 2 || c.SegmentSize > zkqueue.MaxSegmentSize {
+		return fmt.Errorf("broker: SegmentSize %d out of range [2, %d]", c.SegmentSize, zkqueue.MaxSegmentSize)
 	}
 	if c.ZKSessions == 0 {
 		c.ZKSessions = 5

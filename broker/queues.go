@@ -138,6 +138,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithConflictHook(conflicts.Inc),
 		zkqueue.WithObserver(b.observeZK),
 		zkqueue.WithCommitter(b.batcher),
+		zkqueue.WithSegmentSize(b.cfg.SegmentSize),
 		zkqueue.WithMemory(b.recent),
 		zkqueue.WithReaders(b.readers...),
 		// Every scan is a use: a queue whose consumers wait here is

@@ -60,6 +60,7 @@ type serveOptions struct {
 	maxBatchCount  int
 	maxDepth       int
 	maxQueues      int
+	segmentSize    int
 	zkSessions     int
 	visibility     time.Duration
 	sweep          time.Duration
@@ -167,6 +168,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", e.int("MAX_BATCH_BYTES", 0), "largest publish batch in bytes: the payloads plus about 160 bytes per message (its header and node path); 0 means 921600, or --max-payload when larger ($QBROKER_MAX_BATCH_BYTES)")
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", e.int("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
 	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 100_000), "most ready messages per queue; publishing beyond fails with ResourceExhausted ($QBROKER_MAX_DEPTH)")
+	fs.IntVar(&o.segmentSize, "segment-size", e.int("SEGMENT_SIZE", zkqueue.DefaultSegmentSize), "messages per queue segment, at most 50000: consumers list one segment at a time; use the same on every broker ($QBROKER_SEGMENT_SIZE)")
 	fs.IntVar(&o.maxQueues, "max-queues", e.int("MAX_QUEUES", 10_000), "most queues, at most 20000; creating beyond fails with ResourceExhausted ($QBROKER_MAX_QUEUES)")
 	fs.DurationVar(&o.visibility, "visibility-timeout", e.dur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
 	fs.DurationVar(&o.sweep, "sweep-interval", e.dur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
@@ -346,6 +348,7 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 		MaxBatchCount:       o.maxBatchCount,
 		MaxDepth:            o.maxDepth,
 		MaxQueues:           o.maxQueues,
+		SegmentSize:         o.segmentSize,
 		ZKSessions:          o.zkSessions,
 		DefaultVisibility:   o.visibility,
 		SweepInterval:       o.sweep,
