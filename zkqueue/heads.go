@@ -37,9 +37,14 @@ type chain struct {
 	foreign []string        // foreign children in that listing
 	watch   <-chan zk.Event // children watch of the parent; nil when none
 	stale   atomic.Bool     // Rescan asked for a new listing of the parent
+	// empty holds the armed watches of the tails found empty, by level:
+	// such a level is not listed again until its watch fires, so a
+	// priority queue with many levels lists one head per listing, not
+	// every more urgent level's.
+	empty map[int]<-chan zk.Event
 }
 
-func newChain() chain { return chain{} }
+func newChain() chain { return chain{empty: map[int]<-chan zk.Event{}} }
 
 // listSegments lists the items parent into c, with a watch unless watch
 // is false. c.mu is held.
@@ -112,6 +117,13 @@ func (s *Queue) listHeads() (head, error) {
 	}
 	h := head{foreign: slices.Clone(c.foreign), watches: []<-chan zk.Event{c.watch}}
 	for _, level := range c.levels() {
+		if w, ok := c.empty[level]; ok {
+			if !zkutil.Fired(w) {
+				h.watches = append(h.watches, w)
+				continue
+			}
+			delete(c.empty, level)
+		}
 		names, foreign, w, err := s.levelHead(level)
 		if err != nil {
 			return head{}, err
@@ -159,6 +171,9 @@ func (s *Queue) levelHead(level int) (names []Name, foreign []string, w <-chan z
 		}
 		names, fgn := SortNames(children)
 		foreign = append(foreign, prefixed(sg, s.opt.priorities, fgn)...)
+		if len(names) == 0 && !segmentSealed(stat) && len(fgn) == 0 {
+			c.empty[level] = w
+		}
 		if len(names) > 0 || !segmentSealed(stat) {
 			return names, foreign, w, nil
 		}
