@@ -37,14 +37,50 @@ type chain struct {
 	foreign []string        // foreign children in that listing
 	watch   <-chan zk.Event // children watch of the parent; nil when none
 	stale   atomic.Bool     // Rescan asked for a new listing of the parent
-	// empty holds the armed watches of the tails found empty, by level:
-	// such a level is not listed again until its watch fires, so a
-	// priority queue with many levels lists one head per listing, not
-	// every more urgent level's.
-	empty map[int]<-chan zk.Event
+	// empty holds the tails found empty, by level, with their armed
+	// watches: while such a tail is still its level's head, the level is
+	// not listed again until the watch fires, so a priority queue with
+	// many levels lists one head per listing, not every more urgent
+	// level's.
+	empty map[int]emptyTail
 }
 
-func newChain() chain { return chain{empty: map[int]<-chan zk.Event{}} }
+type emptyTail struct {
+	seg   segment
+	watch <-chan zk.Event
+}
+
+func newChain() chain { return chain{empty: map[int]emptyTail{}} }
+
+// stillEmpty reports whether level's head is a tail found empty whose
+// watch has not fired, and returns that watch.
+func (c *chain) stillEmpty(level int) (<-chan zk.Event, bool) {
+	e, ok := c.empty[level]
+	if !ok {
+		return nil, false
+	}
+	if !zkutil.Fired(e.watch) && c.head(level) == e.seg {
+		return e.watch, true
+	}
+	delete(c.empty, level)
+	return nil, false
+}
+
+// head returns the first segment of level, legacy or listed; the zero
+// segment when there is none.
+func (c *chain) head(level int) segment {
+	for _, n := range c.legacy {
+		if n.Priority == level {
+			return segment{level, 0}
+		}
+	}
+	for _, sg := range c.segs {
+		if sg.level == level {
+			return sg
+		}
+	}
+	return segment{}
+}
 
 // listSegments lists the items parent into c, with a watch unless watch
 // is false. c.mu is held.
@@ -117,12 +153,9 @@ func (s *Queue) listHeads() (head, error) {
 	}
 	h := head{foreign: slices.Clone(c.foreign), watches: []<-chan zk.Event{c.watch}}
 	for _, level := range c.levels() {
-		if w, ok := c.empty[level]; ok {
-			if !zkutil.Fired(w) {
-				h.watches = append(h.watches, w)
-				continue
-			}
-			delete(c.empty, level)
+		if w, ok := c.stillEmpty(level); ok {
+			h.watches = append(h.watches, w)
+			continue
 		}
 		names, foreign, w, err := s.levelHead(level)
 		if err != nil {
@@ -172,7 +205,7 @@ func (s *Queue) levelHead(level int) (names []Name, foreign []string, w <-chan z
 		names, fgn := SortNames(children)
 		foreign = append(foreign, prefixed(sg, s.opt.priorities, fgn)...)
 		if len(names) == 0 && !segmentSealed(stat) && len(fgn) == 0 {
-			c.empty[level] = w
+			c.empty[level] = emptyTail{sg, w}
 		}
 		if len(names) > 0 || !segmentSealed(stat) {
 			return names, foreign, w, nil

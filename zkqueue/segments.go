@@ -151,19 +151,27 @@ func requeue(ctx context.Context, write writeFunc, exists func(string) (bool, *z
 		return err
 	}
 	segPath := segmentPath(items, prio, sg)
+	segSeen := false // the segment existed after a NoNode
 	for attempt := 0; ; attempt++ {
 		_, err := write(ctx, ops...)
 		if !errors.Is(err, zk.ErrNoNode) || attempt >= 4 {
 			return err
 		}
 		// The lease (or dead letter) may be the missing node, or the
-		// segment: only the latter is ours to fix.
+		// segment: only the latter is ours to fix. A segment found
+		// after the failure may have been re-created since by another
+		// redelivery: the plain transaction is tried once more, and a
+		// NoNode then is the lease's.
 		ok, _, xerr := exists(segPath)
 		if xerr != nil {
 			return xerr
 		}
 		if ok {
-			return err
+			if segSeen {
+				return err
+			}
+			segSeen = true
+			continue
 		}
 		recreate := append([]any{},
 			ops[:len(ops)-1]...)

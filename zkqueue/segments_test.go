@@ -491,3 +491,44 @@ func TestSegmentsLegacyLayout(t *testing.T) {
 		}
 	}
 }
+
+// Leases of one removed segment released at once all go back: one of
+// them re-creates the segment, the others land in it.
+func TestSegmentsConcurrentRedelivery(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	pr := newSegProc(t, root, zkqueue.WithSegmentSize(10))
+	for i := range 10 {
+		if _, err := pr.q.Publish(ctx, keyPayload(msgKey{0, i})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls, err := pr.l.Take(ctx, 10, zkqueue.Room{}, time.Minute, false)
+	if err != nil || len(ls) != 10 {
+		t.Fatalf("took %d (%v)", len(ls), err)
+	}
+	if _, err := pr.q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
+		t.Fatalf("dequeue: %v", err)
+	}
+	seg := segmentOfID(t, ls[0].ID)
+	if ok, _, _ := zktest.Conn(t).Exists(root + "/items/" + seg); ok {
+		t.Fatalf("drained segment %s not removed", seg)
+	}
+	var wg sync.WaitGroup
+	for _, l := range ls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, out, err := pr.l.Nack(ctx, l.Token, 0, zkqueue.Policy{}); err != nil || out != zkqueue.Requeued {
+				t.Errorf("nack %s: %v %v", l.ID, out, err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range 10 {
+		m, err := pr.q.TryDequeue(ctx)
+		if err != nil || payloadKey(t, m.Payload).seq != i {
+			t.Fatalf("redelivery %d: %v (%v)", i, m.Payload, err)
+		}
+	}
+}
