@@ -30,6 +30,10 @@ type dispatcher struct {
 	others  []Name            // sorted candidates of other processes' shares
 	claims  map[string]int    // candidates handed out whose claim is not done
 	watches []<-chan zk.Event // armed watches of the snapshot (heads.go); nil when none
+	// more: the last listing found messages (a head segment's), so the
+	// queue is not empty while the snapshot is used up: the rest are
+	// being claimed, and later segments wait behind the head.
+	more bool
 	foreign map[string]bool   // foreign children already logged
 	// scanning is closed when the listing under way ends; nil when none.
 	scanning chan struct{}
@@ -73,6 +77,7 @@ func (s *Queue) scan() error {
 		return err
 	}
 	s.watches = h.watches
+	s.more = len(h.names) > 0
 	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
 		// Candidates being claimed by this process's consumers, or
 		// claimed while the listing was under way (it may predate
@@ -112,7 +117,11 @@ func (s *Queue) watchFiredLocked() bool {
 // returns ok == false and the watches, one of which fires on the next
 // change of the heads. Candidates are handed out once per snapshot, so concurrent
 // callers in this process never get the same name from one snapshot.
-func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, err error) {
+//
+// more reports, with ok == false, that the queue is not empty for all
+// that: the claims of the snapshot's last candidates are under way, and a
+// caller that must not wait for new messages still waits for those.
+func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for scanned := false; ; scanned = true {
@@ -123,7 +132,7 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, err er
 		if len(s.pending) == 0 && fired && !scanned {
 			// Something changed since the last scan (or there was none).
 			if err := s.scan(); err != nil {
-				return Name{}, false, nil, err
+				return Name{}, false, nil, false, err
 			}
 			continue
 		}
@@ -141,14 +150,14 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, err er
 				// The children changed again since the listing just
 				// made, or the listing we waited for failed: the
 				// caller tries again at once.
-				return Name{}, false, []<-chan zk.Event{closedWatch}, nil
+				return Name{}, false, []<-chan zk.Event{closedWatch}, true, nil
 			}
 			// The watches are armed and unfired: the heads are what
 			// the last listing saw, all of them handed out.
-			return Name{}, false, s.watches, nil
+			return Name{}, false, s.watches, s.more, nil
 		}
 		s.claims[n.Raw]++
-		return n, true, nil, nil
+		return n, true, nil, false, nil
 	}
 }
 
@@ -397,14 +406,14 @@ func (s *Queue) candidates(ctx context.Context, k int, block bool) ([]Name, erro
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		n, ok, wait, err := s.nextCandidate()
+		n, ok, wait, more, err := s.nextCandidate()
 		if err != nil {
 			return nil, err
 		}
 		if ok {
 			cands := []Name{n}
 			for len(cands) < k {
-				n, ok, _, err := s.nextCandidate()
+				n, ok, _, _, err := s.nextCandidate()
 				if err != nil || !ok {
 					break
 				}
@@ -412,7 +421,7 @@ func (s *Queue) candidates(ctx context.Context, k int, block bool) ([]Name, erro
 			}
 			return cands, nil
 		}
-		if !block {
+		if !block && !more {
 			return nil, ErrEmpty
 		}
 		if err := waitAny(ctx, wait); err != nil {

@@ -532,3 +532,45 @@ func TestSegmentsConcurrentRedelivery(t *testing.T) {
 		}
 	}
 }
+
+// Concurrent TryDequeues on a queue of many segments report ErrEmpty only
+// once it is empty: a used-up snapshot of the head segment is not an empty
+// queue.
+func TestSegmentsTryDequeueAcrossSegments(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	pr := newSegProc(t, root)
+	const n = 2000
+	batch := make([][]byte, 100)
+	for i := range batch {
+		batch[i] = []byte("m")
+	}
+	for range n / len(batch) {
+		if _, err := pr.q.PublishBatch(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var taken atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				_, err := pr.q.TryDequeue(ctx)
+				if errors.Is(err, zkqueue.ErrEmpty) {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				taken.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if taken.Load() != n {
+		t.Fatalf("took %d of %d before ErrEmpty", taken.Load(), n)
+	}
+}
