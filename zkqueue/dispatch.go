@@ -33,8 +33,8 @@ type dispatcher struct {
 	// more: the last listing found messages (a head segment's), so the
 	// queue is not empty while the snapshot is used up: the rest are
 	// being claimed, and later segments wait behind the head.
-	more bool
-	foreign map[string]bool   // foreign children already logged
+	more    bool
+	foreign map[string]bool // foreign children already logged
 	// scanning is closed when the listing under way ends; nil when none.
 	scanning chan struct{}
 	// doneWhileScanning: claims finished during the listing under way.
