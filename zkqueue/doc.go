@@ -36,7 +36,7 @@
 //
 // A queue is a chain of segments (one chain per priority level), each a
 // parent node holding up to about S messages (WithSegmentSize, default
-// 20,000). A segment node's name carries its number zero-padded to 19
+// 10,000). A segment node's name carries its number zero-padded to 19
 // digits (string order is numeric order); a message's name carries its
 // segment's number, so a message id names its segment. A segment node's
 // version is its state: 0 while it is the tail (producers append to it),
@@ -152,7 +152,7 @@
 //     counter serves S creates of its 2^31, so neither the listing packet
 //     nor the counter bounds a queue's depth or lifetime; ZooKeeper's
 //     memory (it holds every node in its heap) does.
-//   - Segment size: WithSegmentSize, 2 to 50,000, default 20,000 (see
+//   - Segment size: WithSegmentSize, 2 to 50,000, default 10,000 (see
 //     MaxSegmentSize and DefaultSegmentSize for the measurement). Every
 //     process publishing to a queue should use the same size: a segment
 //     is sealed by the first publish past its producer's size.

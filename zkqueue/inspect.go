@@ -24,6 +24,29 @@ import (
 type segmentCounts struct {
 	mu sync.Mutex
 	n  map[segment]int
+
+	// The listing of the parent Len last made, with its watch: listed
+	// again only when the segments changed (a roll, a removal).
+	listMu  sync.Mutex
+	listing listing
+	watch   <-chan zk.Event
+}
+
+// listCached returns the listing of the parent, listed again only when
+// its watch fired.
+func (s *Queue) listCached() (listing, error) {
+	c := &s.counts
+	c.listMu.Lock()
+	defer c.listMu.Unlock()
+	if c.watch != nil && !zkutil.Fired(c.watch) {
+		return c.listing, nil
+	}
+	children, _, w, err := s.zk.ChildrenW(s.path)
+	if err != nil {
+		return listing{}, fmt.Errorf("children %s: %w", s.path, err)
+	}
+	c.listing, c.watch = s.parseListing(children), w
+	return c.listing, nil
 }
 
 // listing is a fresh listing of the items parent: its segments and
@@ -38,6 +61,10 @@ func (s *Queue) listNow() (listing, error) {
 	if err != nil {
 		return listing{}, fmt.Errorf("children %s: %w", s.path, err)
 	}
+	return s.parseListing(children), nil
+}
+
+func (s *Queue) parseListing(children []string) listing {
 	var l listing
 	for _, name := range children {
 		if sg, prio, ok := parseSegment(name); ok && prio == s.opt.priorities {
@@ -53,7 +80,7 @@ func (s *Queue) listNow() (listing, error) {
 		}
 	}
 	slices.SortFunc(l.segs, compareSegments)
-	return l, nil
+	return l
 }
 
 // names returns the messages of sg, sorted.
@@ -106,13 +133,15 @@ func (s *Queue) Peek(ctx context.Context) (Message, error) {
 
 // Len returns the number of messages: the legacy ones in a listing of the
 // parent, plus each segment's from its Stat (NumChildren), cached for the
-// sealed segments between a level's head and tail. Foreign children of
-// segments, if any, are counted too.
+// sealed segments between a level's head and tail. The listing is watched
+// and made again only when the segments changed, so a FIFO queue costs
+// one or two Stats per call. Foreign children of segments, if any, are
+// counted too.
 func (s *Queue) Len(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	l, err := s.listNow()
+	l, err := s.listCached()
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0, nil
 	}
@@ -173,8 +202,10 @@ func deleteUnseen(m map[segment]int, seen map[segment]bool) {
 }
 
 // Purge deletes every message present when it starts and returns how many
-// it deleted, segment by segment (the segment nodes stay; consumers remove
-// the drained ones). Messages claimed concurrently are not counted.
+// it deleted, segment by segment, and removes the sealed segments it
+// emptied (conditionally, as consumers do: one that got a message back
+// stays), so no count cached by Len outlives them. Messages claimed
+// concurrently are not counted.
 func (s *Queue) Purge(ctx context.Context) (int, error) {
 	l, err := s.listNow()
 	if err != nil {
@@ -195,6 +226,19 @@ func (s *Queue) Purge(ctx context.Context) (int, error) {
 		if err != nil {
 			return deleted, err
 		}
+		if sg.k > 0 {
+			s.removeIfDrained(sg)
+		}
 	}
 	return deleted, nil
+}
+
+// removeIfDrained deletes segment sg if it is sealed and empty. Failures
+// leave it to the consumers.
+func (s *Queue) removeIfDrained(sg segment) {
+	p := segmentPath(s.path, s.opt.priorities, sg)
+	ok, stat, err := s.zk.Exists(p)
+	if err == nil && ok && segmentSealed(stat) && stat.NumChildren == 0 {
+		_ = s.zk.Delete(p, stat.Version)
+	}
 }
