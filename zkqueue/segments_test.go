@@ -574,3 +574,38 @@ func TestSegmentsTryDequeueAcrossSegments(t *testing.T) {
 		t.Fatalf("took %d of %d before ErrEmpty", taken.Load(), n)
 	}
 }
+
+// Len on a queue of many segments counts them all, and follows a Purge
+// made by another process and the publishes after it.
+func TestSegmentsLenAndPurge(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	pub := newQueue(t, zktest.Conn(t), root+"/items", zkqueue.WithSegmentSize(testSegment))
+	stats := newQueue(t, zktest.Conn(t), root+"/items", zkqueue.WithSegmentSize(testSegment))
+	batch := make([][]byte, 100)
+	for i := range batch {
+		batch[i] = []byte("m")
+	}
+	for range 5 {
+		if _, err := pub.PublishBatch(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := stats.Len(ctx); err != nil || n != 500 {
+		t.Fatalf("Len = %d (%v), want 500", n, err)
+	}
+	if n, err := pub.Purge(ctx); err != nil || n != 500 {
+		t.Fatalf("Purge = %d (%v), want 500", n, err)
+	}
+	zktest.WaitFor(t, 30*time.Second, "Len 0 after the purge", func() bool {
+		n, err := stats.Len(ctx)
+		return err == nil && n == 0
+	})
+	if _, err := pub.PublishBatch(ctx, batch[:10]); err != nil {
+		t.Fatal(err)
+	}
+	zktest.WaitFor(t, 30*time.Second, "Len 10 after publishing", func() bool {
+		n, err := stats.Len(ctx)
+		return err == nil && n == 10
+	})
+}
