@@ -142,24 +142,53 @@ type head struct {
 
 // listHeads lists the heads, level by level, until one holds messages,
 // removing the drained ones on the way.
+//
+// Levels skipped as still empty were judged by their watches before any
+// request: a notification on its way then was not seen. ZooKeeper delivers
+// a session's notifications before the answer to its later requests, so
+// once a head was listed, those watches tell the truth; if one fired (or
+// the parent's), the listing is made again, so a more urgent message
+// published before it began is not passed over.
 func (s *Queue) listHeads() (head, error) {
 	c := &s.chain
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stale.Swap(false) || c.watch == nil || zkutil.Fired(c.watch) {
-		if err := s.listSegments(true); err != nil {
-			return head{}, err
+	for attempt := 0; ; attempt++ {
+		h, skipped, err := s.listHeadsOnce()
+		if err != nil || attempt >= 3 || !anyFired(append(skipped, c.watch)) {
+			return h, err
 		}
 	}
-	h := head{foreign: slices.Clone(c.foreign), watches: []<-chan zk.Event{c.watch}}
+}
+
+func anyFired(ws []<-chan zk.Event) bool {
+	for _, w := range ws {
+		if w != nil && zkutil.Fired(w) {
+			return true
+		}
+	}
+	return false
+}
+
+// listHeadsOnce is one pass of listHeads; skipped are the watches of the
+// levels it skipped as still empty. c.mu is held.
+func (s *Queue) listHeadsOnce() (h head, skipped []<-chan zk.Event, err error) {
+	c := &s.chain
+	if c.stale.Swap(false) || c.watch == nil || zkutil.Fired(c.watch) {
+		if err := s.listSegments(true); err != nil {
+			return head{}, nil, err
+		}
+	}
+	h = head{foreign: slices.Clone(c.foreign), watches: []<-chan zk.Event{c.watch}}
 	for _, level := range c.levels() {
 		if w, ok := c.stillEmpty(level); ok {
 			h.watches = append(h.watches, w)
+			skipped = append(skipped, w)
 			continue
 		}
 		names, foreign, w, err := s.levelHead(level)
 		if err != nil {
-			return head{}, err
+			return head{}, nil, err
 		}
 		h.foreign = append(h.foreign, foreign...)
 		if w != nil {
@@ -167,10 +196,10 @@ func (s *Queue) listHeads() (head, error) {
 		}
 		if len(names) > 0 {
 			h.names = names
-			return h, nil
+			return h, skipped, nil
 		}
 	}
-	return h, nil
+	return h, skipped, nil
 }
 
 // levelHead returns the messages of level's head, with a watch on it; no
