@@ -253,7 +253,9 @@ func failStale(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*ba
 		return nil, false
 	}
 	check, isCheck := ops[i].(*zk.CheckVersionRequest)
-	if !isCheck {
+	if !isCheck || writes(ops[:i], check.Path) {
+		// Not a check, or one an earlier op of the same Multi (another
+		// caller's) may have failed: only running each alone tells.
 		return nil, false
 	}
 	for _, r := range batch {
@@ -273,6 +275,27 @@ func failStale(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*ba
 		r.done <- batchResult{out, cause}
 	}
 	return rest, true
+}
+
+// writes reports whether one of ops changes node p.
+func writes(ops []any, p string) bool {
+	for _, op := range ops {
+		switch o := op.(type) {
+		case *zk.CreateRequest:
+			if o.Path == p {
+				return true
+			}
+		case *zk.SetDataRequest:
+			if o.Path == p {
+				return true
+			}
+		case *zk.DeleteRequest:
+			if o.Path == p {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // failedIndex returns the index and error of the op that failed a Multi,

@@ -64,3 +64,27 @@ func TestCommitStraddlingSeal(t *testing.T) {
 		t.Errorf("sealed segment got %v (%v)", children, err)
 	}
 }
+
+// A check that failed after an earlier transaction of the same combined
+// Multi changed its node (a seal batched before a publish) is not taken
+// for the node's state: the batch falls back to running each alone. A
+// check that failed on its own is.
+func TestFailStaleOnlyOnItsOwnCheck(t *testing.T) {
+	seal := &batchReq{done: make(chan batchResult, 1), ops: []any{&zk.SetDataRequest{Path: "/seg", Data: sealedData, Version: 0}}}
+	publish := &batchReq{done: make(chan batchResult, 1), ops: []any{&zk.CheckVersionRequest{Path: "/seg", Version: 0},
+		&zk.CreateRequest{Path: "/seg/qn-", Flags: zk.FlagSequence}}}
+	ops := append(append([]any{}, seal.ops...), publish.ops...)
+	res := []zk.MultiResponse{{}, {Error: zk.ErrBadVersion}, {Error: zk.ErrAPIError}}
+	if _, ok := failStale([]*batchReq{seal, publish}, ops, res); ok {
+		t.Fatal("a check failed by an earlier op of the batch was answered as the node's state")
+	}
+	other := &batchReq{done: make(chan batchResult, 1), ops: []any{&zk.DeleteRequest{Path: "/x", Version: -1}}}
+	ops = append(append([]any{}, other.ops...), publish.ops...)
+	rest, ok := failStale([]*batchReq{other, publish}, ops, res)
+	if !ok || len(rest) != 1 || rest[0] != other {
+		t.Fatalf("failStale = %v, %v; want the other transaction left to commit", rest, ok)
+	}
+	if out := <-publish.done; !errors.Is(out.err, zk.ErrBadVersion) {
+		t.Fatalf("publish answered %v", out.err)
+	}
+}
