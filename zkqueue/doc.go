@@ -119,7 +119,8 @@
 // segment of their level, which sorts before every segment, and are
 // delivered first, in their order. New messages always go into segments.
 // Leases and dead letters of legacy messages are put back where they came
-// from.
+// from. A process of the single-parent layout neither sees segments nor
+// writes into them: upgrade every process of a queue together.
 //
 // # Guarantees
 //
