@@ -28,8 +28,8 @@
 //
 // # Seeing newly published urgent messages
 //
-// A consumer works from a sorted snapshot of the head segment of the most
-// urgent level that holds messages. In a FIFO queue a stale snapshot is
+// A consumer works from a sorted snapshot of the head segments of the most
+// urgent levels that hold messages. In a FIFO queue a stale snapshot is
 // harmless, since new messages sort after it; here a new message may sort
 // first. Seed 001 has the consumer call sync() after each message. This
 // package instead builds its zkqueue.Queue WithPriorities: every snapshot

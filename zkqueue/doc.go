@@ -89,8 +89,10 @@
 // Processes consuming one queue split each snapshot by sequence number
 // (WithShare) and take their own share first.
 //
-// A priority queue serves the most urgent level whose head holds
-// messages. It keeps a watch on the empty tails of the more urgent levels
+// A priority queue serves the most urgent levels whose heads hold
+// messages (the heads of up to 8 non-empty levels merged into one sorted
+// snapshot, up to 1,000 messages, so a take of several gets them across
+// levels). It keeps a watch on the empty tails of the more urgent levels
 // (listed once, then only when their watch fires), and drops its snapshot
 // when any of the watches fires, so a more urgent message is the next one
 // claimed once visible.

@@ -23,9 +23,10 @@ import (
 // while a redelivery has put a message back, which is then consumed) and
 // its successor becomes the head. A head that is empty and unsealed is its
 // chain's tail: the level is empty, and the consumer waits on the head's
-// watch. A priority queue serves the most urgent level whose head holds
-// messages; it watches the empty heads of the more urgent levels, so a
-// message published there drops the snapshot.
+// watch. A priority queue serves the most urgent levels whose heads hold
+// messages (their heads merged into one snapshot, up to mergeNames); it
+// watches the empty heads of the more urgent levels, so a message
+// published there drops the snapshot.
 
 // chain is what a Queue knows of its segments. Its mutex is held across
 // the requests of one listing of the heads, which the dispatcher runs one
@@ -140,8 +141,9 @@ type head struct {
 	watches []<-chan zk.Event
 }
 
-// listHeads lists the heads, level by level, until one holds messages,
-// removing the drained ones on the way.
+// listHeads lists the heads, level by level, until one holds messages
+// (a priority queue merges a few, see mergeNames), removing the drained
+// ones on the way.
 //
 // Levels skipped as still empty were judged by their watches before any
 // request: a notification on its way then was not seen. ZooKeeper delivers
@@ -180,6 +182,7 @@ func (s *Queue) listHeadsOnce() (h head, skipped []<-chan zk.Event, err error) {
 		}
 	}
 	h = head{foreign: slices.Clone(c.foreign), watches: []<-chan zk.Event{c.watch}}
+	levels := 0 // non-empty levels merged
 	for _, level := range c.levels() {
 		if w, ok := c.stillEmpty(level); ok {
 			h.watches = append(h.watches, w)
@@ -195,12 +198,26 @@ func (s *Queue) listHeadsOnce() (h head, skipped []<-chan zk.Event, err error) {
 			h.watches = append(h.watches, w)
 		}
 		if len(names) > 0 {
-			h.names = names
-			return h, skipped, nil
+			h.names = append(h.names, names...)
+			levels++
+			if len(h.names) >= mergeNames || levels >= mergeLevels {
+				return h, skipped, nil
+			}
 		}
 	}
 	return h, skipped, nil
 }
+
+// A priority queue's snapshot merges the heads of the most urgent
+// non-empty levels until it holds mergeNames messages or mergeLevels
+// levels, so that a take of several messages (a Receive, a prefetch) gets
+// them across levels, most urgent first, as from one sorted listing; a
+// listing then costs at most mergeLevels head listings besides the empty
+// levels' (which are listed again only when they change).
+const (
+	mergeNames  = 1000
+	mergeLevels = 8
+)
 
 // levelHead returns the messages of level's head, with a watch on it; no
 // messages and a watch when the level is empty. Drained heads are removed
