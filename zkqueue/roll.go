@@ -90,16 +90,17 @@ func (s *Queue) moveOn(level int, k int64) error {
 // from the last segment of a listing of the parent. A level without
 // segments gets its first.
 func (s *Queue) findTail(level int, from int64) (int64, error) {
-	k := from
+	k, listed := from, int64(-1) // listed: the last segment of a listing made here
 	for steps := 0; ; steps++ {
 		if k == 0 || steps == maxTailSteps {
 			var err error
 			if k, err = s.lastSegment(level); err != nil {
 				return 0, err
 			}
+			listed = k
 		}
 		if k == 0 {
-			k = 1
+			k, listed = 1, 1
 			_, err := s.zk.Create(segmentPath(s.path, s.opt.priorities, segment{level, 1}), nil, 0, zk.WorldACL(zk.PermAll))
 			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 				return 0, fmt.Errorf("create segment: %w", err)
@@ -107,14 +108,15 @@ func (s *Queue) findTail(level int, from int64) (int64, error) {
 		}
 		p := segmentPath(s.path, s.opt.priorities, segment{level, k})
 		ok, stat, err := s.zk.Exists(p)
-		if err != nil {
+		switch {
+		case err != nil:
 			return 0, fmt.Errorf("exists %s: %w", p, err)
-		}
-		if ok && !segmentSealed(stat) {
+		case ok && !segmentSealed(stat):
 			return k, nil
-		}
-		if steps > 2*maxTailSteps {
-			return 0, fmt.Errorf("no tail segment after %s", p)
+		case !ok && k == listed, steps > 2*maxTailSteps:
+			// The last segment is never removed but with the queue:
+			// the queue is being deleted.
+			return 0, fmt.Errorf("no tail segment at %s: %w", p, zk.ErrNoNode)
 		}
 		// Sealed, or drained and removed: its successor exists or was
 		// itself drained.
