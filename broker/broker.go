@@ -63,7 +63,7 @@ type Config struct {
 	// most zkqueue.HardMaxPayload (1008 KiB); MaxBatchBytes is at least
 	// MaxPayload and at most HardMaxPayload, and counts each message's
 	// payload plus its overhead in the ZooKeeper transaction
-	// (zkqueue.Queue.MessageOverhead: 157 bytes plus the queue name's length
+	// (zkqueue.Queue.MessageOverhead: 202 bytes plus the queue name's length
 	// under the default root). The gRPC server accepts requests up to the
 	// larger of the two plus requestSlack; larger ones fail with
 	// ResourceExhausted before the broker sees them.
@@ -86,6 +86,12 @@ type Config struct {
 	// CreateQueue beyond it fails with ResourceExhausted; concurrent
 	// creates may pass it by their number.
 	MaxQueues int
+	// SegmentSize is the number of messages after which a queue's segment
+	// is sealed and the next started (zkqueue.WithSegmentSize; default
+	// zkqueue.DefaultSegmentSize, at most zkqueue.MaxSegmentSize).
+	// Consumers list one segment at a time. Every broker of a deployment
+	// should use the same size.
+	SegmentSize int
 	// DefaultVisibility is the lease of queues created without one;
 	// default 30s.
 	DefaultVisibility time.Duration
@@ -222,6 +228,12 @@ func (c *Config) setStoreDefaults() error {
 	}
 	if c.MaxQueues < 1 || c.MaxQueues > maxMaxQueues {
 		return fmt.Errorf("broker: MaxQueues %d out of range [1, %d]", c.MaxQueues, maxMaxQueues)
+	}
+	if c.SegmentSize == 0 {
+		c.SegmentSize = zkqueue.DefaultSegmentSize
+	}
+	if c.SegmentSize < 2 || c.SegmentSize > zkqueue.MaxSegmentSize {
+		return fmt.Errorf("broker: SegmentSize %d out of range [2, %d]", c.SegmentSize, zkqueue.MaxSegmentSize)
 	}
 	if c.ZKSessions == 0 {
 		c.ZKSessions = 5

@@ -88,7 +88,12 @@ func TestTwoBrokersMoveMessages(t *testing.T) {
 // 4 producers and 16 consumers spread over brokers, and checks what each
 // message went through.
 func moveMessages(t *testing.T, brokers []*testBroker, mode pb.DeliveryMode) {
-	const producers, consumers, total = 4, 16, 20000
+	moveMessagesBy(t, brokers, mode, 4)
+}
+
+// moveMessagesBy is moveMessages with the given number of producers.
+func moveMessagesBy(t *testing.T, brokers []*testBroker, mode pb.DeliveryMode, producers int) {
+	const consumers, total = 16, 20000
 	name := "q-" + mode.String()
 	createQueue(t, brokers[0].client, &pb.CreateQueueRequest{Name: name, VisibilityTimeout: durationpb.New(time.Minute)})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

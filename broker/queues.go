@@ -144,6 +144,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithBadDataHook(func(string) { bad.Inc() }),
 		zkqueue.WithObserver(b.observeZK),
 		zkqueue.WithCommitter(b.batcher),
+		zkqueue.WithSegmentSize(b.cfg.SegmentSize),
 		zkqueue.WithMemory(b.recent),
 		zkqueue.WithReaders(b.readers...),
 		// Every scan is a use: a queue whose consumers wait here is

@@ -4,16 +4,19 @@
 //
 // # Znode layout
 //
-//	<path>                      the queue (created with its parents by New)
-//	<path>/p000-0000000007      one message of priority 0 (most urgent):
-//	<path>/p007-0000000003      PERSISTENT_SEQUENTIAL, name = "p" + 3-digit
-//	<path>/p255-0000000012      priority + "-" + ZooKeeper's sequence;
-//	                            data = small header + payload
+//	<path>                                      the queue (created with its parents by New)
+//	<path>/p000-s0000000000000000001            segment 1 of priority 0's chain
+//	<path>/p000-s0000000000000000001/p000-1-0000000007   one message of priority 0 (most
+//	                                            urgent): PERSISTENT_SEQUENTIAL, name = "p" +
+//	                                            3-digit priority + segment + ZooKeeper's sequence;
+//	                                            data = small header + payload
+//	<path>/p007-s0000000000000000004/p007-4-0000000003   one message of priority 7
 //
-// The header holds a format version, the delivery count and the publish
-// time (see package zkqueue). Children whose names do not parse as messages
-// are skipped and logged once, never fatal. All priorities share the
-// parent's one sequence counter.
+// Each priority level is a chain of segments of zkqueue's segment size
+// (zkqueue's segments.go), each with its own sequence counter. The header
+// holds a format version, the delivery count and the publish time (see
+// package zkqueue). Children whose names do not parse as messages are
+// skipped and logged once, never fatal.
 //
 // # Ordering
 //
@@ -25,14 +28,17 @@
 //
 // # Seeing newly published urgent messages
 //
-// A consumer works from a sorted snapshot of the children. In a FIFO queue a
-// stale snapshot is harmless, since new messages sort after it; here a new
-// message may sort first. Seed 001 has the consumer call sync() after each
-// message. This package instead builds its zkqueue.Queue WithPriorities: every
-// snapshot is read together with a children watch, and a snapshot is
-// dropped as soon as that watch has fired, i.e. as soon as anything was
-// published or taken since the read. A claim's own delete fires the watch
-// too, so in practice every claim starts from a fresh child list.
+// A consumer works from a sorted snapshot of the head segments of the most
+// urgent levels that hold messages. In a FIFO queue a stale snapshot is
+// harmless, since new messages sort after it; here a new message may sort
+// first. Seed 001 has the consumer call sync() after each message. This
+// package instead builds its zkqueue.Queue WithPriorities: every snapshot
+// is read together with children watches (on the head, on the empty tails
+// of the more urgent levels and on the parent, where new levels appear),
+// and a snapshot is dropped as soon as one has fired, i.e. as soon as
+// anything was published there or taken since the read. A claim's own
+// delete fires the watch too, so in practice every claim starts from a
+// fresh listing of its head segment.
 //
 // ZooKeeper delivers a session's watch notification before the answer to
 // any later request of that session. Hence the guarantee: if a message A
@@ -62,12 +68,11 @@
 //   - Payload: 512 KiB by default (WithMaxPayload), below jute.maxbuffer.
 //   - Batch: 1,000 messages and 900 KiB by default (one Multi must stay
 //     under jute.maxbuffer); larger batches are rejected unwritten.
-//   - Strict mode reads the child list once per claim, so a claim costs a
-//     getData, a delete and a getChildren of the whole backlog: keep the
-//     backlog of a priority queue well below the ~60,000-children bound of
-//     a FIFO queue (getChildren takes ~1 ms at 10k children).
-//   - The sequence counter is a signed 32-bit integer per queue node: it
-//     wraps after 2^31 publishes, bounding a queue's lifetime.
+//   - A claim costs a getData, a delete and a getChildren of the head
+//     segment (up to the segment size, zkqueue.WithSegmentSize): smaller
+//     segments make priority claims cheaper (figures at
+//     zkqueue.DefaultSegmentSize). The backlog and the queue's lifetime
+//     are not bounded by a listing or a sequence counter (zkqueue's Limits).
 //
 // A Queue is safe for concurrent use.
 package priority

@@ -10,7 +10,8 @@
 //	<path>/members/<memberID>     one member: EPHEMERAL, on the joiner's session
 //	<path>/start                  PERSISTENT: the queue is open; its data
 //	                              names the group ("qbroker-sync 1" + ids)
-//	<path>/items/qn-0000000000    the messages, exactly as in package zkqueue
+//	<path>/items/s0000000000000000001/qn-1-0000000000  the messages, in segments,
+//	                              exactly as in package zkqueue
 //
 // # Joining
 //
@@ -69,8 +70,8 @@
 //     [A-Za-z0-9._-]{1,200}, not "." or "..".
 //   - Payloads and batches as in zkqueue: 512 KiB per payload, 1,000
 //     messages and 900 KiB per batch by default, checked before writing.
-//   - The items' sequence counter wraps after 2^31 publishes; the backlog is
-//     bounded by jute.maxbuffer (about 60,000 messages) as in zkqueue.
+//   - The items are segmented as in zkqueue: neither a listing packet nor a
+//     sequence counter bounds the backlog or the queue's lifetime.
 //
 // Queue, Membership and Barrier are safe for concurrent use; a
 // DoubleBarrier is one participant, used by one goroutine at a time.

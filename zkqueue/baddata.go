@@ -8,6 +8,9 @@ import "slices"
 // Its claim fails with ErrBadData before anything is written; the Queue
 // then skips the node for as long as it is listed, and reports it once:
 // a warning with the node's path and WithBadDataHook. Purge deletes it.
+// A sealed head segment that holds nothing else is passed over (kept),
+// like one holding foreign nodes only, so a bad node never blocks the
+// segments behind it.
 
 // maxBad bounds the bad nodes a Queue remembers; beyond it, more are
 // skipped again at every listing (and reported again).
@@ -24,31 +27,22 @@ func (s *Queue) markBad(n Name) {
 	if !first {
 		return
 	}
-	znode := s.path + "/" + n.Raw
+	znode := itemPath(s.path, n)
 	s.opt.logger.Warn("skipping a message node whose data does not decode; Purge deletes it", "znode", znode)
 	if s.opt.badDataHook != nil {
 		s.opt.badDataHook(znode)
 	}
 }
 
-// dropBadLocked returns names without the nodes known bad, and forgets
-// the bad nodes no longer listed. s.mu is held.
-func (s *Queue) dropBadLocked(names []Name) []Name {
+// withoutBad returns names without the nodes known bad. A bad node stays
+// in its segment until a purge, so it is remembered (up to maxBad) rather
+// than forgotten when a listing of another segment does not show it;
+// Purge forgets them.
+func (s *Queue) withoutBad(names []Name) []Name {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if len(s.bad) == 0 {
 		return names
 	}
-	listed := make(map[string]bool, len(s.bad))
-	names = slices.DeleteFunc(names, func(n Name) bool {
-		if s.bad[n.Raw] {
-			listed[n.Raw] = true
-			return true
-		}
-		return false
-	})
-	for raw := range s.bad {
-		if !listed[raw] {
-			delete(s.bad, raw)
-		}
-	}
-	return names
+	return slices.DeleteFunc(names, func(n Name) bool { return s.bad[n.Raw] })
 }

@@ -137,14 +137,20 @@ func (r *recent) forget() {
 	clear(r.entries)
 }
 
-// prune forgets the messages missing from listed, a sorted listing of the
-// children: someone else claimed them. A message created after the
-// listing is forgotten too; its claim then reads as usual.
+// prune forgets the messages missing from listed, a sorted listing of one
+// head segment, in that segment or an earlier one of its level: someone
+// else claimed them. A message created after the listing is forgotten too;
+// its claim then reads as usual.
 func (r *recent) prune(listed []Name) {
+	if len(listed) == 0 {
+		return
+	}
+	head := listed[0]
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for raw, e := range r.entries {
-		if !listedHas(listed, e.name) {
+		n := e.name
+		if n.Priority == head.Priority && n.Seg <= head.Seg && !listedHas(listed, n) {
 			r.dropLocked(raw, e)
 		}
 	}

@@ -3,6 +3,7 @@ package zkqueue
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/go-zookeeper/zk"
@@ -216,6 +217,16 @@ func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
 		}
 		return
 	}
+	if rest, ok := failStale(batch, ops, res); ok {
+		if len(rest) > 0 {
+			n := 0
+			for _, r := range rest {
+				n += len(r.ops)
+			}
+			b.commit(conn, rest, n)
+		}
+		return
+	}
 	// One transaction spoiled the batch: run each on its own.
 	var wg sync.WaitGroup
 	for _, r := range batch {
@@ -227,4 +238,74 @@ func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
 		}(r)
 	}
 	wg.Wait()
+}
+
+// failStale handles a combined Multi that failed on a version check, the
+// way a publish into a sealed (or removed) segment fails (roll.go): every
+// transaction of the batch carrying the same check would fail alone for
+// the same reason at the same point, so each gets that answer at once, and
+// the others commit again together. A batch straddling a seal costs two
+// Multis, not one per transaction. ok is false when the failing op is not
+// such a check.
+func failStale(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*batchReq, ok bool) {
+	i, cause := failedIndex(res)
+	if i < 0 || i >= len(ops) || !errors.Is(cause, zk.ErrBadVersion) && !errors.Is(cause, zk.ErrNoNode) {
+		return nil, false
+	}
+	check, isCheck := ops[i].(*zk.CheckVersionRequest)
+	if !isCheck || writes(ops[:i], check.Path) {
+		// Not a check, or one an earlier op of the same Multi (another
+		// caller's) may have failed: only running each alone tells.
+		return nil, false
+	}
+	for _, r := range batch {
+		j := slices.IndexFunc(r.ops, func(op any) bool {
+			c, ok := op.(*zk.CheckVersionRequest)
+			return ok && c.Path == check.Path && c.Version == check.Version
+		})
+		if j < 0 {
+			rest = append(rest, r)
+			continue
+		}
+		out := make([]zk.MultiResponse, len(r.ops))
+		for k := range out {
+			out[k].Error = zk.ErrAPIError // not executed, as ZooKeeper reports the ops around a failure
+		}
+		out[j].Error = cause
+		r.done <- batchResult{out, cause}
+	}
+	return rest, true
+}
+
+// writes reports whether one of ops changes node p.
+func writes(ops []any, p string) bool {
+	for _, op := range ops {
+		switch o := op.(type) {
+		case *zk.CreateRequest:
+			if o.Path == p {
+				return true
+			}
+		case *zk.SetDataRequest:
+			if o.Path == p {
+				return true
+			}
+		case *zk.DeleteRequest:
+			if o.Path == p {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// failedIndex returns the index and error of the op that failed a Multi,
+// -1 when none says. Ops after the failing one report an error too
+// (runtime inconsistency), so the first one is it.
+func failedIndex(res []zk.MultiResponse) (int, error) {
+	for i, r := range res {
+		if r.Error != nil && !errors.Is(r.Error, zk.ErrAPIError) {
+			return i, r.Error
+		}
+	}
+	return -1, nil
 }

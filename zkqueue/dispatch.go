@@ -3,15 +3,18 @@ package zkqueue
 import (
 	"context"
 	"errors"
-	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // The dispatcher is a Queue's head algorithm: one sorted snapshot of the
-// children, shared by all of this process's consumers of the queue, who
+// head segment's children (heads.go), shared by all of this process's
+// consumers of the queue, who
 // take distinct candidates from it (Next) and report each claim's end
 // (Done). A FIFO snapshot is walked to its end before the children are
 // listed again (new messages sort after it); a priority snapshot is
@@ -23,10 +26,14 @@ import (
 // with the others' only when its own is used up.
 type dispatcher struct {
 	mu      sync.Mutex
-	pending []Name          // sorted candidates of this process's share, not yet handed out
-	others  []Name          // sorted candidates of other processes' shares
-	claims  map[string]int  // candidates handed out whose claim is not done
-	watch   <-chan zk.Event // armed children watch of path; nil when none
+	pending []Name            // sorted candidates of this process's share, not yet handed out
+	others  []Name            // sorted candidates of other processes' shares
+	claims  map[string]int    // candidates handed out whose claim is not done
+	watches []<-chan zk.Event // armed watches of the snapshot (heads.go); nil when none
+	// more: the last listing found messages (a head segment's), so the
+	// queue is not empty while the snapshot is used up: the rest are
+	// being claimed, and later segments wait behind the head.
+	more    bool
 	foreign map[string]bool // foreign children already logged
 	bad     map[string]bool // message nodes whose data does not decode (baddata.go)
 	// scanning is closed when the listing under way ends; nil when none.
@@ -58,11 +65,9 @@ func (s *Queue) scan() error {
 	clear(s.doneWhileScanning)
 	s.mu.Unlock()
 
-	children, _, w, err := s.zk.ChildrenW(s.path)
-	var names []Name
-	var foreign []string
+	h, err := s.listHeads()
+	names, foreign := h.names, h.foreign
 	if err == nil {
-		names, foreign = SortNames(children)
 		s.recent.prune(names)
 	}
 
@@ -70,10 +75,11 @@ func (s *Queue) scan() error {
 	s.scanning = nil
 	close(done)
 	if err != nil {
-		return fmt.Errorf("children %s: %w", s.path, err)
+		return err
 	}
-	s.watch = w
-	names = s.dropBadLocked(names)
+	s.watches = h.watches
+	names = slices.DeleteFunc(names, func(n Name) bool { return s.bad[n.Raw] })
+	s.more = len(names) > 0
 	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
 		// Candidates being claimed by this process's consumers, or
 		// claimed while the listing was under way (it may predate
@@ -93,27 +99,31 @@ func (s *Queue) scan() error {
 	return nil
 }
 
-// watchFiredLocked reports whether the armed watch has fired, disarming it.
-// Fired watch channels are closed by the client, so every waiter holding
-// the same channel still wakes.
+// watchFiredLocked reports whether one of the armed watches has fired,
+// disarming them. Fired watch channels are closed by the client, so every
+// waiter holding the same channel still wakes.
 func (s *Queue) watchFiredLocked() bool {
-	if s.watch == nil {
+	if s.watches == nil {
 		return true
 	}
-	select {
-	case <-s.watch:
-		s.watch = nil
-		return true
-	default:
-		return false
+	for _, w := range s.watches {
+		if zkutil.Fired(w) {
+			s.watches = nil
+			return true
+		}
 	}
+	return false
 }
 
 // nextCandidate hands out the next candidate message name. When there is none it
-// returns ok == false and a channel that fires on the next change of the
-// children. Candidates are handed out once per snapshot, so concurrent
+// returns ok == false and the watches, one of which fires on the next
+// change of the heads. Candidates are handed out once per snapshot, so concurrent
 // callers in this process never get the same name from one snapshot.
-func (s *Queue) nextCandidate() (n Name, ok bool, wait <-chan zk.Event, err error) {
+//
+// more reports, with ok == false, that the queue is not empty for all
+// that: the claims of the snapshot's last candidates are under way, and a
+// caller that must not wait for new messages still waits for those.
+func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for scanned := false; ; scanned = true {
@@ -124,7 +134,7 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait <-chan zk.Event, err erro
 		if len(s.pending) == 0 && fired && !scanned {
 			// Something changed since the last scan (or there was none).
 			if err := s.scan(); err != nil {
-				return Name{}, false, nil, err
+				return Name{}, false, nil, false, err
 			}
 			continue
 		}
@@ -138,18 +148,18 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait <-chan zk.Event, err erro
 			n = s.others[0]
 			s.others = s.others[1:]
 		default:
-			if s.watch == nil {
+			if s.watches == nil {
 				// The children changed again since the listing just
 				// made, or the listing we waited for failed: the
 				// caller tries again at once.
-				return Name{}, false, closedWatch, nil
+				return Name{}, false, []<-chan zk.Event{closedWatch}, true, nil
 			}
-			// The watch is armed and unfired: the children are what
+			// The watches are armed and unfired: the heads are what
 			// the last listing saw, all of them handed out.
-			return Name{}, false, s.watch, nil
+			return Name{}, false, s.watches, s.more, nil
 		}
 		s.claims[n.Raw]++
-		return n, true, nil, nil
+		return n, true, nil, false, nil
 	}
 }
 
@@ -225,8 +235,9 @@ func splitShare(names []Name, share func() (rank, n int)) (mine, others []Name) 
 func (s *Queue) Rescan() {
 	s.mu.Lock()
 	s.pending, s.others = nil, nil
-	s.watch = nil
+	s.watches = nil
 	s.mu.Unlock()
+	s.chain.stale.Store(true)
 }
 
 // claimFunc claims one candidate. It returns zk.ErrNoNode or
@@ -399,14 +410,14 @@ func (s *Queue) candidates(ctx context.Context, k int, block bool) ([]Name, erro
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		n, ok, wait, err := s.nextCandidate()
+		n, ok, wait, more, err := s.nextCandidate()
 		if err != nil {
 			return nil, err
 		}
 		if ok {
 			cands := []Name{n}
 			for len(cands) < k {
-				n, ok, _, err := s.nextCandidate()
+				n, ok, _, _, err := s.nextCandidate()
 				if err != nil || !ok {
 					break
 				}
@@ -414,15 +425,34 @@ func (s *Queue) candidates(ctx context.Context, k int, block bool) ([]Name, erro
 			}
 			return cands, nil
 		}
-		if !block {
+		if !block && !more {
 			return nil, ErrEmpty
 		}
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		if err := waitAny(ctx, wait); err != nil {
+			return nil, err
 		}
 	}
+}
+
+// waitAny waits until one of watches fires or ctx ends.
+func waitAny(ctx context.Context, watches []<-chan zk.Event) error {
+	if len(watches) == 1 {
+		select {
+		case <-watches[0]:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	cases := make([]reflect.SelectCase, 0, len(watches)+1)
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+	for _, w := range watches {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w)})
+	}
+	if i, _, _ := reflect.Select(cases); i == 0 {
+		return ctx.Err()
+	}
+	return nil
 }
 
 // claimAll claims cands concurrently (their writes share a Multi when the

@@ -7,7 +7,11 @@
 // # Where each algorithm lives
 //
 //	options.go   Option, Limits: defaults and validation, in one place
-//	queue.go     Queue: publish, batch, take (at-most-once), dequeue, peek, len, purge
+//	queue.go     Queue: publish, batch, take (at-most-once), dequeue
+//	segments.go  segments: layout, names, redelivery into a removed segment
+//	roll.go      producers: the tail segment, the version check, the roll
+//	heads.go     consumers: listing a queue by its heads, removing drained segments
+//	inspect.go   Peek, Len (cheap on deep queues), Purge
 //	dispatch.go  the head algorithm: snapshot, listing, share split, take loop, byte room
 //	leases.go    Leases: at-least-once claim with lease, ack, nack (delay), extend,
 //	             release, unclaim, dead letters, redrive
@@ -24,44 +28,109 @@
 //
 // # Znode layout
 //
-//	<path>                      the queue (created with its parents by New)
-//	<path>/qn-0000000000        one message: PERSISTENT_SEQUENTIAL,
-//	<path>/qn-0000000001        data = small header + payload
-//	<path>/p007-0000000002      a message of priority 7 (WithPriorities)
-//	<path>/qn-0000000000.1f2e3d4c  a message put back after a lease ended
+//	<path>                                 the queue (created with its parents by New)
+//	<path>/s0000000000000000007            segment 7: a parent of up to ~S messages
+//	<path>/s0000000000000000007/qn-7-0000000042   one message: PERSISTENT_SEQUENTIAL,
+//	                                       data = small header + payload
+//	<path>/p003-s0000000000000000002/p003-2-0000000005   priority 3 (WithPriorities)
+//	<path>/s0000000000000000007/qn-7-0000000042.1f2e3d4c a message put back after a lease ended
+//
+// A queue is a chain of segments (one chain per priority level), each a
+// parent node holding up to about S messages (WithSegmentSize, default
+// 10,000). A segment node's name carries its number zero-padded to 19
+// digits (string order is numeric order); a message's name carries its
+// segment's number, so a message id names its segment. A segment node's
+// version is its state: 0 while it is the tail (producers append to it),
+// 1 once sealed.
 //
 // Leases and dead letters (NewLeases) live under two more parents of the
 // caller's choice: <leases>/<item>~<16 hex> holds a claimed message with
 // its deadline, <dead>/<item> a dead letter. The header of a message holds
 // a format version, the delivery count and the publish time (codec.go).
-// Children whose names do not parse as messages are skipped and logged
-// once, never fatal; so are messages whose data lacks the header or does
-// not decode (baddata.go): never delivered, reported once through
-// WithBadDataHook, deleted by Purge.
+// Children whose names do not parse as messages or segments are skipped
+// and logged once, never fatal; so are messages whose data lacks the
+// header or does not decode (baddata.go): never delivered, reported once
+// through WithBadDataHook, deleted by Purge.
 //
-// Every node is created with the ACL of WithACL (CatalogConfig.ACL,
-// ConsumerGroupConfig.ACL, SweeperConfig.ACL), open to anyone by default.
-// With zk.DigestACL of the processes' identity only they can change the
-// queue.
+// Every node (messages, segments, leases, dead letters) is created with
+// the ACL of WithACL (CatalogConfig.ACL, ConsumerGroupConfig.ACL,
+// SweeperConfig.ACL), open to anyone by default. With zk.DigestACL of the
+// processes' identity only they can change the queue.
+//
+// # Producing: the roll
+//
+// A publish transaction (one Multi, group-committed with others by a
+// Committer) is a version check of the tail segment at version 0 plus the
+// message creates. The publish whose sequence number reaches S-1 rolls:
+// one transaction seals the segment (setData at version 0) and creates its
+// successor, whose name is computed from the segment's, so producers
+// rolling at once create one successor (the others fail on the version).
+// A publish whose check fails (the segment was sealed) moves to the
+// successor and is retried there whole: a batch is never split across
+// segments. So FIFO order is linearizable across a roll: a publish that
+// returned committed before the seal, and any publish started after it
+// commits later in the same segment or in a later one. A Committer whose
+// combined Multi fails on such a check answers every transaction carrying
+// that check at once and commits the others together (two Multis for a
+// batch straddling a seal, not one per transaction).
+//
+// A segment holds at most S messages plus those of the publish
+// transactions in flight when the seal committed (each at most
+// MaxBatchCount messages), plus messages redelivered into it.
 //
 // # Consuming
 //
-// A consumer lists the children, sorts them by their sequence suffix
-// (parsed as a signed integer, compared numerically, never as strings) and
-// claims the head with getData + delete(version): whoever deletes the node
-// owns the message. On NoNode another consumer won, so the next child of
-// the same snapshot is tried; the children are listed again only when the
-// snapshot is used up. All goroutines of one process that share a Queue
-// share one snapshot and take distinct children from it, so they never
-// race each other. Dequeue and blocking takes wait on a children watch,
-// never poll. Processes consuming one queue split each snapshot by
-// sequence number (WithShare) and take their own share first.
+// A consumer lists the queue's parent (the segments, a short list: one
+// name per S messages), watched, then only the head segment of a level:
+// it sorts the children by their sequence suffix (parsed as a signed
+// integer, compared numerically, never as strings) and claims the head
+// with getData + delete(version): whoever deletes the node owns the
+// message. On NoNode another consumer won, so the next child of the same
+// snapshot is tried; the head segment is listed again only when the
+// snapshot is used up. A head that is sealed and empty is drained: it is
+// deleted (ZooKeeper refuses to delete a node with children, so a message
+// put back meanwhile is not lost) and its successor is the head. An empty
+// tail means an empty level; the consumer waits on its watch. All
+// goroutines of one process that share a Queue share one snapshot and
+// take distinct children from it, so they never race each other. Dequeue
+// and blocking takes wait on the watches (parent and head), never poll.
+// Processes consuming one queue split each snapshot by sequence number
+// (WithShare) and take their own share first.
+//
+// A priority queue serves the most urgent levels whose heads hold
+// messages (the heads of up to 8 non-empty levels merged into one sorted
+// snapshot, up to 1,000 messages, so a take of several gets them across
+// levels). It keeps a watch on the empty tails of the more urgent levels
+// (listed once, then only when their watch fires), and drops its snapshot
+// when any of the watches fires, so a more urgent message is the next one
+// claimed once visible.
+//
+// A redelivered message (nack, lease expiry, release, redrive) goes back
+// into its own segment under a new incarnation. If the segment was
+// drained and removed, the same transaction re-creates it, sealed; it
+// sorts before the tail, so it is consumed first. Consumers notice it by
+// their watch on the parent; the Queue that put it back rescans at once.
 //
 // While a Queue is being consumed, it remembers the data of the messages
 // it publishes (up to 4 MiB by default, WithMemory) until they are
 // claimed: a message node never changes after its creation, so the claim
 // of one of those is delete(version 0) without the read, the same claim
 // one round trip shorter.
+//
+// Len lists the parent and reads the NumChildren of each level's head and
+// tail; the counts of the sealed segments between them, which nobody
+// consumes from or publishes into, are cached: one listing and two stats
+// per level per call however deep the queue.
+//
+// # Upgrade from the single-parent layout
+//
+// Messages written before segments (<path>/qn-0000000042, no segment
+// number) are consumed in place, not migrated: they form the legacy
+// segment of their level, which sorts before every segment, and are
+// delivered first, in their order. New messages always go into segments.
+// Leases and dead letters of legacy messages are put back where they came
+// from. A process of the single-parent layout neither sees segments nor
+// writes into them: upgrade every process of a queue together.
 //
 // # Guarantees
 //
@@ -88,12 +157,22 @@
 //   - Batch: 1,000 messages and 900 KiB by default, so one Multi stays under
 //     jute.maxbuffer. Larger batches are rejected before anything is
 //     written.
-//   - The sequence counter is a signed 32-bit integer per parent node:
-//     after 2^31 messages it wraps to negative numbers, which sort before
-//     the positive ones, so a queue's lifetime is bounded by 2^31 publishes.
-//     getChildren returns the whole child list in one packet, which bounds
-//     the backlog to about 60,000 messages with the default 1 MiB
-//     jute.maxbuffer on the server.
+//   - Depth: no bound of the engine's. A listing holds one segment (at
+//     most about S messages plus those in flight at its seal) or the
+//     parent (one name per S messages), and each segment's sequence
+//     counter serves S creates of its 2^31, so neither the listing packet
+//     nor the counter bounds a queue's depth or lifetime; ZooKeeper's
+//     memory (it holds every node in its heap) does.
+//   - Segment size: WithSegmentSize, 2 to 50,000, default 10,000 (see
+//     MaxSegmentSize and DefaultSegmentSize for the measurement). Every
+//     process publishing to a queue should use the same size: a segment
+//     is sealed by the first publish past its producer's size.
+//   - Legacy layout: a queue's legacy messages are listed with the
+//     parent, so their number is bounded as before (about 60,000).
+//   - Dead letters are one flat parent: DeadLettersAfter and Redrive list
+//     it whole, so they fail beyond what one listing holds (about 30,000
+//     dead letters with the 1 MiB jute.maxbuffer). Leases are flat too,
+//     bounded by the consumers' prefetch.
 //
 // A Queue, Leases, a Committer, a ConsumerGroup and a Catalog are safe for
 // concurrent use.

@@ -172,7 +172,7 @@ func decodeLeaseState(data []byte) (deadline time.Time, itemData []byte, nacked 
 // unleased. It returns zk.ErrNoNode or zk.ErrBadVersion when another
 // consumer won the race.
 func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFunc) (Lease, error) {
-	itemPath := l.items.path + "/" + n.Raw
+	itemPath := itemPath(l.items.path, n)
 	data, version, ctime, err := l.items.readItem(itemPath, n)
 	if err != nil {
 		return Lease{}, err
@@ -366,7 +366,7 @@ func tooMany(m Message, p Policy) bool {
 // Multi, conditional on the lease's version.
 func (l *Leases) release(ctx context.Context, token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
 	ops, out := releaseOps(l.items.path, l.leases, l.dead, l.items.opt.acl, token, item, itemData, version, m, p)
-	if _, err := l.items.write(ctx, ops...); err != nil {
+	if err := runRelease(ctx, l.items.write, l.items.zk.Exists, l.items.path, item, ops, out); err != nil {
 		return 0, fmt.Errorf("release %s/%s: %w", l.leases, token, err)
 	}
 	if out == Requeued {
@@ -375,19 +375,37 @@ func (l *Leases) release(ctx context.Context, token string, item Name, itemData 
 	return out, nil
 }
 
+// runRelease runs the transaction of releaseOps; one that requeues
+// re-creates the message's segment if it was removed (requeue).
+func runRelease(ctx context.Context, write writeFunc, exists func(string) (bool, *zk.Stat, error), items string, item Name, ops []any, out Outcome) error {
+	if out == Requeued {
+		return requeue(ctx, write, exists, items, item, ops)
+	}
+	_, err := write(ctx, ops...)
+	return err
+}
+
 // releaseOps is the transaction that releases lease token (of item, at
-// version): back into itemsPath under a new incarnation, or into deadPath,
-// or deleted, by the policy.
+// version): back into its segment under itemsPath under a new incarnation,
+// or into deadPath, or deleted, by the policy.
 func releaseOps(itemsPath, leasesPath, deadPath string, acl []zk.ACL, token string, item Name, itemData []byte, version int32, m Message, p Policy) ([]any, Outcome) {
 	del := &zk.DeleteRequest{Path: leasesPath + "/" + token, Version: version}
 	switch {
 	case !tooMany(m, p):
-		return []any{del, &zk.CreateRequest{Path: itemsPath + "/" + newIncarnation(item), Data: itemData, Acl: acl}}, Requeued
+		return []any{del, requeueOp(itemsPath, item, itemData, acl)}, Requeued
 	case p.DeadLetter:
 		return []any{del, &zk.CreateRequest{Path: deadPath + "/" + item.Base, Data: itemData, Acl: acl}}, DeadLettered
 	default:
 		return []any{del}, Dropped
 	}
+}
+
+// requeueOp creates message item again in its segment under itemsPath,
+// under a new incarnation.
+func requeueOp(itemsPath string, item Name, data []byte, acl []zk.ACL) *zk.CreateRequest {
+	n := item
+	n.Raw = newIncarnation(item)
+	return &zk.CreateRequest{Path: itemPath(itemsPath, n), Data: data, Acl: acl}
 }
 
 // Release gives a lease back regardless of its deadline (a consumer's
@@ -551,11 +569,10 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		if err != nil {
 			return moved, err
 		}
-		res, err := l.items.zk.Multi(
+		err = requeue(ctx, l.items.multi, l.items.zk.Exists, l.items.path, n, []any{
 			&zk.DeleteRequest{Path: deadPath, Version: stat.Version},
-			&zk.CreateRequest{Path: l.items.path + "/" + newIncarnation(n), Data: EncodeData(m.Payload, m.Published, 0), Acl: l.items.opt.acl})
+			requeueOp(l.items.path, n, EncodeData(m.Payload, m.Published, 0), l.items.opt.acl)})
 		if err != nil {
-			err = zkutil.MultiError(res, err)
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				continue
 			}

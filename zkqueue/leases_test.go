@@ -85,7 +85,7 @@ func TestBatchLimitCountsOverheadExplicitly(t *testing.T) {
 		t.Fatal(err)
 	}
 	per := s.MessageOverhead()
-	if want := zkqueue.HeaderMax + len(root+"/items") + 16 + 96; per != want {
+	if want := zkqueue.HeaderMax + len(root+"/items") + 61 + 96; per != want {
 		t.Fatalf("MessageOverhead() = %d, want %d", per, want)
 	}
 	batch := func(n, size int) [][]byte {

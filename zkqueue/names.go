@@ -9,9 +9,14 @@ import (
 )
 
 // Node names. ZooKeeper appends a 10-digit signed sequence number to the
-// prefix of a PERSISTENT_SEQUENTIAL node: "qn-0000000042". After
-// 2,147,483,647 the counter wraps to "-2147483648", so the suffix is parsed
-// as a signed 32-bit integer and names are compared numerically.
+// prefix of a PERSISTENT_SEQUENTIAL node. A message of segment k is created
+// with the prefix "qn-<k>-" ("p007-<k>-" at priority 7), so its name,
+// "qn-12-0000000042", is unique in the queue and names its segment
+// (segments.go). Messages of the single-parent layout written before
+// segments, "qn-0000000042", belong to the legacy segment, which sorts
+// first. The sequence suffix is parsed as a signed 32-bit integer (the
+// legacy counter could wrap to "-2147483648") and names are compared
+// numerically.
 const (
 	// FIFOPrefix prefixes the messages of a FIFO queue.
 	FIFOPrefix = "qn-"
@@ -36,14 +41,16 @@ type Name struct {
 	Raw      string // the node name as stored
 	Base     string // Raw without the incarnation suffix: the message id
 	Priority int    // 0 for FIFO messages
+	Seg      int64  // the segment's number; 0 for the legacy segment
 	Seq      int32  // the sequence suffix
 }
 
 // IncarnationLen is the length of the ".<hex>" incarnation suffix.
 const IncarnationLen = 9
 
-// ParseName parses "qn-<seq>" and "pNNN-<seq>", each optionally followed
-// by an incarnation suffix. ok is false for any other name (foreign nodes,
+// ParseName parses "qn-<seg>-<seq>" and "pNNN-<seg>-<seq>" (and the legacy
+// "qn-<seq>" and "pNNN-<seq>"), each optionally followed by an incarnation
+// suffix. ok is false for any other name (foreign nodes,
 // which queues skip).
 func ParseName(s string) (n Name, ok bool) {
 	base := s
@@ -82,6 +89,13 @@ func parseBase(s string) (n Name, ok bool) {
 	default:
 		return Name{}, false
 	}
+	if i := strings.IndexByte(rest, '-'); i > 0 {
+		seg, ok := parseSegNumber(rest[:i])
+		if !ok || rest[i+1:] == "" || rest[i+1] == '-' {
+			return Name{}, false
+		}
+		n.Seg, rest = seg, rest[i+1:]
+	}
 	// ZooKeeper writes %010d: at least 10 characters, a sign only when
 	// negative.
 	if len(rest) < 10 || rest[0] == '+' {
@@ -95,9 +109,27 @@ func parseBase(s string) (n Name, ok bool) {
 	return n, true
 }
 
-// Compare orders names by (priority, sequence), numerically.
+// parseSegNumber parses a segment number written in a message name: decimal
+// digits without sign or leading zeros, at least 1.
+func parseSegNumber(s string) (int64, bool) {
+	if s == "" || s[0] < '1' || s[0] > '9' {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	k, err := strconv.ParseInt(s, 10, 64)
+	return k, err == nil
+}
+
+// Compare orders names by (priority, segment, sequence), numerically.
 func Compare(a, b Name) int {
 	if c := cmp.Compare(a.Priority, b.Priority); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Seg, b.Seg); c != 0 {
 		return c
 	}
 	return cmp.Compare(a.Seq, b.Seq)

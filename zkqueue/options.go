@@ -40,6 +40,7 @@ type options struct {
 	memory       *Budget
 	noCreate     bool
 	acl          []zk.ACL
+	segmentSize  int
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -91,8 +92,26 @@ func (o *options) validate() error {
 		o.memory = NewBudget(DefaultMemoryBytes)
 	}
 	o.acl = zkutil.ACLOr(o.acl)
+	if o.segmentSize == 0 {
+		o.segmentSize = DefaultSegmentSize
+	}
+	if o.segmentSize < 2 || o.segmentSize > MaxSegmentSize {
+		return fmt.Errorf("zkqueue: segment size %d out of range [2, %d]", o.segmentSize, MaxSegmentSize)
+	}
 	return nil
 }
+
+// MaxSegmentSize bounds WithSegmentSize: a listing of a full segment
+// (names of up to 36 bytes, plus the transactions that passed the seal)
+// must stay well below jute.maxbuffer.
+const MaxSegmentSize = 50_000
+
+// WithSegmentSize sets the number of messages after which a segment is
+// sealed and the next one started (segments.go); default
+// DefaultSegmentSize. Consumers list one segment at a time, so it bounds a
+// listing; every process publishing to a queue should use the same size
+// (a segment is sealed by the first publish past its size).
+func WithSegmentSize(n int) Option { return func(o *options) { o.segmentSize = n } }
 
 // WithLimits sets the publish limits (see Limits).
 func WithLimits(l Limits) Option { return func(o *options) { o.limits = l } }

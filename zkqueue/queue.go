@@ -29,6 +29,9 @@ type Queue struct {
 	path    string
 	opt     options
 	recent  *recent // data of messages published here, for read-free claims
+	tails   tails   // the tail segment of each level, for producers
+	chain   chain   // the segments, for consumers
+	counts  segmentCounts
 
 	dispatcher
 }
@@ -55,7 +58,9 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 		}
 	}
 	s := &Queue{conn: conn, zk: observed{conn, o.observer}, path: p, opt: o,
-		recent: newRecent(o.memory), dispatcher: newDispatcher()}
+		recent: newRecent(o.memory), dispatcher: newDispatcher(),
+		tails: tails{k: map[int]int64{}}, chain: newChain(),
+		counts: segmentCounts{n: map[segment]int{}}}
 	for _, r := range o.readers {
 		s.readers = append(s.readers, observed{r, o.observer})
 	}
@@ -93,11 +98,10 @@ func (s *Queue) Publish(ctx context.Context, payload []byte) (string, error) {
 
 // PublishPriority appends payload with priority p (see Draft).
 func (s *Queue) PublishPriority(ctx context.Context, p int, payload []byte) (string, error) {
-	prefix, err := s.prefix(p)
-	if err != nil {
+	if _, err := s.prefix(p); err != nil {
 		return "", err
 	}
-	id, err := s.publish(ctx, prefix, payload)
+	id, err := s.publish(ctx, p, payload)
 	return id, s.wrap("publish", err)
 }
 
@@ -123,9 +127,9 @@ func (s *Queue) wrap(op string, err error) error {
 	return fmt.Errorf("zkqueue: %s %s: %w", op, s.path, err)
 }
 
-// publish creates one message node named prefix+<sequence> and returns
+// publish creates one message node at level (its priority) and returns
 // its name.
-func (s *Queue) publish(ctx context.Context, prefix string, payload []byte) (string, error) {
+func (s *Queue) publish(ctx context.Context, level int, payload []byte) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
@@ -133,16 +137,11 @@ func (s *Queue) publish(ctx context.Context, prefix string, payload []byte) (str
 		return "", err
 	}
 	data := EncodeData(payload, time.Now(), 0)
-	res, err := s.write(ctx, &zk.CreateRequest{
-		Path:  s.path + "/" + prefix,
-		Data:  data,
-		Acl:   s.opt.acl,
-		Flags: zk.FlagSequence,
-	})
+	paths, err := s.appendMessages(ctx, []int{level}, [][]byte{data})
 	if err != nil {
 		return "", fmt.Errorf("create in %s: %w", s.path, err)
 	}
-	return s.created(res[0].String, data), nil
+	return s.created(paths[0], data), nil
 }
 
 // PublishBatch appends all payloads (at priority 0 in a priority queue)
@@ -159,31 +158,30 @@ func (s *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, 
 
 // PublishAll is PublishBatch for messages with priorities.
 func (s *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error) {
-	prefixes := make([]string, len(drafts))
+	levels := make([]int, len(drafts))
 	payloads := make([][]byte, len(drafts))
 	for i, d := range drafts {
-		var err error
-		if prefixes[i], err = s.prefix(d.Priority); err != nil {
+		if _, err := s.prefix(d.Priority); err != nil {
 			return nil, err
 		}
-		payloads[i] = d.Payload
+		levels[i], payloads[i] = d.Priority, d.Payload
 	}
-	ids, err := s.publishBatch(ctx, prefixes, payloads)
+	ids, err := s.publishBatch(ctx, levels, payloads)
 	return ids, s.wrap("publish batch", err)
 }
 
 // publishBatch creates all messages in one Multi transaction: all or
-// none. prefixes[i] names payloads[i]. A batch over the count or byte
+// none. payloads[i] is published at levels[i]. A batch over the count or byte
 // limits is rejected before anything is written.
-func (s *Queue) publishBatch(ctx context.Context, prefixes []string, payloads [][]byte) ([]string, error) {
+func (s *Queue) publishBatch(ctx context.Context, levels []int, payloads [][]byte) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if len(payloads) == 0 {
 		return nil, ErrEmptyBatch
 	}
-	if len(prefixes) != len(payloads) {
-		return nil, fmt.Errorf("%d prefixes for %d payloads", len(prefixes), len(payloads))
+	if len(levels) != len(payloads) {
+		return nil, fmt.Errorf("%d levels for %d payloads", len(levels), len(payloads))
 	}
 	if len(payloads) > s.opt.limits.MaxBatchCount {
 		return nil, fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(payloads), s.opt.limits.MaxBatchCount)
@@ -205,33 +203,29 @@ func (s *Queue) publishBatch(ctx context.Context, prefixes []string, payloads []
 			ErrBatchTooLarge, len(payloads), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
 	}
 	now := time.Now()
-	ops := make([]any, len(payloads))
+	datas := make([][]byte, len(payloads))
 	for i, p := range payloads {
-		ops[i] = &zk.CreateRequest{
-			Path:  s.path + "/" + prefixes[i],
-			Data:  EncodeData(p, now, 0),
-			Acl:   s.opt.acl,
-			Flags: zk.FlagSequence,
-		}
+		datas[i] = EncodeData(p, now, 0)
 	}
-	res, err := s.write(ctx, ops...)
+	paths, err := s.appendMessages(ctx, levels, datas)
 	if err != nil {
 		return nil, fmt.Errorf("multi create in %s: %w", s.path, err)
 	}
-	ids := make([]string, len(res))
-	for i, r := range res {
-		ids[i] = s.created(r.String, ops[i].(*zk.CreateRequest).Data)
+	ids := make([]string, len(paths))
+	for i, p := range paths {
+		ids[i] = s.created(p, datas[i])
 	}
 	return ids, nil
 }
 
 // MessageOverhead is what each message of a batch counts against
 // MaxBatchBytes besides its payload: its header (HeaderMax), its node path
-// (the parent's path and "/" + the longest name prefix + 10 digits) and the
-// framing and ACL of its create op. For a queue's items under /qbroker it
-// is 157 bytes plus the length of the queue name.
+// (the parent's path, "/" + the segment's name, "/" + the longest name
+// prefix with the segment's number + 10 digits) and the framing and ACL of
+// its create op. For a queue's items under /qbroker it is 202 bytes plus
+// the length of the queue name.
 func (s *Queue) MessageOverhead() int {
-	return HeaderMax + len(s.path) + 16 + opOverhead
+	return HeaderMax + len(s.path) + 2*segDigits + 23 + opOverhead
 }
 
 // created notes a message this process created at path p with data, and
@@ -273,13 +267,20 @@ func (s *Queue) write(ctx context.Context, ops ...any) ([]zk.MultiResponse, erro
 	return res, zkutil.MultiError(res, err)
 }
 
+// multi runs ops as one Multi on the queue's own session, never through
+// the Committer.
+func (s *Queue) multi(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+	res, err := s.zk.Multi(ops...)
+	return res, zkutil.MultiError(res, err)
+}
+
 // claimDelete is the at-most-once claim: getData, then delete at the read
 // version. Whoever deletes the node owns the message. If the delete's
 // outcome is unknown (connection lost), the message is not returned: it
 // may be lost, never delivered twice. A message that does not fit the
 // caller's room (see fitClaimFunc) is not deleted.
 func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, error) {
-	p := s.path + "/" + n.Raw
+	p := itemPath(s.path, n)
 	data, version, ctime, err := s.readItem(p, n)
 	if err != nil {
 		return Message{}, err
@@ -358,50 +359,6 @@ func (s *Queue) Dequeue(ctx context.Context) (Message, error) {
 	return m, s.wrap("dequeue", err)
 }
 
-// Peek returns the head message without claiming it, or ErrEmpty. It always
-// reads a fresh child list.
-func (s *Queue) Peek(ctx context.Context) (Message, error) {
-	children, _, err := s.zk.Children(s.path)
-	if err != nil {
-		return Message{}, fmt.Errorf("children %s: %w", s.path, err)
-	}
-	names, _ := SortNames(children)
-	for _, n := range names {
-		if err := ctx.Err(); err != nil {
-			return Message{}, err
-		}
-		data, stat, err := s.zk.Get(s.path + "/" + n.Raw)
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
-		}
-		if err != nil {
-			return Message{}, fmt.Errorf("get %s/%s: %w", s.path, n.Raw, err)
-		}
-		m, err := decodeMessage(n, data, ctimeOf(stat), 0)
-		if errors.Is(err, ErrBadData) {
-			continue // never delivered: the next is the head
-		}
-		return m, err
-	}
-	return Message{}, ErrEmpty
-}
-
-// Len returns the number of children from the parent's Stat, without
-// listing them. Foreign children, if any, are counted too.
-func (s *Queue) Len(ctx context.Context) (int, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	_, stat, err := s.zk.Exists(s.path)
-	if err != nil {
-		return 0, fmt.Errorf("exists %s: %w", s.path, err)
-	}
-	if stat == nil {
-		return 0, nil
-	}
-	return int(stat.NumChildren), nil
-}
-
 // OldestAge returns the age of the head message (0 when empty). It reads
 // the head of the cached snapshot when it still exists, without listing
 // the children (an approximation: a message put back at the head since the
@@ -419,7 +376,7 @@ func (s *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
 	}
 	s.mu.Unlock()
 	if head.Raw != "" {
-		data, stat, err := s.zk.Get(s.path + "/" + head.Raw)
+		data, stat, err := s.zk.Get(itemPath(s.path, head))
 		if err == nil {
 			if m, err := decodeMessage(head, data, ctimeOf(stat), 0); err == nil {
 				return time.Since(m.Published), nil
@@ -434,20 +391,4 @@ func (s *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	return time.Since(m.Published), nil
-}
-
-// Purge deletes every child present when it starts and returns how many
-// it deleted: the messages, and the nodes that are not (foreign names,
-// data that does not decode), which are never delivered. Messages
-// claimed concurrently are not counted.
-func (s *Queue) Purge(ctx context.Context) (int, error) {
-	children, _, err := s.zk.Children(s.path)
-	if err != nil {
-		return 0, fmt.Errorf("children %s: %w", s.path, err)
-	}
-	raw := make([]string, len(children))
-	for i, c := range children {
-		raw[i] = s.path + "/" + c
-	}
-	return zkutil.DeleteNodes(ctx, s.conn, raw)
 }

@@ -47,7 +47,10 @@ func TestTakeWithinStopsAtRoom(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			root := zktest.Root(t)
-			other := zktest.Conn(t)
+			other, err := zkqueue.New(zktest.Conn(t), root+"/items")
+			if err != nil {
+				t.Fatal(err)
+			}
 			cons := roomStore(t, root+"/items")
 			pub := cons
 			if !own {
@@ -79,8 +82,8 @@ func TestTakeWithinStopsAtRoom(t *testing.T) {
 				}
 				// Counted on another session, so as not to order the
 				// consumer's watch before its next take.
-				if left, _, err := other.Children(root + "/items"); err != nil || len(left) != n-next {
-					t.Fatalf("round %d: %d messages left (%v), want %d", round, len(left), err, n-next)
+				if left, err := other.Len(ctx); err != nil || left != n-next {
+					t.Fatalf("round %d: %d messages left (%v), want %d", round, left, err, n-next)
 				}
 			}
 		})

@@ -64,6 +64,7 @@ type serveOptions struct {
 	maxDepth       int
 	zkDataBudget   int
 	maxQueues      int
+	segmentSize    int
 	zkSessions     int
 	visibility     time.Duration
 	sweep          time.Duration
@@ -176,6 +177,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", e.int("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
 	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 0), "most ready messages per queue, for every queue; publishing beyond fails with ResourceExhausted; 0: none but the queue's own max_depth ($QBROKER_MAX_DEPTH)")
 	fs.IntVar(&o.zkDataBudget, "zk-data-budget", e.int("ZK_DATA_BUDGET", broker.DefaultZKDataBudget>>20), "MiB of data ZooKeeper may hold (twice its approximate data size, from mntr, plus 384 bytes per znode); publishing beyond fails with ResourceExhausted; at most a quarter of ZooKeeper's heap (-Xmx); 0: no budget ($QBROKER_ZK_DATA_BUDGET)")
+	fs.IntVar(&o.segmentSize, "segment-size", e.int("SEGMENT_SIZE", zkqueue.DefaultSegmentSize), "messages per queue segment, at most 50000: consumers list one segment at a time; use the same on every broker ($QBROKER_SEGMENT_SIZE)")
 	fs.IntVar(&o.maxQueues, "max-queues", e.int("MAX_QUEUES", 10_000), "most queues, at most 20000; creating beyond fails with ResourceExhausted ($QBROKER_MAX_QUEUES)")
 	fs.DurationVar(&o.visibility, "visibility-timeout", e.dur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
 	fs.DurationVar(&o.sweep, "sweep-interval", e.dur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
@@ -404,6 +406,7 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 		MaxDepth:            o.maxDepth,
 		ZKDataBudget:        budgetBytes(o.zkDataBudget),
 		MaxQueues:           o.maxQueues,
+		SegmentSize:         o.segmentSize,
 		ZKSessions:          o.zkSessions,
 		DefaultVisibility:   o.visibility,
 		SweepInterval:       o.sweep,

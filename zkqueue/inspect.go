@@ -1,0 +1,284 @@
+package zkqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Reading a queue without consuming it: Peek, Len, Purge. None of them
+// lists every segment's children on every call: Peek stops at the first
+// message, Len lists only the parent and reads the heads' and tails'
+// counts (segment counts below).
+
+// segmentCounts caches the message counts of sealed segments that are
+// neither a head nor a tail: nobody consumes from or publishes into those,
+// so their counts stand until they become heads (a redelivery re-creates
+// a removed segment, which then is a head).
+type segmentCounts struct {
+	mu sync.Mutex
+	n  map[segment]int
+
+	// The listing of the parent Len last made, with its watch: listed
+	// again only when the segments changed (a roll, a removal).
+	listMu  sync.Mutex
+	listing listing
+	watch   <-chan zk.Event
+}
+
+// listCached returns the listing of the parent, listed again only when
+// its watch fired.
+func (s *Queue) listCached() (listing, error) {
+	c := &s.counts
+	c.listMu.Lock()
+	defer c.listMu.Unlock()
+	if c.watch != nil && !zkutil.Fired(c.watch) {
+		return c.listing, nil
+	}
+	children, _, w, err := s.zk.ChildrenW(s.path)
+	if err != nil {
+		return listing{}, fmt.Errorf("children %s: %w", s.path, err)
+	}
+	c.listing, c.watch = s.parseListing(children), w
+	return c.listing, nil
+}
+
+// listing is a fresh listing of the items parent: its segments and
+// legacy messages, sorted.
+type listing struct {
+	segs    []segment // including segment{level, 0} for each level with legacy messages
+	legacy  []Name
+	foreign []string // children that are neither (Purge deletes them)
+}
+
+func (s *Queue) listNow() (listing, error) {
+	children, _, err := s.zk.Children(s.path)
+	if err != nil {
+		return listing{}, fmt.Errorf("children %s: %w", s.path, err)
+	}
+	return s.parseListing(children), nil
+}
+
+func (s *Queue) parseListing(children []string) listing {
+	var l listing
+	for _, name := range children {
+		if sg, prio, ok := parseSegment(name); ok && prio == s.opt.priorities {
+			l.segs = append(l.segs, sg)
+		} else if n, ok := ParseName(name); ok && n.Seg == 0 {
+			l.legacy = append(l.legacy, n)
+		} else {
+			l.foreign = append(l.foreign, name)
+		}
+	}
+	slices.SortFunc(l.legacy, Compare)
+	for _, n := range l.legacy {
+		if sg := (segment{n.Priority, 0}); !slices.Contains(l.segs, sg) {
+			l.segs = append(l.segs, sg)
+		}
+	}
+	slices.SortFunc(l.segs, compareSegments)
+	return l
+}
+
+// names returns the messages of sg, sorted.
+func (s *Queue) segmentNames(l listing, sg segment) ([]Name, error) {
+	if sg.k == 0 {
+		return slices.DeleteFunc(slices.Clone(l.legacy), func(n Name) bool { return n.Priority != sg.level }), nil
+	}
+	p := segmentPath(s.path, s.opt.priorities, sg)
+	children, _, err := s.zk.Children(p)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("children %s: %w", p, err)
+	}
+	names, _ := SortNames(children)
+	return names, nil
+}
+
+// Peek returns the head message without claiming it, or ErrEmpty. It always
+// reads fresh listings: of the parent, then of the segments in order up to
+// the first that holds a message.
+func (s *Queue) Peek(ctx context.Context) (Message, error) {
+	l, err := s.listNow()
+	if err != nil {
+		return Message{}, err
+	}
+	for _, sg := range l.segs {
+		names, err := s.segmentNames(l, sg)
+		if err != nil {
+			return Message{}, err
+		}
+		for _, n := range names {
+			if err := ctx.Err(); err != nil {
+				return Message{}, err
+			}
+			p := itemPath(s.path, n)
+			data, stat, err := s.zk.Get(p)
+			if errors.Is(err, zk.ErrNoNode) {
+				continue
+			}
+			if err != nil {
+				return Message{}, fmt.Errorf("get %s: %w", p, err)
+			}
+			m, err := decodeMessage(n, data, ctimeOf(stat), 0)
+			if errors.Is(err, ErrBadData) {
+				continue // never delivered: the next is the head
+			}
+			return m, err
+		}
+	}
+	return Message{}, ErrEmpty
+}
+
+// Len returns the number of messages: the legacy ones in a listing of the
+// parent, plus each segment's from its Stat (NumChildren), cached for the
+// sealed segments between a level's head and tail. The listing is watched
+// and made again only when the segments changed, so a FIFO queue costs
+// one or two Stats per call. Foreign children of segments, if any, are
+// counted too.
+func (s *Queue) Len(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	l, err := s.listCached()
+	if errors.Is(err, zk.ErrNoNode) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	total := len(l.legacy)
+	seen := make(map[segment]bool, len(l.segs))
+	for i, sg := range l.segs {
+		if sg.k == 0 {
+			continue
+		}
+		seen[sg] = true
+		inner := i > 0 && l.segs[i-1].level == sg.level && i+1 < len(l.segs) && l.segs[i+1].level == sg.level
+		n, err := s.segmentLen(sg, inner)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	s.counts.mu.Lock()
+	deleteUnseen(s.counts.n, seen)
+	s.counts.mu.Unlock()
+	return total, nil
+}
+
+// segmentLen returns the message count of sg, cached when inner (neither
+// head nor tail) and sealed.
+func (s *Queue) segmentLen(sg segment, inner bool) (int, error) {
+	s.counts.mu.Lock()
+	n, ok := s.counts.n[sg]
+	s.counts.mu.Unlock()
+	if ok && inner {
+		return n, nil
+	}
+	p := segmentPath(s.path, s.opt.priorities, sg)
+	found, stat, err := s.zk.Exists(p)
+	if err != nil {
+		return 0, fmt.Errorf("exists %s: %w", p, err)
+	}
+	if !found {
+		return 0, nil
+	}
+	if inner && segmentSealed(stat) {
+		s.counts.mu.Lock()
+		s.counts.n[sg] = int(stat.NumChildren)
+		s.counts.mu.Unlock()
+	}
+	return int(stat.NumChildren), nil
+}
+
+func deleteUnseen(m map[segment]int, seen map[segment]bool) {
+	for sg := range m {
+		if !seen[sg] {
+			delete(m, sg)
+		}
+	}
+}
+
+// Purge deletes every message present when it starts and returns how many
+// it deleted, segment by segment, and removes the sealed segments it
+// emptied (conditionally, as consumers do: one that got a message back
+// stays), so no count cached by Len outlives them. The nodes that are not
+// messages (foreign names, data that does not decode), never delivered,
+// are deleted and counted too. Messages claimed concurrently are not
+// counted.
+func (s *Queue) Purge(ctx context.Context) (int, error) {
+	l, err := s.listNow()
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	for _, sg := range l.segs {
+		raw, err := s.segmentChildren(l, sg)
+		if err != nil {
+			return deleted, err
+		}
+		n, err := zkutil.DeleteNodes(ctx, s.conn, raw)
+		deleted += n
+		if err != nil {
+			return deleted, err
+		}
+		if sg.k > 0 {
+			s.removeIfDrained(sg)
+		}
+	}
+	raw := make([]string, len(l.foreign))
+	for i, f := range l.foreign {
+		raw[i] = s.path + "/" + f
+	}
+	n, err := zkutil.DeleteNodes(ctx, s.conn, raw)
+	s.mu.Lock()
+	clear(s.bad)
+	s.mu.Unlock()
+	return deleted + n, err
+}
+
+// segmentChildren returns the paths of every child of sg: its messages and
+// whatever else is there (sg.k 0: the legacy messages of its level).
+func (s *Queue) segmentChildren(l listing, sg segment) ([]string, error) {
+	if sg.k == 0 {
+		var raw []string
+		for _, n := range l.legacy {
+			if n.Priority == sg.level {
+				raw = append(raw, s.path+"/"+n.Raw)
+			}
+		}
+		return raw, nil
+	}
+	p := segmentPath(s.path, s.opt.priorities, sg)
+	children, _, err := s.zk.Children(p)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("children %s: %w", p, err)
+	}
+	raw := make([]string, len(children))
+	for i, c := range children {
+		raw[i] = p + "/" + c
+	}
+	return raw, nil
+}
+
+// removeIfDrained deletes segment sg if it is sealed and empty. Failures
+// leave it to the consumers.
+func (s *Queue) removeIfDrained(sg segment) {
+	p := segmentPath(s.path, s.opt.priorities, sg)
+	ok, stat, err := s.zk.Exists(p)
+	if err == nil && ok && segmentSealed(stat) && stat.NumChildren == 0 {
+		_ = s.zk.Delete(p, stat.Version)
+	}
+}
