@@ -16,13 +16,16 @@ import "slices"
 // skipped again at every listing (and reported again).
 const maxBad = 10_000
 
-// markBad notes that candidate n does not decode.
+// markBad notes that candidate n does not decode, and drops the snapshot's
+// watches so that the next take lists the heads again without it: a head
+// holding nothing else is then passed over instead of waited on.
 func (s *Queue) markBad(n Name) {
 	s.mu.Lock()
 	first := !s.bad[n.Raw] && len(s.bad) < maxBad
 	if first {
 		s.bad[n.Raw] = true
 	}
+	s.watches = nil
 	s.mu.Unlock()
 	if !first {
 		return

@@ -613,3 +613,40 @@ func TestSegmentsLenAndPurge(t *testing.T) {
 		return err == nil && n == 10
 	})
 }
+
+// An undecodable node left in a sealed segment (written where ACLs let
+// someone) is passed over: the segments behind it are still consumed, and
+// Purge deletes it.
+func TestSegmentsBadNodeDoesNotBlock(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	q := newQueue(t, conn, root+"/items", zkqueue.WithSegmentSize(2))
+	for _, p := range []string{"a", "b"} {
+		if _, err := q.Publish(ctx, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := root + "/items/s0000000000000000001"
+	if _, err := conn.Create(first+"/qn-1-", []byte("garbage"), zk.FlagSequence, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Publish(ctx, []byte("c")); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"a", "b", "c"} {
+		m, err := q.TryDequeue(ctx)
+		if err != nil || string(m.Payload) != want {
+			t.Fatalf("TryDequeue = %q, %v; want %q", m.Payload, err, want)
+		}
+	}
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
+		t.Fatalf("TryDequeue: got %v, want ErrEmpty", err)
+	}
+	if k, err := q.Purge(ctx); k != 1 || err != nil {
+		t.Fatalf("Purge = %d, %v; want 1 (the bad node)", k, err)
+	}
+	if ok, _, err := conn.Exists(first); err != nil || ok {
+		t.Fatalf("purged sealed segment %s still there (%v, %v)", first, ok, err)
+	}
+}
