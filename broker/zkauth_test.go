@@ -50,6 +50,19 @@ func walk(t *testing.T, conn *zk.Conn, p string) []string {
 	return out
 }
 
+// messages returns the paths of the message nodes of the queue whose items
+// parent is items: the children of its segments.
+func messages(t *testing.T, conn *zk.Conn, items string) []string {
+	t.Helper()
+	var out []string
+	for _, p := range walk(t, conn, items) {
+		if strings.Count(strings.TrimPrefix(p, items), "/") == 2 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // With a digest credential the broker works end to end, every node it
 // created carries the brokers' ACL, and a ZooKeeper client without the
 // credential can neither read nor change anything: not a message, not a
@@ -78,9 +91,9 @@ func TestZKDigestClosesTheTree(t *testing.T) {
 		}
 	}
 	q := root + "/queues/orders"
-	items, _, err := admin.Children(q + "/items")
-	if err != nil || len(items) != 2 {
-		t.Fatalf("items = %v, %v; want 2", items, err)
+	items := messages(t, admin, q+"/items")
+	if len(items) != 2 {
+		t.Fatalf("messages = %v; want 2", items)
 	}
 	leases, _, err := admin.Children(q + "/leases")
 	if err != nil || len(leases) != 1 {
@@ -94,10 +107,14 @@ func TestZKDigestClosesTheTree(t *testing.T) {
 			t.Errorf("%s without the credential: got %v, want ErrNoAuth", what, err)
 		}
 	}
-	noAuth("delete a message", plain.Delete(q+"/items/"+items[0], -1))
+	noAuth("delete a message", plain.Delete(items[0], -1))
 	noAuth("delete a lease", plain.Delete(q+"/leases/"+leases[0], -1))
 	_, err = plain.Create(q+"/items/qn-0000009999", []byte("garbage"), 0, zk.WorldACL(zk.PermAll))
 	noAuth("create a message", err)
+	_, err = plain.Create(path.Dir(items[0])+"/qn-1-0000009999", []byte("garbage"), 0, zk.WorldACL(zk.PermAll))
+	noAuth("create a message in a segment", err)
+	_, err = plain.Create(q+"/items/s0000000000000000002", nil, 0, zk.WorldACL(zk.PermAll))
+	noAuth("create a segment", err)
 	_, err = plain.Set(q, []byte(`{"kind":"sync"}`), -1)
 	noAuth("set the metadata", err)
 	_, err = plain.Set(q+"/leases/"+leases[0], nil, -1)
@@ -161,11 +178,11 @@ func TestZKOpenRootRefusedOrMigrated(t *testing.T) {
 
 	b := newBroker(t, root, withDigest, func(c *broker.Config) { c.ZKMigrateACL = true })
 	plain := zktest.Conn(t)
-	items, _, err := authedConn(t).Children(root + "/queues/old/items")
-	if err != nil || len(items) != 2 {
-		t.Fatalf("items = %v, %v; want 2", items, err)
+	items := messages(t, authedConn(t), root+"/queues/old/items")
+	if len(items) != 2 {
+		t.Fatalf("messages = %v; want 2", items)
 	}
-	if err := plain.Delete(root+"/queues/old/items/"+items[0], -1); !errors.Is(err, zk.ErrNoAuth) {
+	if err := plain.Delete(items[0], -1); !errors.Is(err, zk.ErrNoAuth) {
 		t.Fatalf("delete after migration: got %v, want ErrNoAuth", err)
 	}
 	ms := receive(t, b.client, &pb.ReceiveRequest{Queue: "old", MaxMessages: 2})
@@ -236,7 +253,7 @@ func TestForeignNodeNeverDelivered(t *testing.T) {
 	if err != nil || r.GetPurged() != 2 {
 		t.Fatalf("Purge = %v, %v; want the 2 foreign nodes", r, err)
 	}
-	if left, _, _ := plain.Children(items); len(left) != 0 {
+	if left := messages(t, plain, items); len(left) != 0 {
 		t.Fatalf("left after Purge: %v", left)
 	}
 
