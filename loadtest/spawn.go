@@ -46,10 +46,12 @@ type brokerProc struct {
 }
 
 // spawnZKHeapMB is the spawned ZooKeeper's heap, and the spawned brokers'
-// data budget is what it holds (zkserver.DataBudget: 768 MiB): enough for
-// a backlog of 1,000,000 messages of 100 B (an estimate of 628 MB). The
-// heap grows only as it is used.
-const spawnZKHeapMB = 3072
+// data budget is what it holds (zkserver.DataBudget: 1 GiB): enough for a
+// backlog of 1,000,000 messages of 100 B, whose budget estimate is about
+// 780 MB (the approximate data size counts each node's path, about 75
+// bytes in a segment; 768 MiB refused the last 0.5% of such a backlog).
+// The heap grows only as it is used.
+const spawnZKHeapMB = 4096
 
 // externalTopology is a topology of brokers started by someone else.
 func externalTopology(c Config) *Topology {
