@@ -186,16 +186,21 @@ func (s tokenSet) lookup(tok string) (string, bool) {
 	return name, found
 }
 
-func readTokens(file string) (tokenSet, error) {
+func readTokens(file string) (tokenSet, error) { return readParsed(file, ParseTokens) }
+
+// readParsed reads file and parses it with parse; errors name the file.
+func readParsed[T any](file string, parse func([]byte) (T, error)) (T, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, err
+		var zero T
+		return zero, err
 	}
-	s, err := ParseTokens(data)
+	v, err := parse(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
+		var zero T
+		return zero, fmt.Errorf("%s: %w", file, err)
 	}
-	return s, nil
+	return v, nil
 }
 
 // ParseTokens parses a tokens file: one "<identity> sha256:<64 hex

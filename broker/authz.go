@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"os"
 	"path"
 	"slices"
 	"strings"
@@ -44,17 +43,7 @@ type rule struct {
 	patterns []string // path.Match globs: orders.*, billing, *
 }
 
-func readRules(file string) (*Rules, error) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return nil, err
-	}
-	r, err := ParseRules(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", file, err)
-	}
-	return r, nil
-}
+func readRules(file string) (*Rules, error) { return readParsed(file, ParseRules) }
 
 // ParseRules parses a rules file: one rule per line,
 //

@@ -98,20 +98,26 @@ func (s *Queue) listSegments(watch bool) error {
 	if err != nil {
 		return fmt.Errorf("children %s: %w", s.path, err)
 	}
-	c.segs, c.legacy, c.foreign = c.segs[:0], c.legacy[:0], c.foreign[:0]
-	for _, name := range children {
-		if sg, prio, ok := parseSegment(name); ok && prio == s.opt.priorities {
-			c.segs = append(c.segs, sg)
-		} else if n, ok := ParseName(name); ok && n.Seg == 0 {
-			c.legacy = append(c.legacy, n)
-		} else {
-			c.foreign = append(c.foreign, name)
-		}
-	}
-	slices.SortFunc(c.segs, compareSegments)
-	slices.SortFunc(c.legacy, Compare)
+	c.segs, c.legacy, c.foreign = s.classify(children)
 	c.watch = w
 	return nil
+}
+
+// classify sorts the children of the items parent into this queue's
+// segments and legacy messages, both sorted, and the rest (foreign).
+func (s *Queue) classify(children []string) (segs []segment, legacy []Name, foreign []string) {
+	for _, name := range children {
+		if sg, prio, ok := parseSegment(name); ok && prio == s.opt.priorities {
+			segs = append(segs, sg)
+		} else if n, ok := ParseName(name); ok && n.Seg == 0 {
+			legacy = append(legacy, n)
+		} else {
+			foreign = append(foreign, name)
+		}
+	}
+	slices.SortFunc(segs, compareSegments)
+	slices.SortFunc(legacy, Compare)
+	return segs, legacy, foreign
 }
 
 // levels returns the levels that have segments or legacy messages, in

@@ -67,16 +67,7 @@ func (s *Queue) listNow() (listing, error) {
 
 func (s *Queue) parseListing(children []string) listing {
 	var l listing
-	for _, name := range children {
-		if sg, prio, ok := parseSegment(name); ok && prio == s.opt.priorities {
-			l.segs = append(l.segs, sg)
-		} else if n, ok := ParseName(name); ok && n.Seg == 0 {
-			l.legacy = append(l.legacy, n)
-		} else {
-			l.foreign = append(l.foreign, name)
-		}
-	}
-	slices.SortFunc(l.legacy, Compare)
+	l.segs, l.legacy, l.foreign = s.classify(children)
 	for _, n := range l.legacy {
 		if sg := (segment{n.Priority, 0}); !slices.Contains(l.segs, sg) {
 			l.segs = append(l.segs, sg)
