@@ -78,8 +78,7 @@ func (s *Queue) scan() error {
 		return err
 	}
 	s.watches = h.watches
-	names = slices.DeleteFunc(names, func(n Name) bool { return s.bad[n.Raw] })
-	s.more = len(names) > 0
+	s.more = len(names) > 0 // known bad nodes are left out by levelHead
 	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
 		// Candidates being claimed by this process's consumers, or
 		// claimed while the listing was under way (it may predate
