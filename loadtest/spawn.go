@@ -46,10 +46,9 @@ type brokerProc struct {
 }
 
 // spawnZKHeapMB is the spawned ZooKeeper's heap, and the spawned brokers'
-// data budget is what it holds (zkserver.DataBudget: 1 GiB): enough for a
-// backlog of 1,000,000 messages of 100 B, whose budget estimate is about
-// 780 MB (the approximate data size counts each node's path, about 75
-// bytes in a segment; 768 MiB refused the last 0.5% of such a backlog).
+// data budget is what it holds (zkserver.DataBudget: 1 GiB), for a
+// backlog of 1,000,000 messages of 100 B: a budget of 768 MiB refused the
+// last 0.5% of such a backlog in segments (their node paths are longer).
 // The heap grows only as it is used.
 const spawnZKHeapMB = 4096
 
