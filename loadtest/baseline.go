@@ -63,7 +63,7 @@ func baselineRoot(queue string) string { return "/qbroker-loadtest-baselines/" +
 // of the configured size in the broker's encoding, so ZooKeeper moves the
 // same bytes as for qbroker.
 func baselineData(cfg *Config) []byte {
-	return zkqueue.EncodeData(encodePayload(nil, cfg.Payload, msgKey{}, time.Now()), time.Now(), 0)
+	return zkqueue.EncodeData(zkqueue.Message{Payload: encodePayload(nil, cfg.Payload, msgKey{}, time.Now()), Published: time.Now()})
 }
 
 // openSessions opens n ZooKeeper sessions and waits until each has one.

@@ -112,14 +112,14 @@ func (s *Queue) Peek(ctx context.Context) (Message, error) {
 				return Message{}, err
 			}
 			p := itemPath(s.path, n)
-			data, stat, err := s.zk.Get(p)
+			data, _, err := s.zk.Get(p)
 			if errors.Is(err, zk.ErrNoNode) {
 				continue
 			}
 			if err != nil {
 				return Message{}, fmt.Errorf("get %s: %w", p, err)
 			}
-			m, err := decodeMessage(n, data, ctimeOf(stat), 0)
+			m, err := decodeMessage(n, data, 0)
 			if errors.Is(err, ErrBadData) {
 				continue // never delivered: the next is the head
 			}

@@ -173,11 +173,11 @@ func decodeLeaseState(data []byte) (deadline time.Time, itemData []byte, nacked 
 // consumer won the race.
 func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFunc) (Lease, error) {
 	itemPath := itemPath(l.items.path, n)
-	data, version, ctime, err := l.items.readItem(itemPath, n)
+	data, version, err := l.items.readItem(itemPath, n)
 	if err != nil {
 		return Lease{}, err
 	}
-	m, err := decodeMessage(n, data, ctime, 1)
+	m, err := decodeMessage(n, data, 1)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -191,7 +191,7 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 		&zk.DeleteRequest{Path: itemPath, Version: version},
 		&zk.CreateRequest{
 			Path: l.leases + "/" + token,
-			Data: encodeLease(deadline, EncodeData(m.Payload, m.Published, m.Deliveries)),
+			Data: encodeLease(deadline, EncodeData(m)),
 			Acl:  l.items.opt.acl,
 		})
 	if err != nil {
@@ -253,7 +253,7 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 		return Message{}, fmt.Errorf("delete lease %s: %w", token, err)
 	}
 	item, _ := ParseLeaseName(token)
-	return decodeMessage(item, itemData, ctimeOf(stat), 0)
+	return decodeMessage(item, itemData, 0)
 }
 
 // AckUnread deletes a lease by name without reading it first, for a caller
@@ -331,7 +331,7 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		return Message{}, 0, fmt.Errorf("%w: expired", ErrUnknownLease)
 	}
 	item, _ := ParseLeaseName(token)
-	m, err := decodeMessage(item, itemData, ctimeOf(stat), 0)
+	m, err := decodeMessage(item, itemData, 0)
 	if err != nil {
 		return Message{}, 0, err
 	}
@@ -427,7 +427,7 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 	if err != nil {
 		return Message{}, 0, false, err
 	}
-	if m, err = decodeMessage(item, itemData, ctimeOf(stat), 0); err != nil {
+	if m, err = decodeMessage(item, itemData, 0); err != nil {
 		return Message{}, 0, false, err
 	}
 	out, err = l.release(ctx, token, item, itemData, stat.Version, m, p)
@@ -457,12 +457,12 @@ func (l *Leases) Unclaim(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
-	m, err := decodeMessage(item, itemData, ctimeOf(stat), 0)
+	m, err := decodeMessage(item, itemData, 0)
 	if err != nil {
 		return err
 	}
 	m.Deliveries = max(m.Deliveries-1, 0)
-	_, err = l.release(ctx, token, item, EncodeData(m.Payload, m.Published, m.Deliveries), stat.Version, m, Policy{})
+	_, err = l.release(ctx, token, item, EncodeData(m), stat.Version, m, Policy{})
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return nil
 	}
@@ -516,14 +516,14 @@ func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, 
 		if limit > 0 && len(ms) >= limit {
 			return ms, names[i-1].Raw, nil
 		}
-		data, stat, err := l.items.zk.Get(l.dead + "/" + n.Raw)
+		data, _, err := l.items.zk.Get(l.dead + "/" + n.Raw)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
 		if err != nil {
 			return ms, "", fmt.Errorf("get %s: %w", n.Raw, err)
 		}
-		m, err := decodeMessage(n, data, ctimeOf(stat), 0)
+		m, err := decodeMessage(n, data, 0)
 		if err != nil {
 			continue
 		}
@@ -565,13 +565,13 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		if err != nil {
 			return moved, fmt.Errorf("get %s: %w", deadPath, err)
 		}
-		m, err := decodeMessage(n, data, ctimeOf(stat), 0)
+		m, err := decodeMessage(n, data, 0)
 		if err != nil {
 			return moved, err
 		}
 		err = requeue(ctx, l.items.multi, l.items.zk.Exists, l.items.path, n, []any{
 			&zk.DeleteRequest{Path: deadPath, Version: stat.Version},
-			requeueOp(l.items.path, n, EncodeData(m.Payload, m.Published, 0), l.items.opt.acl)})
+			requeueOp(l.items.path, n, EncodeData(Message{Payload: m.Payload, Attributes: m.Attributes, Published: m.Published}), l.items.opt.acl)})
 		if err != nil {
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				continue

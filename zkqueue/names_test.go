@@ -1,7 +1,12 @@
 package zkqueue
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -88,40 +93,93 @@ func TestSortNamesPriority(t *testing.T) {
 
 func TestDataRoundTrip(t *testing.T) {
 	pub := time.Unix(1700000000, 123456789)
+	attrs := []Attributes{{}, {ContentType: "application/json"},
+		{ContentType: "text/plain", Headers: map[string]string{"trace": "abc", "empty": "", "ünï": "çødé"}}}
 	for _, payload := range [][]byte{nil, []byte("hello"), make([]byte, 1<<16)} {
-		data := EncodeData(payload, pub, 3)
-		p, gotPub, d, err := DecodeData(data, time.Time{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(p, payload) && !(len(p) == 0 && len(payload) == 0) {
-			t.Errorf("payload len %d, want %d", len(p), len(payload))
-		}
-		if !gotPub.Equal(pub) || d != 3 {
-			t.Errorf("got (%v, %d), want (%v, 3)", gotPub, d, pub)
+		for _, a := range attrs {
+			data := EncodeData(Message{Payload: payload, Published: pub, Deliveries: 3, Attributes: a})
+			if a.empty() != (data[2] == version1) {
+				t.Errorf("attributes %+v written as version %d", a, data[2])
+			}
+			m, err := DecodeData(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(m.Payload, payload) && !(len(m.Payload) == 0 && len(payload) == 0) {
+				t.Errorf("payload len %d, want %d", len(m.Payload), len(payload))
+			}
+			if !m.Published.Equal(pub) || m.Deliveries != 3 {
+				t.Errorf("got (%v, %d), want (%v, 3)", m.Published, m.Deliveries, pub)
+			}
+			if m.ContentType != a.ContentType || !maps.Equal(m.Headers, a.Headers) {
+				t.Errorf("attributes %+v, want %+v", m.Attributes, a)
+			}
+			if got := len(data) - len(EncodeData(Message{Payload: payload, Published: pub, Deliveries: 3})); a.Size() > got {
+				t.Errorf("Size() = %d, more than the %d bytes the attributes add", a.Size(), got)
+			}
 		}
 	}
 	// Data without the header is not a message.
-	ctime := time.Unix(5, 0)
 	for _, raw := range []string{"raw", "", "garbage"} {
-		if p, _, _, err := DecodeData([]byte(raw), ctime); err == nil {
-			t.Errorf("data %q without a header: got payload %q, want an error", raw, p)
+		if m, err := DecodeData([]byte(raw)); err == nil {
+			t.Errorf("data %q without a header: got payload %q, want an error", raw, m.Payload)
 		}
 	}
 	// A header of an unknown version is corrupt, not a payload.
-	if _, _, _, err := DecodeData([]byte{0xCB, 0x51, 9, 1}, ctime); err == nil {
+	if _, err := DecodeData([]byte{0xCB, 0x51, 9, 1}); err == nil {
 		t.Error("unknown header version: got nil error")
 	}
-	if _, _, _, err := DecodeData([]byte{0xCB, 0x51, 1, 0x80}, ctime); err == nil {
+	if _, err := DecodeData([]byte{0xCB, 0x51, 1, 0x80}); err == nil {
 		t.Error("truncated header: got nil error")
+	}
+	// Attributes longer than the data are corrupt.
+	if _, err := DecodeData([]byte{0xCB, 0x51, 2, 0, 0, 9, 1}); err == nil {
+		t.Error("truncated attributes: got nil error")
+	}
+	// An unknown attribute tag is skipped.
+	m, err := DecodeData([]byte{0xCB, 0x51, 2, 0, 0, 3, 99, 1, 'x', 'p'})
+	if err != nil || string(m.Payload) != "p" {
+		t.Errorf("unknown tag: got %q, %v; want payload \"p\"", m.Payload, err)
+	}
+}
+
+func TestAttributesValidate(t *testing.T) {
+	many := map[string]string{}
+	for i := range MaxHeaders + 1 {
+		many[fmt.Sprint("k", i)] = "v"
+	}
+	bad := []Attributes{
+		{Headers: many},
+		{Headers: map[string]string{"": "v"}},
+		{Headers: map[string]string{strings.Repeat("k", MaxHeaderKey+1): "v"}},
+		{Headers: map[string]string{"k": "\xff"}},
+		{ContentType: "\xfe"},
+		{Headers: map[string]string{"big": strings.Repeat("v", MaxAttributeBytes)}},
+	}
+	for _, a := range bad {
+		if err := a.Validate(); !errors.Is(err, ErrBadAttributes) {
+			t.Errorf("Validate(%.60v) = %v, want ErrBadAttributes", a, err)
+		}
+	}
+	if err := (Attributes{ContentType: "a/b", Headers: map[string]string{"k": "v"}}).Validate(); err != nil {
+		t.Errorf("valid attributes: %v", err)
 	}
 }
 
 func FuzzDecodeData(f *testing.F) {
-	f.Add(EncodeData([]byte("x"), time.Unix(1, 0), 1))
+	f.Add(EncodeData(Message{Payload: []byte("x"), Published: time.Unix(1, 0), Deliveries: 1}))
+	f.Add(EncodeData(Message{Payload: []byte("x"), Attributes: Attributes{ContentType: "t", Headers: map[string]string{"a": "b"}}}))
 	f.Add([]byte{0xCB, 0x51, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, _, _, _ = DecodeData(data, time.Time{})
+		m, err := DecodeData(data)
+		if err != nil {
+			return
+		}
+		// What decodes re-encodes to something that decodes the same.
+		again, err := DecodeData(EncodeData(m))
+		if err != nil || !bytes.Equal(again.Payload, m.Payload) || again.ContentType != m.ContentType || !maps.Equal(again.Headers, m.Headers) {
+			t.Fatalf("re-encoding %x: %+v, %v", data, again, err)
+		}
 	})
 }
 

@@ -75,10 +75,27 @@ func (s *Queue) Path() string { return s.path }
 
 // CheckPayload returns ErrTooLarge when payload exceeds the limit.
 func (s *Queue) CheckPayload(payload []byte) error {
-	if len(payload) > s.opt.limits.MaxPayload {
-		return fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, len(payload), s.opt.limits.MaxPayload)
+	return s.checkSize(len(payload))
+}
+
+func (s *Queue) checkSize(n int) error {
+	if n > s.opt.limits.MaxPayload {
+		return fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, n, s.opt.limits.MaxPayload)
 	}
 	return nil
+}
+
+// CheckDraft returns ErrBadPriority, ErrBadAttributes or ErrTooLarge for
+// a draft that cannot be published. Attributes count against the payload
+// limit.
+func (s *Queue) CheckDraft(d Draft) error {
+	if _, err := s.prefix(d.Priority); err != nil {
+		return err
+	}
+	if err := d.Attributes.Validate(); err != nil {
+		return err
+	}
+	return s.checkSize(d.Size())
 }
 
 // Draft is a message to publish.
@@ -87,21 +104,33 @@ type Draft struct {
 	// Priority, in [0, MaxPriority], 0 the most urgent; 0 in a FIFO
 	// queue.
 	Priority int
+	// Attributes are stored and delivered with the message.
+	Attributes
 }
+
+// Size is what the draft counts against the payload limit: its payload
+// and its attributes.
+func (d Draft) Size() int { return len(d.Payload) + d.Attributes.Size() }
 
 // Publish appends payload (at priority 0 in a priority queue) and returns
 // the message id (its node name). Errors: ErrTooLarge, or a ZooKeeper
 // error.
 func (s *Queue) Publish(ctx context.Context, payload []byte) (string, error) {
-	return s.PublishPriority(ctx, 0, payload)
+	return s.PublishDraft(ctx, Draft{Payload: payload})
 }
 
 // PublishPriority appends payload with priority p (see Draft).
 func (s *Queue) PublishPriority(ctx context.Context, p int, payload []byte) (string, error) {
-	if _, err := s.prefix(p); err != nil {
+	return s.PublishDraft(ctx, Draft{Payload: payload, Priority: p})
+}
+
+// PublishDraft appends one message with its priority and attributes.
+// Errors: see CheckDraft, or a ZooKeeper error.
+func (s *Queue) PublishDraft(ctx context.Context, d Draft) (string, error) {
+	if err := s.CheckDraft(d); err != nil {
 		return "", err
 	}
-	id, err := s.publish(ctx, p, payload)
+	id, err := s.publish(ctx, d)
 	return id, s.wrap("publish", err)
 }
 
@@ -127,17 +156,13 @@ func (s *Queue) wrap(op string, err error) error {
 	return fmt.Errorf("zkqueue: %s %s: %w", op, s.path, err)
 }
 
-// publish creates one message node at level (its priority) and returns
-// its name.
-func (s *Queue) publish(ctx context.Context, level int, payload []byte) (string, error) {
+// publish creates one checked message node and returns its name.
+func (s *Queue) publish(ctx context.Context, d Draft) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
-	if err := s.CheckPayload(payload); err != nil {
-		return "", err
-	}
-	data := EncodeData(payload, time.Now(), 0)
-	paths, err := s.appendMessages(ctx, []int{level}, [][]byte{data})
+	data := EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: time.Now()})
+	paths, err := s.appendMessages(ctx, []int{d.Priority}, [][]byte{data})
 	if err != nil {
 		return "", fmt.Errorf("create in %s: %w", s.path, err)
 	}
@@ -156,56 +181,49 @@ func (s *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, 
 	return s.PublishAll(ctx, drafts)
 }
 
-// PublishAll is PublishBatch for messages with priorities.
+// PublishAll is PublishBatch for messages with priorities and attributes.
 func (s *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error) {
-	levels := make([]int, len(drafts))
-	payloads := make([][]byte, len(drafts))
-	for i, d := range drafts {
-		if _, err := s.prefix(d.Priority); err != nil {
+	for _, d := range drafts {
+		if err := s.CheckDraft(d); err != nil {
 			return nil, err
 		}
-		levels[i], payloads[i] = d.Priority, d.Payload
 	}
-	ids, err := s.publishBatch(ctx, levels, payloads)
+	ids, err := s.publishBatch(ctx, drafts)
 	return ids, s.wrap("publish batch", err)
 }
 
-// publishBatch creates all messages in one Multi transaction: all or
-// none. payloads[i] is published at levels[i]. A batch over the count or byte
-// limits is rejected before anything is written.
-func (s *Queue) publishBatch(ctx context.Context, levels []int, payloads [][]byte) ([]string, error) {
+// publishBatch creates all checked drafts in one Multi transaction: all
+// or none. A batch over the count or byte limits is rejected before
+// anything is written.
+func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if len(payloads) == 0 {
+	if len(drafts) == 0 {
 		return nil, ErrEmptyBatch
 	}
-	if len(levels) != len(payloads) {
-		return nil, fmt.Errorf("%d levels for %d payloads", len(levels), len(payloads))
-	}
-	if len(payloads) > s.opt.limits.MaxBatchCount {
-		return nil, fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(payloads), s.opt.limits.MaxBatchCount)
+	if len(drafts) > s.opt.limits.MaxBatchCount {
+		return nil, fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), s.opt.limits.MaxBatchCount)
 	}
 	// The byte limit bounds the Multi request, so it counts what each
 	// message adds to it besides its payload (MessageOverhead), not the
 	// payloads alone: with MaxBatchBytes <= HardMaxPayload a batch is one
 	// request below jute.maxbuffer.
 	total, overhead := 0, 0
-	for _, p := range payloads {
-		if err := s.CheckPayload(p); err != nil {
-			return nil, err
-		}
-		total += len(p)
+	for _, d := range drafts {
+		total += d.Size()
 		overhead += s.MessageOverhead()
 	}
 	if total+overhead > s.opt.limits.MaxBatchBytes {
 		return nil, fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
-			ErrBatchTooLarge, len(payloads), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
+			ErrBatchTooLarge, len(drafts), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
 	}
 	now := time.Now()
-	datas := make([][]byte, len(payloads))
-	for i, p := range payloads {
-		datas[i] = EncodeData(p, now, 0)
+	levels := make([]int, len(drafts))
+	datas := make([][]byte, len(drafts))
+	for i, d := range drafts {
+		levels[i] = d.Priority
+		datas[i] = EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now})
 	}
 	paths, err := s.appendMessages(ctx, levels, datas)
 	if err != nil {
@@ -281,14 +299,14 @@ func (s *Queue) multi(ctx context.Context, ops ...any) ([]zk.MultiResponse, erro
 // caller's room (see fitClaimFunc) is not deleted.
 func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, error) {
 	p := itemPath(s.path, n)
-	data, version, ctime, err := s.readItem(p, n)
+	data, version, err := s.readItem(p, n)
 	if err != nil {
 		return Message{}, err
 	}
 	// Undecodable data is never delivered: the claim fails with
 	// ErrBadData, and the node stays, skipped, until a purge
 	// (baddata.go).
-	m, err := decodeMessage(n, data, ctime, 1)
+	m, err := decodeMessage(n, data, 1)
 	if err != nil {
 		return Message{}, err
 	}
@@ -313,18 +331,17 @@ func (s *Queue) claimDeleteAll(ctx context.Context, n Name) (Message, error) {
 	return s.claimDelete(ctx, n, nil)
 }
 
-// readItem returns the data, version and creation time of candidate n at
-// p for its claim: remembered when this process published it, else read.
-func (s *Queue) readItem(p string, n Name) (data []byte, version int32, ctime time.Time, err error) {
+// readItem returns the data and version of candidate n at p for its
+// claim: remembered when this process published it, else read.
+func (s *Queue) readItem(p string, n Name) (data []byte, version int32, err error) {
 	if data, ok := s.recent.take(n.Raw); ok {
-		// Created by this process with a header, so ctime is not needed.
-		return data, 0, time.Now(), nil
+		return data, 0, nil
 	}
 	data, stat, err := s.reader().Get(p)
 	if err != nil {
-		return nil, 0, time.Time{}, fmt.Errorf("get %s: %w", p, err)
+		return nil, 0, fmt.Errorf("get %s: %w", p, err)
 	}
-	return data, stat.Version, ctimeOf(stat), nil
+	return data, stat.Version, nil
 }
 
 // unread puts back what readItem took from the memory of published
@@ -336,14 +353,14 @@ func (s *Queue) unread(n Name, data []byte, version int32) {
 	}
 }
 
-func ctimeOf(stat *zk.Stat) time.Time { return time.UnixMilli(stat.Ctime) }
-
-func decodeMessage(n Name, data []byte, ctime time.Time, addDeliveries int) (Message, error) {
-	payload, pub, deliveries, err := DecodeData(data, ctime)
+func decodeMessage(n Name, data []byte, addDeliveries int) (Message, error) {
+	m, err := DecodeData(data)
 	if err != nil {
 		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
 	}
-	return Message{ID: n.Base, Payload: payload, Priority: n.Priority, Published: pub, Deliveries: deliveries + addDeliveries}, nil
+	m.ID, m.Priority = n.Base, n.Priority
+	m.Deliveries += addDeliveries
+	return m, nil
 }
 
 // TryDequeue claims the head message (at-most-once) or returns ErrEmpty.
@@ -376,9 +393,9 @@ func (s *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
 	}
 	s.mu.Unlock()
 	if head.Raw != "" {
-		data, stat, err := s.zk.Get(itemPath(s.path, head))
+		data, _, err := s.zk.Get(itemPath(s.path, head))
 		if err == nil {
-			if m, err := decodeMessage(head, data, ctimeOf(stat), 0); err == nil {
+			if m, err := decodeMessage(head, data, 0); err == nil {
 				return time.Since(m.Published), nil
 			}
 		}

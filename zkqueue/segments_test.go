@@ -471,7 +471,7 @@ func TestSegmentsLegacyLayout(t *testing.T) {
 		}
 	}
 	for i := range 5 {
-		data := zkqueue.EncodeData(keyPayload(msgKey{0, i}), time.Now(), 0)
+		data := zkqueue.EncodeData(zkqueue.Message{Payload: keyPayload(msgKey{0, i}), Published: time.Now()})
 		if _, err := conn.Create(items+"/"+zkqueue.FIFOPrefix, data, zk.FlagSequence, zk.WorldACL(zk.PermAll)); err != nil {
 			t.Fatal(err)
 		}

@@ -174,7 +174,7 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 	if !now.After(deadline) {
 		return nil, false, nil
 	}
-	m, err := decodeMessage(l.item, itemData, ctimeOf(stat), 0)
+	m, err := decodeMessage(l.item, itemData, 0)
 	if err != nil {
 		l.deadline = farFuture
 		return nil, false, nil
