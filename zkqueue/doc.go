@@ -97,6 +97,15 @@
 // Processes consuming one queue split each snapshot by sequence number
 // (WithShare) and take their own share first.
 //
+// A take of several messages claims a round of candidates together. The
+// round first reads the messages this process does not remember from
+// publishing them, in multiRead requests of up to 16 paths (prefetch.go;
+// ZooKeeper 3.6 or later, else one getData each), because ZooKeeper's
+// cost is per request: a deep backlog, read back by a broker that did not
+// publish it, drains at the rate ZooKeeper answers reads. The claims then
+// delete (or lease) at the versions read, their writes sharing the group
+// commit's transactions.
+//
 // A priority queue serves the most urgent levels whose heads hold
 // messages (the heads of up to 8 non-empty levels merged into one sorted
 // snapshot, up to 1,000 messages, so a take of several gets them across
@@ -169,10 +178,11 @@
 //     is sealed by the first publish past its producer's size.
 //   - Legacy layout: a queue's legacy messages are listed with the
 //     parent, so their number is bounded as before (about 60,000).
-//   - Dead letters are one flat parent: DeadLettersAfter and Redrive list
-//     it whole, so they fail beyond what one listing holds (about 30,000
-//     dead letters with the 1 MiB jute.maxbuffer). Leases are flat too,
-//     bounded by the consumers' prefetch.
+//   - Dead letters are segmented like the items (dead.go): a message of
+//     items segment k dies into dead segment k, so a dead segment holds at
+//     most about S letters, and paging lists only the segments it reads.
+//     The dead parent holds one name per dead segment. Leases are one
+//     flat parent, bounded by the consumers' prefetch.
 //
 // A Queue, Leases, a Committer, a ConsumerGroup and a Catalog are safe for
 // concurrent use.

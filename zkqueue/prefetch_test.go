@@ -1,0 +1,158 @@
+package zkqueue_test
+
+import (
+	"context"
+	"fmt"
+	"path"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
+)
+
+// A consumer that did not publish a backlog reads it in multiRead
+// requests, a claim round at a time, and never a getData per message; a
+// message claimed elsewhere between the read and the claim is a lost race,
+// delivered once, by the other claimer.
+func TestClaimRoundsReadInMultiRead(t *testing.T) {
+	for _, leased := range []bool{false, true} {
+		t.Run(fmt.Sprintf("leased=%v", leased), func(t *testing.T) {
+			testClaimRoundsReadInMultiRead(t, leased)
+		})
+	}
+}
+
+func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	const n, segment = 200, 60
+	producer, err := zkqueue.New(zktest.Conn(t), root+"/items", zkqueue.WithSegmentSize(segment))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i += 50 {
+		payloads := make([][]byte, 50)
+		for j := range payloads {
+			payloads[j] = fmt.Appendf(nil, "m%03d", i+j)
+		}
+		if _, err := producer.PublishBatch(ctx, payloads); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The first multiRead is answered; before the round's claims run,
+	// another session takes one of the messages it read.
+	other := zktest.Conn(t)
+	var gets, multiReads atomic.Int64
+	var stolen atomic.Value
+	var once sync.Once
+	observe := func(op string, _ time.Duration, err error) {
+		switch {
+		case op == "get" && err == nil:
+			gets.Add(1)
+		case op == "multiread" && err == nil:
+			multiReads.Add(1)
+			once.Do(func() { stolen.Store(stealOne(t, other, root+"/items")) })
+		}
+	}
+	consumer, err := zkqueue.New(zktest.Conn(t), root+"/items", zkqueue.WithSegmentSize(segment), zkqueue.WithObserver(observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	take := func() ([]zkqueue.Message, error) {
+		return consumer.Take(ctx, 40, zkqueue.Room{}, false)
+	}
+	if leased {
+		leases, err := zkqueue.NewLeases(consumer, root+"/leases", root+"/dead")
+		if err != nil {
+			t.Fatal(err)
+		}
+		take = func() ([]zkqueue.Message, error) {
+			ls, err := leases.Take(ctx, 40, zkqueue.Room{}, time.Minute, false)
+			ms := make([]zkqueue.Message, len(ls))
+			for i, l := range ls {
+				if _, err := leases.AckUnread(ctx, l.Token); err != nil {
+					t.Fatal(err)
+				}
+				ms[i] = l.Message
+			}
+			return ms, err
+		}
+	}
+	got := map[string]int{}
+	for {
+		ms, err := take()
+		if err != nil {
+			break
+		}
+		for _, m := range ms {
+			got[string(m.Payload)]++
+		}
+	}
+	steal, _ := stolen.Load().(string)
+	if steal == "" {
+		t.Fatal("no multiRead was made")
+	}
+	for i := range n {
+		want := 1
+		if fmt.Sprintf("m%03d", i) == steal {
+			want = 0
+		}
+		if c := got[fmt.Sprintf("m%03d", i)]; c != want {
+			t.Errorf("m%03d delivered %d times, want %d", i, c, want)
+		}
+	}
+	// Rounds of at most 40 candidates over segments of 60 (a round never
+	// spans segments): 7 rounds, each read in at most 3 requests of at
+	// most 16 paths. A round of a single candidate would read with a
+	// getData.
+	if g, mr := gets.Load(), multiReads.Load(); g > 4 || mr > 21 {
+		t.Errorf("%d getData and %d multiRead requests for %d messages", g, mr, n)
+	}
+	t.Logf("%d messages: %d multiRead, %d getData requests", n, multiReads.Load(), gets.Load())
+}
+
+// stealOne claims the head message of the first segment under items from
+// another session (read, then delete at its version) and returns its
+// payload.
+func stealOne(t *testing.T, conn *zk.Conn, items string) string {
+	segs, _, err := conn.Children(items)
+	if err != nil || len(segs) == 0 {
+		t.Errorf("list %s: %v %v", items, segs, err)
+		return ""
+	}
+	seg := path.Join(items, minString(segs))
+	names, _, err := conn.Children(seg)
+	if err != nil || len(names) == 0 {
+		t.Errorf("list %s: %v %v", seg, names, err)
+		return ""
+	}
+	p := path.Join(seg, minString(names))
+	data, stat, err := conn.Get(p)
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	if err := conn.Delete(p, stat.Version); err != nil {
+		t.Error(err)
+		return ""
+	}
+	m, err := zkqueue.DecodeData(data)
+	if err != nil {
+		t.Error(err)
+	}
+	return string(m.Payload)
+}
+
+func minString(ss []string) string {
+	m := ss[0]
+	for _, s := range ss[1:] {
+		m = min(m, s)
+	}
+	return m
+}
