@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -366,7 +365,7 @@ func tooMany(m Message, p Policy) bool {
 // Multi, conditional on the lease's version.
 func (l *Leases) release(ctx context.Context, token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
 	ops, out := releaseOps(l.items.path, l.leases, l.dead, l.items.opt.acl, token, item, itemData, version, m, p)
-	if err := runRelease(ctx, l.items.write, l.items.zk.Exists, l.items.path, item, ops, out); err != nil {
+	if err := runRelease(ctx, l.items.write, l.items.zk.Exists, l.items.path, l.dead, item, ops, out); err != nil {
 		return 0, fmt.Errorf("release %s/%s: %w", l.leases, token, err)
 	}
 	if out == Requeued {
@@ -376,10 +375,14 @@ func (l *Leases) release(ctx context.Context, token string, item Name, itemData 
 }
 
 // runRelease runs the transaction of releaseOps; one that requeues
-// re-creates the message's segment if it was removed (requeue).
-func runRelease(ctx context.Context, write writeFunc, exists func(string) (bool, *zk.Stat, error), items string, item Name, ops []any, out Outcome) error {
-	if out == Requeued {
+// re-creates the message's segment if it was removed (requeue), and one
+// that dead-letters creates the dead segment the same way (dead.go).
+func runRelease(ctx context.Context, write writeFunc, exists func(string) (bool, *zk.Stat, error), items, dead string, item Name, ops []any, out Outcome) error {
+	switch out {
+	case Requeued:
 		return requeue(ctx, write, exists, items, item, ops)
+	case DeadLettered:
+		return requeue(ctx, write, exists, dead, item, ops)
 	}
 	_, err := write(ctx, ops...)
 	return err
@@ -394,7 +397,7 @@ func releaseOps(itemsPath, leasesPath, deadPath string, acl []zk.ACL, token stri
 	case !tooMany(m, p):
 		return []any{del, requeueOp(itemsPath, item, itemData, acl)}, Requeued
 	case p.DeadLetter:
-		return []any{del, &zk.CreateRequest{Path: deadPath + "/" + item.Base, Data: itemData, Acl: acl}}, DeadLettered
+		return []any{del, &zk.CreateRequest{Path: deadLetterPath(deadPath, item), Data: itemData, Acl: acl}}, DeadLettered
 	default:
 		return []any{del}, Dropped
 	}
@@ -474,9 +477,28 @@ func (l *Leases) InFlight(ctx context.Context) (int, error) {
 	return zkutil.NumChildren(l.items.conn, l.leases)
 }
 
-// DeadCount returns the number of dead letters, from the parent's Stat.
+// DeadCount returns the number of dead letters: the flat ones, and the
+// children of each dead segment from its Stat (one multiRead for all).
 func (l *Leases) DeadCount(ctx context.Context) (int, error) {
-	return zkutil.NumChildren(l.items.conn, l.dead)
+	units, err := l.deadUnits()
+	if err != nil {
+		return 0, err
+	}
+	n := len(units[0].names)
+	paths := make([]string, 0, len(units)-1)
+	for _, u := range units[1:] {
+		paths = append(paths, u.path)
+	}
+	rs, err := l.items.readPaths(paths)
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range rs {
+		if r.err == nil {
+			n += int(r.stat.NumChildren)
+		}
+	}
+	return n, nil
 }
 
 // DeadLetters returns up to limit dead letters, oldest (in queue order)
@@ -490,40 +512,38 @@ func (l *Leases) DeadLetters(ctx context.Context, limit int) ([]Message, error) 
 // after the one named after ("" starts at the oldest): up to limit of
 // them (0: no limit), and no more than fit room (the first always does).
 // next names the last one looked at when more may follow, for the next
-// call's after; it is "" when the list is exhausted.
+// call's after; it is "" when the list is exhausted. It lists only the
+// dead segments from after's on, and reads the page in multiRead requests.
 func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, room Room) (ms []Message, next string, err error) {
-	children, _, err := l.items.zk.Children(l.dead)
-	if err != nil {
-		return nil, "", fmt.Errorf("children %s: %w", l.dead, err)
-	}
-	names, _ := SortNames(children)
+	var a Name
 	if after != "" {
-		a, ok := ParseName(after)
-		if !ok {
+		var ok bool
+		if a, ok = ParseName(after); !ok {
 			return nil, "", fmt.Errorf("dead letters after %q: malformed name", after)
 		}
-		i, _ := slices.BinarySearchFunc(names, a, Compare)
-		for i < len(names) && Compare(names[i], a) == 0 {
-			i++
-		}
-		names = names[i:]
+	}
+	want := 0
+	if limit > 0 {
+		want = limit + 1 // one more tells whether a next page exists
+	}
+	paths, names, err := l.deadAfter(ctx, a, want)
+	if err != nil {
+		return nil, "", err
+	}
+	more := limit > 0 && len(names) > limit
+	if more {
+		paths, names = paths[:limit], names[:limit]
+	}
+	rs, err := l.items.readPaths(paths)
+	if err != nil {
+		return nil, "", err
 	}
 	used := 0
-	for i, n := range names {
-		if err := ctx.Err(); err != nil {
-			return ms, "", err
+	for i, r := range rs {
+		if r.err != nil {
+			continue // redriven meanwhile
 		}
-		if limit > 0 && len(ms) >= limit {
-			return ms, names[i-1].Raw, nil
-		}
-		data, _, err := l.items.zk.Get(l.dead + "/" + n.Raw)
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
-		}
-		if err != nil {
-			return ms, "", fmt.Errorf("get %s: %w", n.Raw, err)
-		}
-		m, err := decodeMessage(n, data, 0)
+		m, err := decodeMessage(names[i], r.data, 0)
 		if err != nil {
 			continue
 		}
@@ -534,6 +554,9 @@ func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, 
 		used += size
 		ms = append(ms, m)
 	}
+	if more {
+		return ms, names[len(names)-1].Raw, nil
+	}
 	return ms, "", nil
 }
 
@@ -542,12 +565,16 @@ func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, 
 // ids are skipped. It returns the number moved.
 func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
-		children, _, err := l.items.zk.Children(l.dead)
+		_, names, err := l.deadAfter(ctx, Name{}, 0)
 		if err != nil {
-			return 0, fmt.Errorf("children %s: %w", l.dead, err)
+			return 0, err
 		}
-		ids = children
+		for _, n := range names {
+			ids = append(ids, n.Raw)
+		}
 	}
+	var redriven []Name
+	defer func() { l.removeEmptyDeadSegments(context.WithoutCancel(ctx), redriven) }()
 	moved := 0
 	for _, id := range ids {
 		if err := ctx.Err(); err != nil {
@@ -557,8 +584,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		if !ok {
 			continue
 		}
-		deadPath := l.dead + "/" + id
-		data, stat, err := l.items.zk.Get(deadPath)
+		deadPath, data, stat, err := l.deadPathOf(n)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
@@ -579,6 +605,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 			return moved, fmt.Errorf("redrive %s: %w", id, err)
 		}
 		l.items.Rescan()
+		redriven = append(redriven, n)
 		moved++
 	}
 	return moved, nil

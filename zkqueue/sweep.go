@@ -180,7 +180,7 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 		return nil, false, nil
 	}
 	ops, out := releaseOps(s.items, s.leases, s.dead, s.acl, name, l.item, itemData, stat.Version, m, p)
-	if err := runRelease(ctx, s.write, s.zk.Exists, s.items, l.item, ops, out); err != nil {
+	if err := runRelease(ctx, s.write, s.zk.Exists, s.items, s.dead, l.item, ops, out); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			// Settled, extended or released meanwhile (or the queue is
 			// being deleted): read again at the next Sweep, with a new
