@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // A claim round reads the messages this process does not remember (those
@@ -23,11 +25,13 @@ import (
 // leases) at the version it read, so a message claimed elsewhere in
 // between is a lost race, as before.
 
-// maxReadBatch bounds the paths of one multiRead: its answer must stay a
-// reasonable packet even if every node holds the largest data a message
-// may have (HardMaxPayload), since sizes are unknown before the read.
+// maxReadBatch bounds the paths of one multiRead: its answer must stay
+// below what the session accepts even if every node holds the largest
+// data a message may have (HardMaxPayload), since sizes are unknown before
+// the read. Sessions of zkutil.Connect accept zkutil.MaxAnswer;
+// go-zookeeper's default accepts any size.
 const (
-	maxReadAnswer = 16 << 20
+	maxReadAnswer = zkutil.MaxAnswer - zkutil.MaxBuffer
 	maxReadBatch  = maxReadAnswer / (HardMaxPayload + HeaderMax + 64)
 )
 

@@ -156,3 +156,47 @@ func minString(ss []string) string {
 	}
 	return m
 }
+
+// A claim round of the largest messages is read in multiRead answers the
+// session accepts: the connection survives, every message is delivered.
+func TestClaimRoundOfLargestMessages(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	opts := []zkqueue.Option{zkqueue.WithMaxPayload(zkqueue.HardMaxPayload), zkqueue.WithMaxBatchBytes(zkqueue.HardMaxPayload)}
+	producer, err := zkqueue.New(zktest.Conn(t), root+"/items", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for i := range n {
+		payload := make([]byte, zkqueue.HardMaxPayload)
+		payload[0] = byte(i)
+		if _, err := producer.Publish(ctx, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var multiReads atomic.Int64
+	consumer, err := zkqueue.New(zktest.Conn(t), root+"/items", append(opts, zkqueue.WithObserver(func(op string, _ time.Duration, err error) {
+		if op == "multiread" {
+			if err != nil {
+				t.Errorf("multiRead: %v", err)
+			}
+			multiReads.Add(1)
+		}
+	}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := consumer.Take(ctx, n, zkqueue.Room{}, false)
+	if err != nil || len(ms) != n {
+		t.Fatalf("Take = %d messages, %v; want %d", len(ms), err, n)
+	}
+	for i, m := range ms {
+		if len(m.Payload) != zkqueue.HardMaxPayload || m.Payload[0] != byte(i) {
+			t.Fatalf("message %d: %d bytes, first %d", i, len(m.Payload), m.Payload[0])
+		}
+	}
+	if multiReads.Load() < 2 {
+		t.Errorf("%d multiRead requests for %d messages of %d bytes", multiReads.Load(), n, zkqueue.HardMaxPayload)
+	}
+}

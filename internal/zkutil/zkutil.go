@@ -24,6 +24,13 @@ import (
 // queues bound their size.
 const MaxBuffer = 1 << 20
 
+// MaxAnswer is the largest packet Connect's sessions accept: a multiRead
+// answer of up to 16 MiB (zkqueue reads a claim round's messages in one,
+// sized for the largest messages) plus one node's worth. go-zookeeper
+// grows its receive buffer to the largest packet seen, so only sessions
+// that read large messages in bulk pay for it.
+const MaxAnswer = 16<<20 + MaxBuffer
+
 // Connect opens a session to servers. Connection events go to onEvent when
 // it is not nil; go-zookeeper's own log lines go to logger at debug level.
 func Connect(servers []string, sessionTimeout time.Duration, logger *slog.Logger, onEvent func(zk.Event)) (*zk.Conn, error) {
@@ -37,7 +44,7 @@ func Connect(servers []string, sessionTimeout time.Duration, logger *slog.Logger
 	}
 	conn, _, err := zk.Connect(servers, sessionTimeout,
 		zk.WithLogger(slogAdapter{logger}),
-		zk.WithMaxBufferSize(4*MaxBuffer),
+		zk.WithMaxBufferSize(MaxAnswer),
 		zk.WithEventCallback(cb))
 	if err != nil {
 		return nil, fmt.Errorf("zk connect %v: %w", servers, err)
