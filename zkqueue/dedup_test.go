@@ -240,3 +240,23 @@ func TestDedupBadID(t *testing.T) {
 		t.Error("a 1ms window was accepted")
 	}
 }
+
+// BenchmarkPublishDedup is BenchmarkPublish with a dedup id per message:
+// two record creates in the message's transaction, one record write
+// after it.
+func BenchmarkPublishDedup(b *testing.B) {
+	root := zktest.Root(b)
+	q, err := zkqueue.New(zktest.Conn(b), root+"/q", zkqueue.WithDedup(root+"/dedup", time.Minute))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(payload100)))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := q.PublishDraft(ctx, zkqueue.Draft{Payload: payload100, DedupID: fmt.Sprintf("id-%d", i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -169,8 +169,10 @@ func (s *Queue) appendMessages(ctx context.Context, levels []int, datas [][]byte
 			})
 		}
 		res, err := s.write(ctx, append(append(checks, creates...), extra...)...)
-		if i, cause := failedIndex(res); err != nil && i >= len(checks)+len(creates) {
-			return nil, &extraOpError{Index: i - len(checks) - len(creates), Err: cause}
+		if err != nil && len(extra) > 0 {
+			if i, cause := failedIndex(res); i >= len(checks)+len(creates) {
+				return nil, &extraOpError{Index: i - len(checks) - len(creates), Err: cause}
+			}
 		}
 		if err == nil {
 			paths := make([]string, len(creates))
