@@ -260,3 +260,71 @@ func BenchmarkPublishDedup(b *testing.B) {
 		}
 	}
 }
+
+// A record not filled in yet (its publisher committed the message but has
+// not written the id, or died in between) still refuses the repeat: the
+// repeat waits for the id, and without one is answered as a duplicate
+// without an id.
+func TestDedupPendingRecord(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	const window = time.Minute
+	q := dedupQueue(t, root, window)
+	conn := zktest.Conn(t)
+	if _, err := q.PublishDraft(ctx, zkqueue.Draft{Payload: []byte("warm"), DedupID: "warm"}); err != nil {
+		t.Fatal(err) // creates the dedup parent and the current buckets
+	}
+	// Empty records in every bucket a publish now may use, as a
+	// publisher leaves them between its two transactions.
+	b := time.Now().UnixNano() / int64(window)
+	var records []string
+	for k := b - 1; k <= b+2; k++ {
+		bucket := fmt.Sprintf("%s/dedup/%019d", root, k)
+		if _, err := conn.Create(bucket, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"filled", "never"} {
+			if _, err := conn.Create(bucket+"/"+id, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+				t.Fatal(err)
+			}
+			if id == "filled" {
+				records = append(records, bucket+"/"+id)
+			}
+		}
+	}
+	done := make(chan zkqueue.Receipt, 1)
+	errc := make(chan error, 1)
+	go func() {
+		rs, err := q.PublishReceipts(ctx, []zkqueue.Draft{{Payload: []byte("x"), DedupID: "filled"}})
+		if err != nil {
+			errc <- err
+			return
+		}
+		done <- rs[0]
+	}()
+	for _, p := range records {
+		if _, err := conn.Set(p, []byte("qn-1-0000000007"), -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case r := <-done:
+		if want := (zkqueue.Receipt{ID: "qn-1-0000000007", Duplicate: true}); r != want {
+			t.Fatalf("repeat of a record filled later: %+v, want %+v", r, want)
+		}
+	case err := <-errc:
+		t.Fatal(err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("repeat of a record filled later: no answer in 30s")
+	}
+	rs, err := q.PublishReceipts(ctx, []zkqueue.Draft{{Payload: []byte("x"), DedupID: "never"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (zkqueue.Receipt{Duplicate: true}); rs[0] != want {
+		t.Fatalf("repeat of a record never filled: %+v, want %+v", rs[0], want)
+	}
+	if ms := drain(t, q); len(ms) != 1 {
+		t.Fatalf("queue holds %d messages, want only the first", len(ms))
+	}
+}
