@@ -328,3 +328,16 @@ func TestDedupPendingRecord(t *testing.T) {
 		t.Fatalf("queue holds %d messages, want only the first", len(ms))
 	}
 }
+
+// A single message of the largest payload may carry a dedup id even when
+// the batch byte limit equals the payload limit: like PublishDraft, it is
+// bounded by the payload limit alone.
+func TestDedupLargestPayload(t *testing.T) {
+	root := zktest.Root(t)
+	const limit = 64 << 10
+	q := dedupQueue(t, root, time.Minute, zkqueue.WithLimits(zkqueue.Limits{MaxPayload: limit, MaxBatchBytes: limit}))
+	rs, err := q.PublishReceipts(context.Background(), []zkqueue.Draft{{Payload: make([]byte, limit), DedupID: "big"}})
+	if err != nil || rs[0].ID == "" {
+		t.Fatalf("PublishReceipts: %v, %v", rs, err)
+	}
+}
