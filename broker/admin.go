@@ -43,6 +43,16 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	// The default window is stored as 0, so queues created before
+	// windows were configurable keep their configuration (Create compares
+	// it).
+	dedup, err := clampDuration(req.GetDedupWindow().AsDuration(), zkqueue.DefaultDedupWindow, zkqueue.MinDedupWindow, zkqueue.MaxDedupWindow)
+	if err != nil {
+		return nil, b.fail(invalidf("dedup_window: %v", err))
+	}
+	if dedup == zkqueue.DefaultDedupWindow {
+		dedup = 0
+	}
 	if req.GetMaxDepth() > maxQuota || req.GetMaxBytes() > maxQuota {
 		return nil, b.fail(invalidf("max_depth %d or max_bytes %d over %d", req.GetMaxDepth(), req.GetMaxBytes(), uint64(maxQuota)))
 	}
@@ -50,7 +60,8 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
 		MaxDepth: int(req.GetMaxDepth()), MaxBytes: int64(req.GetMaxBytes()),
-		Created: time.Now().UTC().Truncate(time.Millisecond),
+		DedupWindow: dedup,
+		Created:     time.Now().UTC().Truncate(time.Millisecond),
 	}
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
 	if errors.Is(err, zkqueue.ErrTooManyQueues) {

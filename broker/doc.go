@@ -84,6 +84,7 @@
 // Registered on Config.Registerer:
 //
 //	qbroker_messages_published_total{queue}        counter
+//	qbroker_messages_duplicate_total{queue}        counter: repeats of a dedup id, not published
 //	qbroker_messages_delivered_total{queue,mode}   counter (mode at_most_once|at_least_once)
 //	qbroker_messages_acked_total{queue}            counter
 //	qbroker_messages_nacked_total{queue}           counter

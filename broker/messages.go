@@ -75,10 +75,16 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		case p > zkqueue.MaxPriority:
 			return nil, b.fail(invalidPriority(p))
 		}
-		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p}
+		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p, DedupID: m.GetDedupId()}
+		if err := zkqueue.CheckDedupID(drafts[i].DedupID); drafts[i].DedupID != "" && err != nil {
+			return nil, b.fail(invalidf("message %d: dedup_id %q: %v", i, printable(drafts[i].DedupID), err))
+		}
 	}
 	if err := b.admit(ctx, q, drafts); err != nil {
 		return nil, b.fail(b.gone(q, err))
+	}
+	if withDedupIDs(drafts) {
+		return b.publishIdempotent(ctx, q, drafts)
 	}
 	var ids []string
 	if len(msgs) == 1 {

@@ -50,5 +50,6 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		CreatedAt:         timestamppb.New(s.Created),
 		MaxDepth:          uint64(s.MaxDepth),
 		MaxBytes:          uint64(s.MaxBytes),
+		DedupWindow:       durationpb.New(s.Dedup()),
 	}
 }

@@ -21,6 +21,7 @@ type metrics struct {
 	labels *queueLabels
 
 	published    *prometheus.CounterVec
+	duplicates   *prometheus.CounterVec
 	delivered    *prometheus.CounterVec
 	acked        *prometheus.CounterVec
 	nacked       *prometheus.CounterVec
@@ -65,6 +66,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	m := &metrics{
 		labels:       newQueueLabels(labelCap),
 		published:    qv("qbroker_messages_published_total", "Messages published."),
+		duplicates:   qv("qbroker_messages_duplicate_total", "Published messages answered as repeats of a dedup id, not published again."),
 		delivered:    qv("qbroker_messages_delivered_total", "Messages delivered to consumers, by delivery mode.", "mode"),
 		acked:        qv("qbroker_messages_acked_total", "At-least-once deliveries acknowledged."),
 		nacked:       qv("qbroker_messages_nacked_total", "At-least-once deliveries negatively acknowledged."),
@@ -127,7 +129,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_build_info",
 		Help: "Always 1; the labels describe the build.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
-	for _, c := range []prometheus.Collector{m.published, m.delivered, m.acked, m.nacked, m.redelivered,
+	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
 		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes} {
@@ -140,7 +142,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 // increase see a queue's first event (a series that appears at 1 has no
 // earlier sample to count from).
 func (m *metrics) initQueue(label string) {
-	for _, c := range []*prometheus.CounterVec{m.published, m.acked, m.nacked, m.redelivered,
+	for _, c := range []*prometheus.CounterVec{m.published, m.duplicates, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.badNodes, m.expiredUnsent} {
 		c.WithLabelValues(label)
 	}

@@ -153,6 +153,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithLogger(b.log.With("queue", name)),
 		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
 		zkqueue.WithACL(b.acl),
+		zkqueue.WithDedup(p+"/dedup", meta.Dedup()),
 	}
 	if meta.Kind == kindPriority {
 		opts = append(opts, zkqueue.WithPriorities())

@@ -28,6 +28,9 @@ import (
 //
 // The sweep also finishes deletions that were abandoned: a queue marked
 // for deletion (see zkqueue.Catalog.Delete) more than abandonedAfter ago.
+// And it deletes the dedup records of past windows (dedup.go), a whole
+// bucket at a time: a queue is visited for that when its oldest bucket
+// is due or a bucket was created (a children watch), never per record.
 
 // sweepWorkers visit queues concurrently within one sweep (their requests
 // pipeline on the session).
@@ -61,6 +64,16 @@ type sweptQueue struct {
 	version  int32     // of the metadata
 	leases   *zkqueue.LeaseSweeper
 	noLeases bool // the leases parent is missing: nothing to sweep until the metadata changes
+
+	dedupWindow time.Duration
+	dedupRead   bool            // the dedup parent was read (dedupNext, dedupWatch are set)
+	dedupNext   time.Time       // when its oldest bucket is due; zero: none
+	dedupWatch  <-chan zk.Event // fires when a bucket is created
+}
+
+// dedupDue reports whether q's dedup buckets need a visit at now.
+func (q *sweptQueue) dedupDue(now time.Time) bool {
+	return !q.dedupRead || zkutil.Fired(q.dedupWatch) || !q.dedupNext.IsZero() && !now.Before(q.dedupNext)
 }
 
 func (b *Broker) newLeaseSweep() *leaseSweep {
@@ -76,6 +89,8 @@ func (q *sweptQueue) due(now time.Time) bool {
 		return false
 	case q.deleting:
 		return now.Sub(q.marked) > time.Duration(abandonedAfter.Load())
+	case q.dedupDue(now):
+		return true
 	case q.noLeases:
 		return false
 	}
@@ -149,12 +164,12 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 		}
 		// Deleted and created anew, or marked: start over.
 		*q = sweptQueue{name: q.name, meta: w, usable: st.Err == nil, deleting: st.Spec.Deleting,
-			marked: st.Modified, version: st.Version, policy: st.Spec.Policy()}
+			marked: st.Modified, version: st.Version, policy: st.Spec.Policy(), dedupWindow: st.Spec.Dedup()}
 		if !q.due(now) {
 			return nil
 		}
 	}
-	if !q.usable || q.noLeases {
+	if !q.usable {
 		return nil
 	}
 	if q.deleting {
@@ -162,6 +177,14 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 		defer cancel()
 		b.log.Info("finishing an abandoned queue deletion", "queue", q.name)
 		return b.catalog.FinishDelete(ctx, q.name, q.version)
+	}
+	if q.dedupDue(now) {
+		if err := s.expireDedup(q, p, now); err != nil {
+			return err
+		}
+	}
+	if q.noLeases {
+		return nil
 	}
 	if q.leases == nil {
 		q.leases = zkqueue.NewLeaseSweeper(b.conn, p+"/items", p+"/leases", p+"/dead",
@@ -179,6 +202,19 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 		s.released(q.name, expired)
 	}
 	return err
+}
+
+// expireDedup deletes q's dedup buckets of past windows.
+func (s *leaseSweep) expireDedup(q *sweptQueue, p string, now time.Time) error {
+	n, next, w, err := zkqueue.ExpireDedup(s.b.ctx, s.b.conn, p+"/dedup", q.dedupWindow, now)
+	if err != nil {
+		return err
+	}
+	q.dedupRead, q.dedupNext, q.dedupWatch = true, next, w
+	if n > 0 {
+		s.b.log.Debug("deleted expired dedup records", "queue", q.name, "count", n)
+	}
+	return nil
 }
 
 // released accounts for the leases a sweep released. A queue this broker

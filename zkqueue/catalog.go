@@ -26,6 +26,7 @@ import (
 //	consumers/  one EPHEMERAL node per consumer, for the share split
 //	members/    KindSync: one EPHEMERAL node per member
 //	start       KindSync: exists once the group is complete
+//	dedup/      the records of dedup ids (WithDedup), created when first used
 //
 // Create makes the node and its five parents in one Multi. Nothing else
 // creates them: open a queue's Queue and Leases WithoutCreate, so that a
@@ -141,6 +142,7 @@ func (c *Catalog) Create(ctx context.Context, name string, s Spec) (Spec, error)
 		return s, err
 	}
 	s.Visibility = s.Visibility.Truncate(time.Millisecond) // as stored
+	s.DedupWindow = s.DedupWindow.Truncate(time.Millisecond)
 	if err := s.Validate(); err != nil {
 		return s, err
 	}

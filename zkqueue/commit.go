@@ -217,7 +217,11 @@ func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
 		}
 		return
 	}
-	if rest, ok := failStale(batch, ops, res); ok {
+	rest, ok := failStale(batch, ops, res)
+	if !ok {
+		rest, ok = failExisting(batch, ops, res)
+	}
+	if ok {
 		if len(rest) > 0 {
 			n := 0
 			for _, r := range rest {
@@ -270,6 +274,40 @@ func failStale(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*ba
 		out := make([]zk.MultiResponse, len(r.ops))
 		for k := range out {
 			out[k].Error = zk.ErrAPIError // not executed, as ZooKeeper reports the ops around a failure
+		}
+		out[j].Error = cause
+		r.done <- batchResult{out, cause}
+	}
+	return rest, true
+}
+
+// failExisting handles a combined Multi that failed creating a node that
+// existed before it (no earlier op of the Multi writes that path), the
+// way a repeated publish fails on its dedup record (dedup.go): the
+// transaction holding that create would fail alone at the same op, so it
+// gets that answer at once and the others commit again together. One
+// duplicate costs one Multi more, not one per transaction. ok is false
+// when the failing op is not such a create.
+func failExisting(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*batchReq, ok bool) {
+	i, cause := failedIndex(res)
+	if i < 0 || i >= len(ops) || !errors.Is(cause, zk.ErrNodeExists) {
+		return nil, false
+	}
+	c, isCreate := ops[i].(*zk.CreateRequest)
+	if !isCreate || c.Flags&zk.FlagSequence != 0 || writes(ops[:i], c.Path) {
+		return nil, false
+	}
+	start := 0
+	for _, r := range batch {
+		j := i - start
+		start += len(r.ops)
+		if j < 0 || j >= len(r.ops) {
+			rest = append(rest, r)
+			continue
+		}
+		out := make([]zk.MultiResponse, len(r.ops))
+		for k := range out {
+			out[k].Error = zk.ErrAPIError
 		}
 		out[j].Error = cause
 		r.done <- batchResult{out, cause}

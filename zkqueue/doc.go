@@ -22,6 +22,8 @@
 //	             delete, list, load with a watch; spec.go: a queue's stored Spec
 //	names.go     node names and their order; codec.go: message and lease encodings
 //	budget.go    Budget: memory of messages published here, for read-free claims
+//	dedup.go     idempotent publish (WithDedup): dedup records in time buckets,
+//	             created in the message's transaction; ExpireDedup
 //	baddata.go   skipping message nodes whose data does not decode
 //	observe.go   Observer: per-request latency for metrics
 //	errors.go    sentinel errors, all prefixed "zkqueue: "
@@ -42,6 +44,9 @@
 // segment's number, so a message id names its segment. A segment node's
 // version is its state: 0 while it is the tail (producers append to it),
 // 1 once sealed.
+//
+// With WithDedup, a publish's dedup id is recorded as <dedup>/<bucket>/<id>
+// (dedup.go), under a parent of the caller's choice.
 //
 // Leases and dead letters (NewLeases) live under two more parents of the
 // caller's choice: <leases>/<item>~<16 hex> holds a claimed message with

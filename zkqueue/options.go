@@ -3,6 +3,7 @@ package zkqueue
 import (
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -41,6 +42,8 @@ type options struct {
 	noCreate     bool
 	acl          []zk.ACL
 	segmentSize  int
+	dedupDir     string        // WithDedup (dedup.go)
+	dedupWindow  time.Duration // WithDedup
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -98,7 +101,7 @@ func (o *options) validate() error {
 	if o.segmentSize < 2 || o.segmentSize > MaxSegmentSize {
 		return fmt.Errorf("zkqueue: segment size %d out of range [2, %d]", o.segmentSize, MaxSegmentSize)
 	}
-	return nil
+	return o.validateDedup()
 }
 
 // MaxSegmentSize bounds WithSegmentSize: a listing of a full segment

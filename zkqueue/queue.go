@@ -33,6 +33,7 @@ type Queue struct {
 	tails   tails      // the tail segment of each level, for producers
 	chain   chain      // the segments, for consumers
 	counts  segmentCounts
+	dedup   *dedup // nil without WithDedup
 
 	dispatcher
 }
@@ -62,6 +63,9 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 		recent: newRecent(o.memory), dispatcher: newDispatcher(),
 		tails: tails{k: map[int]int64{}}, chain: newChain(),
 		counts: segmentCounts{n: map[segment]int{}}}
+	if o.dedupDir != "" {
+		s.dedup = &dedup{dir: o.dedupDir, window: o.dedupWindow}
+	}
 	for _, r := range o.readers {
 		s.readers = append(s.readers, observed{r, o.observer})
 	}
@@ -86,11 +90,14 @@ func (s *Queue) checkSize(n int) error {
 	return nil
 }
 
-// CheckDraft returns ErrBadPriority, ErrBadAttributes or ErrTooLarge for
-// a draft that cannot be published. Attributes count against the payload
-// limit.
+// CheckDraft returns ErrBadPriority, ErrBadAttributes, ErrBadDedupID or
+// ErrTooLarge for a draft that cannot be published. Attributes count
+// against the payload limit.
 func (s *Queue) CheckDraft(d Draft) error {
 	if _, err := s.prefix(d.Priority); err != nil {
+		return err
+	}
+	if err := s.checkDedup(d.DedupID); err != nil {
 		return err
 	}
 	if err := d.Attributes.Validate(); err != nil {
@@ -107,6 +114,9 @@ type Draft struct {
 	Priority int
 	// Attributes are stored and delivered with the message.
 	Attributes
+	// DedupID, when set, makes the publish idempotent within the
+	// queue's window (WithDedup, dedup.go); see CheckDedupID.
+	DedupID string
 }
 
 // Size is what the draft counts against the payload limit: its payload
@@ -130,6 +140,13 @@ func (s *Queue) PublishPriority(ctx context.Context, p int, payload []byte) (str
 func (s *Queue) PublishDraft(ctx context.Context, d Draft) (string, error) {
 	if err := s.CheckDraft(d); err != nil {
 		return "", err
+	}
+	if d.DedupID != "" {
+		rs, err := s.publishReceipts(ctx, []Draft{d})
+		if err != nil {
+			return "", s.wrap("publish", err)
+		}
+		return rs[0].ID, nil
 	}
 	id, err := s.publish(ctx, d)
 	return id, s.wrap("publish", err)
@@ -182,29 +199,42 @@ func (s *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, 
 	return s.PublishAll(ctx, drafts)
 }
 
-// PublishAll is PublishBatch for messages with priorities and attributes.
+// PublishAll is PublishBatch for messages with priorities, attributes and
+// dedup ids (a duplicate's id is the first publish's; PublishReceipts
+// tells them apart).
 func (s *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error) {
 	for _, d := range drafts {
 		if err := s.CheckDraft(d); err != nil {
 			return nil, err
 		}
 	}
+	if err := s.checkBatch(drafts); err != nil {
+		return nil, s.wrap("publish batch", err)
+	}
+	if hasDedup(drafts) {
+		rs, err := s.publishReceipts(ctx, drafts)
+		if err != nil {
+			return nil, s.wrap("publish batch", err)
+		}
+		ids := make([]string, len(rs))
+		for i, r := range rs {
+			ids[i] = r.ID
+		}
+		return ids, nil
+	}
 	ids, err := s.publishBatch(ctx, drafts)
 	return ids, s.wrap("publish batch", err)
 }
 
-// publishBatch creates all checked drafts in one Multi transaction: all
-// or none. A batch over the count or byte limits is rejected before
-// anything is written.
-func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+// checkBatch checks a batch of checked drafts against the limits: a
+// batch over the count or byte limits is rejected before anything is
+// written.
+func (s *Queue) checkBatch(drafts []Draft) error {
 	if len(drafts) == 0 {
-		return nil, ErrEmptyBatch
+		return ErrEmptyBatch
 	}
 	if len(drafts) > s.opt.limits.MaxBatchCount {
-		return nil, fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), s.opt.limits.MaxBatchCount)
+		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), s.opt.limits.MaxBatchCount)
 	}
 	// The byte limit bounds the Multi request, so it counts what each
 	// message adds to it besides its payload (MessageOverhead), not the
@@ -213,11 +243,20 @@ func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, err
 	total, overhead := 0, 0
 	for _, d := range drafts {
 		total += d.Size()
-		overhead += s.MessageOverhead()
+		overhead += s.MessageOverhead() + s.dedupBytes(d.DedupID)
 	}
 	if total+overhead > s.opt.limits.MaxBatchBytes {
-		return nil, fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
+		return fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
 			ErrBatchTooLarge, len(drafts), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
+	}
+	return nil
+}
+
+// publishBatch creates all checked drafts (see checkBatch) in one Multi
+// transaction: all or none.
+func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	levels := make([]int, len(drafts))

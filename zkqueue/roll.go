@@ -142,9 +142,11 @@ func (s *Queue) lastSegment(level int) (int64, error) {
 
 // appendMessages creates one message per data in the tail segment of its
 // level (levels[i] for datas[i]), in one transaction with a version check
-// of each tail; a sealed tail sends the whole transaction to the
-// successor. It returns the created nodes' paths, in order.
-func (s *Queue) appendMessages(ctx context.Context, levels []int, datas [][]byte) ([]string, error) {
+// of each tail and the extra ops (a publish's dedup records); a sealed
+// tail sends the whole transaction to the successor. It returns the
+// created nodes' paths, in order. A failing extra op fails it with an
+// *extraOpError.
+func (s *Queue) appendMessages(ctx context.Context, levels []int, datas [][]byte, extra ...any) ([]string, error) {
 	for attempt := 0; ; attempt++ {
 		segs := map[int]int64{}
 		var checks, creates []any
@@ -166,10 +168,15 @@ func (s *Queue) appendMessages(ctx context.Context, levels []int, datas [][]byte
 				Flags: zk.FlagSequence,
 			})
 		}
-		res, err := s.write(ctx, append(checks, creates...)...)
+		res, err := s.write(ctx, append(append(checks, creates...), extra...)...)
+		if err != nil && len(extra) > 0 {
+			if i, cause := failedIndex(res); i >= len(checks)+len(creates) {
+				return nil, &extraOpError{Index: i - len(checks) - len(creates), Err: cause}
+			}
+		}
 		if err == nil {
 			paths := make([]string, len(creates))
-			for i, r := range res[len(checks):] {
+			for i, r := range res[len(checks) : len(checks)+len(creates)] {
 				paths[i] = r.String
 			}
 			s.rollPast(ctx, paths)

@@ -37,8 +37,11 @@ type Spec struct {
 	// enforces them (the broker does).
 	MaxDepth int
 	MaxBytes int64
-	Created  time.Time
-	Deleting bool
+	// DedupWindow is how long publishes' dedup ids are remembered (see
+	// dedup.go); 0 means DefaultDedupWindow. Stored in milliseconds.
+	DedupWindow time.Duration
+	Created     time.Time
+	Deleting    bool
 }
 
 // specVersion is the version of the encoding; decoders reject the
@@ -55,6 +58,7 @@ type specJSON struct {
 	DeadLetter    bool      `json:"dead_letter,omitempty"`
 	MaxDepth      int       `json:"max_depth,omitempty"`
 	MaxBytes      int64     `json:"max_bytes,omitempty"`
+	DedupWindowMS int64     `json:"dedup_window_ms,omitempty"`
 	Created       time.Time `json:"created"`
 	Deleting      bool      `json:"deleting,omitempty"`
 }
@@ -64,8 +68,17 @@ func (s Spec) Policy() Policy {
 	return Policy{MaxDeliveries: s.MaxDeliveries, DeadLetter: s.DeadLetter}
 }
 
+// Dedup returns the queue's dedup window: DedupWindow, or the default.
+func (s Spec) Dedup() time.Duration {
+	if s.DedupWindow == 0 {
+		return DefaultDedupWindow
+	}
+	return s.DedupWindow
+}
+
 // Validate checks a spec to create: a known kind, a group size of at
-// least 2 for KindSync only, no negative durations or counts, no mark.
+// least 2 for KindSync only, no negative durations or counts, a dedup
+// window of 0 or in [MinDedupWindow, MaxDedupWindow], no mark.
 func (s Spec) Validate() error {
 	switch {
 	case s.Kind != KindFIFO && s.Kind != KindPriority && s.Kind != KindSync:
@@ -78,6 +91,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: negative visibility or max deliveries", ErrBadSpec)
 	case s.MaxDepth < 0 || s.MaxBytes < 0:
 		return fmt.Errorf("%w: negative max depth or max bytes", ErrBadSpec)
+	case s.DedupWindow != 0 && CheckDedupWindow(s.DedupWindow) != nil:
+		return fmt.Errorf("%w: %v", ErrBadSpec, CheckDedupWindow(s.DedupWindow))
 	case s.Deleting:
 		return fmt.Errorf("%w: a new queue cannot be marked deleting", ErrBadSpec)
 	}
@@ -94,7 +109,8 @@ func (s Spec) sameConfig(o Spec) bool {
 func (s Spec) Encode() ([]byte, error) {
 	return json.Marshal(specJSON{V: specVersion, Kind: s.Kind, SyncMembers: s.SyncMembers,
 		VisibilityMS: s.Visibility.Milliseconds(), MaxDeliveries: s.MaxDeliveries,
-		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, Created: s.Created, Deleting: s.Deleting})
+		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, DedupWindowMS: s.DedupWindow.Milliseconds(),
+		Created: s.Created, Deleting: s.Deleting})
 }
 
 // DecodeSpec parses a stored spec. A spec marked Deleting decodes whatever
@@ -107,7 +123,7 @@ func DecodeSpec(data []byte) (Spec, error) {
 	err := json.Unmarshal(data, &j)
 	s := Spec{Kind: j.Kind, SyncMembers: j.SyncMembers, Visibility: time.Duration(j.VisibilityMS) * time.Millisecond,
 		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, MaxDepth: j.MaxDepth, MaxBytes: j.MaxBytes,
-		Created: j.Created, Deleting: j.Deleting}
+		DedupWindow: time.Duration(j.DedupWindowMS) * time.Millisecond, Created: j.Created, Deleting: j.Deleting}
 	switch {
 	case err != nil:
 		return s, fmt.Errorf("queue metadata: %w", err)

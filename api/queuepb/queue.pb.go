@@ -215,7 +215,12 @@ type CreateQueueRequest struct {
 	// (payloads of ready, leased and dead-lettered messages, plus a few
 	// bytes of bookkeeping per message); publishing beyond fails with
 	// RESOURCE_EXHAUSTED. 0 means none.
-	MaxBytes      uint64 `protobuf:"varint,8,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxBytes uint64 `protobuf:"varint,8,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// How long a message's dedup_id is remembered: a publish repeating it
+	// within the window is answered with the first message's id and adds
+	// nothing. Unset means 5 minutes; 1s..1h. An id is remembered for at
+	// least the window and at most twice it.
+	DedupWindow   *durationpb.Duration `protobuf:"bytes,11,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,6 +311,13 @@ func (x *CreateQueueRequest) GetMaxBytes() uint64 {
 	return 0
 }
 
+func (x *CreateQueueRequest) GetDedupWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DedupWindow
+	}
+	return nil
+}
+
 // QueueInfo is a queue's configuration.
 type QueueInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -324,8 +336,10 @@ type QueueInfo struct {
 	// When the queue was created.
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// The queue's quotas (see CreateQueueRequest); 0 means none.
-	MaxDepth      uint64 `protobuf:"varint,8,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
-	MaxBytes      uint64 `protobuf:"varint,9,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxDepth uint64 `protobuf:"varint,8,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
+	MaxBytes uint64 `protobuf:"varint,9,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// How long dedup ids are remembered (see CreateQueueRequest).
+	DedupWindow   *durationpb.Duration `protobuf:"bytes,12,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -421,6 +435,13 @@ func (x *QueueInfo) GetMaxBytes() uint64 {
 		return x.MaxBytes
 	}
 	return 0
+}
+
+func (x *QueueInfo) GetDedupWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DedupWindow
+	}
+	return nil
 }
 
 type GetQueueRequest struct {
@@ -918,7 +939,13 @@ type OutMessage struct {
 	// Message body; at most the broker's payload limit (default 512 KiB).
 	Payload []byte `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
 	// PRIORITY queues: 0 (most urgent) .. 255. Must be 0 for other kinds.
-	Priority      uint32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
+	Priority uint32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Deduplication id chosen by the publisher, [A-Za-z0-9._-]{1,128}, not
+	// "." or "..": a publish repeating an id within the queue's dedup_window
+	// (on any broker) is acknowledged with the first message's id and adds
+	// no second copy, so a publish that failed UNAVAILABLE may be retried
+	// with the same ids. Empty: no deduplication.
+	DedupId       string `protobuf:"bytes,7,opt,name=dedup_id,json=dedupId,proto3" json:"dedup_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -965,6 +992,13 @@ func (x *OutMessage) GetPriority() uint32 {
 		return x.Priority
 	}
 	return 0
+}
+
+func (x *OutMessage) GetDedupId() string {
+	if x != nil {
+		return x.DedupId
+	}
+	return ""
 }
 
 // PublishRequest publishes one message, or a batch atomically. Limits (the
@@ -1035,7 +1069,13 @@ func (x *PublishRequest) GetMessages() []*OutMessage {
 type PublishResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The ids of the published messages, in request order.
-	Ids           []string `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	Ids []string `protobuf:"bytes,1,rep,name=ids,proto3" json:"ids,omitempty"`
+	// When any message carried a dedup_id: one flag per message, in request
+	// order, true for a repeat of an earlier publish within the window (its
+	// id is the first publish's; empty in the rare case that the broker
+	// which committed the first publish failed before recording its id).
+	// Empty when no message carried a dedup_id.
+	Duplicates    []bool `protobuf:"varint,2,rep,packed,name=duplicates,proto3" json:"duplicates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1073,6 +1113,13 @@ func (*PublishResponse) Descriptor() ([]byte, []int) {
 func (x *PublishResponse) GetIds() []string {
 	if x != nil {
 		return x.Ids
+	}
+	return nil
+}
+
+func (x *PublishResponse) GetDuplicates() []bool {
+	if x != nil {
+		return x.Duplicates
 	}
 	return nil
 }
@@ -2178,7 +2225,7 @@ var File_api_queue_proto protoreflect.FileDescriptor
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc2\x02\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x03\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2188,7 +2235,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vdead_letter\x18\x06 \x01(\bR\n" +
 	"deadLetter\x12\x1b\n" +
 	"\tmax_depth\x18\a \x01(\x04R\bmaxDepth\x12\x1b\n" +
-	"\tmax_bytes\x18\b \x01(\x04R\bmaxBytes\"\xf4\x02\n" +
+	"\tmax_bytes\x18\b \x01(\x04R\bmaxBytes\x12<\n" +
+	"\fdedup_window\x18\v \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\"\xb2\x03\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2200,7 +2248,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1b\n" +
 	"\tmax_depth\x18\b \x01(\x04R\bmaxDepth\x12\x1b\n" +
-	"\tmax_bytes\x18\t \x01(\x04R\bmaxBytes\"%\n" +
+	"\tmax_bytes\x18\t \x01(\x04R\bmaxBytes\x12<\n" +
+	"\fdedup_window\x18\f \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +
@@ -2231,16 +2280,20 @@ const file_api_queue_proto_rawDesc = "" +
 	"\tconsumers\x18\x06 \x01(\x04R\tconsumers\x12\x1f\n" +
 	"\vsync_joined\x18\a \x01(\rR\n" +
 	"syncJoined\x12\x1b\n" +
-	"\tsync_open\x18\b \x01(\bR\bsyncOpen\"B\n" +
+	"\tsync_open\x18\b \x01(\bR\bsyncOpen\"]\n" +
 	"\n" +
 	"OutMessage\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x12\x1a\n" +
-	"\bpriority\x18\x02 \x01(\rR\bpriority\"Z\n" +
+	"\bpriority\x18\x02 \x01(\rR\bpriority\x12\x19\n" +
+	"\bdedup_id\x18\a \x01(\tR\adedupId\"Z\n" +
 	"\x0ePublishRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x122\n" +
-	"\bmessages\x18\x02 \x03(\v2\x16.qbroker.v1.OutMessageR\bmessages\"#\n" +
+	"\bmessages\x18\x02 \x03(\v2\x16.qbroker.v1.OutMessageR\bmessages\"C\n" +
 	"\x0fPublishResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\"\xab\x02\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\x12\x1e\n" +
+	"\n" +
+	"duplicates\x18\x02 \x03(\bR\n" +
+	"duplicates\"\xab\x02\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -2395,64 +2448,66 @@ var file_api_queue_proto_goTypes = []any{
 var file_api_queue_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.CreateQueueRequest.kind:type_name -> qbroker.v1.QueueKind
 	36, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	0,  // 2: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
-	36, // 3: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
-	37, // 4: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
-	4,  // 5: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
-	36, // 6: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
-	14, // 7: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
-	37, // 8: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
-	37, // 9: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
-	1,  // 10: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
-	36, // 11: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
-	36, // 12: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
-	18, // 13: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
-	19, // 14: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
-	17, // 15: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
-	36, // 16: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 17: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	36, // 18: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	17, // 19: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	36, // 20: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	36, // 21: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	37, // 22: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 23: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	17, // 24: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	3,  // 25: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	5,  // 26: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	6,  // 27: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	8,  // 28: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	10, // 29: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	12, // 30: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	15, // 31: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	20, // 32: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	22, // 33: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	24, // 34: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	26, // 35: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	28, // 36: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	30, // 37: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	32, // 38: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	34, // 39: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	4,  // 40: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	4,  // 41: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	7,  // 42: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	9,  // 43: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	11, // 44: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	13, // 45: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	16, // 46: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	21, // 47: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	23, // 48: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	25, // 49: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	27, // 50: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	29, // 51: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	31, // 52: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	33, // 53: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	35, // 54: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	40, // [40:55] is the sub-list for method output_type
-	25, // [25:40] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	36, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
+	0,  // 3: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
+	36, // 4: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
+	37, // 5: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
+	36, // 6: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
+	4,  // 7: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
+	36, // 8: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
+	14, // 9: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
+	37, // 10: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
+	37, // 11: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
+	1,  // 12: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
+	36, // 13: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
+	36, // 14: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
+	18, // 15: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
+	19, // 16: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
+	17, // 17: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
+	36, // 18: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 19: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	36, // 20: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	17, // 21: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	36, // 22: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	36, // 23: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	37, // 24: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 25: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	17, // 26: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	3,  // 27: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	5,  // 28: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	6,  // 29: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	8,  // 30: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	10, // 31: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	12, // 32: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	15, // 33: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	20, // 34: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	22, // 35: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	24, // 36: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	26, // 37: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	28, // 38: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	30, // 39: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	32, // 40: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	34, // 41: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	4,  // 42: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	4,  // 43: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	7,  // 44: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	9,  // 45: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	11, // 46: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	13, // 47: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	16, // 48: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	21, // 49: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	23, // 50: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	25, // 51: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	27, // 52: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	29, // 53: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	31, // 54: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	33, // 55: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	35, // 56: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	42, // [42:57] is the sub-list for method output_type
+	27, // [27:42] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }

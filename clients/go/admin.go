@@ -95,6 +95,9 @@ type QueueOptions struct {
 	// (ready, leased and dead-lettered payloads); publishing beyond it
 	// fails with ErrResourceExhausted. 0 means none.
 	MaxBytes int64
+	// DedupWindow is how long the dedup ids of publishes are remembered
+	// (WithDedupID), 1s..1h; 0 means 5 minutes.
+	DedupWindow time.Duration
 }
 
 // QueueInfo is a queue's configuration.
@@ -107,6 +110,7 @@ type QueueInfo struct {
 	DeadLetter        bool
 	MaxDepth          int   // quota; 0 none
 	MaxBytes          int64 // quota; 0 none
+	DedupWindow       time.Duration
 	CreatedAt         time.Time
 }
 
@@ -121,6 +125,7 @@ func infoFromPB(q *pb.QueueInfo) QueueInfo {
 		CreatedAt:         q.GetCreatedAt().AsTime(),
 		MaxDepth:          int(q.GetMaxDepth()),
 		MaxBytes:          int64(q.GetMaxBytes()),
+		DedupWindow:       q.GetDedupWindow().AsDuration(),
 	}
 }
 
@@ -160,7 +165,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 	if err != nil {
 		return QueueInfo{}, err
 	}
-	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 || o.MaxDepth < 0 || o.MaxBytes < 0 {
+	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 || o.MaxDepth < 0 || o.MaxBytes < 0 || o.DedupWindow < 0 {
 		return QueueInfo{}, fmt.Errorf("qbroker: create %s: negative option: %w", name, ErrInvalidArgument)
 	}
 	ctx, cancel := c.callCtx(ctx, 0)
@@ -174,6 +179,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		DeadLetter:        o.DeadLetter,
 		MaxDepth:          uint64(o.MaxDepth),
 		MaxBytes:          uint64(o.MaxBytes),
+		DedupWindow:       durationOrNil(o.DedupWindow),
 	})
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("qbroker: create queue %s: %w", name, convErr(err))

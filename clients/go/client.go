@@ -44,12 +44,16 @@ type options struct {
 	tls         *tls.Config // nil: no TLS (security.go)
 	token       string      // bearer token; needs tls
 	optErr      error       // an option that failed (WithTLSFiles)
+
+	publishRetries int  // dedup.go
+	autoDedup      bool // WithPublishRetries: generate missing dedup ids
 }
 
 func defaultOptions() options {
 	return options{
-		minBackoff: 100 * time.Millisecond,
-		maxBackoff: 5 * time.Second,
+		minBackoff:     100 * time.Millisecond,
+		maxBackoff:     5 * time.Second,
+		publishRetries: defaultPublishRetries,
 	}
 }
 

@@ -249,7 +249,8 @@ func TestAdmin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := qbroker.QueueInfo{Name: "a.jobs", Kind: qbroker.KindFIFO, VisibilityTimeout: 5 * time.Second, MaxDeliveries: 1, DeadLetter: true, CreatedAt: info.CreatedAt}
+	want := qbroker.QueueInfo{Name: "a.jobs", Kind: qbroker.KindFIFO, VisibilityTimeout: 5 * time.Second, MaxDeliveries: 1, DeadLetter: true,
+		DedupWindow: 5 * time.Minute, CreatedAt: info.CreatedAt}
 	if info != want || info.CreatedAt.IsZero() {
 		t.Errorf("CreateQueue: got %+v, want %+v", info, want)
 	}

@@ -193,6 +193,9 @@ type OutMessage struct {
 	Payload []byte
 	// Priority: KindPriority queues only, 0 (most urgent) .. 255.
 	Priority int
+	// DedupID makes the publish idempotent (see WithDedupID); empty:
+	// none.
+	DedupID string
 }
 
 // PublishOption configures Publish.
@@ -204,13 +207,17 @@ func WithPriority(p int) PublishOption {
 	return func(m *OutMessage) { m.Priority = p }
 }
 
-// Publish publishes one message and returns its id. Publish is not
+// Publish publishes one message and returns its id. Without a dedup id
+// (WithDedupID, or WithPublishRetries on the client) Publish is not
 // retried: when it fails with ErrUnavailable, or with the context's
 // DeadlineExceeded or Canceled (the broker may have applied it after the
 // caller stopped waiting), the message may or may not have been
-// published, so do not publish it again blindly. Errors: ErrNotFound, ErrInvalidArgument (payload
-// over the limit, priority out of range), ErrFailedPrecondition (a
-// priority on a queue that is not KindPriority).
+// published, so do not publish it again blindly. With one, it is retried
+// when it fails ErrUnavailable (see WithPublishRetries), and may be
+// repeated by the caller within the queue's dedup window: the message is
+// published once. Errors: ErrNotFound, ErrInvalidArgument (payload over
+// the limit, priority out of range, a malformed dedup id),
+// ErrFailedPrecondition (a priority on a queue that is not KindPriority).
 func (c *Client) Publish(ctx context.Context, queue string, payload []byte, opts ...PublishOption) (string, error) {
 	m := OutMessage{Payload: payload}
 	for _, o := range opts {
@@ -224,26 +231,20 @@ func (c *Client) Publish(ctx context.Context, queue string, payload []byte, opts
 }
 
 // PublishBatch publishes messages atomically, all or none, in order, and
-// returns their ids. Errors: as Publish, and ErrInvalidArgument for an
-// empty batch or one over the broker's count or size limit.
+// returns their ids; a message repeating a dedup id gets the first
+// publish's id (PublishReceipts tells them apart). Errors: as Publish, and
+// ErrInvalidArgument for an empty batch or one over the broker's count or
+// size limit.
 func (c *Client) PublishBatch(ctx context.Context, queue string, msgs []OutMessage) ([]string, error) {
-	req := &pb.PublishRequest{Queue: queue, Messages: make([]*pb.OutMessage, len(msgs))}
-	for i, m := range msgs {
-		if m.Priority < 0 {
-			return nil, fmt.Errorf("qbroker: publish to %s: negative priority %d: %w", queue, m.Priority, ErrInvalidArgument)
-		}
-		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority)}
-	}
-	ctx, cancel := c.callCtx(ctx, 0)
-	defer cancel()
-	resp, err := c.rpc.Publish(ctx, req)
+	rs, err := c.PublishReceipts(ctx, queue, msgs)
 	if err != nil {
-		return nil, fmt.Errorf("qbroker: publish to %s: %w", queue, convErr(err))
+		return nil, err
 	}
-	if len(resp.GetIds()) != len(msgs) {
-		return nil, fmt.Errorf("qbroker: publish to %s: %d ids for %d messages: %w", queue, len(resp.GetIds()), len(msgs), ErrInternal)
+	ids := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
 	}
-	return resp.GetIds(), nil
+	return ids, nil
 }
 
 // ReceiveOptions configure Receive. The zero value takes one message at

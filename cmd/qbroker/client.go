@@ -209,6 +209,7 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 	fs.BoolVar(&o.DeadLetter, "dead-letter", false, "keep messages past --max-deliveries as dead letters (see 'qbroker dlq')")
 	fs.IntVar(&o.MaxDepth, "max-depth", 0, "quota: most ready messages; publishing beyond fails; 0 means none")
 	fs.Int64Var(&o.MaxBytes, "max-bytes", 0, "quota: most bytes of message data the queue holds; publishing beyond fails; 0 means none")
+	fs.DurationVar(&o.DedupWindow, "dedup-window", 0, "how long publishes' dedup ids are remembered (1s..1h); 0 means 5m")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
@@ -236,8 +237,15 @@ Publishes each message argument, or with --stdin each line of standard
 input, and prints the message ids, one per line. With --batch, all
 messages are published in one atomic batch: all or none. Without it, each
 is published on its own, and a failure stops the command (the messages
-before it stay published).`, std)
+before it stay published).
+
+With --dedup-id, publishing is idempotent within the queue's dedup window:
+the message (with several, the Nth gets <id>.N) is published once however
+often the command runs, on whichever broker; a repeat prints the first
+publish's id followed by a tab and "duplicate". A publish that fails
+UNAVAILABLE is then retried.`, std)
 	priority := fs.Int("priority", 0, "priority of the messages (priority queues only): 0 most urgent .. 255")
+	dedupID := fs.String("dedup-id", "", "deduplication `id`, [A-Za-z0-9._-]{1,128}")
 	stdin := fs.Bool("stdin", false, "read messages from standard input, one per line")
 	batch := fs.Bool("batch", false, "publish all messages as one atomic batch")
 	pos, err := parse(fs, args, 1, -1)
@@ -269,27 +277,43 @@ before it stay published).`, std)
 	if len(msgs) == 0 {
 		return nil // empty stdin
 	}
+	for i := range msgs {
+		switch {
+		case *dedupID == "":
+		case len(msgs) == 1:
+			msgs[i].DedupID = *dedupID
+		default:
+			msgs[i].DedupID = fmt.Sprintf("%s.%d", *dedupID, i+1)
+		}
+	}
 	c, err := cf.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	print := func(rs []qbroker.Receipt) {
+		for _, r := range rs {
+			if r.Duplicate {
+				fmt.Fprintf(std.out, "%s\tduplicate\n", r.ID)
+			} else {
+				fmt.Fprintln(std.out, r.ID)
+			}
+		}
+	}
 	if *batch {
-		ids, err := c.PublishBatch(ctx, queue, msgs)
+		rs, err := c.PublishReceipts(ctx, queue, msgs)
 		if err != nil {
 			return err
 		}
-		for _, id := range ids {
-			fmt.Fprintln(std.out, id)
-		}
+		print(rs)
 		return nil
 	}
 	for _, m := range msgs {
-		id, err := c.Publish(ctx, queue, m.Payload, qbroker.WithPriority(m.Priority))
+		rs, err := c.PublishReceipts(ctx, queue, []qbroker.OutMessage{m})
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(std.out, id)
+		print(rs)
 	}
 	return nil
 }

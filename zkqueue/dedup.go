@@ -1,0 +1,399 @@
+package zkqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Idempotent publish (WithDedup).
+//
+// A draft with a DedupID leaves a record of its id under the queue's
+// dedup parent, in the same transaction as the message, so both exist or
+// neither does:
+//
+//	<dedup>/<bucket>/<id>   data: the message's id (empty until recorded)
+//
+// Time is cut into buckets of one window W (bucket b holds the publishes
+// of [b*W, (b+1)*W), named by b zero-padded to 19 digits), and a publish at
+// time t creates its record in bucket(t) and in bucket(t)+1. A repeat at
+// t' < t+W falls into one of those two buckets and creates its record
+// there too: ZooKeeper refuses it (NodeExists), the whole transaction
+// fails, nothing is written, and the repeat is answered with the id stored
+// in the record. A repeat at t' >= t+2W no longer meets either record, so
+// an id is remembered at least W and at most 2W, whether or not the old
+// buckets were deleted yet: deleting them (ExpireDedup) only frees memory,
+// a whole bucket at a time, never a record per poll.
+//
+// The message's id is its sequential node's name, which ZooKeeper picks
+// when the transaction commits, so the records are written without it and
+// get it right after, in a second transaction (setData, group-committed
+// like every write). A repeat that finds a record still empty waits for it
+// briefly; a record whose publisher died between the two transactions
+// stays empty, and its repeats are answered as duplicates without an id.
+//
+// Two copies of one id in one batch: the later is a duplicate of the
+// earlier. A batch whose transaction fails on one record loses only that
+// message (a duplicate) and is committed again without it: the others are
+// published atomically, as a batch without the duplicate would be.
+
+// Bounds of a dedup window and id.
+const (
+	DefaultDedupWindow = 5 * time.Minute
+	MinDedupWindow     = time.Second
+	MaxDedupWindow     = time.Hour
+	MaxDedupID         = 128
+)
+
+// ErrBadDedupID is returned for a dedup id outside its charset or length,
+// or given to a queue without WithDedup.
+var ErrBadDedupID = errors.New("zkqueue: bad deduplication id")
+
+// dedupPendingWait bounds how long a repeat waits for a record its
+// publisher has not filled in yet.
+const dedupPendingWait = 5 * time.Second
+
+// dedupMargin is how long after its last use a bucket is kept, for the
+// clocks of publishers running behind the deleter's: 10s, or one window
+// if shorter.
+const dedupMargin = 10 * time.Second
+
+// CheckDedupID accepts an id of [A-Za-z0-9._-]{1,128}, not "." or "..":
+// a node name as it is.
+func CheckDedupID(id string) error {
+	if len(id) > MaxDedupID {
+		return fmt.Errorf("%w: %d bytes > %d", ErrBadDedupID, len(id), MaxDedupID)
+	}
+	if err := zkutil.CheckName(id); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadDedupID, err)
+	}
+	return nil
+}
+
+// CheckDedupWindow accepts a window in [MinDedupWindow, MaxDedupWindow].
+func CheckDedupWindow(w time.Duration) error {
+	if w < MinDedupWindow || w > MaxDedupWindow {
+		return fmt.Errorf("dedup window %v out of range [%v, %v]", w, MinDedupWindow, MaxDedupWindow)
+	}
+	return nil
+}
+
+// WithDedup enables idempotent publish (Draft.DedupID) with records under
+// dir, remembered for window (see dedup.go). dir's parent must exist; dir
+// and its buckets are created when first needed, even WithoutCreate (they
+// lie inside the queue, which a deletion removes whole). Every process
+// publishing to the queue should use the same dir and window.
+func WithDedup(dir string, window time.Duration) Option {
+	return func(o *options) { o.dedupDir, o.dedupWindow = dir, window }
+}
+
+// dedup is a Queue's state of WithDedup.
+type dedup struct {
+	dir    string
+	window time.Duration
+	known  atomic.Int64 // the last bucket known to exist (0: none)
+}
+
+func (o *options) validateDedup() error {
+	if o.dedupDir == "" && o.dedupWindow == 0 {
+		return nil
+	}
+	if o.dedupDir == "" || o.dedupDir[0] != '/' || path.Clean(o.dedupDir) != o.dedupDir || o.dedupDir == "/" {
+		return fmt.Errorf("zkqueue: bad dedup path %q", o.dedupDir)
+	}
+	if err := CheckDedupWindow(o.dedupWindow); err != nil {
+		return fmt.Errorf("zkqueue: %w", err)
+	}
+	return nil
+}
+
+func dedupBucket(t time.Time, w time.Duration) int64 { return t.UnixNano() / int64(w) }
+
+func bucketName(b int64) string { return fmt.Sprintf("%0*d", segDigits, b) }
+
+func (d *dedup) record(b int64, id string) string {
+	return d.dir + "/" + bucketName(b) + "/" + id
+}
+
+// checkDedup checks a draft's dedup id against the queue.
+func (s *Queue) checkDedup(id string) error {
+	if id == "" {
+		return nil
+	}
+	if s.dedup == nil {
+		return fmt.Errorf("%w: the queue has no deduplication", ErrBadDedupID)
+	}
+	return CheckDedupID(id)
+}
+
+// dedupBytes is what the records of id add to a publish transaction.
+func (s *Queue) dedupBytes(id string) int {
+	if id == "" || s.dedup == nil {
+		return 0
+	}
+	return 2 * (len(s.dedup.dir) + segDigits + len(id) + 2 + opOverhead)
+}
+
+// ensureBuckets creates buckets b and b+1 (and the dedup parent) unless
+// known to exist.
+func (s *Queue) ensureBuckets(b int64) error {
+	d := s.dedup
+	if d.known.Load() >= b+1 {
+		return nil
+	}
+	for _, k := range []int64{b, b + 1} {
+		p := d.dir + "/" + bucketName(k)
+		_, err := s.zk.Create(p, nil, 0, s.opt.acl)
+		if errors.Is(err, zk.ErrNoNode) {
+			if _, err = s.zk.Create(d.dir, nil, 0, s.opt.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return fmt.Errorf("create %s: %w", d.dir, err)
+			}
+			_, err = s.zk.Create(p, nil, 0, s.opt.acl)
+		}
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("create %s: %w", p, err)
+		}
+	}
+	if cur := d.known.Load(); cur < b+1 {
+		d.known.CompareAndSwap(cur, b+1)
+	}
+	return nil
+}
+
+// Receipt is the outcome of one message of PublishReceipts.
+type Receipt struct {
+	// ID is the message's id; for a duplicate, the first publish's id
+	// ("" in the rare case that its publisher died before recording it).
+	ID string
+	// Duplicate is set for a repeat of a dedup id within the window:
+	// nothing was published for it.
+	Duplicate bool
+}
+
+// PublishReceipts publishes drafts as PublishAll does (all in one
+// transaction, in order), except that drafts repeating a dedup id within
+// the window are left out and answered with the first publish's id (see
+// dedup.go). Errors: as PublishAll, ErrBadDedupID.
+func (s *Queue) PublishReceipts(ctx context.Context, drafts []Draft) ([]Receipt, error) {
+	for _, d := range drafts {
+		if err := s.CheckDraft(d); err != nil {
+			return nil, err
+		}
+	}
+	// One message is bounded by the payload limit alone, as in
+	// PublishDraft: its records add a few hundred bytes, within the room
+	// HardMaxPayload leaves below jute.maxbuffer.
+	if len(drafts) != 1 {
+		if err := s.checkBatch(drafts); err != nil {
+			return nil, s.wrap("publish", err)
+		}
+	}
+	rs, err := s.publishReceipts(ctx, drafts)
+	return rs, s.wrap("publish", err)
+}
+
+func hasDedup(drafts []Draft) bool {
+	for _, d := range drafts {
+		if d.DedupID != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// publishReceipts publishes checked drafts, some with dedup ids.
+func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt, error) {
+	out := make([]Receipt, len(drafts))
+	// same[i]: the earlier draft of the batch with i's id, or -1.
+	same := make([]int, len(drafts))
+	first := map[string]int{}
+	for i, d := range drafts {
+		same[i] = -1
+		if d.DedupID == "" {
+			continue
+		}
+		if j, ok := first[d.DedupID]; ok {
+			same[i] = j
+		} else {
+			first[d.DedupID] = i
+		}
+	}
+	done := make([]bool, len(drafts)) // answered as duplicates
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if attempt > len(drafts)+4 {
+			return nil, fmt.Errorf("dedup: %d attempts", attempt)
+		}
+		now := time.Now()
+		b := dedupBucket(now, s.dedup.window)
+		if err := s.ensureBuckets(b); err != nil {
+			return nil, err
+		}
+		var idx, levels, owners []int
+		var datas [][]byte
+		var records []any
+		for i, d := range drafts {
+			if done[i] || same[i] >= 0 {
+				continue
+			}
+			idx = append(idx, i)
+			levels = append(levels, d.Priority)
+			datas = append(datas, EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now}))
+			if d.DedupID != "" {
+				for k := int64(0); k < 2; k++ {
+					records = append(records, &zk.CreateRequest{Path: s.dedup.record(b+k, d.DedupID), Acl: s.opt.acl})
+					owners = append(owners, i)
+				}
+			}
+		}
+		if len(idx) == 0 {
+			break
+		}
+		paths, err := s.appendMessages(ctx, levels, datas, records...)
+		var oe *extraOpError
+		switch {
+		case err == nil:
+			for j, i := range idx {
+				out[i] = Receipt{ID: s.created(paths[j], datas[j])}
+			}
+			s.recordIDs(ctx, records, owners, out)
+		case errors.As(err, &oe) && errors.Is(oe.Err, zk.ErrNodeExists):
+			i := owners[oe.Index]
+			id, err := s.recorded(ctx, records[oe.Index].(*zk.CreateRequest).Path)
+			if errors.Is(err, zk.ErrNoNode) {
+				continue // expired meanwhile: publish it
+			}
+			if err != nil {
+				return nil, err
+			}
+			out[i], done[i] = Receipt{ID: id, Duplicate: true}, true
+			continue
+		case errors.As(err, &oe) && errors.Is(oe.Err, zk.ErrNoNode):
+			s.dedup.known.Store(0) // a bucket was deleted (clocks apart): create it again
+			continue
+		default:
+			return nil, err
+		}
+		break
+	}
+	for i, j := range same {
+		if j >= 0 {
+			out[i] = Receipt{ID: out[j].ID, Duplicate: true}
+		}
+	}
+	return out, nil
+}
+
+// recordIDs writes the ids of the messages just published into their
+// records. It runs even when ctx ended (the messages exist), bounded; a
+// failure leaves the records empty, which their repeats tolerate.
+func (s *Queue) recordIDs(ctx context.Context, records []any, owners []int, out []Receipt) {
+	if len(records) == 0 {
+		return
+	}
+	ops := make([]any, len(records))
+	for k, r := range records {
+		ops[k] = &zk.SetDataRequest{Path: r.(*zk.CreateRequest).Path, Data: []byte(out[owners[k]].ID), Version: 0}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := s.write(ctx, ops...); err != nil {
+		s.opt.logger.Warn("recording dedup ids failed; their repeats will be answered without an id", "err", err)
+	}
+}
+
+// recorded returns the message id in record p, waiting up to
+// dedupPendingWait for a record not filled in yet; "" when it stays empty.
+func (s *Queue) recorded(ctx context.Context, p string) (string, error) {
+	deadline := time.NewTimer(dedupPendingWait)
+	defer deadline.Stop()
+	for {
+		data, _, w, err := s.zk.GetW(p)
+		if err != nil {
+			return "", fmt.Errorf("get %s: %w", p, err)
+		}
+		if len(data) > 0 {
+			return string(data), nil
+		}
+		select {
+		case <-w:
+		case <-deadline.C:
+			return "", nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+}
+
+// extraOpError is the failure of one of the extra ops of appendMessages:
+// Index counts among them.
+type extraOpError struct {
+	Index int
+	Err   error
+}
+
+func (e *extraOpError) Error() string { return fmt.Sprintf("op %d: %v", e.Index, e.Err) }
+func (e *extraOpError) Unwrap() error { return e.Err }
+
+// ExpireDedup deletes the buckets under the dedup parent dir that no
+// publish with window needs at now any more (a bucket is used by the
+// publishes of its own and the previous window; it is kept dedupMargin
+// longer, up to 10s, for clocks running behind). It returns the records deleted, when
+// the next bucket is due (zero when none is left), and a watch of dir's
+// children that fires when a bucket is created; a missing dir is watched
+// for its creation. It reads and deletes only buckets, never polls a
+// record.
+func ExpireDedup(ctx context.Context, conn *zk.Conn, dir string, window time.Duration, now time.Time) (deleted int, next time.Time, watch <-chan zk.Event, err error) {
+	if err := CheckDedupWindow(window); err != nil {
+		return 0, time.Time{}, nil, fmt.Errorf("zkqueue: %w", err)
+	}
+	children, _, w, err := conn.ChildrenW(dir)
+	if errors.Is(err, zk.ErrNoNode) {
+		ok, _, w, err := conn.ExistsW(dir)
+		switch {
+		case err != nil:
+			return 0, time.Time{}, nil, fmt.Errorf("zkqueue: exists %s: %w", dir, err)
+		case ok:
+			return ExpireDedup(ctx, conn, dir, window, now) // created meanwhile
+		}
+		return 0, time.Time{}, w, nil
+	}
+	if err != nil {
+		return 0, time.Time{}, nil, fmt.Errorf("zkqueue: children %s: %w", dir, err)
+	}
+	var buckets []int64
+	for _, c := range children {
+		if b, err := strconv.ParseInt(c, 10, 64); err == nil && len(c) == segDigits {
+			buckets = append(buckets, b)
+		}
+	}
+	sort.Slice(buckets, func(i, j int) bool { return buckets[i] < buckets[j] })
+	margin := min(dedupMargin, window)
+	for _, b := range buckets {
+		until := time.Unix(0, (b+1)*int64(window)).Add(margin)
+		if now.Before(until) {
+			return deleted, until, w, nil
+		}
+		p := dir + "/" + bucketName(b)
+		n, err := zkutil.NumChildren(conn, p)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return deleted, time.Time{}, w, fmt.Errorf("zkqueue: %w", err)
+		}
+		if err := zkutil.DeleteTree(ctx, conn, p, nil); err != nil {
+			return deleted, time.Time{}, w, fmt.Errorf("zkqueue: delete %s: %w", p, err)
+		}
+		deleted += n
+	}
+	return deleted, time.Time{}, w, nil
+}
