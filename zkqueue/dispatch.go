@@ -515,8 +515,6 @@ func claimAll[T any](ctx context.Context, s *Queue, cands []Name, room Room, cla
 		claimOne(0)
 		return vals, errs
 	}
-	s.prefetch(cands)
-	defer s.forgetFetched(cands)
 	var wg sync.WaitGroup
 	for i := range cands {
 		wg.Add(1)

@@ -102,14 +102,13 @@
 // Processes consuming one queue split each snapshot by sequence number
 // (WithShare) and take their own share first.
 //
-// A take of several messages claims a round of candidates together. The
-// round first reads the messages this process does not remember from
-// publishing them, in multiRead requests of up to 16 paths (prefetch.go;
-// ZooKeeper 3.6 or later, else one getData each), because ZooKeeper's
-// cost is per request: a deep backlog, read back by a broker that did not
-// publish it, drains at the rate ZooKeeper answers reads. The claims then
-// delete (or lease) at the versions read, their writes sharing the group
-// commit's transactions.
+// Claims read the messages this process does not remember from
+// publishing them together: concurrent reads of a Queue share multiRead
+// requests of up to 16 paths (group read, reads.go; ZooKeeper 3.6 or
+// later, else one getData each), because ZooKeeper's cost is per request:
+// a deep backlog, read back by a broker that did not publish it, drains at
+// the rate ZooKeeper answers reads. The claims then delete (or lease) at
+// the versions read, their writes sharing the group commit's transactions.
 //
 // A priority queue serves the most urgent levels whose heads hold
 // messages (the heads of up to 8 non-empty levels merged into one sorted

@@ -28,10 +28,10 @@ type Queue struct {
 	next    atomic.Uint32
 	path    string
 	opt     options
-	recent  *recent    // data of messages published here, for read-free claims
-	fetched prefetched // a claim round's reads (prefetch.go)
-	tails   tails      // the tail segment of each level, for producers
-	chain   chain      // the segments, for consumers
+	recent  *recent   // data of messages published here, for read-free claims
+	reads   readGroup // concurrent claims' reads (reads.go)
+	tails   tails     // the tail segment of each level, for producers
+	chain   chain     // the segments, for consumers
 	counts  segmentCounts
 	dedup   *dedup // nil without WithDedup
 
@@ -372,20 +372,14 @@ func (s *Queue) claimDeleteAll(ctx context.Context, n Name) (Message, error) {
 }
 
 // readItem returns the data and version of candidate n at p for its
-// claim: remembered when this process published it, else read (by the
-// round's prefetch, or here).
+// claim: remembered when this process published it, else read (group
+// read, reads.go).
 func (s *Queue) readItem(p string, n Name) (data []byte, version int32, err error) {
 	if data, ok := s.recent.take(n.Raw); ok {
 		return data, 0, nil
 	}
-	if r, ok := s.takeFetched(n); ok {
-		return r.data, r.version, r.err
-	}
-	data, stat, err := s.reader().Get(p)
-	if err != nil {
-		return nil, 0, fmt.Errorf("get %s: %w", p, err)
-	}
-	return data, stat.Version, nil
+	r := s.groupRead(p)
+	return r.data, r.version, r.err
 }
 
 // unread puts back what readItem took from the memory of published

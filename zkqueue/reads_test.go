@@ -16,7 +16,7 @@ import (
 )
 
 // A consumer that did not publish a backlog reads it in multiRead
-// requests, a claim round at a time, and never a getData per message; a
+// requests (group read), and never a getData per message; a
 // message claimed elsewhere between the read and the claim is a lost race,
 // delivered once, by the other claimer.
 func TestClaimRoundsReadInMultiRead(t *testing.T) {
@@ -108,10 +108,10 @@ func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
 		}
 	}
 	// Rounds of at most 40 candidates over segments of 60 (a round never
-	// spans segments): 7 rounds, each read in at most 3 requests of at
-	// most 16 paths. A round of a single candidate would read with a
-	// getData.
-	if g, mr := gets.Load(), multiReads.Load(); g > 4 || mr > 21 {
+	// spans segments): 7 rounds. In each, the first reads find a request
+	// slot free and go alone (at most maxReadsInFlight, 2), the others
+	// queue and share multiRead requests of at most 16 paths.
+	if g, mr := gets.Load(), multiReads.Load(); g > 2*7 || mr > 21 {
 		t.Errorf("%d getData and %d multiRead requests for %d messages", g, mr, n)
 	}
 	t.Logf("%d messages: %d multiRead, %d getData requests", n, multiReads.Load(), gets.Load())
@@ -199,4 +199,63 @@ func TestClaimRoundOfLargestMessages(t *testing.T) {
 	if multiReads.Load() < 2 {
 		t.Errorf("%d multiRead requests for %d messages of %d bytes", multiReads.Load(), n, zkqueue.HardMaxPayload)
 	}
+}
+
+// Consumers taking one message at a time from one Queue share read
+// requests too: their concurrent reads queue behind the requests in
+// flight and go together.
+func TestSingleTakesShareReads(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	producer, err := zkqueue.New(zktest.Conn(t), root+"/items")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, consumers = 2000, 16
+	for i := 0; i < n; i += 100 {
+		payloads := make([][]byte, 100)
+		for j := range payloads {
+			payloads[j] = fmt.Appendf(nil, "m%04d", i+j)
+		}
+		if _, err := producer.PublishBatch(ctx, payloads); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var requests atomic.Int64
+	consumer, err := zkqueue.New(zktest.Conn(t), root+"/items", zkqueue.WithObserver(func(op string, _ time.Duration, err error) {
+		if op == "get" || op == "multiread" {
+			requests.Add(1)
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	got := map[string]int{}
+	var wg sync.WaitGroup
+	for range consumers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				m, err := consumer.TryDequeue(ctx)
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				got[string(m.Payload)]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		if c := got[fmt.Sprintf("m%04d", i)]; c != 1 {
+			t.Fatalf("m%04d delivered %d times", i, c)
+		}
+	}
+	if r := requests.Load(); r > n*3/4 {
+		t.Errorf("%d read requests for %d messages taken one at a time by %d consumers", r, n, consumers)
+	}
+	t.Logf("%d read requests for %d messages", requests.Load(), n)
 }
