@@ -41,6 +41,7 @@ type options struct {
 	noCreate     bool
 	acl          []zk.ACL
 	segmentSize  int
+	expiry       Expiry
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -97,6 +98,9 @@ func (o *options) validate() error {
 	}
 	if o.segmentSize < 2 || o.segmentSize > MaxSegmentSize {
 		return fmt.Errorf("zkqueue: segment size %d out of range [2, %d]", o.segmentSize, MaxSegmentSize)
+	}
+	if o.expiry.TTL < 0 {
+		return fmt.Errorf("zkqueue: message TTL %v < 0", o.expiry.TTL)
 	}
 	return nil
 }
