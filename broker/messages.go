@@ -77,11 +77,17 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		}
 		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p}
 	}
+	due, delayed, err := b.dueTimes(msgs)
+	if err != nil {
+		return nil, b.fail(err)
+	}
 	if err := b.admit(ctx, q, drafts); err != nil {
 		return nil, b.fail(b.gone(q, err))
 	}
 	var ids []string
-	if len(msgs) == 1 {
+	if delayed {
+		ids, err = b.publishDue(ctx, q, drafts, due)
+	} else if len(msgs) == 1 {
 		var id string
 		id, err = q.items.PublishPriority(ctx, drafts[0].Priority, drafts[0].Payload)
 		ids = []string{id}

@@ -40,7 +40,7 @@ func kindToPB(k zkqueue.Kind) pb.QueueKind {
 }
 
 func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
-	return &pb.QueueInfo{
+	info := &pb.QueueInfo{
 		Name:              name,
 		Kind:              kindToPB(s.Kind),
 		SyncMembers:       uint32(s.SyncMembers),
@@ -51,4 +51,6 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		MaxDepth:          uint64(s.MaxDepth),
 		MaxBytes:          uint64(s.MaxBytes),
 	}
+	info.MessageTtl, info.ExpireToDeadLetter = durationpb.New(s.MessageTTL), s.ExpireToDeadLetter
+	return info
 }

@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
 
@@ -193,6 +196,13 @@ type OutMessage struct {
 	Payload []byte
 	// Priority: KindPriority queues only, 0 (most urgent) .. 255.
 	Priority int
+	// Delay keeps the message invisible this long, then it joins the
+	// tail of the queue (at most the broker's --max-delay, 15 minutes by
+	// default). Not with DeliverAt.
+	Delay time.Duration
+	// DeliverAt keeps the message invisible until then (a past time means
+	// now). Not with Delay.
+	DeliverAt time.Time
 }
 
 // PublishOption configures Publish.
@@ -204,12 +214,26 @@ func WithPriority(p int) PublishOption {
 	return func(m *OutMessage) { m.Priority = p }
 }
 
+// WithDelay delays a message's delivery by d: it stays invisible (counted
+// in Stats.Delayed) until then, and joins the tail of the queue when due.
+// Its publish id names the delayed message; it is delivered under the id
+// it gets in the queue.
+func WithDelay(d time.Duration) PublishOption {
+	return func(m *OutMessage) { m.Delay = d }
+}
+
+// WithDeliverAt delays a message's delivery until t (see WithDelay).
+func WithDeliverAt(t time.Time) PublishOption {
+	return func(m *OutMessage) { m.DeliverAt = t }
+}
+
 // Publish publishes one message and returns its id. Publish is not
 // retried: when it fails with ErrUnavailable, or with the context's
 // DeadlineExceeded or Canceled (the broker may have applied it after the
 // caller stopped waiting), the message may or may not have been
 // published, so do not publish it again blindly. Errors: ErrNotFound, ErrInvalidArgument (payload
-// over the limit, priority out of range), ErrFailedPrecondition (a
+// over the limit, priority out of range, a delay negative, over the
+// broker's maximum or given with DeliverAt), ErrFailedPrecondition (a
 // priority on a queue that is not KindPriority).
 func (c *Client) Publish(ctx context.Context, queue string, payload []byte, opts ...PublishOption) (string, error) {
 	m := OutMessage{Payload: payload}
@@ -233,6 +257,12 @@ func (c *Client) PublishBatch(ctx context.Context, queue string, msgs []OutMessa
 			return nil, fmt.Errorf("qbroker: publish to %s: negative priority %d: %w", queue, m.Priority, ErrInvalidArgument)
 		}
 		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority)}
+		if m.Delay != 0 {
+			req.Messages[i].Delay = durationpb.New(m.Delay)
+		}
+		if !m.DeliverAt.IsZero() {
+			req.Messages[i].DeliverAt = timestamppb.New(m.DeliverAt)
+		}
 	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()

@@ -240,6 +240,7 @@ before it stay published).`, std)
 	priority := fs.Int("priority", 0, "priority of the messages (priority queues only): 0 most urgent .. 255")
 	stdin := fs.Bool("stdin", false, "read messages from standard input, one per line")
 	batch := fs.Bool("batch", false, "publish all messages as one atomic batch")
+	delay := fs.Duration("delay", 0, "deliver the messages after this delay (at most the broker's --max-delay, 15m by default)")
 	pos, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
@@ -247,7 +248,7 @@ before it stay published).`, std)
 	queue, texts := pos[0], pos[1:]
 	var msgs []qbroker.OutMessage
 	for _, t := range texts {
-		msgs = append(msgs, qbroker.OutMessage{Payload: []byte(t), Priority: *priority})
+		msgs = append(msgs, qbroker.OutMessage{Payload: []byte(t), Priority: *priority, Delay: *delay})
 	}
 	switch {
 	case *stdin && len(texts) > 0:
@@ -256,7 +257,7 @@ before it stay published).`, std)
 		sc := bufio.NewScanner(std.in)
 		sc.Buffer(make([]byte, 64<<10), 16<<20)
 		for sc.Scan() {
-			msgs = append(msgs, qbroker.OutMessage{Payload: append([]byte(nil), sc.Bytes()...), Priority: *priority})
+			msgs = append(msgs, qbroker.OutMessage{Payload: append([]byte(nil), sc.Bytes()...), Priority: *priority, Delay: *delay})
 		}
 		if err := sc.Err(); err != nil {
 			return fmt.Errorf("reading stdin: %w", err)
@@ -285,7 +286,7 @@ before it stay published).`, std)
 		return nil
 	}
 	for _, m := range msgs {
-		id, err := c.Publish(ctx, queue, m.Payload, qbroker.WithPriority(m.Priority))
+		id, err := c.Publish(ctx, queue, m.Payload, qbroker.WithPriority(m.Priority), qbroker.WithDelay(m.Delay))
 		if err != nil {
 			return err
 		}
