@@ -56,6 +56,10 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if req.GetMaxDepth() > maxQuota || req.GetMaxBytes() > maxQuota {
 		return nil, b.fail(invalidf("max_depth %d or max_bytes %d over %d", req.GetMaxDepth(), req.GetMaxBytes(), uint64(maxQuota)))
 	}
+	ttl, err := ttlToSpec(req.GetMessageTtl(), req.GetExpireToDeadLetter())
+	if err != nil {
+		return nil, b.fail(err)
+	}
 	s := zkqueue.Spec{
 		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
@@ -63,6 +67,7 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 		DedupWindow: dedup,
 		Created:     time.Now().UTC().Truncate(time.Millisecond),
 	}
+	s.MessageTTL, s.ExpireToDeadLetter = ttl, req.GetExpireToDeadLetter()
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
 	if errors.Is(err, zkqueue.ErrTooManyQueues) {
 		err = fmt.Errorf("%w (--max-queues)", err)
@@ -167,7 +172,11 @@ func (b *Broker) Purge(ctx context.Context, req *pb.PurgeRequest) (*pb.PurgeResp
 	if err != nil {
 		return nil, b.fail(b.gone(q, err))
 	}
-	return &pb.PurgeResponse{Purged: uint64(n)}, nil
+	d, err := q.delayed.Purge(ctx)
+	if err != nil {
+		return nil, b.fail(b.gone(q, err))
+	}
+	return &pb.PurgeResponse{Purged: uint64(n + d)}, nil
 }
 
 // Stats implements pb.QueueServer.
@@ -197,7 +206,16 @@ func (b *Broker) Stats(ctx context.Context, req *pb.StatsRequest) (*pb.QueueStat
 	if err != nil {
 		return nil, b.fail(b.gone(q, err))
 	}
+	delayed, err := q.delayed.Len(ctx)
+	if err != nil {
+		return nil, b.fail(b.gone(q, err))
+	}
+	expired, err := b.expiredCount(q)
+	if err != nil {
+		return nil, b.fail(b.gone(q, err))
+	}
 	st.Ready, st.InFlight, st.Dead, st.Consumers = uint64(ready), uint64(inFlight), uint64(dead), uint64(consumers)
+	st.Delayed, st.Expired = uint64(delayed), uint64(expired)
 	st.OldestAge = durationpb.New(age)
 	if q.sync != nil {
 		joined, open, err := q.sync.state(ctx)

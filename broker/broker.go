@@ -74,6 +74,9 @@ type Config struct {
 	// beyond it fails with ResourceExhausted. Default 0: no bound but a
 	// queue's own quota (CreateQueue's max_depth) and ZKDataBudget.
 	MaxDepth int
+	// MaxDelay bounds a message's delivery delay (OutMessage.delay or
+	// deliver_at); default DefaultMaxDelay, at most HardMaxDelay.
+	MaxDelay time.Duration
 	// ZKDataBudget bounds what ZooKeeper holds, in bytes of estimated heap
 	// (see zkMemory: DataCharge times its approximate data size plus
 	// NodeCharge per znode, from mntr): publishing beyond it fails with ResourceExhausted, so
@@ -220,6 +223,12 @@ func (c *Config) setStoreDefaults() error {
 	if c.MaxDepth < 0 {
 		return fmt.Errorf("broker: MaxDepth %d: want 0 (none) or more", c.MaxDepth)
 	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = DefaultMaxDelay
+	}
+	if c.MaxDelay < 0 || c.MaxDelay > HardMaxDelay {
+		return fmt.Errorf("broker: MaxDelay %v out of range (0, %v]", c.MaxDelay, HardMaxDelay)
+	}
 	if c.ZKDataBudget == 0 {
 		c.ZKDataBudget = DefaultZKDataBudget
 	}
@@ -345,6 +354,7 @@ type Broker struct {
 	catalog *zkqueue.Catalog   // the queues: create, delete, list, metadata
 	batcher *zkqueue.Committer // group commit of all queues' writes
 	recent  *zkqueue.Budget    // all queues' memory of messages published here
+	sched   schedulers         // the queues' delay and expiry schedulers (schedule.go)
 	zkmem   *zkMemory          // ZooKeeper's data against ZKDataBudget
 	metrics *metrics
 	health  *health.Server
@@ -598,6 +608,7 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 func (b *Broker) Shutdown() {
 	b.health.Shutdown()
 	b.cancel()
+	b.sched.stop()
 	b.wg.Wait()
 }
 

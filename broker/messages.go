@@ -80,6 +80,10 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 			return nil, b.fail(invalidf("message %d: dedup_id %q: %v", i, printable(drafts[i].DedupID), err))
 		}
 	}
+	due, delayed, err := b.dueTimes(msgs)
+	if err != nil {
+		return nil, b.fail(err)
+	}
 	if err := b.admit(ctx, q, drafts); err != nil {
 		return nil, b.fail(b.gone(q, err))
 	}
@@ -87,7 +91,9 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		return b.publishIdempotent(ctx, q, drafts)
 	}
 	var ids []string
-	if len(msgs) == 1 {
+	if delayed {
+		ids, err = b.publishDue(ctx, q, drafts, due)
+	} else if len(msgs) == 1 {
 		var id string
 		id, err = q.items.PublishPriority(ctx, drafts[0].Priority, drafts[0].Payload)
 		ids = []string{id}

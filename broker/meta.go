@@ -40,7 +40,7 @@ func kindToPB(k zkqueue.Kind) pb.QueueKind {
 }
 
 func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
-	return &pb.QueueInfo{
+	info := &pb.QueueInfo{
 		Name:              name,
 		Kind:              kindToPB(s.Kind),
 		SyncMembers:       uint32(s.SyncMembers),
@@ -52,4 +52,6 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		MaxBytes:          uint64(s.MaxBytes),
 		DedupWindow:       durationpb.New(s.Dedup()),
 	}
+	info.MessageTtl, info.ExpireToDeadLetter = durationpb.New(s.MessageTTL), s.ExpireToDeadLetter
+	return info
 }

@@ -29,6 +29,7 @@ type metrics struct {
 	deadLettered *prometheus.CounterVec
 	conflicts    *prometheus.CounterVec
 	badNodes     *prometheus.CounterVec
+	expired      *prometheus.CounterVec
 	queueTime    *prometheus.HistogramVec
 	zkDuration   *prometheus.HistogramVec
 	sessionState prometheus.Gauge
@@ -74,6 +75,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		deadLettered: qv("qbroker_messages_dead_lettered_total", "Messages moved to the dead letters (or dropped) after too many deliveries."),
 		conflicts:    qv("qbroker_claim_conflicts_total", "Claims lost to another consumer (NoNode or BadVersion on the head)."),
 		badNodes:     qv("qbroker_bad_message_nodes_total", "Message nodes whose data does not decode, skipped and never delivered (Purge deletes them)."),
+		expired:      qv("qbroker_messages_expired_total", "Messages removed by their queue's message TTL on this broker (dropped or dead-lettered)."),
 		queueTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "qbroker_message_queue_seconds",
 			Help:    "Time from publish to delivery (first delivery and redeliveries alike).",
@@ -132,7 +134,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
-		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes} {
+		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired} {
 		reg.MustRegister(c)
 	}
 	return m
@@ -143,7 +145,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 // earlier sample to count from).
 func (m *metrics) initQueue(label string) {
 	for _, c := range []*prometheus.CounterVec{m.published, m.duplicates, m.acked, m.nacked, m.redelivered,
-		m.deadLettered, m.conflicts, m.badNodes, m.expiredUnsent} {
+		m.deadLettered, m.conflicts, m.badNodes, m.expiredUnsent, m.expired} {
 		c.WithLabelValues(label)
 	}
 	for _, mode := range []string{modeAtMostOnce, modeAtLeastOnce} {

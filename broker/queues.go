@@ -43,6 +43,8 @@ type queue struct {
 	dataRead time.Time // when dataN was read
 
 	consumers *zkqueue.ConsumerGroup // the Consume streams on all brokers: registrations, rank
+
+	delayed *zkqueue.Scheduled // the messages published with a delay (schedule.go)
 }
 
 // published counts n messages this broker added into the cached depth.
@@ -56,8 +58,9 @@ func (q *queue) published(n int) {
 // thereby approximate by what a queue takes in that time.
 const depthTTL = 100 * time.Millisecond
 
-// depth returns the queue's ready messages, read from the parent's Stat at
-// most every depthTTL, plus what this broker published since.
+// depth returns the queue's ready and delayed messages, read from the
+// parents' Stats at most every depthTTL, plus what this broker published
+// since.
 func (q *queue) depth(ctx context.Context) (int, error) {
 	q.depthMu.Lock()
 	defer q.depthMu.Unlock()
@@ -68,6 +71,11 @@ func (q *queue) depth(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	delayed, err := q.delayed.Len(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n += delayed
 	q.depthN, q.depthRead = n, time.Now()
 	return n, nil
 }
@@ -107,6 +115,7 @@ func (b *Broker) queue(ctx context.Context, name string) (*queue, error) {
 		return cur, nil // another call loaded it first: share its Queue
 	}
 	b.queues[name] = q
+	b.startSchedulers(q)
 	return q, nil
 }
 
@@ -154,6 +163,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
 		zkqueue.WithACL(b.acl),
 		zkqueue.WithDedup(p+"/dedup", meta.Dedup()),
+		zkqueue.WithExpiry(b.expiry(p, label, meta)),
 	}
 	if meta.Kind == kindPriority {
 		opts = append(opts, zkqueue.WithPriorities())
@@ -167,6 +177,9 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		return nil, err
 	}
 	q.items, q.leases = items, leases
+	if q.delayed, err = zkqueue.NewScheduled(items, p+"/delayed", 0); err != nil {
+		return nil, err
+	}
 	if meta.Kind == kindSync {
 		if q.sync, err = b.newSyncGate(q); err != nil {
 			return nil, err

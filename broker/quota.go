@@ -47,7 +47,7 @@ func (b *Broker) admit(ctx context.Context, q *queue, drafts []zkqueue.Draft) er
 			return err
 		}
 		if depth+len(drafts) > limit {
-			return fmt.Errorf("%w: queue %s holds %d ready messages, at most %d (%s)", errLimit, q.name, depth, limit, by)
+			return fmt.Errorf("%w: queue %s holds %d ready or delayed messages, at most %d (%s)", errLimit, q.name, depth, limit, by)
 		}
 	}
 	var payload int64

@@ -25,10 +25,12 @@ import (
 //	dead/       dead letters
 //	consumers/  one EPHEMERAL node per consumer, for the share split
 //	members/    KindSync: one EPHEMERAL node per member
+//	delayed/    messages published with a delay, until due (Scheduled)
+//	expired     a counter: its version counts the expired messages (ttl.go)
 //	start       KindSync: exists once the group is complete
 //	dedup/      the records of dedup ids (WithDedup), created when first used
 //
-// Create makes the node and its five parents in one Multi. Nothing else
+// Create makes the node and its parents in one Multi. Nothing else
 // creates them: open a queue's Queue and Leases WithoutCreate, so that a
 // process opening a queue while it is being deleted cannot bring parts of
 // it back.
@@ -67,7 +69,7 @@ type CatalogConfig struct {
 // queueParents are the parents created with every queue, in the order a
 // deletion removes them: the ready messages first, so consumers stop
 // finding any, then the rest.
-var queueParents = []string{"items", "leases", "dead", "consumers", "members"}
+var queueParents = []string{"items", "leases", "dead", "consumers", "members", "delayed", "expired"}
 
 // createAttempts bounds the rounds of a Create that keeps meeting a queue
 // of the same name deleted or being deleted concurrently; markAttempts,
@@ -143,6 +145,7 @@ func (c *Catalog) Create(ctx context.Context, name string, s Spec) (Spec, error)
 	}
 	s.Visibility = s.Visibility.Truncate(time.Millisecond) // as stored
 	s.DedupWindow = s.DedupWindow.Truncate(time.Millisecond)
+	s.MessageTTL = s.MessageTTL.Truncate(time.Millisecond)
 	if err := s.Validate(); err != nil {
 		return s, err
 	}
@@ -225,17 +228,50 @@ func (c *Catalog) meetExisting(ctx context.Context, name string, s Spec) (old Sp
 	return old, false, nil
 }
 
+// Repair creates those of parents (names of the queue's parents, such as
+// "delayed") that are missing under the queue name, a queue created
+// before they existed, unless it is being deleted. Errors:
+// ErrQueueNotFound.
+func (c *Catalog) Repair(ctx context.Context, name string, parents ...string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p := c.Path(name)
+	data, stat, err := c.zk.Get(p)
+	if errors.Is(err, zk.ErrNoNode) {
+		return fmt.Errorf("%w: %s", ErrQueueNotFound, name)
+	}
+	if err != nil {
+		return fmt.Errorf("get %s: %w", p, err)
+	}
+	if s, err := DecodeSpec(data); err != nil || s.Deleting {
+		return fmt.Errorf("%w: %s", ErrQueueNotFound, name)
+	}
+	err = c.repair(p, stat.Version, parents...)
+	if errors.Is(err, zk.ErrBadVersion) {
+		return fmt.Errorf("%w: %s (being deleted)", ErrQueueNotFound, name)
+	}
+	if errors.Is(err, zk.ErrNodeExists) {
+		return nil // repaired meanwhile
+	}
+	return err
+}
+
 // repair creates the parents missing under an existing queue's node p,
 // checking in the same Multi that p is still at version: a queue marked
 // for deletion meanwhile is left alone (zk.ErrBadVersion).
-func (c *Catalog) repair(p string, version int32) error {
+// With only, it creates only those of them.
+func (c *Catalog) repair(p string, version int32, only ...string) error {
 	children, _, err := c.zk.Children(p)
 	if err != nil {
 		return fmt.Errorf("children %s: %w", p, err)
 	}
 	ops := []any{&zk.CheckVersionRequest{Path: p, Version: version}}
 	for _, sub := range queueParents {
-		if !slices.Contains(children, sub) {
+		if !slices.Contains(children, sub) && (len(only) == 0 || slices.Contains(only, sub)) {
 			ops = append(ops, &zk.CreateRequest{Path: p + "/" + sub, Acl: c.cfg.ACL})
 		}
 	}

@@ -68,7 +68,7 @@ func TestCatalogCreate(t *testing.T) {
 	if got.Visibility != 1500*time.Millisecond || got.Kind != zkqueue.KindFIFO || !got.Created.Equal(s.Created) {
 		t.Fatalf("created %+v", got)
 	}
-	want := []string{"consumers", "dead", "items", "leases", "members"}
+	want := []string{"consumers", "dead", "delayed", "expired", "items", "leases", "members"}
 	if nodes := queueNodes(t, conn, c.Path("a.jobs")); !slices.Equal(nodes, want) {
 		t.Fatalf("queue nodes %v, want %v", nodes, want)
 	}
@@ -264,7 +264,7 @@ func TestCatalogMarkedQueue(t *testing.T) {
 	if err := c.FinishDelete(ctx, "q", version); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"consumers", "dead", "items", "leases", "members"}
+	want := []string{"consumers", "dead", "delayed", "expired", "items", "leases", "members"}
 	if nodes := queueNodes(t, conn, c.Path("q")); !slices.Equal(nodes, want) {
 		t.Fatalf("a stale deleter touched the new queue: nodes %v, want %v", nodes, want)
 	}
@@ -288,7 +288,7 @@ func TestCatalogRepair(t *testing.T) {
 	if got := mustCreate(t, c, "q", s); got != s {
 		t.Fatalf("create again: %+v, want %+v", got, s)
 	}
-	want := []string{"consumers", "dead", "items", "leases", "members"}
+	want := []string{"consumers", "dead", "delayed", "expired", "items", "leases", "members"}
 	if nodes := queueNodes(t, conn, c.Path("q")); !slices.Equal(nodes, want) {
 		t.Fatalf("queue nodes %v, want %v", nodes, want)
 	}

@@ -27,6 +27,10 @@ type Message struct {
 	Deliveries int
 	// Attributes are the metadata published with the message.
 	Attributes
+	// Ready is when the message last became ready, if not at its publish:
+	// when it was due (a delayed message) or redriven. A queue's message
+	// TTL counts from it (see ttl.go); zero: from Published.
+	Ready time.Time
 }
 
 // Attributes are a message's optional metadata, stored in its node beside
@@ -185,14 +189,14 @@ const HeaderMax = 3 + binary.MaxVarintLen64*2
 func EncodeData(m Message) []byte {
 	b := make([]byte, 0, HeaderMax+len(m.Payload))
 	version := byte(version1)
-	if !m.Attributes.empty() {
+	if !m.Attributes.empty() || !m.Ready.IsZero() {
 		version = version2
 	}
 	b = append(b, magic[0], magic[1], version)
 	b = binary.AppendUvarint(b, uint64(m.Deliveries))
 	b = binary.AppendVarint(b, m.Published.UnixNano())
 	if version == version2 {
-		attrs := m.Attributes.appendTo(nil)
+		attrs := appendReady(m.Attributes.appendTo(nil), m.Ready)
 		b = binary.AppendUvarint(b, uint64(len(attrs)))
 		b = append(b, attrs...)
 	}
@@ -229,7 +233,11 @@ func DecodeData(data []byte) (Message, error) {
 		if err != nil {
 			return Message{}, err
 		}
-		m.Attributes, rest = a, rest[n+int(l):]
+		ready, err := decodeReady(rest[n : n+int(l)])
+		if err != nil {
+			return Message{}, err
+		}
+		m.Attributes, m.Ready, rest = a, ready, rest[n+int(l):]
 	}
 	m.Payload = rest
 	return m, nil

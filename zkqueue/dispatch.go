@@ -412,7 +412,7 @@ func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bo
 			switch {
 			case err == nil:
 				out = append(out, vals[i])
-			case errors.Is(err, ErrNoRoom):
+			case errors.Is(err, ErrNoRoom), errors.Is(err, errExpired):
 			case errors.Is(err, ErrBadData):
 				s.markBad(cands[i])
 			case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):

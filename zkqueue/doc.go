@@ -16,6 +16,9 @@
 //	leases.go    Leases: at-least-once claim with lease, ack, nack (delay), extend,
 //	             release, unclaim, dead letters, redrive
 //	sweep.go     LeaseSweeper: releases expired leases, watch-driven
+//	delay.go     Scheduled: delayed messages until due, and their mover (one
+//	             watch, one timer per queue)
+//	ttl.go       message TTL: expiry at claim and by one timer per queue
 //	commit.go    Committer: group commit of concurrent writes into one Multi
 //	consumers.go ConsumerGroup: the processes consuming a queue, their rank (share)
 //	catalog.go   Catalog: named queues under one parent: create, two-step guarded

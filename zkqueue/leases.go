@@ -180,6 +180,9 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 	if err != nil {
 		return Lease{}, err
 	}
+	if l.items.expired(m, time.Now()) {
+		return Lease{}, l.items.expireClaimed(ctx, n, data, version)
+	}
 	if !fit.admits(len(m.Payload)) {
 		l.items.unread(n, data, version)
 		return Lease{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
@@ -561,7 +564,8 @@ func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, 
 }
 
 // Redrive moves dead letters back into the queue, under their original
-// names and with their delivery count reset. Empty ids means all. Unknown
+// names and with their delivery count reset; a message TTL counts from
+// the redrive (Message.Ready). Empty ids means all. Unknown
 // ids are skipped. It returns the number moved.
 func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 	if len(ids) == 0 {
@@ -597,7 +601,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		}
 		err = requeue(ctx, l.items.multi, l.items.zk.Exists, l.items.path, n, []any{
 			&zk.DeleteRequest{Path: deadPath, Version: stat.Version},
-			requeueOp(l.items.path, n, EncodeData(Message{Payload: m.Payload, Attributes: m.Attributes, Published: m.Published}), l.items.opt.acl)})
+			requeueOp(l.items.path, n, EncodeData(Message{Payload: m.Payload, Attributes: m.Attributes, Published: m.Published, Ready: time.Now()}), l.items.opt.acl)})
 		if err != nil {
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				continue

@@ -350,6 +350,9 @@ func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, 
 	if err != nil {
 		return Message{}, err
 	}
+	if s.expired(m, time.Now()) {
+		return Message{}, s.expireClaimed(ctx, n, data, version)
+	}
 	if !fit.admits(len(m.Payload)) {
 		s.unread(n, data, version)
 		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)

@@ -147,6 +147,15 @@ func (s *Queue) lastSegment(level int) (int64, error) {
 // created nodes' paths, in order. A failing extra op fails it with an
 // *extraOpError.
 func (s *Queue) appendMessages(ctx context.Context, levels []int, datas [][]byte, extra ...any) ([]string, error) {
+	_, paths, err := s.appendWith(ctx, nil, levels, datas, extra...)
+	return paths, err
+}
+
+// appendWith is appendMessages with the ops pre ahead of the checks and
+// creates, in the same transaction (a delayed message's move, delayed
+// creates: delay.go). A failure of one of pre is returned as it is, not
+// retried; res are pre's responses.
+func (s *Queue) appendWith(ctx context.Context, pre []any, levels []int, datas [][]byte, extra ...any) (res []zk.MultiResponse, paths []string, err error) {
 	for attempt := 0; ; attempt++ {
 		segs := map[int]int64{}
 		var checks, creates []any
@@ -155,7 +164,7 @@ func (s *Queue) appendMessages(ctx context.Context, levels []int, datas [][]byte
 			if !ok {
 				var err error
 				if k, err = s.tail(level); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				segs[level] = k
 				checks = append(checks, &zk.CheckVersionRequest{Path: segmentPath(s.path, s.opt.priorities, segment{level, k}), Version: 0})
@@ -168,26 +177,27 @@ func (s *Queue) appendMessages(ctx context.Context, levels []int, datas [][]byte
 				Flags: zk.FlagSequence,
 			})
 		}
-		res, err := s.write(ctx, append(append(checks, creates...), extra...)...)
+		ops := append(append(append(append([]any{}, pre...), checks...), creates...), extra...)
+		res, err := s.write(ctx, ops...)
 		if err != nil && len(extra) > 0 {
-			if i, cause := failedIndex(res); i >= len(checks)+len(creates) {
-				return nil, &extraOpError{Index: i - len(checks) - len(creates), Err: cause}
+			if i, cause := failedIndex(res); i >= len(pre)+len(checks)+len(creates) {
+				return nil, nil, &extraOpError{Index: i - len(pre) - len(checks) - len(creates), Err: cause}
 			}
 		}
 		if err == nil {
 			paths := make([]string, len(creates))
-			for i, r := range res[len(checks) : len(checks)+len(creates)] {
+			for i, r := range res[len(pre)+len(checks) : len(pre)+len(checks)+len(creates)] {
 				paths[i] = r.String
 			}
 			s.rollPast(ctx, paths)
-			return paths, nil
+			return res[:len(pre)], paths, nil
 		}
-		if !errors.Is(err, zk.ErrBadVersion) && !errors.Is(err, zk.ErrNoNode) || attempt >= 2*maxTailSteps {
-			return nil, err
+		if preFailed(res, len(pre)) || !errors.Is(err, zk.ErrBadVersion) && !errors.Is(err, zk.ErrNoNode) || attempt >= 2*maxTailSteps {
+			return res, nil, err
 		}
 		for level, k := range segs {
 			if err := s.moveOn(level, k); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 	}

@@ -42,6 +42,12 @@ type Spec struct {
 	DedupWindow time.Duration
 	Created     time.Time
 	Deleting    bool
+
+	// MessageTTL: ready messages older than this are expired (ttl.go);
+	// 0 means none, else within [MinMessageTTL, MaxMessageTTL]; stored in
+	// milliseconds. ExpireToDeadLetter keeps them as dead letters.
+	MessageTTL         time.Duration
+	ExpireToDeadLetter bool
 }
 
 // specVersion is the version of the encoding; decoders reject the
@@ -59,6 +65,8 @@ type specJSON struct {
 	MaxDepth      int       `json:"max_depth,omitempty"`
 	MaxBytes      int64     `json:"max_bytes,omitempty"`
 	DedupWindowMS int64     `json:"dedup_window_ms,omitempty"`
+	MessageTTLMS  int64     `json:"message_ttl_ms,omitempty"`
+	ExpireToDead  bool      `json:"expire_to_dead_letter,omitempty"`
 	Created       time.Time `json:"created"`
 	Deleting      bool      `json:"deleting,omitempty"`
 }
@@ -93,6 +101,10 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: negative max depth or max bytes", ErrBadSpec)
 	case s.DedupWindow != 0 && CheckDedupWindow(s.DedupWindow) != nil:
 		return fmt.Errorf("%w: %v", ErrBadSpec, CheckDedupWindow(s.DedupWindow))
+	case s.MessageTTL != 0 && (s.MessageTTL < MinMessageTTL || s.MessageTTL > MaxMessageTTL):
+		return fmt.Errorf("%w: message TTL %v not 0 nor in [%v, %v]", ErrBadSpec, s.MessageTTL, MinMessageTTL, MaxMessageTTL)
+	case s.MessageTTL == 0 && s.ExpireToDeadLetter:
+		return fmt.Errorf("%w: expiring to the dead letters needs a message TTL", ErrBadSpec)
 	case s.Deleting:
 		return fmt.Errorf("%w: a new queue cannot be marked deleting", ErrBadSpec)
 	}
@@ -110,7 +122,8 @@ func (s Spec) Encode() ([]byte, error) {
 	return json.Marshal(specJSON{V: specVersion, Kind: s.Kind, SyncMembers: s.SyncMembers,
 		VisibilityMS: s.Visibility.Milliseconds(), MaxDeliveries: s.MaxDeliveries,
 		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, DedupWindowMS: s.DedupWindow.Milliseconds(),
-		Created: s.Created, Deleting: s.Deleting})
+		Created: s.Created, Deleting: s.Deleting,
+		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter})
 }
 
 // DecodeSpec parses a stored spec. A spec marked Deleting decodes whatever
@@ -123,7 +136,8 @@ func DecodeSpec(data []byte) (Spec, error) {
 	err := json.Unmarshal(data, &j)
 	s := Spec{Kind: j.Kind, SyncMembers: j.SyncMembers, Visibility: time.Duration(j.VisibilityMS) * time.Millisecond,
 		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, MaxDepth: j.MaxDepth, MaxBytes: j.MaxBytes,
-		DedupWindow: time.Duration(j.DedupWindowMS) * time.Millisecond, Created: j.Created, Deleting: j.Deleting}
+		DedupWindow: time.Duration(j.DedupWindowMS) * time.Millisecond, Created: j.Created, Deleting: j.Deleting,
+		MessageTTL: time.Duration(j.MessageTTLMS) * time.Millisecond, ExpireToDeadLetter: j.ExpireToDead}
 	switch {
 	case err != nil:
 		return s, fmt.Errorf("queue metadata: %w", err)

@@ -220,9 +220,17 @@ type CreateQueueRequest struct {
 	// within the window is answered with the first message's id and adds
 	// nothing. Unset means 5 minutes; 1s..1h. An id is remembered for at
 	// least the window and at most twice it.
-	DedupWindow   *durationpb.Duration `protobuf:"bytes,11,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DedupWindow *durationpb.Duration `protobuf:"bytes,11,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	// Message TTL: a ready message older than this (counted from its
+	// publish, or from when it became due or was redriven) is removed
+	// instead of delivered, and counted in QueueStats.expired. Unset or 0
+	// means none; otherwise 1s..14 days. A message in flight is not expired:
+	// its lease is honoured, and if it comes back it expires then.
+	MessageTtl *durationpb.Duration `protobuf:"bytes,9,opt,name=message_ttl,json=messageTtl,proto3" json:"message_ttl,omitempty"`
+	// Expired messages go to the dead letters instead of being dropped.
+	ExpireToDeadLetter bool `protobuf:"varint,10,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *CreateQueueRequest) Reset() {
@@ -318,6 +326,20 @@ func (x *CreateQueueRequest) GetDedupWindow() *durationpb.Duration {
 	return nil
 }
 
+func (x *CreateQueueRequest) GetMessageTtl() *durationpb.Duration {
+	if x != nil {
+		return x.MessageTtl
+	}
+	return nil
+}
+
+func (x *CreateQueueRequest) GetExpireToDeadLetter() bool {
+	if x != nil {
+		return x.ExpireToDeadLetter
+	}
+	return false
+}
+
 // QueueInfo is a queue's configuration.
 type QueueInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -339,9 +361,13 @@ type QueueInfo struct {
 	MaxDepth uint64 `protobuf:"varint,8,opt,name=max_depth,json=maxDepth,proto3" json:"max_depth,omitempty"`
 	MaxBytes uint64 `protobuf:"varint,9,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// How long dedup ids are remembered (see CreateQueueRequest).
-	DedupWindow   *durationpb.Duration `protobuf:"bytes,12,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DedupWindow *durationpb.Duration `protobuf:"bytes,12,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	// Message TTL (see CreateQueueRequest); zero when none.
+	MessageTtl *durationpb.Duration `protobuf:"bytes,10,opt,name=message_ttl,json=messageTtl,proto3" json:"message_ttl,omitempty"`
+	// Whether expired messages are kept as dead letters.
+	ExpireToDeadLetter bool `protobuf:"varint,11,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
@@ -442,6 +468,20 @@ func (x *QueueInfo) GetDedupWindow() *durationpb.Duration {
 		return x.DedupWindow
 	}
 	return nil
+}
+
+func (x *QueueInfo) GetMessageTtl() *durationpb.Duration {
+	if x != nil {
+		return x.MessageTtl
+	}
+	return nil
+}
+
+func (x *QueueInfo) GetExpireToDeadLetter() bool {
+	if x != nil {
+		return x.ExpireToDeadLetter
+	}
+	return false
 }
 
 type GetQueueRequest struct {
@@ -842,7 +882,12 @@ type QueueStats struct {
 	// SYNC queues: members joined so far.
 	SyncJoined uint32 `protobuf:"varint,7,opt,name=sync_joined,json=syncJoined,proto3" json:"sync_joined,omitempty"`
 	// SYNC queues: whether the queue is open.
-	SyncOpen      bool `protobuf:"varint,8,opt,name=sync_open,json=syncOpen,proto3" json:"sync_open,omitempty"`
+	SyncOpen bool `protobuf:"varint,8,opt,name=sync_open,json=syncOpen,proto3" json:"sync_open,omitempty"`
+	// Messages published with a delay that are not due yet (not in ready).
+	Delayed uint64 `protobuf:"varint,9,opt,name=delayed,proto3" json:"delayed,omitempty"`
+	// Messages removed by the queue's message_ttl since its creation
+	// (dropped or dead-lettered).
+	Expired       uint64 `protobuf:"varint,10,opt,name=expired,proto3" json:"expired,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -933,6 +978,20 @@ func (x *QueueStats) GetSyncOpen() bool {
 	return false
 }
 
+func (x *QueueStats) GetDelayed() uint64 {
+	if x != nil {
+		return x.Delayed
+	}
+	return 0
+}
+
+func (x *QueueStats) GetExpired() uint64 {
+	if x != nil {
+		return x.Expired
+	}
+	return 0
+}
+
 // OutMessage is one message to publish.
 type OutMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -945,7 +1004,17 @@ type OutMessage struct {
 	// (on any broker) is acknowledged with the first message's id and adds
 	// no second copy, so a publish that failed UNAVAILABLE may be retried
 	// with the same ids. Empty: no deduplication.
-	DedupId       string `protobuf:"bytes,7,opt,name=dedup_id,json=dedupId,proto3" json:"dedup_id,omitempty"`
+	DedupId string `protobuf:"bytes,7,opt,name=dedup_id,json=dedupId,proto3" json:"dedup_id,omitempty"`
+	// Delayed delivery: the message stays invisible for this long, then
+	// joins the tail of the queue. At most the broker's --max-delay (default
+	// 15 minutes); negative or over: InvalidArgument. Not with deliver_at.
+	// A delayed message's id (returned by Publish) names its schedule
+	// ("d-..."); it is delivered under the id it gets when it joins the
+	// queue.
+	Delay *durationpb.Duration `protobuf:"bytes,5,opt,name=delay,proto3" json:"delay,omitempty"`
+	// Scheduled delivery: as delay, until this time (a past time means
+	// now). Not with delay.
+	DeliverAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -999,6 +1068,20 @@ func (x *OutMessage) GetDedupId() string {
 		return x.DedupId
 	}
 	return ""
+}
+
+func (x *OutMessage) GetDelay() *durationpb.Duration {
+	if x != nil {
+		return x.Delay
+	}
+	return nil
+}
+
+func (x *OutMessage) GetDeliverAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliverAt
+	}
+	return nil
 }
 
 // PublishRequest publishes one message, or a batch atomically. Limits (the
@@ -2225,7 +2308,7 @@ var File_api_queue_proto protoreflect.FileDescriptor
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x03\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\x03\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2236,7 +2319,11 @@ const file_api_queue_proto_rawDesc = "" +
 	"deadLetter\x12\x1b\n" +
 	"\tmax_depth\x18\a \x01(\x04R\bmaxDepth\x12\x1b\n" +
 	"\tmax_bytes\x18\b \x01(\x04R\bmaxBytes\x12<\n" +
-	"\fdedup_window\x18\v \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\"\xb2\x03\n" +
+	"\fdedup_window\x18\v \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x12:\n" +
+	"\vmessage_ttl\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"messageTtl\x121\n" +
+	"\x15expire_to_dead_letter\x18\n" +
+	" \x01(\bR\x12expireToDeadLetter\"\xa1\x04\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2249,7 +2336,11 @@ const file_api_queue_proto_rawDesc = "" +
 	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1b\n" +
 	"\tmax_depth\x18\b \x01(\x04R\bmaxDepth\x12\x1b\n" +
 	"\tmax_bytes\x18\t \x01(\x04R\bmaxBytes\x12<\n" +
-	"\fdedup_window\x18\f \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\"%\n" +
+	"\fdedup_window\x18\f \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x12:\n" +
+	"\vmessage_ttl\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"messageTtl\x121\n" +
+	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +
@@ -2268,7 +2359,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\rPurgeResponse\x12\x16\n" +
 	"\x06purged\x18\x01 \x01(\x04R\x06purged\"\"\n" +
 	"\fStatsRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xfd\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xb1\x02\n" +
 	"\n" +
 	"QueueStats\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -2280,12 +2371,18 @@ const file_api_queue_proto_rawDesc = "" +
 	"\tconsumers\x18\x06 \x01(\x04R\tconsumers\x12\x1f\n" +
 	"\vsync_joined\x18\a \x01(\rR\n" +
 	"syncJoined\x12\x1b\n" +
-	"\tsync_open\x18\b \x01(\bR\bsyncOpen\"]\n" +
+	"\tsync_open\x18\b \x01(\bR\bsyncOpen\x12\x18\n" +
+	"\adelayed\x18\t \x01(\x04R\adelayed\x12\x18\n" +
+	"\aexpired\x18\n" +
+	" \x01(\x04R\aexpired\"\xc9\x01\n" +
 	"\n" +
 	"OutMessage\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\rR\bpriority\x12\x19\n" +
-	"\bdedup_id\x18\a \x01(\tR\adedupId\"Z\n" +
+	"\bdedup_id\x18\a \x01(\tR\adedupId\x12/\n" +
+	"\x05delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x129\n" +
+	"\n" +
+	"deliver_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\"Z\n" +
 	"\x0ePublishRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.qbroker.v1.OutMessageR\bmessages\"C\n" +
@@ -2449,65 +2546,69 @@ var file_api_queue_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.CreateQueueRequest.kind:type_name -> qbroker.v1.QueueKind
 	36, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
 	36, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
-	0,  // 3: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
-	36, // 4: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
-	37, // 5: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
-	36, // 6: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
-	4,  // 7: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
-	36, // 8: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
-	14, // 9: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
-	37, // 10: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
-	37, // 11: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
-	1,  // 12: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
-	36, // 13: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
-	36, // 14: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
-	18, // 15: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
-	19, // 16: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
-	17, // 17: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
-	36, // 18: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 19: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	36, // 20: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	17, // 21: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	36, // 22: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	36, // 23: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	37, // 24: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 25: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	17, // 26: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	3,  // 27: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	5,  // 28: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	6,  // 29: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	8,  // 30: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	10, // 31: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	12, // 32: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	15, // 33: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	20, // 34: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	22, // 35: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	24, // 36: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	26, // 37: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	28, // 38: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	30, // 39: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	32, // 40: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	34, // 41: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	4,  // 42: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	4,  // 43: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	7,  // 44: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	9,  // 45: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	11, // 46: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	13, // 47: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	16, // 48: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	21, // 49: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	23, // 50: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	25, // 51: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	27, // 52: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	29, // 53: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	31, // 54: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	33, // 55: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	35, // 56: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	42, // [42:57] is the sub-list for method output_type
-	27, // [27:42] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	36, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
+	0,  // 4: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
+	36, // 5: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
+	37, // 6: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
+	36, // 7: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
+	36, // 8: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
+	4,  // 9: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
+	36, // 10: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
+	36, // 11: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
+	37, // 12: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
+	14, // 13: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
+	37, // 14: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
+	37, // 15: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
+	1,  // 16: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
+	36, // 17: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
+	36, // 18: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
+	18, // 19: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
+	19, // 20: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
+	17, // 21: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
+	36, // 22: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 23: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	36, // 24: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	17, // 25: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	36, // 26: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	36, // 27: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	37, // 28: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 29: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	17, // 30: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	3,  // 31: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	5,  // 32: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	6,  // 33: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	8,  // 34: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	10, // 35: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	12, // 36: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	15, // 37: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	20, // 38: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	22, // 39: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	24, // 40: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	26, // 41: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	28, // 42: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	30, // 43: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	32, // 44: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	34, // 45: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	4,  // 46: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	4,  // 47: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	7,  // 48: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	9,  // 49: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	11, // 50: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	13, // 51: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	16, // 52: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	21, // 53: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	23, // 54: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	25, // 55: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	27, // 56: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	29, // 57: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	31, // 58: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	33, // 59: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	35, // 60: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	46, // [46:61] is the sub-list for method output_type
+	31, // [31:46] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }

@@ -98,6 +98,13 @@ type QueueOptions struct {
 	// DedupWindow is how long the dedup ids of publishes are remembered
 	// (WithDedupID), 1s..1h; 0 means 5 minutes.
 	DedupWindow time.Duration
+	// MessageTTL: ready messages older than this (from their publish, or
+	// from when they became due or were redriven) are removed instead of
+	// delivered; 0 means none, else 1s..14 days. A message in flight is
+	// not expired: its lease is honoured.
+	MessageTTL time.Duration
+	// ExpireToDeadLetter keeps expired messages as dead letters.
+	ExpireToDeadLetter bool
 }
 
 // QueueInfo is a queue's configuration.
@@ -112,20 +119,25 @@ type QueueInfo struct {
 	MaxBytes          int64 // quota; 0 none
 	DedupWindow       time.Duration
 	CreatedAt         time.Time
+	// MessageTTL and ExpireToDeadLetter: see QueueOptions.
+	MessageTTL         time.Duration
+	ExpireToDeadLetter bool
 }
 
 func infoFromPB(q *pb.QueueInfo) QueueInfo {
 	return QueueInfo{
-		Name:              q.GetName(),
-		Kind:              kindFromPB(q.GetKind()),
-		SyncMembers:       int(q.GetSyncMembers()),
-		VisibilityTimeout: q.GetVisibilityTimeout().AsDuration(),
-		MaxDeliveries:     int(q.GetMaxDeliveries()),
-		DeadLetter:        q.GetDeadLetter(),
-		CreatedAt:         q.GetCreatedAt().AsTime(),
-		MaxDepth:          int(q.GetMaxDepth()),
-		MaxBytes:          int64(q.GetMaxBytes()),
-		DedupWindow:       q.GetDedupWindow().AsDuration(),
+		Name:               q.GetName(),
+		Kind:               kindFromPB(q.GetKind()),
+		SyncMembers:        int(q.GetSyncMembers()),
+		VisibilityTimeout:  q.GetVisibilityTimeout().AsDuration(),
+		MaxDeliveries:      int(q.GetMaxDeliveries()),
+		DeadLetter:         q.GetDeadLetter(),
+		CreatedAt:          q.GetCreatedAt().AsTime(),
+		MaxDepth:           int(q.GetMaxDepth()),
+		MaxBytes:           int64(q.GetMaxBytes()),
+		DedupWindow:        q.GetDedupWindow().AsDuration(),
+		MessageTTL:         q.GetMessageTtl().AsDuration(),
+		ExpireToDeadLetter: q.GetExpireToDeadLetter(),
 	}
 }
 
@@ -146,6 +158,12 @@ type Stats struct {
 	// SyncJoined and SyncOpen: KindSync queues only.
 	SyncJoined int
 	SyncOpen   bool
+	// Delayed messages, published with a delay and not due yet (not in
+	// Ready).
+	Delayed int
+	// Expired counts the messages the queue's MessageTTL removed since its
+	// creation.
+	Expired int
 }
 
 // durationOrNil leaves zero durations unset ("the default").
@@ -165,21 +183,23 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 	if err != nil {
 		return QueueInfo{}, err
 	}
-	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 || o.MaxDepth < 0 || o.MaxBytes < 0 || o.DedupWindow < 0 {
+	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 || o.MaxDepth < 0 || o.MaxBytes < 0 || o.DedupWindow < 0 || o.MessageTTL < 0 {
 		return QueueInfo{}, fmt.Errorf("qbroker: create %s: negative option: %w", name, ErrInvalidArgument)
 	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	q, err := c.rpc.CreateQueue(ctx, &pb.CreateQueueRequest{
-		Name:              name,
-		Kind:              kind,
-		SyncMembers:       uint32(o.SyncMembers),
-		VisibilityTimeout: durationOrNil(o.VisibilityTimeout),
-		MaxDeliveries:     uint32(o.MaxDeliveries),
-		DeadLetter:        o.DeadLetter,
-		MaxDepth:          uint64(o.MaxDepth),
-		MaxBytes:          uint64(o.MaxBytes),
-		DedupWindow:       durationOrNil(o.DedupWindow),
+		Name:               name,
+		Kind:               kind,
+		SyncMembers:        uint32(o.SyncMembers),
+		VisibilityTimeout:  durationOrNil(o.VisibilityTimeout),
+		MaxDeliveries:      uint32(o.MaxDeliveries),
+		DeadLetter:         o.DeadLetter,
+		MaxDepth:           uint64(o.MaxDepth),
+		MaxBytes:           uint64(o.MaxBytes),
+		DedupWindow:        durationOrNil(o.DedupWindow),
+		MessageTtl:         durationOrNil(o.MessageTTL),
+		ExpireToDeadLetter: o.ExpireToDeadLetter,
 	})
 	if err != nil {
 		return QueueInfo{}, fmt.Errorf("qbroker: create queue %s: %w", name, convErr(err))
@@ -270,6 +290,8 @@ func (c *Client) Stats(ctx context.Context, name string) (Stats, error) {
 		Consumers:  int(s.GetConsumers()),
 		SyncJoined: int(s.GetSyncJoined()),
 		SyncOpen:   s.GetSyncOpen(),
+		Delayed:    int(s.GetDelayed()),
+		Expired:    int(s.GetExpired()),
 	}, nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // defaultPublishRetries is how often a Publish whose messages all carry
@@ -66,6 +68,12 @@ func (c *Client) PublishReceipts(ctx context.Context, queue string, msgs []OutMe
 		}
 		all = all && m.DedupID != ""
 		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority), DedupId: m.DedupID}
+		if m.Delay != 0 {
+			req.Messages[i].Delay = durationpb.New(m.Delay)
+		}
+		if !m.DeliverAt.IsZero() {
+			req.Messages[i].DeliverAt = timestamppb.New(m.DeliverAt)
+		}
 	}
 	retries := 0
 	if all {

@@ -196,6 +196,13 @@ type OutMessage struct {
 	// DedupID makes the publish idempotent (see WithDedupID); empty:
 	// none.
 	DedupID string
+	// Delay keeps the message invisible this long, then it joins the
+	// tail of the queue (at most the broker's --max-delay, 15 minutes by
+	// default). Not with DeliverAt.
+	Delay time.Duration
+	// DeliverAt keeps the message invisible until then (a past time means
+	// now). Not with Delay.
+	DeliverAt time.Time
 }
 
 // PublishOption configures Publish.
@@ -207,6 +214,19 @@ func WithPriority(p int) PublishOption {
 	return func(m *OutMessage) { m.Priority = p }
 }
 
+// WithDelay delays a message's delivery by d: it stays invisible (counted
+// in Stats.Delayed) until then, and joins the tail of the queue when due.
+// Its publish id names the delayed message; it is delivered under the id
+// it gets in the queue.
+func WithDelay(d time.Duration) PublishOption {
+	return func(m *OutMessage) { m.Delay = d }
+}
+
+// WithDeliverAt delays a message's delivery until t (see WithDelay).
+func WithDeliverAt(t time.Time) PublishOption {
+	return func(m *OutMessage) { m.DeliverAt = t }
+}
+
 // Publish publishes one message and returns its id. Without a dedup id
 // (WithDedupID, or WithPublishRetries on the client) Publish is not
 // retried: when it fails with ErrUnavailable, or with the context's
@@ -216,7 +236,8 @@ func WithPriority(p int) PublishOption {
 // when it fails ErrUnavailable (see WithPublishRetries), and may be
 // repeated by the caller within the queue's dedup window: the message is
 // published once. Errors: ErrNotFound, ErrInvalidArgument (payload over
-// the limit, priority out of range, a malformed dedup id),
+// the limit, priority out of range, a malformed dedup id, a delay negative,
+// over the broker's maximum or given with DeliverAt),
 // ErrFailedPrecondition (a priority on a queue that is not KindPriority).
 func (c *Client) Publish(ctx context.Context, queue string, payload []byte, opts ...PublishOption) (string, error) {
 	m := OutMessage{Payload: payload}

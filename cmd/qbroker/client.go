@@ -248,6 +248,7 @@ UNAVAILABLE is then retried.`, std)
 	dedupID := fs.String("dedup-id", "", "deduplication `id`, [A-Za-z0-9._-]{1,128}")
 	stdin := fs.Bool("stdin", false, "read messages from standard input, one per line")
 	batch := fs.Bool("batch", false, "publish all messages as one atomic batch")
+	delay := fs.Duration("delay", 0, "deliver the messages after this delay (at most the broker's --max-delay, 15m by default)")
 	pos, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
@@ -255,7 +256,7 @@ UNAVAILABLE is then retried.`, std)
 	queue, texts := pos[0], pos[1:]
 	var msgs []qbroker.OutMessage
 	for _, t := range texts {
-		msgs = append(msgs, qbroker.OutMessage{Payload: []byte(t), Priority: *priority})
+		msgs = append(msgs, qbroker.OutMessage{Payload: []byte(t), Priority: *priority, Delay: *delay})
 	}
 	switch {
 	case *stdin && len(texts) > 0:
@@ -264,7 +265,7 @@ UNAVAILABLE is then retried.`, std)
 		sc := bufio.NewScanner(std.in)
 		sc.Buffer(make([]byte, 64<<10), 16<<20)
 		for sc.Scan() {
-			msgs = append(msgs, qbroker.OutMessage{Payload: append([]byte(nil), sc.Bytes()...), Priority: *priority})
+			msgs = append(msgs, qbroker.OutMessage{Payload: append([]byte(nil), sc.Bytes()...), Priority: *priority, Delay: *delay})
 		}
 		if err := sc.Err(); err != nil {
 			return fmt.Errorf("reading stdin: %w", err)

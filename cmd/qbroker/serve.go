@@ -62,6 +62,7 @@ type serveOptions struct {
 	maxBatchBytes  int
 	maxBatchCount  int
 	maxDepth       int
+	maxDelay       time.Duration
 	zkDataBudget   int
 	maxQueues      int
 	segmentSize    int
@@ -176,6 +177,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", e.int("MAX_BATCH_BYTES", 0), "largest publish batch in bytes: the payloads plus about 160 bytes per message (its header and node path); 0 means 921600, or --max-payload when larger ($QBROKER_MAX_BATCH_BYTES)")
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", e.int("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
 	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 0), "most ready messages per queue, for every queue; publishing beyond fails with ResourceExhausted; 0: none but the queue's own max_depth ($QBROKER_MAX_DEPTH)")
+	fs.DurationVar(&o.maxDelay, "max-delay", e.dur("MAX_DELAY", broker.DefaultMaxDelay), fmt.Sprintf("longest delivery delay of a published message, at most %v ($QBROKER_MAX_DELAY)", broker.HardMaxDelay))
 	fs.IntVar(&o.zkDataBudget, "zk-data-budget", e.int("ZK_DATA_BUDGET", broker.DefaultZKDataBudget>>20), "MiB of data ZooKeeper may hold (twice its approximate data size, from mntr, plus 384 bytes per znode); publishing beyond fails with ResourceExhausted; at most a quarter of ZooKeeper's heap (-Xmx); 0: no budget ($QBROKER_ZK_DATA_BUDGET)")
 	fs.IntVar(&o.segmentSize, "segment-size", e.int("SEGMENT_SIZE", zkqueue.DefaultSegmentSize), "messages per queue segment, at most 50000: consumers list one segment at a time; use the same on every broker ($QBROKER_SEGMENT_SIZE)")
 	fs.IntVar(&o.maxQueues, "max-queues", e.int("MAX_QUEUES", 10_000), "most queues, at most 20000; creating beyond fails with ResourceExhausted ($QBROKER_MAX_QUEUES)")
@@ -224,6 +226,7 @@ func (o *serveOptions) validate() error {
 	positive("sweep-interval", "SWEEP_INTERVAL", o.sweep)
 	positive("session-timeout", "SESSION_TIMEOUT", o.sessionTimeout)
 	positive("shutdown-timeout", "SHUTDOWN_TIMEOUT", o.shutdown)
+	positive("max-delay", "MAX_DELAY", o.maxDelay)
 	notNegative := func(flag, env string, n int) {
 		if n < 0 {
 			errs = append(errs, fmt.Errorf("--%s (or $QBROKER_%s) %d: want 0 or more", flag, env, n))
@@ -404,6 +407,7 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 		MaxBatchBytes:       o.maxBatchBytes,
 		MaxBatchCount:       o.maxBatchCount,
 		MaxDepth:            o.maxDepth,
+		MaxDelay:            o.maxDelay,
 		ZKDataBudget:        budgetBytes(o.zkDataBudget),
 		MaxQueues:           o.maxQueues,
 		SegmentSize:         o.segmentSize,

@@ -1,0 +1,201 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/zkqueue"
+)
+
+// Delayed delivery and message TTL (zkqueue delay.go, ttl.go).
+//
+// Every broker that has a queue open (a handle: any call on the queue
+// opens it, and it stays open while the queue exists) runs the queue's
+// two schedulers: the mover of due delayed messages (one children watch
+// on delayed/ and one timer for the earliest due time) and, when the
+// queue has a message TTL, the expiry timer of its heads. Running them on
+// every such broker rather than on the leader alone keeps delayed
+// delivery going while the leader changes and costs an idle queue two
+// sleeping goroutines and one watch per broker; several movers of one
+// queue are safe, since a move is a versioned delete of the delayed node
+// in the same transaction as the message's create, and exactly one
+// commits. Both stop when the handle goes stale (the queue is deleted or
+// its metadata changes: the next call opens a new handle with new
+// schedulers) and on Shutdown.
+//
+// A delayed message counts against the queue's quotas from its publish:
+// its data is under the queue's node (max_bytes, the data budget), and
+// the depth quota counts delayed messages with the ready ones. Its move
+// into the queue is therefore not admitted again.
+
+// Delay bounds. The default is SQS's (15 minutes); --max-delay raises it
+// up to HardMaxDelay: a delayed message holds ZooKeeper memory until due,
+// and a queue's delayed messages are listed whole (zkqueue.
+// DefaultMaxDelayed of them at most), so delays are for minutes or hours,
+// not for storing messages.
+const (
+	DefaultMaxDelay = 15 * time.Minute
+	HardMaxDelay    = 7 * 24 * time.Hour
+)
+
+// schedulers owns the queues' scheduler goroutines: started while the
+// broker runs, all stopped and waited for by stop.
+type schedulers struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// run runs f in a goroutine unless stop was called; f must return once
+// its context (derived from the broker's) ends.
+func (s *schedulers) run(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (s *schedulers) stop() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// startSchedulers starts q's delay mover and, with a TTL, its expiry
+// timer; they run until q's handle goes stale or the broker shuts down.
+func (b *Broker) startSchedulers(q *queue) {
+	ctx, cancel := context.WithCancel(b.ctx)
+	if !b.sched.run(func() {
+		defer cancel()
+		select {
+		case <-q.gone:
+		case <-ctx.Done():
+		}
+	}) {
+		cancel()
+		return
+	}
+	log := b.log.With("queue", q.name)
+	b.sched.run(func() {
+		_ = q.delayed.Run(ctx, nil, func(err error) { log.Warn("moving due delayed messages", "err", err) })
+	})
+	if q.meta.MessageTTL > 0 {
+		b.sched.run(func() {
+			_ = q.items.RunExpiry(ctx, func(err error) { log.Warn("expiring messages", "err", err) })
+		})
+	}
+}
+
+// expiry returns the engine's expiry settings for a queue at p with spec
+// meta, counting into the broker's metric.
+func (b *Broker) expiry(p, label string, meta zkqueue.Spec) zkqueue.Expiry {
+	if meta.MessageTTL <= 0 {
+		return zkqueue.Expiry{}
+	}
+	c := b.metrics.expired.WithLabelValues(label)
+	e := zkqueue.Expiry{TTL: meta.MessageTTL, Counter: p + "/expired", Hook: func(n int) { c.Add(float64(n)) }}
+	if meta.ExpireToDeadLetter {
+		e.Dead = p + "/dead"
+	}
+	return e
+}
+
+// expiredCount returns the number of messages q's TTL removed: the
+// version of its counter node (0 when it has none).
+func (b *Broker) expiredCount(q *queue) (int, error) {
+	ok, stat, err := b.conn.Exists(q.path + "/expired")
+	if err != nil || !ok {
+		return 0, err
+	}
+	return int(stat.Version), nil
+}
+
+// dueTimes returns each message's due time (zero: at once) from its delay
+// or deliver_at, checked against MaxDelay.
+func (b *Broker) dueTimes(msgs []*pb.OutMessage) ([]time.Time, bool, error) {
+	now := time.Now()
+	due := make([]time.Time, len(msgs))
+	any := false
+	for i, m := range msgs {
+		switch {
+		case m.GetDelay() != nil && m.GetDeliverAt() != nil:
+			return nil, false, invalidf("message %d: delay and deliver_at are exclusive", i)
+		case m.GetDelay() != nil:
+			if err := m.GetDelay().CheckValid(); err != nil {
+				return nil, false, invalidf("message %d: delay: %v", i, err)
+			}
+			d := m.GetDelay().AsDuration()
+			if d < 0 || d > b.cfg.MaxDelay {
+				return nil, false, invalidf("message %d: delay %v out of range [0, %v] (--max-delay)", i, d, b.cfg.MaxDelay)
+			}
+			if d > 0 {
+				due[i] = now.Add(d)
+			}
+		case m.GetDeliverAt() != nil:
+			if err := m.GetDeliverAt().CheckValid(); err != nil {
+				return nil, false, invalidf("message %d: deliver_at: %v", i, err)
+			}
+			at := m.GetDeliverAt().AsTime()
+			if at.Sub(now) > b.cfg.MaxDelay {
+				return nil, false, invalidf("message %d: deliver_at %s is more than %v ahead (--max-delay)", i, at.Format(time.RFC3339), b.cfg.MaxDelay)
+			}
+			if at.After(now) {
+				due[i] = at
+			}
+		}
+		any = any || !due[i].IsZero()
+	}
+	return due, any, nil
+}
+
+// publishDue publishes drafts with their due times (zkqueue.Scheduled).
+// A queue created before delayed delivery gets its delayed parent first.
+func (b *Broker) publishDue(ctx context.Context, q *queue, drafts []zkqueue.Draft, due []time.Time) ([]string, error) {
+	ids, err := q.delayed.PublishAll(ctx, drafts, due)
+	if errors.Is(err, zk.ErrNoNode) {
+		if rerr := b.catalog.Repair(ctx, q.name, "delayed"); rerr != nil {
+			return nil, rerr
+		}
+		ids, err = q.delayed.PublishAll(ctx, drafts, due)
+	}
+	if errors.Is(err, zkqueue.ErrTooManyDelayed) {
+		return nil, fmt.Errorf("%w: %v", errLimit, err)
+	}
+	return ids, err
+}
+
+// ttlToSpec checks a CreateQueueRequest's message TTL.
+func ttlToSpec(d *durationpb.Duration, toDead bool) (time.Duration, error) {
+	if d == nil {
+		if toDead {
+			return 0, invalidf("expire_to_dead_letter needs a message_ttl")
+		}
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalidf("message_ttl: %v", err)
+	}
+	ttl := d.AsDuration()
+	switch {
+	case ttl == 0 && toDead:
+		return 0, invalidf("expire_to_dead_letter needs a message_ttl")
+	case ttl != 0 && (ttl < zkqueue.MinMessageTTL || ttl > zkqueue.MaxMessageTTL):
+		return 0, invalidf("message_ttl %v not 0 nor in [%v, %v]", ttl, zkqueue.MinMessageTTL, zkqueue.MaxMessageTTL)
+	}
+	return ttl, nil
+}

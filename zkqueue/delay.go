@@ -1,0 +1,467 @@
+package zkqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
+)
+
+// Delayed and scheduled delivery.
+//
+// A message published with a due time in the future is created under a
+// separate parent (a queue's delayed/ in a Catalog), not in a segment, as
+// PERSISTENT_SEQUENTIAL node named
+//
+//	d-<due, Unix ms, 19 digits>-<priority, 3 digits>-<sequence>
+//
+// so names sort by due time (then priority, then publish order) as
+// strings. Its data is the message's, as in a segment. Consumers never
+// see it: it is not ready.
+//
+// A scheduler (Run) moves due messages into the queue. It keeps one
+// children watch on the parent and one timer, armed for the earliest due
+// time: a message published with an earlier due time fires the watch; no
+// message is polled. A move is one transaction through the queue's
+// publish path (appendWith): delete(delayed node, at the version read) +
+// the tail segment's version check + create(message), so segments, rolls
+// and the Committer's group commit hold as for any publish. Several
+// schedulers may run for one queue (one per process serving it): the
+// versioned delete lets exactly one move commit, and the others find the
+// node gone. Due messages are moved in batches of up to
+// Limits.MaxBatchCount in one transaction, in due order.
+//
+// Ordering: a delayed message joins the tail of the queue when it is
+// moved (normally within a few milliseconds of its due time): behind the
+// messages published before that, ahead of those published after. Its
+// Published time is that of its publish; its Ready time, from which a
+// message TTL counts, is its due time. It gets a new id in the queue (the
+// id returned by the publish names the delayed node).
+//
+// The parent is listed whole, so the number of delayed messages of a
+// queue is bounded (NewScheduled's max, DefaultMaxDelayed): a publish beyond it
+// is refused with ErrTooManyDelayed.
+
+// DefaultMaxDelayed bounds the delayed messages of a queue: their names
+// (about 36 bytes each) must be listable in one packet below
+// jute.maxbuffer (1 MiB), with room for the publishes in flight.
+const DefaultMaxDelayed = 20_000
+
+// ErrTooManyDelayed is returned by a publish that would take a queue past
+// its bound of delayed messages.
+var ErrTooManyDelayed = errors.New("zkqueue: too many delayed messages")
+
+// delayedPrefix begins every delayed node's name.
+const delayedPrefix = "d-"
+
+// Scheduled is the delayed-delivery layer of a Queue: its delayed messages
+// under one parent. It is safe for concurrent use.
+type Scheduled struct {
+	items *Queue
+	path  string
+	// max bounds the delayed messages held; see DefaultMaxDelayed.
+	max int
+}
+
+// NewScheduled returns the delayed messages of items, kept under p (created
+// when missing, unless items was opened WithoutCreate). max bounds them
+// (0: DefaultMaxDelayed).
+func NewScheduled(items *Queue, p string, max int) (*Scheduled, error) {
+	if max <= 0 {
+		max = DefaultMaxDelayed
+	}
+	if !items.opt.noCreate {
+		if err := zkutil.EnsurePath(items.conn, p, items.opt.acl); err != nil {
+			return nil, fmt.Errorf("zkqueue: %w", err)
+		}
+	}
+	return &Scheduled{items: items, path: p, max: max}, nil
+}
+
+// Path returns the parent of the delayed messages.
+func (d *Scheduled) Path() string { return d.path }
+
+// delayedName returns the name prefix of a message of priority p due at
+// due; ZooKeeper appends the sequence.
+func delayedName(due time.Time, p int) string {
+	return fmt.Sprintf("%s%019d-%03d-", delayedPrefix, max(due.UnixMilli(), 0), p)
+}
+
+// parseDelayed parses a delayed node's name.
+func parseDelayed(s string) (due time.Time, prio int, ok bool) {
+	rest, found := strings.CutPrefix(s, delayedPrefix)
+	parts := strings.SplitN(rest, "-", 3)
+	if !found || len(parts) != 3 || len(parts[0]) != 19 || len(parts[1]) != 3 {
+		return time.Time{}, 0, false
+	}
+	ms, err1 := strconv.ParseInt(parts[0], 10, 64)
+	p, err2 := strconv.Atoi(parts[1])
+	_, err3 := strconv.ParseInt(parts[2], 10, 32)
+	if err1 != nil || err2 != nil || err3 != nil || p < 0 || p > MaxPriority {
+		return time.Time{}, 0, false
+	}
+	return time.UnixMilli(ms), p, true
+}
+
+// IsDelayedID reports whether id names a delayed message (as returned by
+// PublishAll for a message not due yet).
+func IsDelayedID(id string) bool {
+	_, _, ok := parseDelayed(id)
+	return ok
+}
+
+// PublishAll publishes drafts atomically (all or none), each at its due
+// time: due[i] zero or not after now means ready at once (appended to the
+// queue as by Queue.PublishAll), later means delayed until then. It
+// returns the ids in order: a ready message's id in the queue, a delayed
+// one's delayed node name. Errors: those of Queue.PublishAll, and
+// ErrTooManyDelayed; a missing parent is a zk.ErrNoNode.
+func (d *Scheduled) PublishAll(ctx context.Context, drafts []Draft, due []time.Time) ([]string, error) {
+	s := d.items
+	if len(due) != len(drafts) {
+		return nil, fmt.Errorf("zkqueue: %d due times for %d messages", len(due), len(drafts))
+	}
+	if err := s.checkAll(drafts); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	var pre []any
+	var levels []int
+	var datas [][]byte
+	for i, dr := range drafts {
+		data := EncodeData(Message{Payload: dr.Payload, Attributes: dr.Attributes, Published: now})
+		if due[i].After(now) {
+			pre = append(pre, &zk.CreateRequest{Path: d.path + "/" + delayedName(due[i], dr.Priority),
+				Data: data, Acl: s.opt.acl, Flags: zk.FlagSequence})
+			continue
+		}
+		levels, datas = append(levels, dr.Priority), append(datas, data)
+	}
+	if len(pre) > 0 {
+		n, err := zkutil.NumChildren(s.conn, d.path)
+		if err != nil {
+			return nil, s.wrap("publish delayed", err)
+		}
+		if n+len(pre) > d.max {
+			return nil, fmt.Errorf("%w: %s holds %d, at most %d", ErrTooManyDelayed, d.path, n, d.max)
+		}
+	}
+	res, paths, err := s.appendWith(ctx, pre, levels, datas)
+	if err != nil {
+		return nil, s.wrap("publish delayed", err)
+	}
+	ids := make([]string, len(drafts))
+	for i, j, k := 0, 0, 0; i < len(drafts); i++ {
+		if due[i].After(now) {
+			ids[i] = path.Base(res[j].String)
+			j++
+			continue
+		}
+		ids[i] = s.created(paths[k], datas[k])
+		k++
+	}
+	return ids, nil
+}
+
+// checkAll checks drafts as Queue.PublishAll does before writing.
+func (s *Queue) checkAll(drafts []Draft) error {
+	if len(drafts) == 0 {
+		return ErrEmptyBatch
+	}
+	if len(drafts) > s.opt.limits.MaxBatchCount {
+		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), s.opt.limits.MaxBatchCount)
+	}
+	total := 0
+	for _, dr := range drafts {
+		if err := s.CheckDraft(dr); err != nil {
+			return err
+		}
+		total += dr.Size() + s.MessageOverhead()
+	}
+	if len(drafts) > 1 && total > s.opt.limits.MaxBatchBytes {
+		return fmt.Errorf("%w: %d messages are %d bytes including per-message overhead > %d",
+			ErrBatchTooLarge, len(drafts), total, s.opt.limits.MaxBatchBytes)
+	}
+	return nil
+}
+
+// preFailed reports whether one of the first n ops of a failed
+// transaction is the one that failed (ops not executed report
+// zk.ErrAPIError).
+func preFailed(res []zk.MultiResponse, n int) bool {
+	for i := 0; i < n && i < len(res); i++ {
+		if e := res[i].Error; e != nil && !errors.Is(e, zk.ErrAPIError) {
+			return true
+		}
+	}
+	return false
+}
+
+// Len returns the number of delayed messages, from the parent's Stat (0
+// when the parent is missing).
+func (d *Scheduled) Len(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := zkutil.NumChildren(d.items.conn, d.path)
+	if errors.Is(err, zk.ErrNoNode) {
+		return 0, nil
+	}
+	return n, err
+}
+
+// Purge deletes every delayed message present when it starts and returns
+// how many it deleted.
+func (d *Scheduled) Purge(ctx context.Context) (int, error) {
+	children, _, err := d.items.zk.Children(d.path)
+	if errors.Is(err, zk.ErrNoNode) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("children %s: %w", d.path, err)
+	}
+	raw := make([]string, len(children))
+	for i, c := range children {
+		raw[i] = d.path + "/" + c
+	}
+	return zkutil.DeleteNodes(ctx, d.items.conn, raw)
+}
+
+// delayedNode is one listed delayed message.
+type delayedNode struct {
+	name string
+	due  time.Time
+	prio int
+}
+
+// list returns the delayed messages sorted by due time, with a watch of
+// the parent. Foreign names are left out.
+func (d *Scheduled) list() ([]delayedNode, <-chan zk.Event, error) {
+	children, _, w, err := d.items.zk.ChildrenW(d.path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("children %s: %w", d.path, err)
+	}
+	sort.Strings(children)
+	out := make([]delayedNode, 0, len(children))
+	for _, c := range children {
+		if due, p, ok := parseDelayed(c); ok {
+			out = append(out, delayedNode{c, due, p})
+		}
+	}
+	return out, w, nil
+}
+
+// MoveDue moves the messages due at now into the queue, in due order, and
+// returns how many this call moved and the earliest due time of those
+// left (zero when none), with a watch of the parent that fires when a
+// message is added or removed. Messages moved meanwhile by another
+// scheduler are skipped.
+func (d *Scheduled) MoveDue(ctx context.Context) (moved int, next time.Time, watch <-chan zk.Event, err error) {
+	nodes, w, err := d.list()
+	if err != nil {
+		return 0, time.Time{}, nil, err
+	}
+	now := time.Now()
+	i := sort.Search(len(nodes), func(i int) bool { return nodes[i].due.After(now) })
+	due := nodes[:i]
+	if i < len(nodes) {
+		next = nodes[i].due
+	}
+	for len(due) > 0 {
+		k := min(len(due), d.items.opt.limits.MaxBatchCount)
+		n, err := d.move(ctx, due[:k])
+		moved += n
+		if err != nil {
+			return moved, next, w, err
+		}
+		due = due[k:]
+	}
+	return moved, next, w, nil
+}
+
+// move moves nodes (due, in due order) in one transaction within the
+// batch byte limit, falling back to one transaction each when the
+// combined one fails (another scheduler moved one of them).
+func (d *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) {
+	s := d.items
+	var pre []any
+	var levels []int
+	var datas [][]byte
+	total := 0
+	moved := 0
+	flush := func() error {
+		if len(pre) == 0 {
+			return nil
+		}
+		n, err := d.commit(ctx, pre, levels, datas)
+		moved += n
+		pre, levels, datas, total = nil, nil, nil, 0
+		return err
+	}
+	for _, nd := range nodes {
+		if err := ctx.Err(); err != nil {
+			return moved, err
+		}
+		p := d.path + "/" + nd.name
+		data, stat, err := s.zk.Get(p)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue // moved by someone else
+		}
+		if err != nil {
+			return moved, fmt.Errorf("get %s: %w", p, err)
+		}
+		m, err := DecodeData(data)
+		if err != nil {
+			s.markBadDelayed(p)
+			continue
+		}
+		m.Deliveries, m.Ready = 0, nd.due
+		out := EncodeData(m)
+		size := len(out) + s.MessageOverhead()
+		if len(pre) > 0 && total+size > s.opt.limits.MaxBatchBytes {
+			if err := flush(); err != nil {
+				return moved, err
+			}
+		}
+		pre = append(pre, &zk.DeleteRequest{Path: p, Version: stat.Version})
+		levels, datas, total = append(levels, nd.prio), append(datas, out), total+size
+	}
+	return moved, flush()
+}
+
+// commit runs the moves of one batch: all in one transaction, or, when
+// one of the delayed nodes changed (moved elsewhere), one at a time.
+func (d *Scheduled) commit(ctx context.Context, pre []any, levels []int, datas [][]byte) (int, error) {
+	s := d.items
+	res, paths, err := s.appendWith(ctx, pre, levels, datas)
+	if err == nil {
+		for i, p := range paths {
+			s.created(p, datas[i])
+		}
+		return len(paths), nil
+	}
+	if !preFailed(res, len(pre)) {
+		return 0, err
+	}
+	if len(pre) == 1 {
+		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+			return 0, nil // moved by another scheduler
+		}
+		return 0, err
+	}
+	moved := 0
+	for i := range pre {
+		n, err := d.commit(ctx, pre[i:i+1], levels[i:i+1], datas[i:i+1])
+		moved += n
+		if err != nil {
+			return moved, err
+		}
+	}
+	return moved, nil
+}
+
+// markBadDelayed logs, once, a delayed node whose data does not decode:
+// it is never moved; Purge deletes it.
+func (s *Queue) markBadDelayed(p string) {
+	s.mu.Lock()
+	first := !s.bad[p] && len(s.bad) < 1000
+	if first {
+		s.bad[p] = true
+	}
+	s.mu.Unlock()
+	if first {
+		s.opt.logger.Warn("skipping delayed message whose data does not decode", "znode", p)
+		if s.opt.badDataHook != nil {
+			s.opt.badDataHook(p)
+		}
+	}
+}
+
+// Scheduler bounds: a failed pass is retried after schedulerRetry; passes
+// woken by the watch are at least schedulerGap apart, so a burst of
+// delayed publishes costs one listing per gap, not one per publish.
+const (
+	schedulerRetry = time.Second
+	schedulerGap   = 20 * time.Millisecond
+)
+
+// Run moves due messages into the queue until ctx ends (see MoveDue),
+// waiting on the parent's watch and one timer for the earliest due time;
+// it returns ctx's error. When the parent is missing it waits for its
+// creation. Errors of a pass go to onErr (when set) and the pass is
+// retried after a second; moved (when set) is told of each pass's moves.
+func (d *Scheduled) Run(ctx context.Context, moved func(n int), onErr func(error)) error {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		started := time.Now()
+		n, next, w, err := d.MoveDue(ctx)
+		if n > 0 && moved != nil {
+			moved(n)
+		}
+		var wait <-chan zk.Event
+		timeout := time.Duration(-1)
+		switch {
+		case errors.Is(err, zk.ErrNoNode) && w == nil:
+			// No parent yet (a queue of an older layout): wait for it.
+			ok, _, ew, xerr := d.items.conn.ExistsW(d.path)
+			switch {
+			case xerr != nil:
+				timeout = schedulerRetry
+			case ok:
+				timeout = 0
+			default:
+				wait = ew
+			}
+		case err != nil:
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if onErr != nil {
+				onErr(err)
+			}
+			timeout = schedulerRetry
+		default:
+			wait = w
+			if !next.IsZero() {
+				timeout = max(time.Until(next), time.Millisecond)
+			}
+		}
+		var tc <-chan time.Time
+		if timeout >= 0 {
+			if !t.Stop() {
+				select {
+				case <-t.C:
+				default:
+				}
+			}
+			t.Reset(timeout)
+			tc = t.C
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wait:
+			// Coalesce a burst of changes into one listing.
+			if gap := schedulerGap - time.Since(started); gap > 0 {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(gap):
+				}
+			}
+		case <-tc:
+		}
+	}
+}
