@@ -109,9 +109,11 @@ func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
 	}
 	// Rounds of at most 40 candidates over segments of 60 (a round never
 	// spans segments): 7 rounds. In each, the first reads find a request
-	// slot free and go alone (at most maxReadsInFlight, 2), the others
-	// queue and share multiRead requests of at most 16 paths.
-	if g, mr := gets.Load(), multiReads.Load(); g > 2*7 || mr > 21 {
+	// slot free and go alone (at most maxReadsInFlight, 2, at a time), the
+	// others queue and share multiRead requests of at most 16 paths: some
+	// 30 requests, however the claims' goroutines are scheduled, where
+	// reads one by one make 200.
+	if g, mr := gets.Load(), multiReads.Load(); g+mr > n/4 {
 		t.Errorf("%d getData and %d multiRead requests for %d messages", g, mr, n)
 	}
 	t.Logf("%d messages: %d multiRead, %d getData requests", n, multiReads.Load(), gets.Load())
