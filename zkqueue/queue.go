@@ -310,7 +310,7 @@ func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, 
 	if err != nil {
 		return Message{}, err
 	}
-	if !fit.admits(len(m.Payload)) {
+	if !fit.admits(m.wireSize()) {
 		s.unread(n, data, version)
 		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}

@@ -918,7 +918,17 @@ type OutMessage struct {
 	// Message body; at most the broker's payload limit (default 512 KiB).
 	Payload []byte `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
 	// PRIORITY queues: 0 (most urgent) .. 255. Must be 0 for other kinds.
-	Priority      uint32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
+	Priority uint32 `protobuf:"varint,2,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Headers: string key/value pairs stored and delivered with the
+	// message. At most 64, keys non-empty and at most 256 bytes, keys and
+	// values valid UTF-8, and headers with content_type at most 16 KiB
+	// encoded; they count against the payload and batch byte limits (and
+	// the queue's max_bytes). Over a bound: InvalidArgument naming it,
+	// nothing published.
+	Headers map[string]string `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Content type of the payload ("application/json"); free-form UTF-8,
+	// stored and delivered with the message, within the bounds of headers.
+	ContentType   string `protobuf:"bytes,4,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -965,6 +975,20 @@ func (x *OutMessage) GetPriority() uint32 {
 		return x.Priority
 	}
 	return 0
+}
+
+func (x *OutMessage) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *OutMessage) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
 }
 
 // PublishRequest publishes one message, or a batch atomically. Limits (the
@@ -1101,6 +1125,10 @@ type Message struct {
 	// reading): a consumer should not act on a delivery received after its
 	// lease_deadline, since the message may have been redelivered already.
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
+	// Headers as published (see OutMessage.headers).
+	Headers map[string]string `protobuf:"bytes,9,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Content type as published.
+	ContentType   string `protobuf:"bytes,10,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1189,6 +1217,20 @@ func (x *Message) GetLeaseDeadline() *timestamppb.Timestamp {
 		return x.LeaseDeadline
 	}
 	return nil
+}
+
+func (x *Message) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *Message) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
 }
 
 // Subscribe opens a Consume stream.
@@ -2173,6 +2215,126 @@ func (x *RedriveResponse) GetRedriven() uint64 {
 	return 0
 }
 
+type BrowseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Queue name.
+	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Most messages to return; unset means 100, at most 1000. A page holds
+	// fewer when more would not fit the response size limit.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Continue after the page that returned this next_page_token; unset
+	// starts at the head.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BrowseRequest) Reset() {
+	*x = BrowseRequest{}
+	mi := &file_api_queue_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BrowseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BrowseRequest) ProtoMessage() {}
+
+func (x *BrowseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_queue_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BrowseRequest.ProtoReflect.Descriptor instead.
+func (*BrowseRequest) Descriptor() ([]byte, []int) {
+	return file_api_queue_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *BrowseRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *BrowseRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *BrowseRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type BrowseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Ready messages in delivery order (ack_token and lease_deadline
+	// empty; delivery_count as delivered so far).
+	Messages []*Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BrowseResponse) Reset() {
+	*x = BrowseResponse{}
+	mi := &file_api_queue_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BrowseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BrowseResponse) ProtoMessage() {}
+
+func (x *BrowseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_queue_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BrowseResponse.ProtoReflect.Descriptor instead.
+func (*BrowseResponse) Descriptor() ([]byte, []int) {
+	return file_api_queue_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *BrowseResponse) GetMessages() []*Message {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *BrowseResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_api_queue_proto protoreflect.FileDescriptor
 
 const file_api_queue_proto_rawDesc = "" +
@@ -2231,16 +2393,21 @@ const file_api_queue_proto_rawDesc = "" +
 	"\tconsumers\x18\x06 \x01(\x04R\tconsumers\x12\x1f\n" +
 	"\vsync_joined\x18\a \x01(\rR\n" +
 	"syncJoined\x12\x1b\n" +
-	"\tsync_open\x18\b \x01(\bR\bsyncOpen\"B\n" +
+	"\tsync_open\x18\b \x01(\bR\bsyncOpen\"\xe0\x01\n" +
 	"\n" +
 	"OutMessage\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x12\x1a\n" +
-	"\bpriority\x18\x02 \x01(\rR\bpriority\"Z\n" +
+	"\bpriority\x18\x02 \x01(\rR\bpriority\x12=\n" +
+	"\aheaders\x18\x03 \x03(\v2#.qbroker.v1.OutMessage.HeadersEntryR\aheaders\x12!\n" +
+	"\fcontent_type\x18\x04 \x01(\tR\vcontentType\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
 	"\x0ePublishRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.qbroker.v1.OutMessageR\bmessages\"#\n" +
 	"\x0fPublishResponse\x12\x10\n" +
-	"\x03ids\x18\x01 \x03(\tR\x03ids\"\xab\x02\n" +
+	"\x03ids\x18\x01 \x03(\tR\x03ids\"\xc6\x03\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -2249,7 +2416,13 @@ const file_api_queue_proto_rawDesc = "" +
 	"\fpublished_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vpublishedAt\x12%\n" +
 	"\x0edelivery_count\x18\x06 \x01(\rR\rdeliveryCount\x12\x1b\n" +
 	"\tack_token\x18\a \x01(\tR\backToken\x12A\n" +
-	"\x0elease_deadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\"\xb5\x01\n" +
+	"\x0elease_deadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x12:\n" +
+	"\aheaders\x18\t \x03(\v2 .qbroker.v1.Message.HeadersEntryR\aheaders\x12!\n" +
+	"\fcontent_type\x18\n" +
+	" \x01(\tR\vcontentType\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +
 	"\tSubscribe\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12,\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x18.qbroker.v1.DeliveryModeR\x04mode\x12H\n" +
@@ -2310,7 +2483,15 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x10\n" +
 	"\x03ids\x18\x02 \x03(\tR\x03ids\"-\n" +
 	"\x0fRedriveResponse\x12\x1a\n" +
-	"\bredriven\x18\x01 \x01(\x04R\bredriven*j\n" +
+	"\bredriven\x18\x01 \x01(\x04R\bredriven\"Z\n" +
+	"\rBrowseRequest\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"i\n" +
+	"\x0eBrowseResponse\x12/\n" +
+	"\bmessages\x18\x01 \x03(\v2\x13.qbroker.v1.MessageR\bmessages\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*j\n" +
 	"\tQueueKind\x12\x1a\n" +
 	"\x16QUEUE_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fQUEUE_KIND_FIFO\x10\x01\x12\x17\n" +
@@ -2319,7 +2500,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\fDeliveryMode\x12\x1d\n" +
 	"\x19DELIVERY_MODE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aDELIVERY_MODE_AT_MOST_ONCE\x10\x01\x12\x1f\n" +
-	"\x1bDELIVERY_MODE_AT_LEAST_ONCE\x10\x022\x91\b\n" +
+	"\x1bDELIVERY_MODE_AT_LEAST_ONCE\x10\x022\xd2\b\n" +
 	"\x05Queue\x12D\n" +
 	"\vCreateQueue\x12\x1e.qbroker.v1.CreateQueueRequest\x1a\x15.qbroker.v1.QueueInfo\x12>\n" +
 	"\bGetQueue\x12\x1b.qbroker.v1.GetQueueRequest\x1a\x15.qbroker.v1.QueueInfo\x12K\n" +
@@ -2336,7 +2517,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vExtendLease\x12\x1e.qbroker.v1.ExtendLeaseRequest\x1a\x1f.qbroker.v1.ExtendLeaseResponse\x12@\n" +
 	"\bJoinSync\x12\x1b.qbroker.v1.JoinSyncRequest\x1a\x15.qbroker.v1.SyncEvent0\x01\x12Z\n" +
 	"\x0fListDeadLetters\x12\".qbroker.v1.ListDeadLettersRequest\x1a#.qbroker.v1.ListDeadLettersResponse\x12B\n" +
-	"\aRedrive\x12\x1a.qbroker.v1.RedriveRequest\x1a\x1b.qbroker.v1.RedriveResponseB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
+	"\aRedrive\x12\x1a.qbroker.v1.RedriveRequest\x1a\x1b.qbroker.v1.RedriveResponse\x12?\n" +
+	"\x06Browse\x12\x19.qbroker.v1.BrowseRequest\x1a\x1a.qbroker.v1.BrowseResponseB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
 
 var (
 	file_api_queue_proto_rawDescOnce sync.Once
@@ -2351,7 +2533,7 @@ func file_api_queue_proto_rawDescGZIP() []byte {
 }
 
 var file_api_queue_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_api_queue_proto_goTypes = []any{
 	(QueueKind)(0),                  // 0: qbroker.v1.QueueKind
 	(DeliveryMode)(0),               // 1: qbroker.v1.DeliveryMode
@@ -2389,70 +2571,79 @@ var file_api_queue_proto_goTypes = []any{
 	(*ListDeadLettersResponse)(nil), // 33: qbroker.v1.ListDeadLettersResponse
 	(*RedriveRequest)(nil),          // 34: qbroker.v1.RedriveRequest
 	(*RedriveResponse)(nil),         // 35: qbroker.v1.RedriveResponse
-	(*durationpb.Duration)(nil),     // 36: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 37: google.protobuf.Timestamp
+	(*BrowseRequest)(nil),           // 36: qbroker.v1.BrowseRequest
+	(*BrowseResponse)(nil),          // 37: qbroker.v1.BrowseResponse
+	nil,                             // 38: qbroker.v1.OutMessage.HeadersEntry
+	nil,                             // 39: qbroker.v1.Message.HeadersEntry
+	(*durationpb.Duration)(nil),     // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 41: google.protobuf.Timestamp
 }
 var file_api_queue_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.CreateQueueRequest.kind:type_name -> qbroker.v1.QueueKind
-	36, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	40, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
 	0,  // 2: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
-	36, // 3: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
-	37, // 4: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
+	40, // 3: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
+	41, // 4: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
 	4,  // 5: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
-	36, // 6: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
-	14, // 7: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
-	37, // 8: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
-	37, // 9: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
-	1,  // 10: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
-	36, // 11: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
-	36, // 12: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
-	18, // 13: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
-	19, // 14: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
-	17, // 15: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
-	36, // 16: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 17: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	36, // 18: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	17, // 19: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	36, // 20: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	36, // 21: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	37, // 22: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 23: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	17, // 24: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	3,  // 25: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	5,  // 26: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	6,  // 27: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	8,  // 28: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	10, // 29: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	12, // 30: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	15, // 31: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	20, // 32: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	22, // 33: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	24, // 34: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	26, // 35: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	28, // 36: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	30, // 37: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	32, // 38: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	34, // 39: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	4,  // 40: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	4,  // 41: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	7,  // 42: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	9,  // 43: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	11, // 44: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	13, // 45: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	16, // 46: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	21, // 47: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	23, // 48: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	25, // 49: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	27, // 50: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	29, // 51: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	31, // 52: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	33, // 53: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	35, // 54: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	40, // [40:55] is the sub-list for method output_type
-	25, // [25:40] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	40, // 6: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
+	38, // 7: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
+	14, // 8: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
+	41, // 9: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
+	41, // 10: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
+	39, // 11: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
+	1,  // 12: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
+	40, // 13: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
+	40, // 14: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
+	18, // 15: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
+	19, // 16: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
+	17, // 17: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
+	40, // 18: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 19: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	40, // 20: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	17, // 21: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	40, // 22: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	40, // 23: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	41, // 24: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 25: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	17, // 26: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	17, // 27: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
+	3,  // 28: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	5,  // 29: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	6,  // 30: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	8,  // 31: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	10, // 32: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	12, // 33: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	15, // 34: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	20, // 35: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	22, // 36: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	24, // 37: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	26, // 38: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	28, // 39: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	30, // 40: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	32, // 41: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	34, // 42: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	36, // 43: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
+	4,  // 44: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	4,  // 45: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	7,  // 46: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	9,  // 47: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	11, // 48: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	13, // 49: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	16, // 50: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	21, // 51: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	23, // 52: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	25, // 53: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	27, // 54: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	29, // 55: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	31, // 56: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	33, // 57: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	35, // 58: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	37, // 59: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
+	44, // [44:60] is the sub-list for method output_type
+	28, // [28:44] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }
@@ -2466,7 +2657,7 @@ func file_api_queue_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_queue_proto_rawDesc), len(file_api_queue_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   33,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

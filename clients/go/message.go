@@ -3,9 +3,11 @@ package qbroker
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
@@ -81,6 +83,11 @@ type Message struct {
 	// LeaseDeadline is when an at-least-once delivery's lease runs out
 	// and the message becomes deliverable again (zero at most once).
 	LeaseDeadline time.Time
+	// Headers are the string key/value pairs published with the message
+	// (nil when none).
+	Headers map[string]string
+	// ContentType is the content type published with the message.
+	ContentType string
 
 	client   *Client
 	token    string    // opaque ack token; any broker accepts it
@@ -105,6 +112,8 @@ func (c *Client) message(m *pb.Message, cons *Consumer, gen uint64) *Message {
 		Priority:      int(m.GetPriority()),
 		PublishedAt:   m.GetPublishedAt().AsTime(),
 		DeliveryCount: int(m.GetDeliveryCount()),
+		Headers:       m.GetHeaders(),
+		ContentType:   m.GetContentType(),
 		client:        c,
 		token:         m.GetAckToken(),
 		consumer:      cons,
@@ -193,6 +202,14 @@ type OutMessage struct {
 	Payload []byte
 	// Priority: KindPriority queues only, 0 (most urgent) .. 255.
 	Priority int
+	// Headers are string key/value pairs delivered with the message: at
+	// most 64, keys non-empty and at most 256 bytes, keys and values
+	// valid UTF-8, at most 16 KiB with ContentType. They count against
+	// the broker's payload and batch byte limits.
+	Headers map[string]string
+	// ContentType describes the payload ("application/json"); free-form
+	// UTF-8, delivered with the message.
+	ContentType string
 }
 
 // PublishOption configures Publish.
@@ -204,12 +221,34 @@ func WithPriority(p int) PublishOption {
 	return func(m *OutMessage) { m.Priority = p }
 }
 
+// WithHeaders adds headers to a message (see OutMessage.Headers); later
+// options add to and override earlier ones.
+func WithHeaders(h map[string]string) PublishOption {
+	return func(m *OutMessage) {
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, len(h))
+		}
+		maps.Copy(m.Headers, h)
+	}
+}
+
+// WithHeader adds one header to a message.
+func WithHeader(key, value string) PublishOption {
+	return WithHeaders(map[string]string{key: value})
+}
+
+// WithContentType sets a message's content type.
+func WithContentType(ct string) PublishOption {
+	return func(m *OutMessage) { m.ContentType = ct }
+}
+
 // Publish publishes one message and returns its id. Publish is not
 // retried: when it fails with ErrUnavailable, or with the context's
 // DeadlineExceeded or Canceled (the broker may have applied it after the
 // caller stopped waiting), the message may or may not have been
 // published, so do not publish it again blindly. Errors: ErrNotFound, ErrInvalidArgument (payload
-// over the limit, priority out of range), ErrFailedPrecondition (a
+// over the limit, priority out of range, headers or content type out of
+// bounds or not UTF-8), ErrFailedPrecondition (a
 // priority on a queue that is not KindPriority).
 func (c *Client) Publish(ctx context.Context, queue string, payload []byte, opts ...PublishOption) (string, error) {
 	m := OutMessage{Payload: payload}
@@ -232,7 +271,12 @@ func (c *Client) PublishBatch(ctx context.Context, queue string, msgs []OutMessa
 		if m.Priority < 0 {
 			return nil, fmt.Errorf("qbroker: publish to %s: negative priority %d: %w", queue, m.Priority, ErrInvalidArgument)
 		}
-		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority)}
+		// Protocol buffers cannot carry invalid UTF-8 in a string: say so
+		// here rather than fail to encode the request.
+		if err := checkUTF8(m); err != nil {
+			return nil, fmt.Errorf("qbroker: publish to %s: message %d: %w", queue, i, err)
+		}
+		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority), Headers: m.Headers, ContentType: m.ContentType}
 	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
@@ -294,4 +338,18 @@ func (c *Client) Receive(ctx context.Context, queue string, o ReceiveOptions) ([
 	return slices.DeleteFunc(ms, func(m *Message) bool {
 		return !m.LeaseDeadline.IsZero() && !now.Before(m.LeaseDeadline)
 	}), nil
+}
+
+// checkUTF8 refuses attributes that are not valid UTF-8 with
+// ErrInvalidArgument.
+func checkUTF8(m OutMessage) error {
+	if !utf8.ValidString(m.ContentType) {
+		return fmt.Errorf("content type is not UTF-8: %w", ErrInvalidArgument)
+	}
+	for k, v := range m.Headers {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return fmt.Errorf("header %q is not UTF-8: %w", k, ErrInvalidArgument)
+		}
+	}
+	return nil
 }
