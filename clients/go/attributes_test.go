@@ -3,6 +3,7 @@ package qbroker_test
 import (
 	"errors"
 	"maps"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -65,5 +66,55 @@ func TestPublishAttributes(t *testing.T) {
 	}
 	if st, err := c.Stats(ctx, "attrs"); err != nil || st.Ready != 0 {
 		t.Fatalf("after refused publishes: %+v, %v; want empty", st, err)
+	}
+}
+
+// Browse pages through the ready messages without taking them.
+func TestBrowse(t *testing.T) {
+	_, c := setup(t)
+	ctx := testCtx(t)
+	createQueue(t, c, "br", qbroker.QueueOptions{})
+	var want []string
+	for i := range 7 {
+		id, err := c.Publish(ctx, "br", []byte(strconv.Itoa(i)), qbroker.WithHeader("i", strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	var got []string
+	token := ""
+	for pages := 1; ; pages++ {
+		ms, next, err := c.Browse(ctx, "br", token, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.Headers["i"] != string(m.Payload) || m.DeliveryCount != 0 {
+				t.Fatalf("browsed %+v", m)
+			}
+			if err := m.Ack(ctx); !errors.Is(err, qbroker.ErrNoLease) {
+				t.Fatalf("Ack of a browsed message: got %v, want ErrNoLease", err)
+			}
+			got = append(got, m.ID)
+		}
+		if token = next; token == "" {
+			break
+		}
+		if pages > 5 {
+			t.Fatal("browse does not end")
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("browsed %v, want %v", got, want)
+	}
+	if st, err := c.Stats(ctx, "br"); err != nil || st.Ready != 7 {
+		t.Fatalf("after browsing: %+v, %v", st, err)
+	}
+	if _, _, err := c.Browse(ctx, "br", "bad-token", 0); !errors.Is(err, qbroker.ErrInvalidArgument) {
+		t.Fatalf("bad token: got %v, want ErrInvalidArgument", err)
+	}
+	if _, _, err := c.Browse(ctx, "missing", "", 0); !errors.Is(err, qbroker.ErrNotFound) {
+		t.Fatalf("missing queue: got %v, want ErrNotFound", err)
 	}
 }
