@@ -236,8 +236,12 @@ Publishes each message argument, or with --stdin each line of standard
 input, and prints the message ids, one per line. With --batch, all
 messages are published in one atomic batch: all or none. Without it, each
 is published on its own, and a failure stops the command (the messages
-before it stay published).`, std)
+before it stay published). --header and --content-type apply to every
+message.`, std)
 	priority := fs.Int("priority", 0, "priority of the messages (priority queues only): 0 most urgent .. 255")
+	headers := headerFlag{}
+	fs.Var(headers, "header", "a header `key=value` of the messages; repeat for several")
+	contentType := fs.String("content-type", "", "content type of the messages (\"application/json\")")
 	stdin := fs.Bool("stdin", false, "read messages from standard input, one per line")
 	batch := fs.Bool("batch", false, "publish all messages as one atomic batch")
 	pos, err := parse(fs, args, 1, -1)
@@ -246,8 +250,15 @@ before it stay published).`, std)
 	}
 	queue, texts := pos[0], pos[1:]
 	var msgs []qbroker.OutMessage
+	out := func(payload []byte) qbroker.OutMessage {
+		m := qbroker.OutMessage{Payload: payload, Priority: *priority, ContentType: *contentType}
+		if len(headers) > 0 {
+			m.Headers = headers
+		}
+		return m
+	}
 	for _, t := range texts {
-		msgs = append(msgs, qbroker.OutMessage{Payload: []byte(t), Priority: *priority})
+		msgs = append(msgs, out([]byte(t)))
 	}
 	switch {
 	case *stdin && len(texts) > 0:
@@ -256,7 +267,7 @@ before it stay published).`, std)
 		sc := bufio.NewScanner(std.in)
 		sc.Buffer(make([]byte, 64<<10), 16<<20)
 		for sc.Scan() {
-			msgs = append(msgs, qbroker.OutMessage{Payload: append([]byte(nil), sc.Bytes()...), Priority: *priority})
+			msgs = append(msgs, out(append([]byte(nil), sc.Bytes()...)))
 		}
 		if err := sc.Err(); err != nil {
 			return fmt.Errorf("reading stdin: %w", err)
@@ -285,7 +296,8 @@ before it stay published).`, std)
 		return nil
 	}
 	for _, m := range msgs {
-		id, err := c.Publish(ctx, queue, m.Payload, qbroker.WithPriority(m.Priority))
+		id, err := c.Publish(ctx, queue, m.Payload, qbroker.WithPriority(m.Priority), qbroker.WithHeaders(m.Headers),
+			qbroker.WithContentType(m.ContentType))
 		if err != nil {
 			return err
 		}
@@ -297,8 +309,11 @@ before it stay published).`, std)
 func runConsume(ctx context.Context, std stdio, args []string) error {
 	fs, cf := newFlagSet("consume", "[flags] queue", `
 Consumes messages and prints one line per message:
-	<id> <tab> <delivery count> <tab> <payload>
-(a payload that is not one line of UTF-8 is printed Go-quoted).
+	<id> <tab> <delivery count> <tab> <payload> [<tab> <attribute>...]
+(a payload that is not one line of UTF-8 is printed Go-quoted). A
+message's content type and headers follow, one field each:
+	content-type=<type> <tab> header.<key>=<value> ...
+(keys and values quoted like payloads when they hold '=' or a tab).
 
 By default it streams until -n messages (0: until Ctrl-C). With --wait it
 long-polls instead, and ends when a poll waited that long for nothing.
@@ -334,7 +349,7 @@ but not printed: up to --prefetch streaming, up to one poll's (at most
 	defer c.Close()
 	ack := mode == qbroker.AtLeastOnce && !*noAck
 	handle := func(m *qbroker.Message) error {
-		fmt.Fprintf(std.out, "%s\t%d\t%s\n", m.ID, m.DeliveryCount, printable(m.Payload))
+		fmt.Fprintf(std.out, "%s\t%d\t%s%s\n", m.ID, m.DeliveryCount, printable(m.Payload), attrFields(m))
 		if ack {
 			// Not cancelled by Ctrl-C: a printed message is acked.
 			return m.Ack(context.WithoutCancel(ctx))
@@ -488,7 +503,8 @@ In-flight messages and dead letters stay.`, std)
 func runDLQ(ctx context.Context, std stdio, args []string) error {
 	fs, cf := newFlagSet("dlq", "[flags] queue [id...]", `
 Lists a queue's dead letters, oldest first, one line each:
-	<id> <tab> <delivery count> <tab> <published at> <tab> <payload>
+	<id> <tab> <delivery count> <tab> <published at> <tab> <payload> [<tab> <attribute>...]
+(attributes as for consume).
 It lists all of them (or --limit), fetching them a page at a time.
 With --redrive, moves the dead letters with the given ids (all when none
 are given) back to the queue with a fresh delivery count, and prints how
@@ -532,7 +548,7 @@ many moved.`, std)
 			return err
 		}
 		for _, m := range ms {
-			fmt.Fprintf(std.out, "%s\t%d\t%s\t%s\n", m.ID, m.DeliveryCount, m.PublishedAt.Local().Format(time.RFC3339), printable(m.Payload))
+			printListed(std.out, m)
 		}
 		listed += len(ms)
 		if token = next; token == "" || (*limit > 0 && listed >= *limit) {
