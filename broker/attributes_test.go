@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
@@ -207,6 +209,24 @@ func TestAttributesBounded(t *testing.T) {
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "UTF-8") {
 			t.Fatalf("non-UTF-8 %v: got %v, want InvalidArgument naming UTF-8", m, err)
 		}
+	}
+	// Over the wire, gRPC's decoding refuses it before the broker sees it.
+	entry := protowire.AppendTag(nil, 1, protowire.BytesType)
+	entry = protowire.AppendString(entry, "k")
+	entry = protowire.AppendTag(entry, 2, protowire.BytesType)
+	entry = protowire.AppendString(entry, "\xff")
+	msg := protowire.AppendTag(nil, 1, protowire.BytesType)
+	msg = protowire.AppendBytes(msg, []byte("x"))
+	msg = protowire.AppendTag(msg, 3, protowire.BytesType)
+	msg = protowire.AppendBytes(msg, entry)
+	raw := protowire.AppendTag(nil, 1, protowire.BytesType)
+	raw = protowire.AppendString(raw, "b")
+	raw = protowire.AppendTag(raw, 2, protowire.BytesType)
+	raw = protowire.AppendBytes(raw, msg)
+	var resp []byte
+	err := b.conn.Invoke(ctx, pb.Queue_Publish_FullMethodName, raw, &resp, grpc.ForceCodec(rawCodec{}))
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "UTF-8") {
+		t.Fatalf("raw non-UTF-8 header: got %v, want gRPC's Internal decoding error", err)
 	}
 	if after := snapshot(t, conn, root+"/queues/b"); !equalMaps(before, after) {
 		t.Fatalf("refused publishes changed the queue in ZooKeeper:\nbefore %v\nafter  %v", before, after)
