@@ -70,6 +70,7 @@ var methodAuths = map[string]methodAuth{
 		return m.(*pb.ListDeadLettersRequest).GetQueue()
 	})},
 	pb.Queue_Redrive_FullMethodName: {needs: onQueue(ActRedrive, func(m any) string { return m.(*pb.RedriveRequest).GetQueue() })},
+	pb.Queue_Browse_FullMethodName:  {needs: onQueue(ActConsume, func(m any) string { return m.(*pb.BrowseRequest).GetQueue() })},
 
 	pb.Election_Campaign_FullMethodName: {needs: onCoord(ActElection, func(m any) string { return m.(*pb.CampaignRequest).GetName() })},
 	pb.Election_Proclaim_FullMethodName: {needs: onCoord(ActElection, func(m any) string { return m.(*pb.ProclaimRequest).GetName() })},

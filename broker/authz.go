@@ -18,7 +18,7 @@ const (
 	ActPurge    = "purge"    // Purge
 	ActRedrive  = "redrive"  // Redrive
 	ActJoin     = "join"     // JoinSync
-	ActView     = "view"     // GetQueue, Stats, ListQueues (implied by every queue action)
+	ActView     = "view"     // GetQueue, Stats, Browse, ListQueues (implied by every queue action)
 	ActLock     = "lock"     // the Lock service
 	ActElection = "election" // the Election service
 )

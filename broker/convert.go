@@ -17,6 +17,8 @@ func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
 		Priority:      uint32(m.Priority),
 		PublishedAt:   timestamppb.New(m.Published),
 		DeliveryCount: uint32(m.Deliveries),
+		Headers:       m.Headers,
+		ContentType:   m.ContentType,
 	}
 	if l != nil {
 		out.LeaseDeadline = timestamppb.New(l.Deadline)

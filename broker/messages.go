@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -49,6 +50,8 @@ func (b *Broker) emitSized(kind events.Kind, q *queue, m zkqueue.Message, size i
 		// Events carry the payload, when known; the sink decides
 		// whether to keep it.
 		Payload:       m.Payload,
+		ContentType:   m.ContentType,
+		Headers:       m.Headers,
 		DeliveryCount: m.Deliveries,
 		Member:        member,
 		Broker:        b.cfg.ID,
@@ -75,9 +78,15 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		case p > zkqueue.MaxPriority:
 			return nil, b.fail(invalidPriority(p))
 		}
-		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p, DedupID: m.GetDedupId()}
+		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p, DedupID: m.GetDedupId(),
+			Attributes: zkqueue.Attributes{ContentType: m.GetContentType(), Headers: m.GetHeaders()}}
 		if err := zkqueue.CheckDedupID(drafts[i].DedupID); drafts[i].DedupID != "" && err != nil {
 			return nil, b.fail(invalidf("message %d: dedup_id %q: %v", i, printable(drafts[i].DedupID), err))
+		}
+		// Checked before admit charges the quotas with it: a message
+		// refused for its size or attributes changes nothing.
+		if err := q.items.CheckDraft(drafts[i]); err != nil {
+			return nil, b.fail(fmt.Errorf("message %d: %w", i, err))
 		}
 	}
 	due, delayed, err := b.dueTimes(msgs)
@@ -95,7 +104,7 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		ids, err = b.publishDue(ctx, q, drafts, due)
 	} else if len(msgs) == 1 {
 		var id string
-		id, err = q.items.PublishPriority(ctx, drafts[0].Priority, drafts[0].Payload)
+		id, err = q.items.PublishDraft(ctx, drafts[0])
 		ids = []string{id}
 	} else {
 		ids, err = q.items.PublishAll(ctx, drafts)
@@ -106,7 +115,8 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	q.published(len(ids))
 	b.metrics.published.WithLabelValues(q.label).Add(float64(len(ids)))
 	for i, id := range ids {
-		b.emit(events.Published, q, zkqueue.Message{ID: id, Payload: drafts[i].Payload, Priority: drafts[i].Priority}, "")
+		b.emit(events.Published, q, zkqueue.Message{ID: id, Payload: drafts[i].Payload, Priority: drafts[i].Priority,
+			Attributes: drafts[i].Attributes}, "")
 	}
 	return &pb.PublishResponse{Ids: ids}, nil
 }

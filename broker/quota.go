@@ -50,9 +50,11 @@ func (b *Broker) admit(ctx context.Context, q *queue, drafts []zkqueue.Draft) er
 			return fmt.Errorf("%w: queue %s holds %d ready or delayed messages, at most %d (%s)", errLimit, q.name, depth, limit, by)
 		}
 	}
+	// A message's attributes are stored in its node beside the payload:
+	// they count as payload bytes.
 	var payload int64
 	for _, d := range drafts {
-		payload += int64(len(d.Payload))
+		payload += int64(d.Size())
 	}
 	if q.meta.MaxBytes > 0 {
 		held, err := q.dataBytes(ctx, b.conn, b.acl)

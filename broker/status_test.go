@@ -25,6 +25,7 @@ func TestToStatus(t *testing.T) {
 		{fmt.Errorf("publish: %w", zkqueue.ErrTooLarge), codes.InvalidArgument},
 		{zkqueue.ErrBatchTooLarge, codes.InvalidArgument},
 		{zkqueue.ErrEmptyBatch, codes.InvalidArgument},
+		{fmt.Errorf("message 0: %w: 65 headers > 64", zkqueue.ErrBadAttributes), codes.InvalidArgument},
 		{invalidPriority(300), codes.InvalidArgument},
 		{fmt.Errorf("%w: q", errQueueNotFound), codes.NotFound},
 		{errQueueExists, codes.AlreadyExists},

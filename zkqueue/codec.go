@@ -89,6 +89,9 @@ func (a Attributes) Size() int {
 	return len(a.appendTo(nil))
 }
 
+// wireSize is what m counts against a Room: its payload and attributes.
+func (m *Message) wireSize() int { return len(m.Payload) + m.Attributes.Size() }
+
 func (a Attributes) empty() bool { return a.ContentType == "" && len(a.Headers) == 0 }
 
 // Attribute tags. A decoder skips tags it does not know, so a newer broker

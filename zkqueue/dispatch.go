@@ -258,7 +258,7 @@ func (f fitFunc) admits(payload int) bool { return f == nil || f(payload) }
 
 // Room bounds the bytes of the messages one take hands out, for callers
 // whose answer has a size limit (a gRPC response). Each message counts
-// its payload plus Overhead. The first message claimed always fits, so a
+// its payload and attributes plus Overhead. The first message claimed always fits, so a
 // message larger than Bytes is still delivered, alone; the zero Room is
 // unbounded.
 type Room struct {

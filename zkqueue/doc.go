@@ -12,6 +12,7 @@
 //	roll.go      producers: the tail segment, the version check, the roll
 //	heads.go     consumers: listing a queue by its heads, removing drained segments
 //	inspect.go   Peek, Len (cheap on deep queues), Purge
+//	browse.go    Browse: the ready messages from the head, paged, unclaimed
 //	dispatch.go  the head algorithm: snapshot, listing, share split, take loop, byte room
 //	leases.go    Leases: at-least-once claim with lease, ack, nack (delay), extend,
 //	             release, unclaim, dead letters, redrive

@@ -183,7 +183,7 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 	if l.items.expired(m, time.Now()) {
 		return Lease{}, l.items.expireClaimed(ctx, n, data, version)
 	}
-	if !fit.admits(len(m.Payload)) {
+	if !fit.admits(m.wireSize()) {
 		l.items.unread(n, data, version)
 		return Lease{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}
@@ -550,7 +550,7 @@ func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, 
 		if err != nil {
 			continue
 		}
-		size := len(m.Payload) + room.Overhead
+		size := m.wireSize() + room.Overhead
 		if room.Bytes > 0 && len(ms) > 0 && used+size > room.Bytes {
 			return ms, names[i-1].Raw, nil
 		}

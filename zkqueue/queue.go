@@ -353,7 +353,7 @@ func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, 
 	if s.expired(m, time.Now()) {
 		return Message{}, s.expireClaimed(ctx, n, data, version)
 	}
-	if !fit.admits(len(m.Payload)) {
+	if !fit.admits(m.wireSize()) {
 		s.unread(n, data, version)
 		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}

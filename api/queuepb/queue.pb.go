@@ -1014,7 +1014,17 @@ type OutMessage struct {
 	Delay *durationpb.Duration `protobuf:"bytes,5,opt,name=delay,proto3" json:"delay,omitempty"`
 	// Scheduled delivery: as delay, until this time (a past time means
 	// now). Not with delay.
-	DeliverAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
+	DeliverAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
+	// Headers: string key/value pairs stored and delivered with the
+	// message. At most 64, keys non-empty and at most 256 bytes, keys and
+	// values valid UTF-8, and headers with content_type at most 16 KiB
+	// encoded; they count against the payload and batch byte limits (and
+	// the queue's max_bytes). Over a bound: InvalidArgument naming it,
+	// nothing published.
+	Headers map[string]string `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Content type of the payload ("application/json"); free-form UTF-8,
+	// stored and delivered with the message, within the bounds of headers.
+	ContentType   string `protobuf:"bytes,4,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1082,6 +1092,20 @@ func (x *OutMessage) GetDeliverAt() *timestamppb.Timestamp {
 		return x.DeliverAt
 	}
 	return nil
+}
+
+func (x *OutMessage) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *OutMessage) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
 }
 
 // PublishRequest publishes one message, or a batch atomically. Limits (the
@@ -1231,6 +1255,10 @@ type Message struct {
 	// reading): a consumer should not act on a delivery received after its
 	// lease_deadline, since the message may have been redelivered already.
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
+	// Headers as published (see OutMessage.headers).
+	Headers map[string]string `protobuf:"bytes,9,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Content type as published.
+	ContentType   string `protobuf:"bytes,10,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1319,6 +1347,20 @@ func (x *Message) GetLeaseDeadline() *timestamppb.Timestamp {
 		return x.LeaseDeadline
 	}
 	return nil
+}
+
+func (x *Message) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *Message) GetContentType() string {
+	if x != nil {
+		return x.ContentType
+	}
+	return ""
 }
 
 // Subscribe opens a Consume stream.
@@ -2303,6 +2345,126 @@ func (x *RedriveResponse) GetRedriven() uint64 {
 	return 0
 }
 
+type BrowseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Queue name.
+	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	// Most messages to return; unset means 100, at most 1000. A page holds
+	// fewer when more would not fit the response size limit.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Continue after the page that returned this next_page_token; unset
+	// starts at the head.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BrowseRequest) Reset() {
+	*x = BrowseRequest{}
+	mi := &file_api_queue_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BrowseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BrowseRequest) ProtoMessage() {}
+
+func (x *BrowseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_queue_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BrowseRequest.ProtoReflect.Descriptor instead.
+func (*BrowseRequest) Descriptor() ([]byte, []int) {
+	return file_api_queue_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *BrowseRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *BrowseRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *BrowseRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type BrowseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Ready messages in delivery order (ack_token and lease_deadline
+	// empty; delivery_count as delivered so far).
+	Messages []*Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BrowseResponse) Reset() {
+	*x = BrowseResponse{}
+	mi := &file_api_queue_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BrowseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BrowseResponse) ProtoMessage() {}
+
+func (x *BrowseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_queue_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BrowseResponse.ProtoReflect.Descriptor instead.
+func (*BrowseResponse) Descriptor() ([]byte, []int) {
+	return file_api_queue_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *BrowseResponse) GetMessages() []*Message {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *BrowseResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_api_queue_proto protoreflect.FileDescriptor
 
 const file_api_queue_proto_rawDesc = "" +
@@ -2374,7 +2536,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\tsync_open\x18\b \x01(\bR\bsyncOpen\x12\x18\n" +
 	"\adelayed\x18\t \x01(\x04R\adelayed\x12\x18\n" +
 	"\aexpired\x18\n" +
-	" \x01(\x04R\aexpired\"\xc9\x01\n" +
+	" \x01(\x04R\aexpired\"\xe7\x02\n" +
 	"\n" +
 	"OutMessage\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x12\x1a\n" +
@@ -2382,7 +2544,12 @@ const file_api_queue_proto_rawDesc = "" +
 	"\bdedup_id\x18\a \x01(\tR\adedupId\x12/\n" +
 	"\x05delay\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x129\n" +
 	"\n" +
-	"deliver_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\"Z\n" +
+	"deliver_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\x12=\n" +
+	"\aheaders\x18\x03 \x03(\v2#.qbroker.v1.OutMessage.HeadersEntryR\aheaders\x12!\n" +
+	"\fcontent_type\x18\x04 \x01(\tR\vcontentType\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
 	"\x0ePublishRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.qbroker.v1.OutMessageR\bmessages\"C\n" +
@@ -2390,7 +2557,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\x02 \x03(\bR\n" +
-	"duplicates\"\xab\x02\n" +
+	"duplicates\"\xc6\x03\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -2399,7 +2566,13 @@ const file_api_queue_proto_rawDesc = "" +
 	"\fpublished_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vpublishedAt\x12%\n" +
 	"\x0edelivery_count\x18\x06 \x01(\rR\rdeliveryCount\x12\x1b\n" +
 	"\tack_token\x18\a \x01(\tR\backToken\x12A\n" +
-	"\x0elease_deadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\"\xb5\x01\n" +
+	"\x0elease_deadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x12:\n" +
+	"\aheaders\x18\t \x03(\v2 .qbroker.v1.Message.HeadersEntryR\aheaders\x12!\n" +
+	"\fcontent_type\x18\n" +
+	" \x01(\tR\vcontentType\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +
 	"\tSubscribe\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12,\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x18.qbroker.v1.DeliveryModeR\x04mode\x12H\n" +
@@ -2460,7 +2633,15 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x10\n" +
 	"\x03ids\x18\x02 \x03(\tR\x03ids\"-\n" +
 	"\x0fRedriveResponse\x12\x1a\n" +
-	"\bredriven\x18\x01 \x01(\x04R\bredriven*j\n" +
+	"\bredriven\x18\x01 \x01(\x04R\bredriven\"Z\n" +
+	"\rBrowseRequest\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"i\n" +
+	"\x0eBrowseResponse\x12/\n" +
+	"\bmessages\x18\x01 \x03(\v2\x13.qbroker.v1.MessageR\bmessages\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*j\n" +
 	"\tQueueKind\x12\x1a\n" +
 	"\x16QUEUE_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fQUEUE_KIND_FIFO\x10\x01\x12\x17\n" +
@@ -2469,7 +2650,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\fDeliveryMode\x12\x1d\n" +
 	"\x19DELIVERY_MODE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aDELIVERY_MODE_AT_MOST_ONCE\x10\x01\x12\x1f\n" +
-	"\x1bDELIVERY_MODE_AT_LEAST_ONCE\x10\x022\x91\b\n" +
+	"\x1bDELIVERY_MODE_AT_LEAST_ONCE\x10\x022\xd2\b\n" +
 	"\x05Queue\x12D\n" +
 	"\vCreateQueue\x12\x1e.qbroker.v1.CreateQueueRequest\x1a\x15.qbroker.v1.QueueInfo\x12>\n" +
 	"\bGetQueue\x12\x1b.qbroker.v1.GetQueueRequest\x1a\x15.qbroker.v1.QueueInfo\x12K\n" +
@@ -2486,7 +2667,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vExtendLease\x12\x1e.qbroker.v1.ExtendLeaseRequest\x1a\x1f.qbroker.v1.ExtendLeaseResponse\x12@\n" +
 	"\bJoinSync\x12\x1b.qbroker.v1.JoinSyncRequest\x1a\x15.qbroker.v1.SyncEvent0\x01\x12Z\n" +
 	"\x0fListDeadLetters\x12\".qbroker.v1.ListDeadLettersRequest\x1a#.qbroker.v1.ListDeadLettersResponse\x12B\n" +
-	"\aRedrive\x12\x1a.qbroker.v1.RedriveRequest\x1a\x1b.qbroker.v1.RedriveResponseB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
+	"\aRedrive\x12\x1a.qbroker.v1.RedriveRequest\x1a\x1b.qbroker.v1.RedriveResponse\x12?\n" +
+	"\x06Browse\x12\x19.qbroker.v1.BrowseRequest\x1a\x1a.qbroker.v1.BrowseResponseB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
 
 var (
 	file_api_queue_proto_rawDescOnce sync.Once
@@ -2501,7 +2683,7 @@ func file_api_queue_proto_rawDescGZIP() []byte {
 }
 
 var file_api_queue_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_api_queue_proto_goTypes = []any{
 	(QueueKind)(0),                  // 0: qbroker.v1.QueueKind
 	(DeliveryMode)(0),               // 1: qbroker.v1.DeliveryMode
@@ -2539,76 +2721,85 @@ var file_api_queue_proto_goTypes = []any{
 	(*ListDeadLettersResponse)(nil), // 33: qbroker.v1.ListDeadLettersResponse
 	(*RedriveRequest)(nil),          // 34: qbroker.v1.RedriveRequest
 	(*RedriveResponse)(nil),         // 35: qbroker.v1.RedriveResponse
-	(*durationpb.Duration)(nil),     // 36: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 37: google.protobuf.Timestamp
+	(*BrowseRequest)(nil),           // 36: qbroker.v1.BrowseRequest
+	(*BrowseResponse)(nil),          // 37: qbroker.v1.BrowseResponse
+	nil,                             // 38: qbroker.v1.OutMessage.HeadersEntry
+	nil,                             // 39: qbroker.v1.Message.HeadersEntry
+	(*durationpb.Duration)(nil),     // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 41: google.protobuf.Timestamp
 }
 var file_api_queue_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.CreateQueueRequest.kind:type_name -> qbroker.v1.QueueKind
-	36, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	36, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
-	36, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
+	40, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	40, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
+	40, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
 	0,  // 4: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
-	36, // 5: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
-	37, // 6: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
-	36, // 7: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
-	36, // 8: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
+	40, // 5: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
+	41, // 6: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
+	40, // 7: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
+	40, // 8: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
 	4,  // 9: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
-	36, // 10: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
-	36, // 11: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
-	37, // 12: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
-	14, // 13: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
-	37, // 14: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
-	37, // 15: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
-	1,  // 16: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
-	36, // 17: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
-	36, // 18: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
-	18, // 19: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
-	19, // 20: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
-	17, // 21: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
-	36, // 22: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 23: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	36, // 24: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	17, // 25: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	36, // 26: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	36, // 27: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	37, // 28: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 29: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	17, // 30: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	3,  // 31: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	5,  // 32: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	6,  // 33: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	8,  // 34: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	10, // 35: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	12, // 36: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	15, // 37: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	20, // 38: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	22, // 39: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	24, // 40: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	26, // 41: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	28, // 42: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	30, // 43: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	32, // 44: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	34, // 45: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	4,  // 46: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	4,  // 47: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	7,  // 48: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	9,  // 49: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	11, // 50: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	13, // 51: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	16, // 52: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	21, // 53: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	23, // 54: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	25, // 55: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	27, // 56: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	29, // 57: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	31, // 58: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	33, // 59: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	35, // 60: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	46, // [46:61] is the sub-list for method output_type
-	31, // [31:46] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	40, // 10: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
+	40, // 11: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
+	41, // 12: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
+	38, // 13: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
+	14, // 14: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
+	41, // 15: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
+	41, // 16: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
+	39, // 17: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
+	1,  // 18: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
+	40, // 19: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
+	40, // 20: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
+	18, // 21: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
+	19, // 22: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
+	17, // 23: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
+	40, // 24: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 25: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	40, // 26: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	17, // 27: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	40, // 28: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	40, // 29: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	41, // 30: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 31: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	17, // 32: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	17, // 33: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
+	3,  // 34: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	5,  // 35: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	6,  // 36: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	8,  // 37: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	10, // 38: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	12, // 39: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	15, // 40: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	20, // 41: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	22, // 42: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	24, // 43: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	26, // 44: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	28, // 45: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	30, // 46: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	32, // 47: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	34, // 48: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	36, // 49: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
+	4,  // 50: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	4,  // 51: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	7,  // 52: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	9,  // 53: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	11, // 54: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	13, // 55: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	16, // 56: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	21, // 57: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	23, // 58: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	25, // 59: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	27, // 60: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	29, // 61: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	31, // 62: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	33, // 63: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	35, // 64: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	37, // 65: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
+	50, // [50:66] is the sub-list for method output_type
+	34, // [34:50] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }
@@ -2622,7 +2813,7 @@ func file_api_queue_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_queue_proto_rawDesc), len(file_api_queue_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   33,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

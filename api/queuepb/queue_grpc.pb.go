@@ -40,6 +40,7 @@ const (
 	Queue_JoinSync_FullMethodName        = "/qbroker.v1.Queue/JoinSync"
 	Queue_ListDeadLetters_FullMethodName = "/qbroker.v1.Queue/ListDeadLetters"
 	Queue_Redrive_FullMethodName         = "/qbroker.v1.Queue/Redrive"
+	Queue_Browse_FullMethodName          = "/qbroker.v1.Queue/Browse"
 )
 
 // QueueClient is the client API for Queue service.
@@ -108,6 +109,12 @@ type QueueClient interface {
 	// Redrive moves dead letters back to the queue with a fresh delivery
 	// count.
 	Redrive(ctx context.Context, in *RedriveRequest, opts ...grpc.CallOption) (*RedriveResponse, error)
+	// Browse lists a queue's ready messages from the head, in delivery
+	// order (publish order; priority, then publish order, for PRIORITY
+	// queues), a page at a time, without claiming them: no lease, no
+	// delete, delivery counts unchanged. A page is a snapshot of each
+	// message as read; messages may be claimed by consumers meanwhile.
+	Browse(ctx context.Context, in *BrowseRequest, opts ...grpc.CallOption) (*BrowseResponse, error)
 }
 
 type queueClient struct {
@@ -280,6 +287,16 @@ func (c *queueClient) Redrive(ctx context.Context, in *RedriveRequest, opts ...g
 	return out, nil
 }
 
+func (c *queueClient) Browse(ctx context.Context, in *BrowseRequest, opts ...grpc.CallOption) (*BrowseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BrowseResponse)
+	err := c.cc.Invoke(ctx, Queue_Browse_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // QueueServer is the server API for Queue service.
 // All implementations must embed UnimplementedQueueServer
 // for forward compatibility.
@@ -346,6 +363,12 @@ type QueueServer interface {
 	// Redrive moves dead letters back to the queue with a fresh delivery
 	// count.
 	Redrive(context.Context, *RedriveRequest) (*RedriveResponse, error)
+	// Browse lists a queue's ready messages from the head, in delivery
+	// order (publish order; priority, then publish order, for PRIORITY
+	// queues), a page at a time, without claiming them: no lease, no
+	// delete, delivery counts unchanged. A page is a snapshot of each
+	// message as read; messages may be claimed by consumers meanwhile.
+	Browse(context.Context, *BrowseRequest) (*BrowseResponse, error)
 	mustEmbedUnimplementedQueueServer()
 }
 
@@ -400,6 +423,9 @@ func (UnimplementedQueueServer) ListDeadLetters(context.Context, *ListDeadLetter
 }
 func (UnimplementedQueueServer) Redrive(context.Context, *RedriveRequest) (*RedriveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Redrive not implemented")
+}
+func (UnimplementedQueueServer) Browse(context.Context, *BrowseRequest) (*BrowseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Browse not implemented")
 }
 func (UnimplementedQueueServer) mustEmbedUnimplementedQueueServer() {}
 func (UnimplementedQueueServer) testEmbeddedByValue()               {}
@@ -674,6 +700,24 @@ func _Queue_Redrive_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Queue_Browse_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BrowseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QueueServer).Browse(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Queue_Browse_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QueueServer).Browse(ctx, req.(*BrowseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Queue_ServiceDesc is the grpc.ServiceDesc for Queue service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -732,6 +776,10 @@ var Queue_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Redrive",
 			Handler:    _Queue_Redrive_Handler,
+		},
+		{
+			MethodName: "Browse",
+			Handler:    _Queue_Browse_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -343,6 +343,28 @@ func (c *Client) DeadLettersPage(ctx context.Context, queue, pageToken string, l
 	return c.messages(resp.GetMessages(), nil, 0), resp.GetNextPageToken(), nil
 }
 
+// Browse returns a page of a queue's ready messages from the head, in
+// delivery order (publish order; priority, then publish order, for
+// KindPriority queues), without claiming them: no lease, delivery counts
+// unchanged. limit is the page size (0: the broker's default, 100; at most
+// 1000); a page holds fewer when more would not fit one response. Pass ""
+// for the first page, then the next token the previous page returned;
+// next is "" after the last page. The messages have no lease: Ack and
+// Nack fail with ErrNoLease. Errors: ErrNotFound, ErrInvalidArgument
+// (limit out of range, malformed token).
+func (c *Client) Browse(ctx context.Context, queue, pageToken string, limit int) (ms []*Message, next string, err error) {
+	if limit < 0 {
+		return nil, "", fmt.Errorf("qbroker: browse %s: negative limit: %w", queue, ErrInvalidArgument)
+	}
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	resp, err := c.rpc.Browse(ctx, &pb.BrowseRequest{Queue: queue, Limit: uint32(limit), PageToken: pageToken})
+	if err != nil {
+		return nil, "", fmt.Errorf("qbroker: browse %s: %w", queue, convErr(err))
+	}
+	return c.messages(resp.GetMessages(), nil, 0), resp.GetNextPageToken(), nil
+}
+
 // Redrive moves dead letters back to their queue with a fresh delivery
 // count: those with the given ids, or all when none are given. It returns
 // how many moved. Errors: ErrNotFound, ErrInvalidArgument (malformed id).

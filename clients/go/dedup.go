@@ -67,7 +67,13 @@ func (c *Client) PublishReceipts(ctx context.Context, queue string, msgs []OutMe
 			m.DedupID = newDedupID()
 		}
 		all = all && m.DedupID != ""
-		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority), DedupId: m.DedupID}
+		// Protocol buffers cannot carry invalid UTF-8 in a string: say so
+		// here rather than fail to encode the request.
+		if err := checkUTF8(m); err != nil {
+			return nil, fmt.Errorf("qbroker: publish to %s: message %d: %w", queue, i, err)
+		}
+		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority), DedupId: m.DedupID,
+			Headers: m.Headers, ContentType: m.ContentType}
 		if m.Delay != 0 {
 			req.Messages[i].Delay = durationpb.New(m.Delay)
 		}

@@ -3,9 +3,11 @@ package qbroker
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
@@ -81,6 +83,11 @@ type Message struct {
 	// LeaseDeadline is when an at-least-once delivery's lease runs out
 	// and the message becomes deliverable again (zero at most once).
 	LeaseDeadline time.Time
+	// Headers are the string key/value pairs published with the message
+	// (nil when none).
+	Headers map[string]string
+	// ContentType is the content type published with the message.
+	ContentType string
 
 	client   *Client
 	token    string    // opaque ack token; any broker accepts it
@@ -105,6 +112,8 @@ func (c *Client) message(m *pb.Message, cons *Consumer, gen uint64) *Message {
 		Priority:      int(m.GetPriority()),
 		PublishedAt:   m.GetPublishedAt().AsTime(),
 		DeliveryCount: int(m.GetDeliveryCount()),
+		Headers:       m.GetHeaders(),
+		ContentType:   m.GetContentType(),
 		client:        c,
 		token:         m.GetAckToken(),
 		consumer:      cons,
@@ -203,6 +212,14 @@ type OutMessage struct {
 	// DeliverAt keeps the message invisible until then (a past time means
 	// now). Not with Delay.
 	DeliverAt time.Time
+	// Headers are string key/value pairs delivered with the message: at
+	// most 64, keys non-empty and at most 256 bytes, keys and values
+	// valid UTF-8, at most 16 KiB with ContentType. They count against
+	// the broker's payload and batch byte limits.
+	Headers map[string]string
+	// ContentType describes the payload ("application/json"); free-form
+	// UTF-8, delivered with the message.
+	ContentType string
 }
 
 // PublishOption configures Publish.
@@ -227,6 +244,27 @@ func WithDeliverAt(t time.Time) PublishOption {
 	return func(m *OutMessage) { m.DeliverAt = t }
 }
 
+// WithHeaders adds headers to a message (see OutMessage.Headers); later
+// options add to and override earlier ones.
+func WithHeaders(h map[string]string) PublishOption {
+	return func(m *OutMessage) {
+		if m.Headers == nil {
+			m.Headers = make(map[string]string, len(h))
+		}
+		maps.Copy(m.Headers, h)
+	}
+}
+
+// WithHeader adds one header to a message.
+func WithHeader(key, value string) PublishOption {
+	return WithHeaders(map[string]string{key: value})
+}
+
+// WithContentType sets a message's content type.
+func WithContentType(ct string) PublishOption {
+	return func(m *OutMessage) { m.ContentType = ct }
+}
+
 // Publish publishes one message and returns its id. Without a dedup id
 // (WithDedupID, or WithPublishRetries on the client) Publish is not
 // retried: when it fails with ErrUnavailable, or with the context's
@@ -237,7 +275,8 @@ func WithDeliverAt(t time.Time) PublishOption {
 // repeated by the caller within the queue's dedup window: the message is
 // published once. Errors: ErrNotFound, ErrInvalidArgument (payload over
 // the limit, priority out of range, a malformed dedup id, a delay negative,
-// over the broker's maximum or given with DeliverAt),
+// over the broker's maximum or given with DeliverAt, headers or content
+// type out of bounds or not UTF-8),
 // ErrFailedPrecondition (a priority on a queue that is not KindPriority).
 func (c *Client) Publish(ctx context.Context, queue string, payload []byte, opts ...PublishOption) (string, error) {
 	m := OutMessage{Payload: payload}
@@ -316,4 +355,18 @@ func (c *Client) Receive(ctx context.Context, queue string, o ReceiveOptions) ([
 	return slices.DeleteFunc(ms, func(m *Message) bool {
 		return !m.LeaseDeadline.IsZero() && !now.Before(m.LeaseDeadline)
 	}), nil
+}
+
+// checkUTF8 refuses attributes that are not valid UTF-8 with
+// ErrInvalidArgument.
+func checkUTF8(m OutMessage) error {
+	if !utf8.ValidString(m.ContentType) {
+		return fmt.Errorf("content type is not UTF-8: %w", ErrInvalidArgument)
+	}
+	for k, v := range m.Headers {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return fmt.Errorf("header %q is not UTF-8: %w", k, ErrInvalidArgument)
+		}
+	}
+	return nil
 }

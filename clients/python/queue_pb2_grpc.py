@@ -104,6 +104,11 @@ class QueueStub(object):
                 request_serializer=queue__pb2.RedriveRequest.SerializeToString,
                 response_deserializer=queue__pb2.RedriveResponse.FromString,
                 )
+        self.Browse = channel.unary_unary(
+                '/qbroker.v1.Queue/Browse',
+                request_serializer=queue__pb2.BrowseRequest.SerializeToString,
+                response_deserializer=queue__pb2.BrowseResponse.FromString,
+                )
 
 
 class QueueServicer(object):
@@ -245,6 +250,17 @@ class QueueServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Browse(self, request, context):
+        """Browse lists a queue's ready messages from the head, in delivery
+        order (publish order; priority, then publish order, for PRIORITY
+        queues), a page at a time, without claiming them: no lease, no
+        delete, delivery counts unchanged. A page is a snapshot of each
+        message as read; messages may be claimed by consumers meanwhile.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_QueueServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -322,6 +338,11 @@ def add_QueueServicer_to_server(servicer, server):
                     servicer.Redrive,
                     request_deserializer=queue__pb2.RedriveRequest.FromString,
                     response_serializer=queue__pb2.RedriveResponse.SerializeToString,
+            ),
+            'Browse': grpc.unary_unary_rpc_method_handler(
+                    servicer.Browse,
+                    request_deserializer=queue__pb2.BrowseRequest.FromString,
+                    response_serializer=queue__pb2.BrowseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -600,5 +621,22 @@ class Queue(object):
         return grpc.experimental.unary_unary(request, target, '/qbroker.v1.Queue/Redrive',
             queue__pb2.RedriveRequest.SerializeToString,
             queue__pb2.RedriveResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Browse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/qbroker.v1.Queue/Browse',
+            queue__pb2.BrowseRequest.SerializeToString,
+            queue__pb2.BrowseResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -243,9 +243,13 @@ With --dedup-id, publishing is idempotent within the queue's dedup window:
 the message (with several, the Nth gets <id>.N) is published once however
 often the command runs, on whichever broker; a repeat prints the first
 publish's id followed by a tab and "duplicate". A publish that fails
-UNAVAILABLE is then retried.`, std)
+UNAVAILABLE is then retried. --header and --content-type apply to every
+message.`, std)
 	priority := fs.Int("priority", 0, "priority of the messages (priority queues only): 0 most urgent .. 255")
 	dedupID := fs.String("dedup-id", "", "deduplication `id`, [A-Za-z0-9._-]{1,128}")
+	headers := headerFlag{}
+	fs.Var(headers, "header", "a header `key=value` of the messages; repeat for several")
+	contentType := fs.String("content-type", "", "content type of the messages (\"application/json\")")
 	stdin := fs.Bool("stdin", false, "read messages from standard input, one per line")
 	batch := fs.Bool("batch", false, "publish all messages as one atomic batch")
 	delay := fs.Duration("delay", 0, "deliver the messages after this delay (at most the broker's --max-delay, 15m by default)")
@@ -255,8 +259,15 @@ UNAVAILABLE is then retried.`, std)
 	}
 	queue, texts := pos[0], pos[1:]
 	var msgs []qbroker.OutMessage
+	out := func(payload []byte) qbroker.OutMessage {
+		m := qbroker.OutMessage{Payload: payload, Priority: *priority, ContentType: *contentType, Delay: *delay}
+		if len(headers) > 0 {
+			m.Headers = headers
+		}
+		return m
+	}
 	for _, t := range texts {
-		msgs = append(msgs, qbroker.OutMessage{Payload: []byte(t), Priority: *priority, Delay: *delay})
+		msgs = append(msgs, out([]byte(t)))
 	}
 	switch {
 	case *stdin && len(texts) > 0:
@@ -265,7 +276,7 @@ UNAVAILABLE is then retried.`, std)
 		sc := bufio.NewScanner(std.in)
 		sc.Buffer(make([]byte, 64<<10), 16<<20)
 		for sc.Scan() {
-			msgs = append(msgs, qbroker.OutMessage{Payload: append([]byte(nil), sc.Bytes()...), Priority: *priority, Delay: *delay})
+			msgs = append(msgs, out(append([]byte(nil), sc.Bytes()...)))
 		}
 		if err := sc.Err(); err != nil {
 			return fmt.Errorf("reading stdin: %w", err)
@@ -322,8 +333,11 @@ UNAVAILABLE is then retried.`, std)
 func runConsume(ctx context.Context, std stdio, args []string) error {
 	fs, cf := newFlagSet("consume", "[flags] queue", `
 Consumes messages and prints one line per message:
-	<id> <tab> <delivery count> <tab> <payload>
-(a payload that is not one line of UTF-8 is printed Go-quoted).
+	<id> <tab> <delivery count> <tab> <payload> [<tab> <attribute>...]
+(a payload that is not one line of UTF-8 is printed Go-quoted). A
+message's content type and headers follow, one field each:
+	content-type=<type> <tab> header.<key>=<value> ...
+(keys and values quoted like payloads when they hold '=' or a tab).
 
 By default it streams until -n messages (0: until Ctrl-C). With --wait it
 long-polls instead, and ends when a poll waited that long for nothing.
@@ -359,7 +373,7 @@ but not printed: up to --prefetch streaming, up to one poll's (at most
 	defer c.Close()
 	ack := mode == qbroker.AtLeastOnce && !*noAck
 	handle := func(m *qbroker.Message) error {
-		fmt.Fprintf(std.out, "%s\t%d\t%s\n", m.ID, m.DeliveryCount, printable(m.Payload))
+		fmt.Fprintf(std.out, "%s\t%d\t%s%s\n", m.ID, m.DeliveryCount, printable(m.Payload), attrFields(m))
 		if ack {
 			// Not cancelled by Ctrl-C: a printed message is acked.
 			return m.Ack(context.WithoutCancel(ctx))
@@ -513,7 +527,8 @@ In-flight messages and dead letters stay.`, std)
 func runDLQ(ctx context.Context, std stdio, args []string) error {
 	fs, cf := newFlagSet("dlq", "[flags] queue [id...]", `
 Lists a queue's dead letters, oldest first, one line each:
-	<id> <tab> <delivery count> <tab> <published at> <tab> <payload>
+	<id> <tab> <delivery count> <tab> <published at> <tab> <payload> [<tab> <attribute>...]
+(attributes as for consume).
 It lists all of them (or --limit), fetching them a page at a time.
 With --redrive, moves the dead letters with the given ids (all when none
 are given) back to the queue with a fresh delivery count, and prints how
@@ -557,7 +572,7 @@ many moved.`, std)
 			return err
 		}
 		for _, m := range ms {
-			fmt.Fprintf(std.out, "%s\t%d\t%s\t%s\n", m.ID, m.DeliveryCount, m.PublishedAt.Local().Format(time.RFC3339), printable(m.Payload))
+			printListed(std.out, m)
 		}
 		listed += len(ms)
 		if token = next; token == "" || (*limit > 0 && listed >= *limit) {

@@ -45,7 +45,7 @@ type cli struct {
 // run runs a command with stdin and returns its stdout, stderr and error.
 func (c cli) run(stdin string, args ...string) (string, string, error) {
 	c.t.Helper()
-	for _, cmd := range append(append(clientCommands, adminCommands...), coordCommands...) {
+	for _, cmd := range append(append(append(clientCommands, adminCommands...), coordCommands...), browseCommands...) {
 		if cmd.name == args[0] {
 			var out, errOut bytes.Buffer
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -182,7 +182,7 @@ func TestClientCommandErrors(t *testing.T) {
 	if _, errOut, err := c.run("", "publish", "q"); err == nil || !strings.Contains(errOut, "usage: qbroker publish") {
 		t.Errorf("publish without messages: got %v, stderr %q; want an error and the usage", err, errOut)
 	}
-	for _, cmd := range append(append(clientCommands, adminCommands...), coordCommands...) {
+	for _, cmd := range append(append(append(clientCommands, adminCommands...), coordCommands...), browseCommands...) {
 		out, errOut, err := c.run("", cmd.name, "--help")
 		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(out, "usage: qbroker "+cmd.name) || !strings.Contains(out, "-addr") || errOut != "" {
 			t.Errorf("%s --help: got %v, stdout %q, stderr %q; want ErrHelp and a usage with --addr on stdout only", cmd.name, err, out, errOut)

@@ -2,9 +2,11 @@
 //
 //	qbroker serve     run a broker against a ZooKeeper ensemble
 //	qbroker dev       start a local ZooKeeper, then serve (make run)
-//	qbroker queues | create | delete | publish | consume | stats | purge | dlq | join
+//	qbroker queues | create | delete | publish | consume | peek | stats | purge | dlq | join
 //	                  client commands against a running broker
 //	qbroker version   print the version (also --version)
+//	qbroker completion bash|zsh|fish
+//	                  print a shell completion script
 //
 // Every command explains itself with --help. Help goes to standard output
 // (exit status 0); usage errors go to standard error with exit status 2,
@@ -131,6 +133,10 @@ func (h *helpWriter) flush(help bool) {
 // newHelpWriter): flag.ErrHelp after printing help to standard output, a
 // usageError after printing the error and usage to standard error.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	if describing != nil {
+		describing(fs)
+		return flag.ErrHelp
+	}
 	err := fs.Parse(args)
 	if hw, ok := fs.Output().(*helpWriter); ok {
 		hw.flush(errors.Is(err, flag.ErrHelp))

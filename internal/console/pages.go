@@ -3,8 +3,10 @@ package console
 import (
 	"fmt"
 	"html/template"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -94,15 +96,31 @@ func (c *Console) queuesPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, http.StatusOK, "queues", c.newPage(w, r, "Queues", "queues", d))
 }
 
-// deadLetter is a dead letter as the queue page shows it.
+// deadLetter is a listed message (a dead letter, or a ready one at the
+// head) as the queue page shows it.
 type deadLetter struct {
-	ID        string
-	Priority  uint32
-	Published time.Time
-	Count     uint32
-	Payload   string
-	Note      string // binary, truncated
+	ID          string
+	Priority    uint32
+	Published   time.Time
+	Count       uint32
+	Payload     string
+	Note        string // binary, truncated
+	ContentType string
+	Headers     []string // "key: value", by key
 }
+
+func listed(m *pb.Message) deadLetter {
+	text, note := showPayload(m.GetPayload())
+	d := deadLetter{ID: m.GetId(), Priority: m.GetPriority(), Published: m.GetPublishedAt().AsTime(),
+		Count: m.GetDeliveryCount(), Payload: text, Note: note, ContentType: m.GetContentType()}
+	for _, k := range slices.Sorted(maps.Keys(m.GetHeaders())) {
+		d.Headers = append(d.Headers, k+": "+m.GetHeaders()[k])
+	}
+	return d
+}
+
+// headSize is how many ready messages the queue page shows at a time.
+const headSize = 20
 
 type queueData struct {
 	Info      *pb.QueueInfo
@@ -113,6 +131,10 @@ type queueData struct {
 	Priority  bool
 	Sync      bool
 	DeadAfter string // the page token the dead letters start at
+	Head      []deadLetter
+	HeadErr   string // Browse failed: why
+	HeadNext  string
+	HeadAfter string // the page token the head starts at
 }
 
 // shownPayload is how much of a payload the page shows.
@@ -145,9 +167,20 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, Prefix, err)
 		return
 	}
-	d := queueData{Info: info.(*pb.QueueInfo), Stats: st.(*pb.QueueStats), DeadAfter: r.URL.Query().Get("dead")}
+	d := queueData{Info: info.(*pb.QueueInfo), Stats: st.(*pb.QueueStats), DeadAfter: r.URL.Query().Get("dead"),
+		HeadAfter: r.URL.Query().Get("head")}
 	d.Priority = d.Info.GetKind() == pb.QueueKind_QUEUE_KIND_PRIORITY
 	d.Sync = d.Info.GetKind() == pb.QueueKind_QUEUE_KIND_SYNC
+	head, err := c.call(r, pb.Queue_Browse_FullMethodName, &pb.BrowseRequest{Queue: name, Limit: headSize, PageToken: d.HeadAfter})
+	if err != nil {
+		d.HeadErr = err.Error()
+	} else {
+		l := head.(*pb.BrowseResponse)
+		d.HeadNext = l.GetNextPageToken()
+		for _, m := range l.GetMessages() {
+			d.Head = append(d.Head, listed(m))
+		}
+	}
 	dl, err := c.call(r, pb.Queue_ListDeadLetters_FullMethodName,
 		&pb.ListDeadLettersRequest{Queue: name, Limit: pageSize, PageToken: d.DeadAfter})
 	if err != nil {
@@ -156,9 +189,7 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
 		l := dl.(*pb.ListDeadLettersResponse)
 		d.DeadNext = l.GetNextPageToken()
 		for _, m := range l.GetMessages() {
-			text, note := showPayload(m.GetPayload())
-			d.Dead = append(d.Dead, deadLetter{ID: m.GetId(), Priority: m.GetPriority(),
-				Published: m.GetPublishedAt().AsTime(), Count: m.GetDeliveryCount(), Payload: text, Note: note})
+			d.Dead = append(d.Dead, listed(m))
 		}
 	}
 	c.render(w, http.StatusOK, "queue", c.newPage(w, r, "Queue "+name, "queues", d))

@@ -71,6 +71,10 @@ type Event struct {
 	// Payload is the message body, when the sink asked for payloads and it
 	// is within the sink's cap.
 	Payload []byte `json:"payload,omitempty"`
+	// ContentType and Headers are the message's attributes, kept or left
+	// out by the sink together with the payload.
+	ContentType string            `json:"content_type,omitempty"`
+	Headers     map[string]string `json:"headers,omitempty"`
 }
 
 // MakeID returns the broker-independent id of an event: the same message,

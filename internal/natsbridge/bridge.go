@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -154,7 +155,8 @@ func New(cfg Config) (*Bridge, error) {
 // (reason buffer_full), and after Close it is dropped (reason closed).
 // An empty e.Broker is set to Config.BrokerID and a zero e.Time to now.
 // The payload is kept (copied) only when Config.IncludePayload is set and it
-// is at most Config.MaxPayload bytes.
+// is at most Config.MaxPayload bytes; the message's content type and
+// headers only when Config.IncludePayload is set.
 func (b *Bridge) Emit(e events.Event) {
 	if e.Broker == "" {
 		e.Broker = b.cfg.BrokerID
@@ -168,6 +170,11 @@ func (b *Bridge) Emit(e events.Event) {
 		} else {
 			e.Payload = nil
 		}
+	}
+	if b.cfg.IncludePayload {
+		e.Headers = maps.Clone(e.Headers)
+	} else {
+		e.ContentType, e.Headers = "", nil
 	}
 	b.mu.RLock()
 	if b.closed {
@@ -351,8 +358,8 @@ func (b *Bridge) encode(e *events.Event) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natsbridge: encode event: %w", err)
 	}
-	if mp := b.nc.MaxPayload(); mp > 0 && int64(len(data)) > mp-1024 && e.Payload != nil {
-		e.Payload = nil
+	if mp := b.nc.MaxPayload(); mp > 0 && int64(len(data)) > mp-1024 && (e.Payload != nil || e.Headers != nil) {
+		e.Payload, e.Headers = nil, nil
 		if data, err = json.Marshal(e); err != nil {
 			return nil, fmt.Errorf("natsbridge: encode event: %w", err)
 		}

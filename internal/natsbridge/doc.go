@@ -41,6 +41,10 @@
 //	time            RFC 3339 time of the event
 //	payload         base64 message body; only with Config.IncludePayload and at
 //	                most Config.MaxPayload bytes (default 64 KiB), else absent
+//	content_type    the message's content type; only with Config.IncludePayload
+//	headers         the message's headers (a JSON object of strings); only with
+//	                Config.IncludePayload, and left out with the payload when
+//	                the body would exceed the server's max_payload
 //
 // # Delivery
 //

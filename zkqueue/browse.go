@@ -1,0 +1,166 @@
+package zkqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// browseReads bounds the message reads one Browse has in flight: enough to
+// hide the round trips of a page, few enough not to crowd the claims on
+// the same connection.
+const browseReads = 16
+
+// ErrBadCursor is returned by Browse for an after that is not a message
+// id.
+var ErrBadCursor = errors.New("zkqueue: malformed browse cursor")
+
+// Browse returns, in delivery order (publish order; priority, then
+// publish order, in a priority queue), the ready messages that come after
+// the message id after ("" starts at the head): up to limit of them (0: no
+// limit), and no more than fit room (the first always does). It claims
+// nothing: no lease, no delete, delivery counts unchanged. next is the id
+// of the last message returned when more may follow, for the next call's
+// after; it is "" once the queue's end was reached. A page is a snapshot
+// of each message as read: messages claimed meanwhile are left out, and
+// one put back before after (a redelivery) is not seen by the pages after
+// it.
+//
+// It lists the parent once and then only the segments the page reaches,
+// from the one holding after, so a page costs the same at any depth.
+// Errors: ErrBadCursor, or a ZooKeeper error.
+func (s *Queue) Browse(ctx context.Context, after string, limit int, room Room) (ms []Message, next string, err error) {
+	var from Name
+	if after != "" {
+		var ok bool
+		if from, ok = ParseName(after); !ok {
+			return nil, "", fmt.Errorf("%w: %q", ErrBadCursor, after)
+		}
+	}
+	l, err := s.listNow()
+	if err != nil {
+		return nil, "", s.wrap("browse", err)
+	}
+	b := browser{s: s, limit: limit, room: room}
+	for _, sg := range l.segs {
+		if after != "" && compareSegments(sg, segment{from.Priority, from.Seg}) < 0 {
+			continue // wholly before the cursor: not listed
+		}
+		if b.full() {
+			return b.ms, b.last(), nil
+		}
+		names, err := s.segmentNames(l, sg)
+		if err != nil {
+			return b.ms, "", s.wrap("browse", err)
+		}
+		if after != "" {
+			i, _ := slices.BinarySearchFunc(names, from, Compare)
+			for i < len(names) && Compare(names[i], from) == 0 {
+				i++
+			}
+			names = names[i:]
+		}
+		done, err := b.add(ctx, names)
+		if err != nil {
+			return b.ms, "", s.wrap("browse", err)
+		}
+		if done {
+			return b.ms, b.last(), nil
+		}
+	}
+	return b.ms, "", nil
+}
+
+// browser collects one Browse page.
+type browser struct {
+	s     *Queue
+	limit int
+	room  Room
+	used  int
+	ms    []Message
+	stop  bool // room ran out
+}
+
+func (b *browser) full() bool { return b.stop || (b.limit > 0 && len(b.ms) >= b.limit) }
+
+func (b *browser) last() string {
+	if len(b.ms) == 0 {
+		return ""
+	}
+	return b.ms[len(b.ms)-1].ID
+}
+
+// add reads names in order, in chunks of what the page still has room
+// for, and keeps the messages that are still there and fit. It reports
+// whether the page is full with names left over.
+func (b *browser) add(ctx context.Context, names []Name) (full bool, err error) {
+	for len(names) > 0 {
+		if b.full() {
+			return true, nil
+		}
+		k := len(names)
+		if b.limit > 0 {
+			k = min(k, b.limit-len(b.ms))
+		}
+		read, err := b.s.readAll(ctx, names[:k])
+		if err != nil {
+			return false, err
+		}
+		for _, m := range read {
+			if m == nil {
+				continue // claimed meanwhile, or never deliverable
+			}
+			size := m.wireSize() + b.room.Overhead
+			if b.room.Bytes > 0 && len(b.ms) > 0 && b.used+size > b.room.Bytes {
+				b.stop = true // message i, at least, is left for the next page
+				return true, nil
+			}
+			b.used += size
+			b.ms = append(b.ms, *m)
+		}
+		names = names[k:]
+	}
+	return false, nil
+}
+
+// readAll reads the messages names, browseReads at a time; an entry is
+// nil for a node gone or whose data does not decode.
+func (s *Queue) readAll(ctx context.Context, names []Name) ([]*Message, error) {
+	out := make([]*Message, len(names))
+	errs := make([]error, len(names))
+	sem := make(chan struct{}, browseReads)
+	var wg sync.WaitGroup
+	for i, n := range names {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return nil, ctx.Err()
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			p := itemPath(s.path, n)
+			data, _, err := s.zk.Get(p)
+			switch {
+			case errors.Is(err, zk.ErrNoNode):
+				return
+			case err != nil:
+				errs[i] = fmt.Errorf("get %s: %w", p, err)
+				return
+			}
+			if m, err := decodeMessage(n, data, 0); err == nil {
+				out[i] = &m
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
