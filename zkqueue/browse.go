@@ -5,15 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/go-zookeeper/zk"
 )
-
-// browseReads bounds the message reads one Browse has in flight: enough to
-// hide the round trips of a page, few enough not to crowd the claims on
-// the same connection.
-const browseReads = 16
 
 // ErrBadCursor is returned by Browse for an after that is not a message
 // id.
@@ -127,40 +121,31 @@ func (b *browser) add(ctx context.Context, names []Name) (full bool, err error) 
 	return false, nil
 }
 
-// readAll reads the messages names, browseReads at a time; an entry is
-// nil for a node gone or whose data does not decode.
+// readAll reads the messages names in multiRead requests (readPaths); an
+// entry is nil for a node gone or whose data does not decode.
 func (s *Queue) readAll(ctx context.Context, names []Name) ([]*Message, error) {
-	out := make([]*Message, len(names))
-	errs := make([]error, len(names))
-	sem := make(chan struct{}, browseReads)
-	var wg sync.WaitGroup
-	for i, n := range names {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			wg.Wait()
-			return nil, ctx.Err()
-		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			p := itemPath(s.path, n)
-			data, _, err := s.zk.Get(p)
-			switch {
-			case errors.Is(err, zk.ErrNoNode):
-				return
-			case err != nil:
-				errs[i] = fmt.Errorf("get %s: %w", p, err)
-				return
-			}
-			if m, err := decodeMessage(n, data, 0); err == nil {
-				out[i] = &m
-			}
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	paths := make([]string, len(names))
+	for i, n := range names {
+		paths[i] = itemPath(s.path, n)
+	}
+	rs, err := s.readPaths(paths)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Message, len(names))
+	for i, r := range rs {
+		switch {
+		case errors.Is(r.err, zk.ErrNoNode):
+			continue
+		case r.err != nil:
+			return nil, r.err
+		}
+		if m, err := decodeMessage(names[i], r.data, 0); err == nil {
+			out[i] = &m
+		}
 	}
 	return out, nil
 }
