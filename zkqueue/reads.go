@@ -54,7 +54,6 @@ type readResult struct {
 type readGroup struct {
 	off      atomic.Bool // the server refused multiRead
 	mu       sync.Mutex
-	cond     *sync.Cond // signalled when a request ends
 	queued   []*readCall
 	inFlight int
 }
@@ -62,38 +61,60 @@ type readGroup struct {
 type readCall struct {
 	path string
 	res  readResult
-	done bool
+	done chan struct{} // closed once res is set
+	// turn is signalled when the call is first in the queue and a request
+	// slot is free: the caller sends the next batch. Only the first
+	// waiting call is woken, not every waiter.
+	turn chan struct{}
 }
 
 // groupRead reads the data of p, sharing a request with concurrent reads
 // of the Queue.
 func (s *Queue) groupRead(p string) readResult {
 	g := &s.reads
-	c := &readCall{path: p}
+	c := &readCall{path: p, done: make(chan struct{}), turn: make(chan struct{}, 1)}
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.cond == nil {
-		g.cond = sync.NewCond(&g.mu)
-	}
 	g.queued = append(g.queued, c)
-	for !c.done {
-		if g.inFlight >= maxReadsInFlight || len(g.queued) == 0 {
-			g.cond.Wait()
-			continue
+	s.sendLocked()
+	for {
+		select {
+		case <-c.done:
+			return c.res
+		case <-c.turn:
+			g.mu.Lock()
+			s.sendLocked()
 		}
-		batch := g.queued[:min(len(g.queued), maxReadBatch)]
-		g.queued = g.queued[len(batch):]
-		g.inFlight++
-		g.mu.Unlock()
-		s.readCalls(batch)
-		g.mu.Lock()
-		for _, b := range batch {
-			b.done = true
-		}
-		g.inFlight--
-		g.cond.Broadcast()
 	}
-	return c.res
+}
+
+// sendLocked, called with reads.mu held, sends the oldest queued reads
+// as one request if a request slot is free, and releases the lock. When
+// the request ends it hands the slot to the call first in the queue.
+func (s *Queue) sendLocked() {
+	g := &s.reads
+	if g.inFlight >= maxReadsInFlight || len(g.queued) == 0 {
+		g.mu.Unlock()
+		return
+	}
+	batch := g.queued[:min(len(g.queued), maxReadBatch)]
+	g.queued = g.queued[len(batch):]
+	g.inFlight++
+	g.mu.Unlock()
+
+	s.readCalls(batch)
+	for _, b := range batch {
+		close(b.done)
+	}
+
+	g.mu.Lock()
+	g.inFlight--
+	if len(g.queued) > 0 {
+		select {
+		case g.queued[0].turn <- struct{}{}:
+		default: // already signalled
+		}
+	}
+	g.mu.Unlock()
 }
 
 // readCalls answers calls with one request: a getData for one, else a
