@@ -27,6 +27,7 @@ import (
 //	members/    KindSync: one EPHEMERAL node per member
 //	start       KindSync: exists once the group is complete
 //	dedup/      the records of dedup ids (WithDedup), created when first used
+//	groups/     message groups' order and state (WithGroups), created when first used
 //
 // Create makes the node and its five parents in one Multi. Nothing else
 // creates them: open a queue's Queue and Leases WithoutCreate, so that a

@@ -44,6 +44,7 @@ type options struct {
 	segmentSize  int
 	dedupDir     string        // WithDedup (dedup.go)
 	dedupWindow  time.Duration // WithDedup
+	groupsDir    string        // WithGroups (groups.go)
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -100,6 +101,9 @@ func (o *options) validate() error {
 	}
 	if o.segmentSize < 2 || o.segmentSize > MaxSegmentSize {
 		return fmt.Errorf("zkqueue: segment size %d out of range [2, %d]", o.segmentSize, MaxSegmentSize)
+	}
+	if err := o.validateGroups(); err != nil {
+		return err
 	}
 	return o.validateDedup()
 }
