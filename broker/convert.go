@@ -17,6 +17,7 @@ func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
 		Priority:      uint32(m.Priority),
 		PublishedAt:   timestamppb.New(m.Published),
 		DeliveryCount: uint32(m.Deliveries),
+		Group:         m.Group,
 	}
 	if l != nil {
 		out.LeaseDeadline = timestamppb.New(l.Deadline)

@@ -79,6 +79,15 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		if err := zkqueue.CheckDedupID(drafts[i].DedupID); drafts[i].DedupID != "" && err != nil {
 			return nil, b.fail(invalidf("message %d: dedup_id %q: %v", i, printable(drafts[i].DedupID), err))
 		}
+		if g := m.GetGroup(); g != "" {
+			if q.meta.Kind == kindSync {
+				return nil, b.fail(wrongKind(q, "message groups need a FIFO or PRIORITY queue"))
+			}
+			if err := zkqueue.CheckGroup(g); err != nil {
+				return nil, b.fail(invalidf("message %d: group %q: %v", i, printable(g), err))
+			}
+			drafts[i].Group = g
+		}
 	}
 	if err := b.admit(ctx, q, drafts); err != nil {
 		return nil, b.fail(b.gone(q, err))
@@ -89,7 +98,7 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	var ids []string
 	if len(msgs) == 1 {
 		var id string
-		id, err = q.items.PublishPriority(ctx, drafts[0].Priority, drafts[0].Payload)
+		id, err = q.items.PublishDraft(ctx, drafts[0])
 		ids = []string{id}
 	} else {
 		ids, err = q.items.PublishAll(ctx, drafts)

@@ -154,6 +154,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
 		zkqueue.WithACL(b.acl),
 		zkqueue.WithDedup(p+"/dedup", meta.Dedup()),
+		zkqueue.WithGroups(p + "/groups"),
 	}
 	if meta.Kind == kindPriority {
 		opts = append(opts, zkqueue.WithPriorities())

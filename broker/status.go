@@ -59,7 +59,7 @@ func codeOf(err error) codes.Code {
 	case errors.Is(err, context.DeadlineExceeded):
 		return codes.DeadlineExceeded
 	case errors.Is(err, errInvalid), errors.Is(err, zkqueue.ErrTooLarge), errors.Is(err, zkqueue.ErrBatchTooLarge),
-		errors.Is(err, zkqueue.ErrEmptyBatch), errors.Is(err, zkqueue.ErrBadPriority), errors.Is(err, zkqueue.ErrBadDedupID),
+		errors.Is(err, zkqueue.ErrEmptyBatch), errors.Is(err, zkqueue.ErrBadPriority), errors.Is(err, zkqueue.ErrBadDedupID), errors.Is(err, zkqueue.ErrBadGroup),
 		errors.Is(err, zkqueue.ErrBadName), errors.Is(err, zkqueue.ErrBadSpec), errors.Is(err, election.ErrInvalid),
 		errors.Is(err, lock.ErrInvalid):
 		return codes.InvalidArgument

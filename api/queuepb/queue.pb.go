@@ -945,7 +945,13 @@ type OutMessage struct {
 	// (on any broker) is acknowledged with the first message's id and adds
 	// no second copy, so a publish that failed UNAVAILABLE may be retried
 	// with the same ids. Empty: no deduplication.
-	DedupId       string `protobuf:"bytes,7,opt,name=dedup_id,json=dedupId,proto3" json:"dedup_id,omitempty"`
+	DedupId string `protobuf:"bytes,7,opt,name=dedup_id,json=dedupId,proto3" json:"dedup_id,omitempty"`
+	// Message group, [A-Za-z0-9._-]{1,128}, not "." or "..": the messages of
+	// one group are delivered in publish order and one at a time (the next
+	// only once the previous is acked, dead-lettered or dropped; a nacked or
+	// expired one is redelivered first), across brokers; different groups
+	// and messages without a group are delivered in parallel. Empty: none.
+	Group         string `protobuf:"bytes,8,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -997,6 +1003,13 @@ func (x *OutMessage) GetPriority() uint32 {
 func (x *OutMessage) GetDedupId() string {
 	if x != nil {
 		return x.DedupId
+	}
+	return ""
+}
+
+func (x *OutMessage) GetGroup() string {
+	if x != nil {
+		return x.Group
 	}
 	return ""
 }
@@ -1148,6 +1161,8 @@ type Message struct {
 	// reading): a consumer should not act on a delivery received after its
 	// lease_deadline, since the message may have been redelivered already.
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
+	// The message's group (OutMessage.group); empty when none.
+	Group         string `protobuf:"bytes,11,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1236,6 +1251,13 @@ func (x *Message) GetLeaseDeadline() *timestamppb.Timestamp {
 		return x.LeaseDeadline
 	}
 	return nil
+}
+
+func (x *Message) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
 }
 
 // Subscribe opens a Consume stream.
@@ -2280,12 +2302,13 @@ const file_api_queue_proto_rawDesc = "" +
 	"\tconsumers\x18\x06 \x01(\x04R\tconsumers\x12\x1f\n" +
 	"\vsync_joined\x18\a \x01(\rR\n" +
 	"syncJoined\x12\x1b\n" +
-	"\tsync_open\x18\b \x01(\bR\bsyncOpen\"]\n" +
+	"\tsync_open\x18\b \x01(\bR\bsyncOpen\"s\n" +
 	"\n" +
 	"OutMessage\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x12\x1a\n" +
 	"\bpriority\x18\x02 \x01(\rR\bpriority\x12\x19\n" +
-	"\bdedup_id\x18\a \x01(\tR\adedupId\"Z\n" +
+	"\bdedup_id\x18\a \x01(\tR\adedupId\x12\x14\n" +
+	"\x05group\x18\b \x01(\tR\x05group\"Z\n" +
 	"\x0ePublishRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x122\n" +
 	"\bmessages\x18\x02 \x03(\v2\x16.qbroker.v1.OutMessageR\bmessages\"C\n" +
@@ -2293,7 +2316,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\x02 \x03(\bR\n" +
-	"duplicates\"\xab\x02\n" +
+	"duplicates\"\xc1\x02\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -2302,7 +2325,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\fpublished_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vpublishedAt\x12%\n" +
 	"\x0edelivery_count\x18\x06 \x01(\rR\rdeliveryCount\x12\x1b\n" +
 	"\tack_token\x18\a \x01(\tR\backToken\x12A\n" +
-	"\x0elease_deadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\"\xb5\x01\n" +
+	"\x0elease_deadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x12\x14\n" +
+	"\x05group\x18\v \x01(\tR\x05group\"\xb5\x01\n" +
 	"\tSubscribe\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12,\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x18.qbroker.v1.DeliveryModeR\x04mode\x12H\n" +
