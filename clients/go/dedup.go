@@ -65,7 +65,7 @@ func (c *Client) PublishReceipts(ctx context.Context, queue string, msgs []OutMe
 			m.DedupID = newDedupID()
 		}
 		all = all && m.DedupID != ""
-		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority), DedupId: m.DedupID}
+		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority), DedupId: m.DedupID, Group: m.Group}
 	}
 	retries := 0
 	if all {

@@ -81,6 +81,8 @@ type Message struct {
 	// LeaseDeadline is when an at-least-once delivery's lease runs out
 	// and the message becomes deliverable again (zero at most once).
 	LeaseDeadline time.Time
+	// Group is the message's group (WithGroup); empty when none.
+	Group string
 
 	client   *Client
 	token    string    // opaque ack token; any broker accepts it
@@ -105,6 +107,7 @@ func (c *Client) message(m *pb.Message, cons *Consumer, gen uint64) *Message {
 		Priority:      int(m.GetPriority()),
 		PublishedAt:   m.GetPublishedAt().AsTime(),
 		DeliveryCount: int(m.GetDeliveryCount()),
+		Group:         m.GetGroup(),
 		client:        c,
 		token:         m.GetAckToken(),
 		consumer:      cons,
@@ -196,6 +199,9 @@ type OutMessage struct {
 	// DedupID makes the publish idempotent (see WithDedupID); empty:
 	// none.
 	DedupID string
+	// Group puts the message in a message group (see WithGroup); empty:
+	// none.
+	Group string
 }
 
 // PublishOption configures Publish.
@@ -205,6 +211,16 @@ type PublishOption func(*OutMessage)
 // KindPriority queues only.
 func WithPriority(p int) PublishOption {
 	return func(m *OutMessage) { m.Priority = p }
+}
+
+// WithGroup puts a message in a message group, [A-Za-z0-9._-]{1,128},
+// not "." or "..": the messages of one group are delivered in publish
+// order and one at a time (the next once the previous is acked,
+// dead-lettered or dropped; a nacked or expired one comes again first),
+// by any broker; other groups and messages without a group are delivered
+// in parallel. Not for KindSync queues.
+func WithGroup(g string) PublishOption {
+	return func(m *OutMessage) { m.Group = g }
 }
 
 // Publish publishes one message and returns its id. Without a dedup id
