@@ -77,7 +77,7 @@ func (s *Queue) scan() error {
 	if err != nil {
 		return err
 	}
-	s.watches = h.watches
+	s.watches = s.groupWatchesLocked(h.watches)
 	s.more = len(names) > 0 // known bad nodes are left out by levelHead
 	s.groups.skipped = false
 	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {

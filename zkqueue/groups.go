@@ -351,6 +351,24 @@ func (s *Queue) skipLocked(w <-chan zk.Event) {
 	s.watches = append(s.watches, w)
 }
 
+// groupWatchesLocked adds the watches of the groups known blocked to a
+// new snapshot's: a candidate passed over while the listing was under way
+// is left out of the snapshot (dispatch.go), and its group's change must
+// still wake the consumers waiting.
+func (s *Queue) groupWatchesLocked(ws []<-chan zk.Event) []<-chan zk.Event {
+	if ws == nil {
+		return nil
+	}
+	for g, b := range s.groups.blocked {
+		if zkutil.Fired(b.watch) {
+			delete(s.groups.blocked, g)
+			continue
+		}
+		ws = append(ws, b.watch)
+	}
+	return ws
+}
+
 // groupClaimOps are the ops a grouped claim adds to its transaction: the
 // inflight node for a lease, the entry's delete for an at-most-once take.
 func (s *Queue) groupClaimOps(g, entry string, lease bool) []any {

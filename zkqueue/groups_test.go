@@ -492,3 +492,51 @@ func TestGroupKeyChecked(t *testing.T) {
 		t.Fatalf("len %d, %v: want nothing written", n, err)
 	}
 }
+
+// A head nacked with a delay stays in flight until the delay ends (the
+// sweeper requeues it), and its group waits for it. In a priority queue a
+// group's order is its publish order: a more urgent message waits behind
+// its group's earlier, less urgent one, while the queue's other messages
+// go first by priority.
+func TestGroupsDelayedNackAndPriorities(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	q, l := groupedQueue(t, root, 0, 1, zkqueue.WithPriorities())
+	for _, m := range []struct {
+		group, payload string
+		prio           int
+	}{{"a", "a1", 5}, {"a", "a2", 0}, {"", "plain", 3}} {
+		d := zkqueue.Draft{Payload: []byte(m.payload), Priority: m.prio}
+		d.Group = m.group
+		if _, err := q.PublishDraft(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls := takeNow(t, l, 10, time.Minute)
+	if len(ls) != 2 || string(ls[0].Payload) != "plain" || string(ls[1].Payload) != "a1" {
+		t.Fatalf("take: %v, want plain then a1", payloads(ls))
+	}
+	if _, out, err := l.Nack(ctx, ls[1].Token, 300*time.Millisecond, zkqueue.Policy{}); err != nil || out != zkqueue.Delayed {
+		t.Fatalf("delayed nack: %v, %v", out, err)
+	}
+	if ls := takeNow(t, l, 10, time.Minute); len(ls) != 0 {
+		t.Fatalf("took %v while a1 waits for its delay", payloads(ls))
+	}
+	sw := zkqueue.NewLeaseSweeper(zktest.Conn(t), root+"/items", root+"/leases", root+"/dead",
+		zkqueue.SweeperConfig{Groups: root + "/groups"})
+	// Two leases: plain's (live for a minute) and a1's, released at
+	// the end of its delay.
+	sweepUntil(ctx, t, "a1's delay", sw, zkqueue.Policy{}, 1)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for _, want := range []string{"a1", "a2"} {
+		ls, err := l.Take(wctx, 10, zkqueue.Room{}, time.Minute, true)
+		if err != nil || len(ls) != 1 || string(ls[0].Payload) != want {
+			t.Fatalf("take: %v, %v; want %s", payloads(ls), err, want)
+		}
+		if _, err := l.Ack(ctx, ls[0].Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	assertGroupsIdle(t, root)
+}
