@@ -54,8 +54,9 @@ import (
 // message ahead of it) is passed over for the rest of the snapshot
 // (dispatch.go), which is walked to its end and then listed again: a
 // blocked message costs its read and its group's listing once per
-// snapshot, and the Queue remembers a blocked group until its watch fires,
-// so the group's other candidates cost no request. The watch wakes this
+// snapshot (the candidates of one group in a take share one listing), and
+// the Queue remembers a blocked group until its watch fires, so the
+// group's other candidates cost no listing. The watch wakes this
 // process's waiting consumers when the group changes (an ack elsewhere),
 // so a freed group's next message is claimed within a round trip or two,
 // not at the next unrelated change of the queue. A take that does not
@@ -72,6 +73,12 @@ import (
 // (ack, dead letter, purge) and that has nothing in flight is deleted
 // right after, conditionally: a concurrent publish that finds it gone
 // creates it again. A queue deletion removes the groups with the queue.
+//
+// A grouped message without an entry (none is, unless something besides
+// this package wrote the nodes) is delivered without regard to its group
+// rather than never; the claim syncs and lists the group once more
+// before it decides so, since a listing may come from a server behind
+// the one the message was read from.
 //
 // Every process consuming a queue must open it WithGroups (the broker
 // always does); a grouped message taken by a process without it is
@@ -129,7 +136,8 @@ var errGroupBusy = errors.New("zkqueue: message group busy")
 // groupWaits is what a Queue knows of blocked groups: a blocked group's
 // watch, until it fires.
 type groupWaits struct {
-	blocked map[string]blockedGroup // guarded by Queue.mu
+	blocked map[string]blockedGroup  // guarded by Queue.mu
+	listing map[string]*groupListing // listings under way, by group; guarded by Queue.mu
 	// skipped: a candidate of the current snapshot was passed over, so
 	// a take that does not wait does not wait for the snapshot's others.
 	skipped bool
@@ -142,6 +150,42 @@ type blockedGroup struct {
 	watch    <-chan zk.Event
 	head     string
 	inflight bool
+}
+
+// groupListing is one listing of a group, shared by the claims of a round
+// that want it at once.
+type groupListing struct {
+	done     chan struct{}
+	children []string
+	watch    <-chan zk.Event
+	err      error
+}
+
+// listGroup lists group g with a watch, or waits for the listing of g
+// under way and shares it: the candidates of one group in a round cost
+// one listing. A listing a little older than the caller's read is as good
+// as its own: a group's head only moves on (entries go with their
+// messages, new ones come last), and the claim's transaction checks
+// inflight anyway. The wait is bounded by the session, like any request.
+func (s *Queue) listGroup(g string) ([]string, <-chan zk.Event, error) {
+	s.mu.Lock()
+	if l, ok := s.groups.listing[g]; ok {
+		s.mu.Unlock()
+		<-l.done
+		return l.children, l.watch, l.err
+	}
+	l := &groupListing{done: make(chan struct{})}
+	if s.groups.listing == nil {
+		s.groups.listing = map[string]*groupListing{}
+	}
+	s.groups.listing[g] = l
+	s.mu.Unlock()
+	l.children, _, l.watch, l.err = s.zk.ChildrenW(s.groupPath(g))
+	s.mu.Lock()
+	delete(s.groups.listing, g)
+	s.mu.Unlock()
+	close(l.done)
+	return l.children, l.watch, l.err
 }
 
 // checkGroup checks a draft's group against the queue.
@@ -294,14 +338,41 @@ func (s *Queue) groupGate(m Message) (entry string, err error) {
 		// listing below tells.
 	}
 	s.mu.Unlock()
-	children, _, w, err := s.zk.ChildrenW(s.groupPath(g))
-	if errors.Is(err, zk.ErrNoNode) {
+	children, w, err := s.listGroup(g)
+	head, inflight, mine := groupHead(children, token)
+	if err == nil && !mine || errors.Is(err, zk.ErrNoNode) {
+		// m's entry is missing from a listing that may predate it
+		// (shared, or from a server behind the one m was read from):
+		// list again after a sync, which catches this server up.
+		if _, err = s.conn.Sync(s.groupPath(g)); err == nil || errors.Is(err, zk.ErrNoNode) {
+			children, _, w, err = s.zk.ChildrenW(s.groupPath(g))
+			head, inflight, mine = groupHead(children, token)
+		}
+	}
+	switch {
+	case err == nil && !mine, errors.Is(err, zk.ErrNoNode):
+		// No entry even so: not a message published in its group's
+		// order (see groups.go); delivered as it is rather than never.
 		return "", nil
-	}
-	if err != nil {
+	case err != nil:
 		return "", fmt.Errorf("children %s: %w", s.groupPath(g), err)
+	case !inflight && groupToken(head) == token:
+		return head, nil
 	}
-	head, headSeq, inflight, mine := "", int64(0), false, false
+	s.mu.Lock()
+	if s.groups.blocked == nil || len(s.groups.blocked) >= 1000 {
+		s.groups.blocked = map[string]blockedGroup{}
+	}
+	s.groups.blocked[g] = blockedGroup{watch: w, head: groupToken(head), inflight: inflight}
+	s.skipLocked(w)
+	s.mu.Unlock()
+	return "", errGroupBusy
+}
+
+// groupHead returns, from a group's children, its head entry, whether a
+// message of it is in flight, and whether the entry of token is there.
+func groupHead(children []string, token string) (head string, inflight, mine bool) {
+	var headSeq int64
 	for _, c := range children {
 		if c == inflightName {
 			inflight = true
@@ -318,22 +389,7 @@ func (s *Queue) groupGate(m Message) (entry string, err error) {
 			mine = true
 		}
 	}
-	switch {
-	case !mine:
-		// No entry: not a message this package published in order;
-		// delivered as it is rather than never.
-		return "", nil
-	case !inflight && groupToken(head) == token:
-		return head, nil
-	}
-	s.mu.Lock()
-	if s.groups.blocked == nil || len(s.groups.blocked) >= 1000 {
-		s.groups.blocked = map[string]blockedGroup{}
-	}
-	s.groups.blocked[g] = blockedGroup{watch: w, head: groupToken(head), inflight: inflight}
-	s.skipLocked(w)
-	s.mu.Unlock()
-	return "", errGroupBusy
+	return head, inflight, mine
 }
 
 // skipLocked notes a candidate passed over, and adds its group's watch to
