@@ -19,6 +19,7 @@ func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
 		DeliveryCount: uint32(m.Deliveries),
 		Headers:       m.Headers,
 		ContentType:   m.ContentType,
+		Group:         m.Group,
 	}
 	if l != nil {
 		out.LeaseDeadline = timestamppb.New(l.Deadline)

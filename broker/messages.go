@@ -83,6 +83,25 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		if err := zkqueue.CheckDedupID(drafts[i].DedupID); drafts[i].DedupID != "" && err != nil {
 			return nil, b.fail(invalidf("message %d: dedup_id %q: %v", i, printable(drafts[i].DedupID), err))
 		}
+		if g := m.GetGroup(); g != "" {
+			if q.meta.Kind == kindSync {
+				return nil, b.fail(wrongKind(q, "message groups need a FIFO or PRIORITY queue"))
+			}
+			if err := zkqueue.CheckGroup(g); err != nil {
+				return nil, b.fail(invalidf("message %d: group %q: %v", i, printable(g), err))
+			}
+			// A delayed message joins the queue through the delayed
+			// parent and an expired one is removed without its group
+			// entry: neither keeps a group's order, so neither mixes
+			// with groups.
+			if m.GetDelay() != nil || m.GetDeliverAt() != nil {
+				return nil, b.fail(invalidf("message %d: a message in a group cannot be delayed", i))
+			}
+			if q.meta.MessageTTL > 0 {
+				return nil, b.fail(wrongKind(q, "message groups need a queue without message_ttl"))
+			}
+			drafts[i].Group = g
+		}
 		// Checked before admit charges the quotas with it: a message
 		// refused for its size or attributes changes nothing.
 		if err := q.items.CheckDraft(drafts[i]); err != nil {

@@ -164,6 +164,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithACL(b.acl),
 		zkqueue.WithDedup(p+"/dedup", meta.Dedup()),
 		zkqueue.WithExpiry(b.expiry(p, label, meta)),
+		zkqueue.WithGroups(p + "/groups"),
 	}
 	if meta.Kind == kindPriority {
 		opts = append(opts, zkqueue.WithPriorities())

@@ -188,7 +188,7 @@ func (s *leaseSweep) visit(q *sweptQueue, now time.Time) error {
 	}
 	if q.leases == nil {
 		q.leases = zkqueue.NewLeaseSweeper(b.conn, p+"/items", p+"/leases", p+"/dead",
-			zkqueue.SweeperConfig{Observer: b.observeZK, Committer: b.batcher, ACL: b.acl})
+			zkqueue.SweeperConfig{Observer: b.observeZK, Committer: b.batcher, ACL: b.acl, Groups: p + "/groups"})
 	}
 	if !q.leases.Due(now) {
 		return nil

@@ -29,6 +29,7 @@ import (
 //	expired     a counter: its version counts the expired messages (ttl.go)
 //	start       KindSync: exists once the group is complete
 //	dedup/      the records of dedup ids (WithDedup), created when first used
+//	groups/     message groups' order and state (WithGroups), created when first used
 //
 // Create makes the node and its parents in one Multi. Nothing else
 // creates them: open a queue's Queue and Leases WithoutCreate, so that a

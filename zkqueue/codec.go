@@ -40,6 +40,13 @@ type Attributes struct {
 	ContentType string
 	// Headers are string key/value pairs.
 	Headers map[string]string
+	// Group, when set, puts the message in a message group (groups.go):
+	// the messages of one group are delivered in publish order, one at
+	// a time. See CheckGroup for its charset.
+	Group string
+	// groupEntry names the message's entry in its group: the token
+	// chosen at publish, or the entry's node name once claimed.
+	groupEntry string
 }
 
 // Bounds on Attributes, checked by Validate. They keep a message's
@@ -75,6 +82,11 @@ func (a Attributes) Validate() error {
 			return fmt.Errorf("%w: header %.32q is not UTF-8", ErrBadAttributes, k)
 		}
 	}
+	if a.Group != "" {
+		if err := CheckGroup(a.Group); err != nil {
+			return err
+		}
+	}
 	if n := a.Size(); n > MaxAttributeBytes {
 		return fmt.Errorf("%w: %d bytes > %d", ErrBadAttributes, n, MaxAttributeBytes)
 	}
@@ -92,13 +104,17 @@ func (a Attributes) Size() int {
 // wireSize is what m counts against a Room: its payload and attributes.
 func (m *Message) wireSize() int { return len(m.Payload) + m.Attributes.Size() }
 
-func (a Attributes) empty() bool { return a.ContentType == "" && len(a.Headers) == 0 }
+func (a Attributes) empty() bool {
+	return a.ContentType == "" && len(a.Headers) == 0 && a.Group == "" && a.groupEntry == ""
+}
 
 // Attribute tags. A decoder skips tags it does not know, so a newer broker
 // may add some without breaking an older one.
 const (
 	tagContentType = 1
 	tagHeader      = 2
+	tagGroup       = 5 // Attributes.Group
+	tagGroupEntry  = 6 // Attributes.groupEntry
 )
 
 // appendTo appends a's encoding: a sequence of tag byte, uvarint length,
@@ -115,6 +131,12 @@ func (a Attributes) appendTo(b []byte) []byte {
 	sort.Strings(keys)
 	for _, k := range keys {
 		b = appendField(b, tagHeader, []byte(k), a.Headers[k])
+	}
+	if a.Group != "" {
+		b = appendField(b, tagGroup, nil, a.Group)
+	}
+	if a.groupEntry != "" {
+		b = appendField(b, tagGroupEntry, nil, a.groupEntry)
 	}
 	return b
 }
@@ -160,6 +182,10 @@ func decodeAttributes(b []byte) (Attributes, error) {
 				a.Headers = make(map[string]string)
 			}
 			a.Headers[string(field[k:k+int(kl)])] = string(field[k+int(kl):])
+		case tagGroup:
+			a.Group = string(field)
+		case tagGroupEntry:
+			a.groupEntry = string(field)
 		}
 	}
 	return a, nil

@@ -228,6 +228,7 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 		}
 	}
 	done := make([]bool, len(drafts)) // answered as duplicates
+	drafts = withGroupTokens(drafts)
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -242,6 +243,7 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 		}
 		var idx, levels, owners []int
 		var datas [][]byte
+		var attrs []Attributes
 		var records []any
 		for i, d := range drafts {
 			if done[i] || same[i] >= 0 {
@@ -250,6 +252,7 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 			idx = append(idx, i)
 			levels = append(levels, d.Priority)
 			datas = append(datas, EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now}))
+			attrs = append(attrs, d.Attributes)
 			if d.DedupID != "" {
 				for k := int64(0); k < 2; k++ {
 					records = append(records, &zk.CreateRequest{Path: s.dedup.record(b+k, d.DedupID), Acl: s.opt.acl})
@@ -260,7 +263,7 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 		if len(idx) == 0 {
 			break
 		}
-		paths, err := s.appendMessages(ctx, levels, datas, records...)
+		paths, err := s.appendGrouped(ctx, levels, datas, attrs, records...)
 		var oe *extraOpError
 		switch {
 		case err == nil:

@@ -77,8 +77,9 @@ func (s *Queue) scan() error {
 	if err != nil {
 		return err
 	}
-	s.watches = h.watches
+	s.watches = s.groupWatchesLocked(h.watches)
 	s.more = len(names) > 0 // known bad nodes are left out by levelHead
+	s.groups.skipped = false
 	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
 		// Candidates being claimed by this process's consumers, or
 		// claimed while the listing was under way (it may predate
@@ -155,7 +156,9 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more b
 			}
 			// The watches are armed and unfired: the heads are what
 			// the last listing saw, all of them handed out.
-			return Name{}, false, s.watches, s.more, nil
+			// Candidates passed over for their group (groups.go)
+			// are not waited for by a take that does not wait.
+			return Name{}, false, s.watches, s.more && !s.groups.skipped, nil
 		}
 		s.claims[n.Raw]++
 		return n, true, nil, false, nil
@@ -412,7 +415,7 @@ func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bo
 			switch {
 			case err == nil:
 				out = append(out, vals[i])
-			case errors.Is(err, ErrNoRoom), errors.Is(err, errExpired):
+			case errors.Is(err, ErrNoRoom), errors.Is(err, errExpired), errors.Is(err, errGroupBusy):
 			case errors.Is(err, ErrBadData):
 				s.markBad(cands[i])
 			case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):

@@ -28,6 +28,8 @@
 //	budget.go    Budget: memory of messages published here, for read-free claims
 //	dedup.go     idempotent publish (WithDedup): dedup records in time buckets,
 //	             created in the message's transaction; ExpireDedup
+//	groups.go    message groups (WithGroups): per-group order by sequential
+//	             entries created with the message, one in flight per group
 //	baddata.go   skipping message nodes whose data does not decode
 //	observe.go   Observer: per-request latency for metrics
 //	errors.go    sentinel errors, all prefixed "zkqueue: "
@@ -51,6 +53,10 @@
 //
 // With WithDedup, a publish's dedup id is recorded as <dedup>/<bucket>/<id>
 // (dedup.go), under a parent of the caller's choice.
+//
+// With WithGroups, a grouped message's entry <groups>/<g>/e-<token>-<seq>
+// is created with it, and <groups>/<g>/inflight while one of the group is
+// leased (groups.go).
 //
 // Leases and dead letters (NewLeases) live under two more parents of the
 // caller's choice: <leases>/<item>~<16 hex> holds a claimed message with
@@ -166,6 +172,18 @@
 // in any order. A message put back at the head is taken next by the Queue
 // that put it back; other processes' Queues see it at their next listing
 // (a FIFO snapshot is walked to its end first).
+//
+// Message groups (WithGroups, groups.go) narrow that: the messages of one
+// group are delivered in publish order and one at a time, across
+// processes. A group is ordered by sequential entries created in its
+// messages' publish transactions, not by a counter node that publishers
+// would update with a version check: sequential creates never conflict,
+// so publishers of one group do not retry against each other, and a
+// group's state changes only in the transactions that move its messages
+// (claim, ack, release), so no crash leaves a group blocked. Each
+// process's share of a snapshot does not order a group by itself: a
+// process may find a group's next message in its share while the one
+// before it waits in another's; the entry order decides.
 //
 // # Limits
 //

@@ -217,7 +217,12 @@ func (s *Queue) Purge(ctx context.Context) (int, error) {
 		if err != nil {
 			return deleted, err
 		}
-		n, err := zkutil.DeleteNodes(ctx, s.conn, raw)
+		raw, n, err := s.purgeGrouped(ctx, raw)
+		deleted += n
+		if err != nil {
+			return deleted, err
+		}
+		n, err = zkutil.DeleteNodes(ctx, s.conn, raw)
 		deleted += n
 		if err != nil {
 			return deleted, err

@@ -183,20 +183,35 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 	if l.items.expired(m, time.Now()) {
 		return Lease{}, l.items.expireClaimed(ctx, n, data, version)
 	}
+	var gops []any
+	if m.Group != "" {
+		entry, err := l.items.groupGate(m)
+		if err != nil {
+			l.items.unread(n, data, version)
+			return Lease{}, err
+		}
+		m.groupEntry = entry // "" when claimed without its group
+		if entry != "" {
+			gops = l.items.groupClaimOps(m.Group, entry, true)
+		}
+	}
 	if !fit.admits(m.wireSize()) {
 		l.items.unread(n, data, version)
 		return Lease{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}
 	deadline := time.Now().Add(ttl)
-	token := newLeaseName(n.Raw)
-	_, err = l.items.write(ctx,
+	token := newLeaseNameFor(n.Raw, m)
+	_, err = l.items.write(ctx, append([]any{
 		&zk.DeleteRequest{Path: itemPath, Version: version},
 		&zk.CreateRequest{
 			Path: l.leases + "/" + token,
 			Data: encodeLease(deadline, EncodeData(m)),
 			Acl:  l.items.opt.acl,
-		})
+		}}, gops...)...)
 	if err != nil {
+		if gops != nil && errors.Is(err, zk.ErrNodeExists) {
+			return Lease{}, errGroupBusy // another process leased the group's head
+		}
 		return Lease{}, fmt.Errorf("lease %s: %w", itemPath, err)
 	}
 	return Lease{Message: m, Token: token, Deadline: deadline}, nil
@@ -248,14 +263,22 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 	if time.Now().After(deadline) {
 		return Message{}, fmt.Errorf("%w: expired %v ago", ErrUnknownLease, time.Since(deadline).Round(time.Millisecond))
 	}
-	if _, err := l.items.write(ctx, &zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version}); err != nil {
+	item, _ := ParseLeaseName(token)
+	m, merr := decodeMessage(item, itemData, 0)
+	var gops []any
+	if merr == nil {
+		gops = groupReleaseOps(l.items.opt.groupsDir, m, true)
+	}
+	if _, err := l.items.write(ctx, append([]any{&zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version}}, gops...)...); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			return Message{}, ErrUnknownLease
 		}
 		return Message{}, fmt.Errorf("delete lease %s: %w", token, err)
 	}
-	item, _ := ParseLeaseName(token)
-	return decodeMessage(item, itemData, 0)
+	if gops != nil {
+		dropIdleGroup(l.items.zk.Delete, l.items.opt.groupsDir, m)
+	}
+	return m, merr
 }
 
 // AckUnread deletes a lease by name without reading it first, for a caller
@@ -272,6 +295,10 @@ func (l *Leases) AckUnread(ctx context.Context, token string) (Message, error) {
 	item, ok := ParseLeaseName(token)
 	if !ok {
 		return Message{}, fmt.Errorf("%w: malformed token", ErrUnknownLease)
+	}
+	if groupedLease(token) {
+		// Its group is settled with it: that takes the lease's data.
+		return l.Ack(ctx, token)
 	}
 	if _, err := l.items.write(ctx, &zk.DeleteRequest{Path: l.leases + "/" + token, Version: -1}); err != nil {
 		if errors.Is(err, zk.ErrNoNode) {
@@ -367,9 +394,12 @@ func tooMany(m Message, p Policy) bool {
 // release moves a lease back to the items (or to the dead letters) in one
 // Multi, conditional on the lease's version.
 func (l *Leases) release(ctx context.Context, token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
-	ops, out := releaseOps(l.items.path, l.leases, l.dead, l.items.opt.acl, token, item, itemData, version, m, p)
+	ops, out := releaseOps(l.items.path, l.leases, l.dead, l.items.opt.groupsDir, l.items.opt.acl, token, item, itemData, version, m, p)
 	if err := runRelease(ctx, l.items.write, l.items.zk.Exists, l.items.path, l.dead, item, ops, out); err != nil {
 		return 0, fmt.Errorf("release %s/%s: %w", l.leases, token, err)
+	}
+	if out != Requeued {
+		dropIdleGroup(l.items.zk.Delete, l.items.opt.groupsDir, m)
 	}
 	if out == Requeued {
 		l.items.Rescan()
@@ -394,15 +424,19 @@ func runRelease(ctx context.Context, write writeFunc, exists func(string) (bool,
 // releaseOps is the transaction that releases lease token (of item, at
 // version): back into its segment under itemsPath under a new incarnation,
 // or into deadPath, or deleted, by the policy.
-func releaseOps(itemsPath, leasesPath, deadPath string, acl []zk.ACL, token string, item Name, itemData []byte, version int32, m Message, p Policy) ([]any, Outcome) {
+//
+// A grouped message's group is settled in the same transaction (groups.go,
+// under groupsDir): the ops go before the create, which requeue wants
+// last.
+func releaseOps(itemsPath, leasesPath, deadPath, groupsDir string, acl []zk.ACL, token string, item Name, itemData []byte, version int32, m Message, p Policy) ([]any, Outcome) {
 	del := &zk.DeleteRequest{Path: leasesPath + "/" + token, Version: version}
 	switch {
 	case !tooMany(m, p):
-		return []any{del, requeueOp(itemsPath, item, itemData, acl)}, Requeued
+		return append(append([]any{del}, groupReleaseOps(groupsDir, m, false)...), requeueOp(itemsPath, item, itemData, acl)), Requeued
 	case p.DeadLetter:
-		return []any{del, &zk.CreateRequest{Path: deadLetterPath(deadPath, item), Data: itemData, Acl: acl}}, DeadLettered
+		return append(append([]any{del}, groupReleaseOps(groupsDir, m, true)...), &zk.CreateRequest{Path: deadLetterPath(deadPath, item), Data: itemData, Acl: acl}), DeadLettered
 	default:
-		return []any{del}, Dropped
+		return append([]any{del}, groupReleaseOps(groupsDir, m, true)...), Dropped
 	}
 }
 
@@ -599,9 +633,13 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		if err != nil {
 			return moved, err
 		}
-		err = requeue(ctx, l.items.multi, l.items.zk.Exists, l.items.path, n, []any{
-			&zk.DeleteRequest{Path: deadPath, Version: stat.Version},
-			requeueOp(l.items.path, n, EncodeData(Message{Payload: m.Payload, Attributes: m.Attributes, Published: m.Published, Ready: time.Now()}), l.items.opt.acl)})
+		ops, err := l.redriveGroupOps(&m)
+		if err != nil {
+			return moved, err
+		}
+		err = requeue(ctx, l.items.multi, l.items.zk.Exists, l.items.path, n, append(append([]any{
+			&zk.DeleteRequest{Path: deadPath, Version: stat.Version}}, ops...),
+			requeueOp(l.items.path, n, EncodeData(Message{Payload: m.Payload, Attributes: m.Attributes, Published: m.Published, Ready: time.Now()}), l.items.opt.acl)))
 		if err != nil {
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				continue

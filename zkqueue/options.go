@@ -45,6 +45,7 @@ type options struct {
 	dedupDir     string        // WithDedup (dedup.go)
 	dedupWindow  time.Duration // WithDedup
 	expiry       Expiry
+	groupsDir    string // WithGroups (groups.go)
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -101,6 +102,9 @@ func (o *options) validate() error {
 	}
 	if o.segmentSize < 2 || o.segmentSize > MaxSegmentSize {
 		return fmt.Errorf("zkqueue: segment size %d out of range [2, %d]", o.segmentSize, MaxSegmentSize)
+	}
+	if err := o.validateGroups(); err != nil {
+		return err
 	}
 	if o.expiry.TTL < 0 {
 		return fmt.Errorf("zkqueue: message TTL %v < 0", o.expiry.TTL)

@@ -34,6 +34,7 @@ type Queue struct {
 	chain   chain     // the segments, for consumers
 	counts  segmentCounts
 	dedup   *dedup // nil without WithDedup
+	groups  groupWaits
 
 	dispatcher
 }
@@ -90,14 +91,17 @@ func (s *Queue) checkSize(n int) error {
 	return nil
 }
 
-// CheckDraft returns ErrBadPriority, ErrBadAttributes, ErrBadDedupID or
-// ErrTooLarge for a draft that cannot be published. Attributes count
+// CheckDraft returns ErrBadPriority, ErrBadAttributes, ErrBadDedupID,
+// ErrBadGroup or ErrTooLarge for a draft that cannot be published. Attributes count
 // against the payload limit.
 func (s *Queue) CheckDraft(d Draft) error {
 	if _, err := s.prefix(d.Priority); err != nil {
 		return err
 	}
 	if err := s.checkDedup(d.DedupID); err != nil {
+		return err
+	}
+	if err := s.checkGroup(d.Group); err != nil {
 		return err
 	}
 	if err := d.Attributes.Validate(); err != nil {
@@ -179,8 +183,9 @@ func (s *Queue) publish(ctx context.Context, d Draft) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
+	d = withGroupTokens([]Draft{d})[0]
 	data := EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: time.Now()})
-	paths, err := s.appendMessages(ctx, []int{d.Priority}, [][]byte{data})
+	paths, err := s.appendGrouped(ctx, []int{d.Priority}, [][]byte{data}, []Attributes{d.Attributes})
 	if err != nil {
 		return "", fmt.Errorf("create in %s: %w", s.path, err)
 	}
@@ -243,7 +248,7 @@ func (s *Queue) checkBatch(drafts []Draft) error {
 	total, overhead := 0, 0
 	for _, d := range drafts {
 		total += d.Size()
-		overhead += s.MessageOverhead() + s.dedupBytes(d.DedupID)
+		overhead += s.MessageOverhead() + s.dedupBytes(d.DedupID) + s.groupBytes(d.Group)
 	}
 	if total+overhead > s.opt.limits.MaxBatchBytes {
 		return fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
@@ -259,13 +264,16 @@ func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, err
 		return nil, err
 	}
 	now := time.Now()
+	drafts = withGroupTokens(drafts)
 	levels := make([]int, len(drafts))
 	datas := make([][]byte, len(drafts))
+	attrs := make([]Attributes, len(drafts))
 	for i, d := range drafts {
 		levels[i] = d.Priority
 		datas[i] = EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now})
+		attrs[i] = d.Attributes
 	}
-	paths, err := s.appendMessages(ctx, levels, datas)
+	paths, err := s.appendGrouped(ctx, levels, datas, attrs)
 	if err != nil {
 		return nil, fmt.Errorf("multi create in %s: %w", s.path, err)
 	}
@@ -353,12 +361,26 @@ func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, 
 	if s.expired(m, time.Now()) {
 		return Message{}, s.expireClaimed(ctx, n, data, version)
 	}
+	var gops []any
+	if m.Group != "" {
+		entry, err := s.groupGate(m)
+		if err != nil {
+			s.unread(n, data, version)
+			return Message{}, err
+		}
+		if entry != "" {
+			gops = s.groupClaimOps(m.Group, entry, false)
+		}
+	}
 	if !fit.admits(m.wireSize()) {
 		s.unread(n, data, version)
 		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}
-	if _, err := s.write(ctx, &zk.DeleteRequest{Path: p, Version: version}); err != nil {
+	if _, err := s.write(ctx, append([]any{&zk.DeleteRequest{Path: p, Version: version}}, gops...)...); err != nil {
 		return Message{}, fmt.Errorf("delete %s: %w", p, err)
+	}
+	if gops != nil {
+		_ = s.zk.Delete(s.groupPath(m.Group), -1) // idle now unless more wait
 	}
 	return m, nil
 }

@@ -25,6 +25,10 @@ type SweeperConfig struct {
 	Committer *Committer
 	// ACL of the nodes releases create (see WithACL); default open.
 	ACL []zk.ACL
+	// Groups is the queue's WithGroups dir, where the release of a
+	// grouped message settles its group; required for queues with
+	// groups.
+	Groups string
 }
 
 // LeaseSweeper releases the expired leases of one queue for a process
@@ -48,6 +52,7 @@ type LeaseSweeper struct {
 	leases    string
 	dead      string
 	acl       []zk.ACL
+	groups    string
 
 	watch <-chan zk.Event        // children watch of leases; nil when none is armed
 	known map[string]*sweptLease // lease name -> what the sweeper knows
@@ -64,7 +69,7 @@ type sweptLease struct {
 // request.
 func NewLeaseSweeper(conn *zk.Conn, itemsPath, leasesPath, deadPath string, cfg SweeperConfig) *LeaseSweeper {
 	return &LeaseSweeper{zk: observed{conn, cfg.Observer}, committer: cfg.Committer,
-		items: itemsPath, leases: leasesPath, dead: deadPath, acl: zkutil.ACLOr(cfg.ACL), known: map[string]*sweptLease{}}
+		items: itemsPath, leases: leasesPath, dead: deadPath, acl: zkutil.ACLOr(cfg.ACL), groups: cfg.Groups, known: map[string]*sweptLease{}}
 }
 
 // Due reports whether Sweep has anything to do at now: the leases changed
@@ -179,7 +184,7 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 		l.deadline = farFuture
 		return nil, false, nil
 	}
-	ops, out := releaseOps(s.items, s.leases, s.dead, s.acl, name, l.item, itemData, stat.Version, m, p)
+	ops, out := releaseOps(s.items, s.leases, s.dead, s.groups, s.acl, name, l.item, itemData, stat.Version, m, p)
 	if err := runRelease(ctx, s.write, s.zk.Exists, s.items, s.dead, l.item, ops, out); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			// Settled, extended or released meanwhile (or the queue is
@@ -188,6 +193,9 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 			return nil, false, nil
 		}
 		return nil, false, fmt.Errorf("release %s: %w", leasePath, err)
+	}
+	if out != Requeued {
+		dropIdleGroup(s.zk.Delete, s.groups, m)
 	}
 	return &Expired{Message: m, Outcome: out}, true, nil
 }

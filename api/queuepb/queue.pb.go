@@ -1024,7 +1024,13 @@ type OutMessage struct {
 	Headers map[string]string `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Content type of the payload ("application/json"); free-form UTF-8,
 	// stored and delivered with the message, within the bounds of headers.
-	ContentType   string `protobuf:"bytes,4,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	ContentType string `protobuf:"bytes,4,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	// Message group, [A-Za-z0-9._-]{1,128}, not "." or "..": the messages of
+	// one group are delivered in publish order and one at a time (the next
+	// only once the previous is acked, dead-lettered or dropped; a nacked or
+	// expired one is redelivered first), across brokers; different groups
+	// and messages without a group are delivered in parallel. Empty: none.
+	Group         string `protobuf:"bytes,8,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1104,6 +1110,13 @@ func (x *OutMessage) GetHeaders() map[string]string {
 func (x *OutMessage) GetContentType() string {
 	if x != nil {
 		return x.ContentType
+	}
+	return ""
+}
+
+func (x *OutMessage) GetGroup() string {
+	if x != nil {
+		return x.Group
 	}
 	return ""
 }
@@ -1258,7 +1271,9 @@ type Message struct {
 	// Headers as published (see OutMessage.headers).
 	Headers map[string]string `protobuf:"bytes,9,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Content type as published.
-	ContentType   string `protobuf:"bytes,10,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	ContentType string `protobuf:"bytes,10,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
+	// The message's group (OutMessage.group); empty when none.
+	Group         string `protobuf:"bytes,11,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1359,6 +1374,13 @@ func (x *Message) GetHeaders() map[string]string {
 func (x *Message) GetContentType() string {
 	if x != nil {
 		return x.ContentType
+	}
+	return ""
+}
+
+func (x *Message) GetGroup() string {
+	if x != nil {
+		return x.Group
 	}
 	return ""
 }
@@ -2536,7 +2558,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\tsync_open\x18\b \x01(\bR\bsyncOpen\x12\x18\n" +
 	"\adelayed\x18\t \x01(\x04R\adelayed\x12\x18\n" +
 	"\aexpired\x18\n" +
-	" \x01(\x04R\aexpired\"\xe7\x02\n" +
+	" \x01(\x04R\aexpired\"\xfd\x02\n" +
 	"\n" +
 	"OutMessage\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x12\x1a\n" +
@@ -2546,7 +2568,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"deliver_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\x12=\n" +
 	"\aheaders\x18\x03 \x03(\v2#.qbroker.v1.OutMessage.HeadersEntryR\aheaders\x12!\n" +
-	"\fcontent_type\x18\x04 \x01(\tR\vcontentType\x1a:\n" +
+	"\fcontent_type\x18\x04 \x01(\tR\vcontentType\x12\x14\n" +
+	"\x05group\x18\b \x01(\tR\x05group\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
@@ -2557,7 +2580,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\x02 \x03(\bR\n" +
-	"duplicates\"\xc6\x03\n" +
+	"duplicates\"\xdc\x03\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -2569,7 +2592,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x0elease_deadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x12:\n" +
 	"\aheaders\x18\t \x03(\v2 .qbroker.v1.Message.HeadersEntryR\aheaders\x12!\n" +
 	"\fcontent_type\x18\n" +
-	" \x01(\tR\vcontentType\x1a:\n" +
+	" \x01(\tR\vcontentType\x12\x14\n" +
+	"\x05group\x18\v \x01(\tR\x05group\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +

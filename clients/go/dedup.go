@@ -73,7 +73,7 @@ func (c *Client) PublishReceipts(ctx context.Context, queue string, msgs []OutMe
 			return nil, fmt.Errorf("qbroker: publish to %s: message %d: %w", queue, i, err)
 		}
 		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority), DedupId: m.DedupID,
-			Headers: m.Headers, ContentType: m.ContentType}
+			Headers: m.Headers, ContentType: m.ContentType, Group: m.Group}
 		if m.Delay != 0 {
 			req.Messages[i].Delay = durationpb.New(m.Delay)
 		}

@@ -88,6 +88,8 @@ type Message struct {
 	Headers map[string]string
 	// ContentType is the content type published with the message.
 	ContentType string
+	// Group is the message's group (WithGroup); empty when none.
+	Group string
 
 	client   *Client
 	token    string    // opaque ack token; any broker accepts it
@@ -114,6 +116,7 @@ func (c *Client) message(m *pb.Message, cons *Consumer, gen uint64) *Message {
 		DeliveryCount: int(m.GetDeliveryCount()),
 		Headers:       m.GetHeaders(),
 		ContentType:   m.GetContentType(),
+		Group:         m.GetGroup(),
 		client:        c,
 		token:         m.GetAckToken(),
 		consumer:      cons,
@@ -220,6 +223,9 @@ type OutMessage struct {
 	// ContentType describes the payload ("application/json"); free-form
 	// UTF-8, delivered with the message.
 	ContentType string
+	// Group puts the message in a message group (see WithGroup); empty:
+	// none.
+	Group string
 }
 
 // PublishOption configures Publish.
@@ -263,6 +269,16 @@ func WithHeader(key, value string) PublishOption {
 // WithContentType sets a message's content type.
 func WithContentType(ct string) PublishOption {
 	return func(m *OutMessage) { m.ContentType = ct }
+}
+
+// WithGroup puts a message in a message group, [A-Za-z0-9._-]{1,128},
+// not "." or "..": the messages of one group are delivered in publish
+// order and one at a time (the next once the previous is acked,
+// dead-lettered or dropped; a nacked or expired one comes again first),
+// by any broker; other groups and messages without a group are delivered
+// in parallel. Not for KindSync queues.
+func WithGroup(g string) PublishOption {
+	return func(m *OutMessage) { m.Group = g }
 }
 
 // Publish publishes one message and returns its id. Without a dedup id

@@ -244,12 +244,17 @@ the message (with several, the Nth gets <id>.N) is published once however
 often the command runs, on whichever broker; a repeat prints the first
 publish's id followed by a tab and "duplicate". A publish that fails
 UNAVAILABLE is then retried. --header and --content-type apply to every
-message.`, std)
+message.
+
+With --group, the messages go into that message group: its messages are
+delivered in publish order, one at a time, the next once the previous is
+acked.`, std)
 	priority := fs.Int("priority", 0, "priority of the messages (priority queues only): 0 most urgent .. 255")
 	dedupID := fs.String("dedup-id", "", "deduplication `id`, [A-Za-z0-9._-]{1,128}")
 	headers := headerFlag{}
 	fs.Var(headers, "header", "a header `key=value` of the messages; repeat for several")
 	contentType := fs.String("content-type", "", "content type of the messages (\"application/json\")")
+	group := fs.String("group", "", "message `group`, [A-Za-z0-9._-]{1,128}: delivered in order, one at a time")
 	stdin := fs.Bool("stdin", false, "read messages from standard input, one per line")
 	batch := fs.Bool("batch", false, "publish all messages as one atomic batch")
 	delay := fs.Duration("delay", 0, "deliver the messages after this delay (at most the broker's --max-delay, 15m by default)")
@@ -290,6 +295,7 @@ message.`, std)
 		return nil // empty stdin
 	}
 	for i := range msgs {
+		msgs[i].Group = *group
 		switch {
 		case *dedupID == "":
 		case len(msgs) == 1:
