@@ -106,6 +106,14 @@ func (r *recent) put(n Name, data []byte) {
 	r.bytes += c
 }
 
+// has reports whether the data of message raw is remembered.
+func (r *recent) has(raw string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.entries[raw]
+	return ok
+}
+
 // take returns and forgets the data of message raw, if remembered.
 func (r *recent) take(raw string) ([]byte, bool) {
 	r.mu.Lock()

@@ -165,6 +165,15 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more b
 	}
 }
 
+// upcoming returns up to n of the candidates next in line (reads.go reads
+// them ahead).
+func (s *Queue) upcoming(n int) []Name {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Clone(s.pending[:min(n, len(s.pending))])
+	return append(out, s.others[:min(n-len(out), len(s.others))]...)
+}
+
 // closedWatch is a fired wait: the caller tries again at once.
 var closedWatch = func() <-chan zk.Event {
 	ch := make(chan zk.Event)
@@ -460,6 +469,7 @@ func (s *Queue) candidates(ctx context.Context, k int, block bool) ([]Name, erro
 				}
 				cands = append(cands, n)
 			}
+			s.readAhead(s.upcoming(maxReadAhead))
 			return cands, nil
 		}
 		if !block && !more {
@@ -514,11 +524,20 @@ func claimAll[T any](ctx context.Context, s *Queue, cands []Name, room Room, cla
 			s.claimDone(cands[i])
 		}
 	}
+	var wg sync.WaitGroup
+	if s.aheadDue() {
+		// Reads ahead for the next rounds, alongside this one's claims.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.sendAhead()
+		}()
+	}
 	if len(cands) == 1 {
 		claimOne(0)
+		wg.Wait()
 		return vals, errs
 	}
-	var wg sync.WaitGroup
 	for i := range cands {
 		wg.Add(1)
 		go func() {

@@ -26,6 +26,16 @@ import (
 // goes at once and only reads that would have waited anyway share a
 // request.
 //
+// Read-ahead. A consumer of a backlog it did not publish also reads the
+// candidates its next claims will take: the dispatcher hands the next
+// candidates of its snapshot to readAhead, their reads fill up the
+// requests of the claims' own reads to maxReadBatch paths (or go in a
+// request of their own alongside a claim round when a slot is free), and
+// what they read is remembered as if this process had published it
+// (budget.go, within the same memory budget). The claims then find their
+// data at hand, as on a shallow queue, and a deep backlog drains without
+// waiting for reads.
+//
 // The reads are not atomic with the claims: a claim still deletes (or
 // leases) at the version it read, so a message claimed elsewhere in
 // between is a lost race, as before.
@@ -40,6 +50,8 @@ const (
 	maxReadBatch  = maxReadAnswer / (HardMaxPayload + HeaderMax + 64)
 	// maxReadsInFlight bounds a Queue's read requests in flight.
 	maxReadsInFlight = 2
+	// maxReadAhead bounds the candidates queued for reading ahead.
+	maxReadAhead = 4 * maxReadBatch
 )
 
 // readResult is one read's answer.
@@ -56,10 +68,15 @@ type readGroup struct {
 	mu       sync.Mutex
 	queued   []*readCall
 	inFlight int
+	ahead    []Name          // candidates to read ahead, next first
+	aheadSet map[string]bool // names in ahead or in a request for it
 }
 
 type readCall struct {
 	path string
+	// ahead is the candidate read ahead (nobody waits for the call; its
+	// data goes to the memory of messages); zero for a claim's read.
+	ahead Name
 	res  readResult
 	done chan struct{} // closed once res is set
 	// turn is signalled when the call is first in the queue and a request
@@ -98,15 +115,35 @@ func (s *Queue) sendLocked() {
 	}
 	batch := g.queued[:min(len(g.queued), maxReadBatch)]
 	g.queued = g.queued[len(batch):]
+	batch = append(batch[:len(batch):len(batch)], s.aheadCallsLocked(maxReadBatch-len(batch))...)
 	g.inFlight++
 	g.mu.Unlock()
+	s.sendBatch(batch)
+}
 
+// sendBatch sends calls as one request, which holds a slot, answers the
+// calls and hands the slot on (see sendLocked).
+func (s *Queue) sendBatch(batch []*readCall) {
+	g := &s.reads
 	s.readCalls(batch)
 	for _, b := range batch {
-		close(b.done)
+		if b.done != nil {
+			close(b.done)
+		}
 	}
 
 	g.mu.Lock()
+	for _, b := range batch {
+		if b.ahead.Raw != "" {
+			delete(g.aheadSet, b.ahead.Raw)
+			// A message node is never rewritten: data at version 0 is
+			// what it was published with, as for the memory of own
+			// messages (whose claims delete at version 0).
+			if b.res.err == nil && b.res.version == 0 {
+				s.recent.put(b.ahead, b.res.data)
+			}
+		}
+	}
 	g.inFlight--
 	if len(g.queued) > 0 {
 		select {
@@ -115,6 +152,61 @@ func (s *Queue) sendLocked() {
 		}
 	}
 	g.mu.Unlock()
+}
+
+// aheadCallsLocked takes up to n candidates queued for reading ahead.
+func (s *Queue) aheadCallsLocked(n int) []*readCall {
+	g := &s.reads
+	n = min(n, len(g.ahead))
+	calls := make([]*readCall, n)
+	for i, a := range g.ahead[:n] {
+		calls[i] = &readCall{path: itemPath(s.path, a), ahead: a}
+	}
+	g.ahead = g.ahead[n:]
+	return calls
+}
+
+// readAhead queues names, the candidates next in line, for reading ahead,
+// but those remembered already or queued, up to maxReadAhead.
+func (s *Queue) readAhead(names []Name) {
+	g := &s.reads
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.aheadSet == nil {
+		g.aheadSet = make(map[string]bool)
+	}
+	for _, n := range names {
+		if len(g.ahead) >= maxReadAhead {
+			return
+		}
+		if !g.aheadSet[n.Raw] && !s.recent.has(n.Raw) {
+			g.ahead = append(g.ahead, n)
+			g.aheadSet[n.Raw] = true
+		}
+	}
+}
+
+// aheadDue reports whether a request of reads ahead alone should go now:
+// a full batch is queued, no claim's read waits, and a slot is free.
+func (s *Queue) aheadDue() bool {
+	g := &s.reads
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.ahead) >= maxReadBatch && len(g.queued) == 0 && g.inFlight < maxReadsInFlight
+}
+
+// sendAhead sends a request of reads ahead alone, if a slot is free.
+func (s *Queue) sendAhead() {
+	g := &s.reads
+	g.mu.Lock()
+	if g.inFlight >= maxReadsInFlight || len(g.ahead) == 0 {
+		g.mu.Unlock()
+		return
+	}
+	batch := s.aheadCallsLocked(maxReadBatch)
+	g.inFlight++
+	g.mu.Unlock()
+	s.sendBatch(batch)
 }
 
 // readCalls answers calls with one request: a getData for one, else a
