@@ -77,8 +77,8 @@ type readCall struct {
 	// ahead is the candidate read ahead (nobody waits for the call; its
 	// data goes to the memory of messages); zero for a claim's read.
 	ahead Name
-	res  readResult
-	done chan struct{} // closed once res is set
+	res   readResult
+	done  chan struct{} // closed once res is set
 	// turn is signalled when the call is first in the queue and a request
 	// slot is free: the caller sends the next batch. Only the first
 	// waiting call is woken, not every waiter.
