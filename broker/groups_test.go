@@ -220,3 +220,30 @@ func TestGroupHeadNackAndExpiry(t *testing.T) {
 		t.Errorf("group in a sync queue: %v, want FailedPrecondition", err)
 	}
 }
+
+// Groups do not mix with delays (a delayed message joins the queue outside
+// its group's order) nor with a message TTL (an expired message would
+// leave its group entry behind): both are refused, and nothing is
+// published.
+func TestGroupsRefuseDelayAndTTL(t *testing.T) {
+	b := newBroker(t, zktest.Root(t))
+	ctx := context.Background()
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "plain"})
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "ttl", MessageTtl: durationpb.New(time.Minute)})
+	for _, tc := range []struct {
+		queue string
+		msg   *pb.OutMessage
+		code  codes.Code
+	}{
+		{"plain", &pb.OutMessage{Payload: []byte("x"), Group: "g", Delay: durationpb.New(time.Second)}, codes.InvalidArgument},
+		{"ttl", &pb.OutMessage{Payload: []byte("x"), Group: "g"}, codes.FailedPrecondition},
+	} {
+		_, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: tc.queue, Messages: []*pb.OutMessage{tc.msg}})
+		if status.Code(err) != tc.code {
+			t.Errorf("publish to %s: %v, want %v", tc.queue, err, tc.code)
+		}
+		if st := stats(t, b.client, tc.queue); st.GetReady() != 0 || st.GetDelayed() != 0 {
+			t.Errorf("%s after a refused publish: %d ready, %d delayed", tc.queue, st.GetReady(), st.GetDelayed())
+		}
+	}
+}
