@@ -48,10 +48,15 @@ import (
 const (
 	maxReadAnswer = zkutil.MaxAnswer - zkutil.MaxBuffer
 	maxReadBatch  = maxReadAnswer / (HardMaxPayload + HeaderMax + 64)
-	// maxReadsInFlight bounds a Queue's read requests in flight.
-	maxReadsInFlight = 2
-	// maxReadAhead bounds the candidates queued for reading ahead.
-	maxReadAhead = 4 * maxReadBatch
+	// maxReadsInFlight bounds a Queue's read requests in flight, and
+	// maxReadAhead the candidates queued for reading ahead. A drain of a
+	// backlog reads at most maxReadsInFlight * maxReadBatch messages per
+	// round trip: measured draining 300,000 messages with 64 consumers
+	// (the README's deep-queue command), 2 requests and 64 ahead drained
+	// at 0.51 of the shallow rate, 4 and 256 at 0.67, 8 and 512 at 0.83.
+	// The memory of read messages stays within the Budget (WithMemory).
+	maxReadsInFlight = 8
+	maxReadAhead     = 32 * maxReadBatch
 )
 
 // readResult is one read's answer.
