@@ -40,6 +40,9 @@ type dispatcher struct {
 	scanning chan struct{}
 	// doneWhileScanning: claims finished during the listing under way.
 	doneWhileScanning map[string]bool
+	// aheadMark is the last candidate of this snapshot offered for reading
+	// ahead (reads.go); zero after a listing.
+	aheadMark Name
 }
 
 func newDispatcher() dispatcher {
@@ -96,6 +99,7 @@ func (s *Queue) scan() error {
 		}
 	}
 	s.pending, s.others = splitShare(names, s.opt.share)
+	s.aheadMark = Name{}
 	return nil
 }
 
@@ -165,13 +169,23 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more b
 	}
 }
 
-// upcoming returns up to n of the candidates next in line (reads.go reads
-// them ahead).
-func (s *Queue) upcoming(n int) []Name {
+// offerAhead offers the candidates next in line, this process's share,
+// for reading ahead (reads.go): those after the last one offered, so each
+// candidate of a snapshot is looked at once, up to maxReadAhead a call.
+func (s *Queue) offerAhead() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := slices.Clone(s.pending[:min(n, len(s.pending))])
-	return append(out, s.others[:min(n-len(out), len(s.others))]...)
+	i := 0
+	if s.aheadMark.Raw != "" {
+		i, _ = slices.BinarySearchFunc(s.pending, s.aheadMark, Compare)
+		for i < len(s.pending) && Compare(s.pending[i], s.aheadMark) <= 0 {
+			i++
+		}
+	}
+	next := s.pending[i:min(len(s.pending), i+maxReadAhead)]
+	if n := s.readAhead(next); n > 0 {
+		s.aheadMark = next[n-1]
+	}
 }
 
 // closedWatch is a fired wait: the caller tries again at once.
@@ -469,7 +483,7 @@ func (s *Queue) candidates(ctx context.Context, k int, block bool) ([]Name, erro
 				}
 				cands = append(cands, n)
 			}
-			s.readAhead(s.upcoming(maxReadAhead))
+			s.offerAhead()
 			return cands, nil
 		}
 		if !block && !more {

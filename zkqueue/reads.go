@@ -172,23 +172,25 @@ func (s *Queue) aheadCallsLocked(n int) []*readCall {
 }
 
 // readAhead queues names, the candidates next in line, for reading ahead,
-// but those remembered already or queued, up to maxReadAhead.
-func (s *Queue) readAhead(names []Name) {
+// but those remembered already or queued, while fewer than maxReadAhead
+// are queued. It returns how many of names it looked at.
+func (s *Queue) readAhead(names []Name) int {
 	g := &s.reads
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.aheadSet == nil {
 		g.aheadSet = make(map[string]bool)
 	}
-	for _, n := range names {
+	for i, n := range names {
 		if len(g.ahead) >= maxReadAhead {
-			return
+			return i
 		}
 		if !g.aheadSet[n.Raw] && !s.recent.has(n.Raw) {
 			g.ahead = append(g.ahead, n)
 			g.aheadSet[n.Raw] = true
 		}
 	}
+	return len(names)
 }
 
 // aheadDue reports whether a request of reads ahead alone should go now:

@@ -198,7 +198,7 @@ func TestClaimRoundOfLargestMessages(t *testing.T) {
 			t.Fatalf("message %d: %d bytes, first %d", i, len(m.Payload), m.Payload[0])
 		}
 	}
-	if multiReads.Load() < 2 {
+	if multiReads.Load() < 1 {
 		t.Errorf("%d multiRead requests for %d messages of %d bytes", multiReads.Load(), n, zkqueue.HardMaxPayload)
 	}
 }
