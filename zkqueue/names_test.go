@@ -221,3 +221,26 @@ func TestSplitShare(t *testing.T) {
 		t.Errorf("bad rank: got %d, want all %d", len(all), len(names))
 	}
 }
+
+// segmentName writes what the layout documents (zero-padded numbers, so
+// string and numeric order agree) and parseSegment reads it back.
+func TestSegmentNameFormat(t *testing.T) {
+	for _, tc := range []struct {
+		prio bool
+		sg   segment
+	}{{false, segment{0, 1}}, {false, segment{0, 7}}, {false, segment{0, 1<<63 - 1}}, {true, segment{3, 2}}, {true, segment{255, 1234567890123}}} {
+		var want string
+		if tc.prio {
+			want = fmt.Sprintf("p%03d-s%0*d", tc.sg.level, segDigits, tc.sg.k)
+		} else {
+			want = fmt.Sprintf("s%0*d", segDigits, tc.sg.k)
+		}
+		got := segmentName(tc.prio, tc.sg)
+		if got != want {
+			t.Errorf("segmentName(%v, %+v) = %q, want %q", tc.prio, tc.sg, got, want)
+		}
+		if sg, prio, ok := parseSegment(got); !ok || sg != tc.sg || prio != tc.prio {
+			t.Errorf("parseSegment(%q) = %+v, %v, %v", got, sg, prio, ok)
+		}
+	}
+}

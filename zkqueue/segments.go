@@ -83,10 +83,23 @@ func compareSegments(a, b segment) int {
 // segmentName is the node name of segment sg of a priority queue (prio)
 // or a FIFO queue.
 func segmentName(prio bool, sg segment) string {
+	// Built without fmt: every claim computes its message's path.
+	b := make([]byte, 0, 5+1+segDigits)
 	if prio {
-		return fmt.Sprintf("p%03d-s%0*d", sg.level, segDigits, sg.k)
+		b = appendPadded(append(b, 'p'), int64(sg.level), 3)
+		b = append(b, '-')
 	}
-	return fmt.Sprintf("s%0*d", segDigits, sg.k)
+	return string(appendPadded(append(b, 's'), sg.k, segDigits))
+}
+
+// appendPadded appends v >= 0 in decimal, zero-padded to width digits.
+func appendPadded(b []byte, v int64, width int) []byte {
+	var digits [20]byte
+	d := strconv.AppendInt(digits[:0], v, 10)
+	for range width - len(d) {
+		b = append(b, '0')
+	}
+	return append(b, d...)
 }
 
 // parseSegment parses a segment node name; prio tells which kind of
