@@ -65,6 +65,7 @@ func groupsAcrossBrokers(t *testing.T, brokers []*testBroker, queue string, mode
 	}
 	type event struct {
 		payload, group string
+		consumer       int
 		received       time.Time
 		ackBegins      time.Time
 	}
@@ -75,8 +76,9 @@ func groupsAcrossBrokers(t *testing.T, brokers []*testBroker, queue string, mode
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, b := range brokers {
-		for range 2 {
+	for bi, b := range brokers {
+		for ci := range 2 {
+			consumer := 2*bi + ci
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -89,7 +91,7 @@ func groupsAcrossBrokers(t *testing.T, brokers []*testBroker, queue string, mode
 					}
 					now := time.Now()
 					for _, m := range resp.GetMessages() {
-						e := &event{payload: string(m.GetPayload()), group: m.GetGroup(), received: now}
+						e := &event{payload: string(m.GetPayload()), group: m.GetGroup(), consumer: consumer, received: now}
 						mu.Lock()
 						events = append(events, e)
 						e.ackBegins = time.Now()
@@ -121,11 +123,33 @@ func groupsAcrossBrokers(t *testing.T, brokers []*testBroker, queue string, mode
 	for _, g := range groups {
 		evs := byGroup[g]
 		sort.SliceStable(evs, func(i, j int) bool { return evs[i].received.Before(evs[j].received) })
+		if mode != alo {
+			// At most once a group's messages are claimed in publish
+			// order, each after the previous one's delete, but those
+			// handed to different consumers travel concurrently: each
+			// consumer sees its share in order, and every message once.
+			last := map[int]int{}
+			for _, e := range evs {
+				var i int
+				if _, err := fmt.Sscanf(e.payload, g+"/%d", &i); err != nil {
+					t.Errorf("group %s: payload %q", g, e.payload)
+					continue
+				}
+				if prev, ok := last[e.consumer]; ok && i <= prev {
+					t.Errorf("group %s: consumer %d got %s after %s/%d", g, e.consumer, e.payload, g, prev)
+				}
+				last[e.consumer] = i
+			}
+			if len(evs) != perGroup {
+				t.Errorf("group %s: %d deliveries, want %d", g, len(evs), perGroup)
+			}
+			continue
+		}
 		for i, e := range evs {
 			if want := fmt.Sprintf("%s/%d", g, i); e.payload != want {
 				t.Errorf("group %s delivery %d: %s, want %s", g, i, e.payload, want)
 			}
-			if mode == alo && i > 0 && !e.received.After(evs[i-1].ackBegins) {
+			if i > 0 && !e.received.After(evs[i-1].ackBegins) {
 				t.Errorf("group %s: %s received before the ack of %s began", g, e.payload, evs[i-1].payload)
 			}
 		}
