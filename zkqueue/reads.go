@@ -216,29 +216,39 @@ func (s *Queue) sendAhead() {
 	s.sendBatch(batch)
 }
 
-// readCalls answers calls with one request: a getData for one, else a
-// multiRead (getData each where the server refuses multiRead).
+// readCalls answers calls with one request (readBatch).
 func (s *Queue) readCalls(calls []*readCall) {
-	if len(calls) > 1 && !s.reads.off.Load() {
-		paths := make([]string, len(calls))
-		for i, c := range calls {
-			paths[i] = c.path
-		}
+	paths := make([]string, len(calls))
+	for i, c := range calls {
+		paths[i] = c.path
+	}
+	for i, r := range s.readBatch(paths) {
+		calls[i].res = r
+	}
+}
+
+// readBatch reads paths (at most maxReadBatch) with one request: a
+// getData for one, else a multiRead, or a getData each where the server
+// refuses multiRead. A failure is each path's readResult error.
+func (s *Queue) readBatch(paths []string) []readResult {
+	if len(paths) > 1 && !s.reads.off.Load() {
 		rs, err := s.multiGet(paths)
-		if err == nil || connectionLoss(err) {
-			for i, c := range calls {
-				if err != nil {
-					c.res.err = fmt.Errorf("get %s: %w", c.path, err)
-				} else {
-					c.res = rs[i]
-				}
+		if err == nil {
+			return rs
+		}
+		if connectionLoss(err) {
+			out := make([]readResult, len(paths))
+			for i, p := range paths {
+				out[i].err = fmt.Errorf("get %s: %w", p, err)
 			}
-			return
+			return out
 		}
 	}
-	for _, c := range calls {
-		c.res = s.get(c.path)
+	out := make([]readResult, len(paths))
+	for i, p := range paths {
+		out[i] = s.get(p)
 	}
+	return out
 }
 
 func (s *Queue) get(p string) readResult {
@@ -278,26 +288,13 @@ func (s *Queue) multiGet(paths []string) ([]readResult, error) {
 	return out, nil
 }
 
-// readPaths reads the data of paths, in multiRead requests of at most
-// maxReadBatch paths, or one getData each where multiRead is refused. A
-// missing node is an error of its readResult; the error returned is the
-// connection's.
+// readPaths reads the data of paths, maxReadBatch at a time
+// (readBatch). A missing node is an error of its readResult; the error
+// returned is the connection's.
 func (s *Queue) readPaths(paths []string) ([]readResult, error) {
 	out := make([]readResult, 0, len(paths))
 	for i := 0; i < len(paths); i += maxReadBatch {
-		batch := paths[i:min(i+maxReadBatch, len(paths))]
-		if !s.reads.off.Load() {
-			rs, err := s.multiGet(batch)
-			if err == nil {
-				out = append(out, rs...)
-				continue
-			}
-			if connectionLoss(err) {
-				return out, err
-			}
-		}
-		for _, p := range batch {
-			r := s.get(p)
+		for _, r := range s.readBatch(paths[i:min(i+maxReadBatch, len(paths))]) {
 			if connectionLoss(r.err) {
 				return out, r.err
 			}
