@@ -26,28 +26,17 @@ func TestCommitStraddlingSeal(t *testing.T) {
 	if _, err := conn.Set(seg, sealedData, 0); err != nil {
 		t.Fatal(err)
 	}
-	var multis atomic.Int32
-	b := NewCommitter([]*zk.Conn{conn}, CommitterConfig{Workers: 1, Observer: func(op string, _ time.Duration, _ error) {
-		if op == "multi" {
-			multis.Add(1)
-		}
-	}})
-	defer b.Close()
-	var batch []*batchReq
-	nops := 0
+	var txns [][]any
 	for i := range 20 {
-		r := &batchReq{done: make(chan batchResult, 1)}
 		if i%2 == 0 {
 			// A publish into the sealed segment.
-			r.ops = []any{&zk.CheckVersionRequest{Path: seg, Version: 0},
-				&zk.CreateRequest{Path: seg + "/qn-", Acl: zk.WorldACL(zk.PermAll), Flags: zk.FlagSequence}}
+			txns = append(txns, []any{&zk.CheckVersionRequest{Path: seg, Version: 0},
+				&zk.CreateRequest{Path: seg + "/qn-", Acl: zk.WorldACL(zk.PermAll), Flags: zk.FlagSequence}})
 		} else {
-			r.ops = []any{&zk.CreateRequest{Path: fmt.Sprintf("%s/other%02d", root, i), Acl: zk.WorldACL(zk.PermAll)}}
+			txns = append(txns, []any{&zk.CreateRequest{Path: fmt.Sprintf("%s/other%02d", root, i), Acl: zk.WorldACL(zk.PermAll)}})
 		}
-		batch = append(batch, r)
-		nops += len(r.ops)
 	}
-	b.commit(b.conns[0], batch, nops)
+	batch, multis := commitOnce(t, conn, txns)
 	for i, r := range batch {
 		out := <-r.done
 		switch {
@@ -57,12 +46,71 @@ func TestCommitStraddlingSeal(t *testing.T) {
 			t.Errorf("transaction %d: %v", i, out.err)
 		}
 	}
-	if n := multis.Load(); n != 2 {
-		t.Errorf("%d Multis, want 2", n)
+	if multis != 2 {
+		t.Errorf("%d Multis, want 2", multis)
 	}
 	if children, _, err := conn.Children(seg); err != nil || len(children) != 0 {
 		t.Errorf("sealed segment got %v (%v)", children, err)
 	}
+}
+
+// A combined Multi that fails on one transaction's create of a node that
+// already exists (a duplicate's dedup record) answers that transaction
+// and commits the others together: two Multis, not one per transaction.
+func TestCommitOneDuplicate(t *testing.T) {
+	conn := zktest.Conn(t)
+	root := zktest.Root(t)
+	if err := zkutil.EnsurePath(conn, root, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Create(root+"/dup", nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	var txns [][]any
+	for i := range 10 {
+		ops := []any{&zk.CreateRequest{Path: fmt.Sprintf("%s/m%02d", root, i), Acl: zk.WorldACL(zk.PermAll)}}
+		if i == 5 {
+			ops = append(ops, &zk.CreateRequest{Path: root + "/dup", Acl: zk.WorldACL(zk.PermAll)})
+		}
+		txns = append(txns, ops)
+	}
+	batch, multis := commitOnce(t, conn, txns)
+	for i, r := range batch {
+		out := <-r.done
+		switch {
+		case i == 5 && (!errors.Is(out.err, zk.ErrNodeExists) || !errors.Is(out.res[1].Error, zk.ErrNodeExists)):
+			t.Errorf("the duplicate: %v (%v), want ErrNodeExists at its second op", out.err, out.res)
+		case i != 5 && out.err != nil:
+			t.Errorf("transaction %d: %v", i, out.err)
+		}
+	}
+	if multis != 2 {
+		t.Errorf("%d Multis, want 2", multis)
+	}
+	if ok, _, _ := conn.Exists(root + "/m05"); ok {
+		t.Error("the failed transaction's other op was applied")
+	}
+}
+
+// commitOnce hands txns to one commit of a Committer of one worker, as one
+// batch, and returns their requests (answered) and the Multis it took.
+func commitOnce(t *testing.T, conn *zk.Conn, txns [][]any) ([]*batchReq, int32) {
+	t.Helper()
+	var multis atomic.Int32
+	b := NewCommitter([]*zk.Conn{conn}, CommitterConfig{Workers: 1, Observer: func(op string, _ time.Duration, _ error) {
+		if op == "multi" {
+			multis.Add(1)
+		}
+	}})
+	defer b.Close()
+	batch := make([]*batchReq, len(txns))
+	nops := 0
+	for i, ops := range txns {
+		batch[i] = &batchReq{done: make(chan batchResult, 1), ops: ops}
+		nops += len(ops)
+	}
+	b.commit(b.conns[0], batch, nops)
+	return batch, multis.Load()
 }
 
 // A check that failed after an earlier transaction of the same combined
