@@ -3,8 +3,10 @@ package zkqueue
 import (
 	"context"
 	"errors"
+	"path"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-zookeeper/zk"
 
@@ -18,10 +20,19 @@ import (
 //
 // Each caller's transaction stays atomic on its own. A combined Multi
 // fails as a whole when any one op fails (say, a claim lost to another
-// broker); the Committer then runs each caller's transaction on its own, so
-// every caller gets its own result. While one combined Multi is in flight
+// broker). When no other transaction can have caused that failure, its
+// transaction gets the answer and the others commit again together
+// (failAlone, failStale); otherwise the Committer runs each caller's
+// transaction on its own, so every caller gets its own result. While one combined Multi is in flight
 // the next batch fills, so batches grow with load and a lone caller pays
 // no wait.
+//
+// Pipelining adapts to the load: one Multi per session goes out at once,
+// however small; further ones overlap it only when full enough
+// (pipelineOps). A trickle of small transactions (consumers claiming and
+// acking one message at a time) thus shares Multis instead of each
+// taking its own, which is what ZooKeeper's CPU pays for, while a heavy
+// load still keeps several large Multis in flight per session.
 //
 // A Committer is safe for concurrent use. Close stops its goroutines.
 type Committer struct {
@@ -35,7 +46,17 @@ type Committer struct {
 
 	mu     sync.RWMutex // held shared while enqueueing; Close takes it
 	closed bool
+
+	fillMu   sync.Mutex   // held by the worker filling a batch
+	inflight atomic.Int32 // Multis under way
+	freedMu  sync.Mutex
+	freed    chan struct{} // closed, and replaced, whenever a Multi ends
 }
+
+// pipelineOps is the ops a batch needs to go out while every session
+// already has a Multi under way; a smaller one waits for more
+// transactions or for one of those Multis to end.
+const pipelineOps = 32
 
 type batchReq struct {
 	ops   []any
@@ -83,6 +104,7 @@ func NewCommitter(conns []*zk.Conn, cfg CommitterConfig) *Committer {
 		maxOps:   maxOps,
 		maxBytes: maxBytes,
 		stop:     make(chan struct{}),
+		freed:    make(chan struct{}),
 	}
 	for _, c := range conns {
 		b.conns = append(b.conns, observed{c, obs})
@@ -159,35 +181,80 @@ func (b *Committer) Do(ctx context.Context, ops ...any) ([]zk.MultiResponse, err
 func (b *Committer) run(conn observed) {
 	defer b.wg.Done()
 	for {
-		var first *batchReq
-		select {
-		case first = <-b.reqs:
-		case <-b.stop:
-			// Serve what is queued, then stop.
-			select {
-			case first = <-b.reqs:
-			default:
-				return
-			}
+		// One worker at a time fills a batch: the transactions waiting
+		// go into one Multi, not into a fragment each.
+		b.fillMu.Lock()
+		batch, nops, ok := b.fill()
+		if ok {
+			b.inflight.Add(1)
 		}
-		batch := []*batchReq{first}
-		nops, nbytes := len(first.ops), first.bytes
-	fill:
-		for nops < b.maxOps {
-			select {
-			case r := <-b.reqs:
-				batch = append(batch, r)
-				nops += len(r.ops)
-				nbytes += r.bytes
-				if nbytes >= b.maxBytes {
-					break fill
-				}
-			default:
-				break fill
-			}
+		b.fillMu.Unlock()
+		if !ok {
+			return
 		}
 		b.commit(conn, batch, nops)
+		b.inflight.Add(-1)
+		b.freedMu.Lock()
+		close(b.freed)
+		b.freed = make(chan struct{})
+		b.freedMu.Unlock()
 	}
+}
+
+// fill waits for a transaction and adds those queued behind it, up to
+// the bounds. ok is false when the Committer stopped with nothing queued.
+func (b *Committer) fill() (batch []*batchReq, nops int, ok bool) {
+	var first *batchReq
+	select {
+	case first = <-b.reqs:
+	case <-b.stop:
+		// Serve what is queued, then stop.
+		select {
+		case first = <-b.reqs:
+		default:
+			return nil, 0, false
+		}
+	}
+	batch = []*batchReq{first}
+	nops, nbytes := len(first.ops), first.bytes
+fill:
+	for nops < b.maxOps {
+		select {
+		case r := <-b.reqs:
+			batch = append(batch, r)
+			nops += len(r.ops)
+			nbytes += r.bytes
+			if nbytes >= b.maxBytes {
+				break fill
+			}
+		default:
+			break fill
+		}
+	}
+	batch, nops = b.fillWhileBusy(batch, nops, nbytes)
+	return batch, nops, true
+}
+
+// fillWhileBusy adds to a small batch while every session has a Multi
+// under way: it returns when the batch reaches pipelineOps (or a bound),
+// or when one of those Multis ends.
+func (b *Committer) fillWhileBusy(batch []*batchReq, nops, nbytes int) ([]*batchReq, int) {
+	for nops < min(pipelineOps, b.maxOps) && nbytes < b.maxBytes {
+		b.freedMu.Lock()
+		freed := b.freed // taken before the check, so no end is missed
+		b.freedMu.Unlock()
+		if int(b.inflight.Load()) < len(b.conns) {
+			return batch, nops
+		}
+		select {
+		case r := <-b.reqs:
+			batch = append(batch, r)
+			nops += len(r.ops)
+			nbytes += r.bytes
+		case <-freed:
+		}
+	}
+	return batch, nops
 }
 
 func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
@@ -219,7 +286,7 @@ func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
 	}
 	rest, ok := failStale(batch, ops, res)
 	if !ok {
-		rest, ok = failExisting(batch, ops, res)
+		rest, ok = failAlone(batch, ops, res)
 	}
 	if ok {
 		if len(rest) > 0 {
@@ -257,7 +324,7 @@ func failStale(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*ba
 		return nil, false
 	}
 	check, isCheck := ops[i].(*zk.CheckVersionRequest)
-	if !isCheck || writes(ops[:i], check.Path) {
+	if !isCheck || touches(ops[:i], check.Path) {
 		// Not a check, or one an earlier op of the same Multi (another
 		// caller's) may have failed: only running each alone tells.
 		return nil, false
@@ -281,23 +348,39 @@ func failStale(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*ba
 	return rest, true
 }
 
-// failExisting handles a combined Multi that failed creating a node that
-// existed before it (no earlier op of the Multi writes that path), the
-// way a repeated publish fails on its dedup record (dedup.go): the
-// transaction holding that create would fail alone at the same op, so it
-// gets that answer at once and the others commit again together. One
-// duplicate costs one Multi more, not one per transaction. ok is false
-// when the failing op is not such a create.
-func failExisting(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*batchReq, ok bool) {
+// failAlone handles a combined Multi that failed on an op no other
+// transaction's earlier op could have changed the outcome of: a claim's
+// delete of a message another broker took (NoNode), an ack of a lease
+// that changed (BadVersion), a duplicate's dedup record (NodeExists). No
+// op of the transactions before the failing one's writes the failing
+// op's node, its parent or a child of it, so that transaction would fail
+// alone at the same op: it gets that answer at once and the others
+// commit again together. A lost claim costs one Multi more, not one per
+// transaction of its batch. ok is false when another transaction may be
+// the cause (then only running each alone tells).
+func failAlone(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*batchReq, ok bool) {
 	i, cause := failedIndex(res)
-	if i < 0 || i >= len(ops) || !errors.Is(cause, zk.ErrNodeExists) {
+	if i < 0 || i >= len(ops) {
 		return nil, false
 	}
-	c, isCreate := ops[i].(*zk.CreateRequest)
-	if !isCreate || c.Flags&zk.FlagSequence != 0 || writes(ops[:i], c.Path) {
+	p := opPath(ops[i])
+	if c, isCreate := ops[i].(*zk.CreateRequest); p == "" || isCreate && c.Flags&zk.FlagSequence != 0 {
+		// A sequential create's name depends on every create and delete
+		// under its parent before it.
 		return nil, false
 	}
 	start := 0
+	for _, r := range batch {
+		j := i - start
+		if j >= 0 && j < len(r.ops) {
+			if touches(ops[:start], p) {
+				return nil, false
+			}
+			break
+		}
+		start += len(r.ops)
+	}
+	start = 0
 	for _, r := range batch {
 		j := i - start
 		start += len(r.ops)
@@ -307,7 +390,7 @@ func failExisting(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []
 		}
 		out := make([]zk.MultiResponse, len(r.ops))
 		for k := range out {
-			out[k].Error = zk.ErrAPIError
+			out[k].Error = zk.ErrAPIError // not executed, as ZooKeeper reports the ops around a failure
 		}
 		out[j].Error = cause
 		r.done <- batchResult{out, cause}
@@ -315,22 +398,31 @@ func failExisting(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []
 	return rest, true
 }
 
-// writes reports whether one of ops changes node p.
-func writes(ops []any, p string) bool {
+// opPath returns the node an op names, "" for an op of another kind.
+func opPath(op any) string {
+	switch o := op.(type) {
+	case *zk.CreateRequest:
+		return o.Path
+	case *zk.SetDataRequest:
+		return o.Path
+	case *zk.DeleteRequest:
+		return o.Path
+	case *zk.CheckVersionRequest:
+		return o.Path
+	}
+	return ""
+}
+
+// touches reports whether one of ops changes node p, its parent, or its
+// children (which a delete of p depends on).
+func touches(ops []any, p string) bool {
 	for _, op := range ops {
-		switch o := op.(type) {
-		case *zk.CreateRequest:
-			if o.Path == p {
-				return true
-			}
-		case *zk.SetDataRequest:
-			if o.Path == p {
-				return true
-			}
-		case *zk.DeleteRequest:
-			if o.Path == p {
-				return true
-			}
+		if _, isCheck := op.(*zk.CheckVersionRequest); isCheck {
+			continue
+		}
+		q := opPath(op)
+		if q == p || q == path.Dir(p) || path.Dir(q) == p {
+			return true
 		}
 	}
 	return false

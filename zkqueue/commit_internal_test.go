@@ -92,6 +92,110 @@ func TestCommitOneDuplicate(t *testing.T) {
 	}
 }
 
+// Claims lost to another broker (deletes of nodes already gone) fail
+// their own transactions only: each costs one Multi more, the others
+// commit together. A failure another transaction of the batch may have
+// caused (a delete of a node whose child an earlier transaction created)
+// is settled by running each alone, so every caller still gets what it
+// would have got alone.
+func TestCommitLostClaims(t *testing.T) {
+	conn := zktest.Conn(t)
+	root := zktest.Root(t)
+	if err := zkutil.EnsurePath(conn, root, nil); err != nil {
+		t.Fatal(err)
+	}
+	var txns [][]any
+	for i := range 10 {
+		p := fmt.Sprintf("%s/m%02d", root, i)
+		if i != 3 && i != 7 {
+			if _, err := conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		txns = append(txns, []any{&zk.DeleteRequest{Path: p, Version: -1}, &zk.CreateRequest{Path: p + "~lease", Acl: zk.WorldACL(zk.PermAll)}})
+	}
+	batch, multis := commitOnce(t, conn, txns)
+	for i, r := range batch {
+		out := <-r.done
+		lost := i == 3 || i == 7
+		switch {
+		case lost && (!errors.Is(out.err, zk.ErrNoNode) || !errors.Is(out.res[0].Error, zk.ErrNoNode)):
+			t.Errorf("lost claim %d: %v (%v), want ErrNoNode at its delete", i, out.err, out.res)
+		case !lost && out.err != nil:
+			t.Errorf("claim %d: %v", i, out.err)
+		}
+		if ok, _, _ := conn.Exists(fmt.Sprintf("%s/m%02d~lease", root, i)); ok == lost {
+			t.Errorf("claim %d: lease exists %v, want %v", i, ok, !lost)
+		}
+	}
+	if multis != 3 {
+		t.Errorf("%d Multis, want 3 (one per lost claim, one for the rest)", multis)
+	}
+
+	// A delete that fails because an earlier transaction of the batch
+	// gave the node a child: each transaction runs alone (concurrently,
+	// in either order), and each gets an answer consistent with that.
+	if _, err := conn.Create(root+"/d", nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	batch, multis = commitOnce(t, conn, [][]any{
+		{&zk.CreateRequest{Path: root + "/d/c", Acl: zk.WorldACL(zk.PermAll)}},
+		{&zk.DeleteRequest{Path: root + "/d", Version: -1}},
+	})
+	create, del := <-batch[0].done, <-batch[1].done
+	childFirst := create.err == nil && errors.Is(del.err, zk.ErrNotEmpty)
+	parentFirst := del.err == nil && errors.Is(create.err, zk.ErrNoNode)
+	if !childFirst && !parentFirst {
+		t.Errorf("create of the child: %v, delete of the parent: %v; want one to succeed and the other to fail for it", create.err, del.err)
+	}
+	if multis != 3 {
+		t.Errorf("%d Multis, want 3 (the batch, then each alone)", multis)
+	}
+}
+
+// Small transactions that arrive while every session has a Multi under
+// way wait for it and then go out together: one Multi more, not one per
+// idle worker.
+func TestCommitterPipelinesSmallBatches(t *testing.T) {
+	proxy := zktest.NewProxy(t, zktest.Addr(t))
+	conn := zktest.ConnTo(t, []string{proxy.Addr()})
+	root := zktest.Root(t)
+	if err := zkutil.EnsurePath(zktest.Conn(t), root, nil); err != nil {
+		t.Fatal(err)
+	}
+	var multis atomic.Int32
+	b := NewCommitter([]*zk.Conn{conn}, CommitterConfig{Workers: 4, Observer: func(op string, _ time.Duration, _ error) {
+		if op == "multi" {
+			multis.Add(1)
+		}
+	}})
+	defer b.Close()
+	txn := func(name string) *batchReq {
+		return &batchReq{done: make(chan batchResult, 1), ops: []any{&zk.CreateRequest{Path: root + "/" + name, Acl: zk.WorldACL(zk.PermAll)}}}
+	}
+	proxy.Stall()
+	reqs := []*batchReq{txn("first")}
+	b.reqs <- reqs[0]
+	zktest.WaitFor(t, 10*time.Second, "the first Multi under way", func() bool { return b.inflight.Load() == 1 })
+	for i := range 20 {
+		// One at a time, each taken before the next arrives: an idle
+		// worker would send each alone.
+		r := txn(fmt.Sprintf("m%02d", i))
+		reqs = append(reqs, r)
+		b.reqs <- r
+		zktest.WaitFor(t, 10*time.Second, "the transaction taken", func() bool { return len(b.reqs) == 0 || b.inflight.Load() > 1 })
+	}
+	proxy.Resume()
+	for i, r := range reqs {
+		if out := <-r.done; out.err != nil {
+			t.Errorf("transaction %d: %v", i, out.err)
+		}
+	}
+	if n := multis.Load(); n != 2 {
+		t.Errorf("%d Multis for 21 transactions, want 2 (the first, then the rest together)", n)
+	}
+}
+
 // commitOnce hands txns to one commit of a Committer of one worker, as one
 // batch, and returns their requests (answered) and the Multis it took.
 func commitOnce(t *testing.T, conn *zk.Conn, txns [][]any) ([]*batchReq, int32) {
