@@ -3,6 +3,7 @@ package zkqueue_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -128,6 +129,45 @@ func TestConsumerGroupRanks(t *testing.T) {
 	waitRank(t, b, "b with c", 0, 2)
 	if n := count(t, a); n != 2 {
 		t.Fatalf("a counts %d consumers, want 2", n)
+	}
+}
+
+// A process helps with another's share only once that share is stuck:
+// its oldest message stayed at its head for the steal grace (200 ms).
+// Here the other process (rank 1 of 2) takes nothing, as a broker paused
+// with its consumers attached: this one takes its own share at once, then
+// the other's, in queue order, after the grace.
+func TestHelpsWithAStuckShare(t *testing.T) {
+	ctx := context.Background()
+	conn := zktest.Conn(t)
+	root := zktest.Root(t)
+	q, err := zkqueue.New(conn, root+"/q", zkqueue.WithShare(func() (int, int) { return 0, 2 }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.PublishBatch(ctx, [][]byte{[]byte("0"), []byte("1"), []byte("2"), []byte("3"), []byte("4"), []byte("5")}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var got []string
+	var helped time.Duration
+	for range 6 {
+		m, err := q.TryDequeue(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got = append(got, string(m.Payload)); len(got) == 4 {
+			helped = time.Since(start)
+		}
+	}
+	if want := []string{"0", "2", "4", "1", "3", "5"}; !slices.Equal(got, want) {
+		t.Fatalf("took %q, want %q: its own share, then the stuck one", got, want)
+	}
+	if helped < 200*time.Millisecond {
+		t.Errorf("helped with the other share after %v, want at least the 200 ms grace", helped)
+	}
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
+		t.Fatalf("empty queue: got %v, want ErrEmpty", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -22,12 +23,22 @@ import (
 // candidate of the same snapshot.
 //
 // With several processes consuming a queue, a snapshot is split into
-// shares (splitShare): each process takes its own share first and helps
-// with the others' only when its own is used up.
+// shares (splitShare): each process takes its own share first, and helps
+// with the others' only when its own is used up and theirs are stuck: the
+// oldest message of the others' shares has stayed at their head for
+// stealGrace. While the others make progress, helping them would only
+// race them for the same messages (each lost race a failed transaction).
 type dispatcher struct {
 	mu      sync.Mutex
-	pending []Name            // sorted candidates of this process's share, not yet handed out
-	others  []Name            // sorted candidates of other processes' shares
+	pending []Name // sorted candidates of this process's share, not yet handed out
+	others  []Name // sorted candidates of other processes' shares
+	// othersHead is the oldest candidate of the others' shares the
+	// listings found, and othersSince when it was first seen there.
+	othersHead  Name
+	othersSince time.Time
+	// wake, closed at wakeAt, wakes takes waiting to help the others.
+	wake    chan zk.Event
+	wakeAt  time.Time
 	claims  map[string]int    // candidates handed out whose claim is not done
 	watches []<-chan zk.Event // armed watches of the snapshot (heads.go); nil when none
 	// more: the last listing found messages (a head segment's), so the
@@ -99,8 +110,31 @@ func (s *Queue) scan() error {
 		}
 	}
 	s.pending, s.others = splitShare(names, s.opt.share)
+	switch {
+	case len(s.others) == 0:
+		s.othersHead = Name{}
+	case s.others[0].Raw != s.othersHead.Raw:
+		s.othersHead, s.othersSince = s.others[0], time.Now()
+	}
 	s.aheadMark = Name{}
 	return nil
+}
+
+// stealGrace is how long the oldest message of the other processes'
+// shares stays at their head before this process helps with them: a
+// process whose consumers keep up claims its head well within it.
+const stealGrace = 200 * time.Millisecond
+
+// wakeLocked returns a channel closed no later than at, for takes waiting
+// to help the others. Waiters share it.
+func (s *Queue) wakeLocked(at time.Time) <-chan zk.Event {
+	if s.wake != nil && !s.wakeAt.After(at) && s.wakeAt.After(time.Now()) {
+		return s.wake
+	}
+	ch := make(chan zk.Event)
+	s.wake, s.wakeAt = ch, at
+	time.AfterFunc(time.Until(at), func() { close(ch) })
+	return ch
 }
 
 // watchFiredLocked reports whether one of the armed watches has fired,
@@ -146,11 +180,23 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more b
 		case len(s.pending) > 0:
 			n = s.pending[0]
 			s.pending = s.pending[1:]
-		case len(s.others) > 0:
-			// Our share is used up and nothing new arrived: help the
-			// others with theirs, in queue order.
+		case len(s.others) > 0 && time.Since(s.othersSince) >= stealGrace:
+			// Our share is used up, nothing new arrived, and the
+			// others' head has not moved: help them, in queue order.
 			n = s.others[0]
 			s.others = s.others[1:]
+			if len(s.others) > 0 {
+				// Taken by us, not moved by them: still stuck.
+				s.othersHead = s.others[0]
+			}
+		case len(s.others) > 0:
+			// The others' shares are moving: wait for a change, or
+			// for their head to stay put for stealGrace.
+			if s.watches == nil {
+				return Name{}, false, []<-chan zk.Event{closedWatch}, true, nil
+			}
+			wait = append([]<-chan zk.Event{s.wakeLocked(s.othersSince.Add(stealGrace))}, s.watches...)
+			return Name{}, false, wait, true, nil
 		default:
 			if s.watches == nil {
 				// The children changed again since the listing just
