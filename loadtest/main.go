@@ -139,7 +139,7 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	}
 	var failures []string
 	if cfg.Warmup > 0 {
-		if err := warmup(ctx, cfg, pool, progress); err != nil {
+		if err := warmup(ctx, cfg, admin, pool, progress); err != nil {
 			failures = append(failures, err.Error())
 		}
 	}
@@ -269,9 +269,35 @@ func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.
 
 // warmup runs the workload for cfg.Warmup, checked like any run but left
 // out of the report, so the measured run meets a warm ZooKeeper (JIT,
-// caches) and warm brokers. It returns what went wrong, if anything.
-func warmup(ctx context.Context, cfg Config, pool *connPool, progress io.Writer) error {
-	cfg.Duration, cfg.Messages = cfg.Warmup, 0
+// caches) and warm brokers. A backlog workload is run whole (publish,
+// then drain) until cfg.Warmup has passed, on a queue of its own: the
+// measured backlog must be one no consumer of its queue saw published (its
+// claims read the messages, as after a broker restart), while a broker
+// whose consumers took from a queue remembers what it publishes there. It
+// returns what went wrong, if anything.
+func warmup(ctx context.Context, cfg Config, admin *qbroker.Client, pool *connPool, progress io.Writer) error {
+	if cfg.Backlog == 0 {
+		cfg.Duration, cfg.Messages = cfg.Warmup, 0
+		return warmRun(ctx, cfg, pool, progress)
+	}
+	cfg.Queue += "-warmup"
+	if _, err := admin.CreateQueue(ctx, cfg.Queue, qbroker.QueueOptions{Kind: cfg.Kind}); err != nil {
+		return fmt.Errorf("warmup: %w", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = admin.DeleteQueue(dctx, cfg.Queue)
+	}()
+	for end := time.Now().Add(cfg.Warmup); ; {
+		if err := warmRun(ctx, cfg, pool, progress); err != nil || !time.Now().Before(end) {
+			return err
+		}
+	}
+}
+
+// warmRun runs one warmup workload and checks it.
+func warmRun(ctx context.Context, cfg Config, pool *connPool, progress io.Writer) error {
 	w, err := runWorkload(ctx, &cfg, pool, progress, workloadHooks{})
 	if err != nil {
 		return fmt.Errorf("warmup: %w", err)
