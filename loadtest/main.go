@@ -122,16 +122,14 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 		return nil, err
 	}
 	queueDeleted := false
-	deleteQueue := func() {
+	deleteOnce := func() {
 		if queueDeleted {
 			return
 		}
 		queueDeleted = true
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		_ = admin.DeleteQueue(dctx, cfg.Queue)
+		deleteQueue(ctx, admin, cfg.Queue)
 	}
-	defer deleteQueue()
+	defer deleteOnce()
 
 	first, err := rawBaselineFirst(ctx, &cfg, topo, progress)
 	if err != nil {
@@ -163,7 +161,7 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	if cfg.Backlog > 0 && !in.Workload.Interrupted {
 		in.Deep, failures = deepFigures(ctx, cfg, topo, pool, progress, in.Workload, cold, failures)
 	}
-	deleteQueue()
+	deleteOnce()
 
 	in.Baselines = first
 	if !in.Workload.Interrupted {
@@ -284,16 +282,20 @@ func warmup(ctx context.Context, cfg Config, admin *qbroker.Client, pool *connPo
 	if _, err := admin.CreateQueue(ctx, cfg.Queue, qbroker.QueueOptions{Kind: cfg.Kind}); err != nil {
 		return fmt.Errorf("warmup: %w", err)
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		_ = admin.DeleteQueue(dctx, cfg.Queue)
-	}()
+	defer deleteQueue(ctx, admin, cfg.Queue)
 	for end := time.Now().Add(cfg.Warmup); ; {
 		if err := warmRun(ctx, cfg, pool, progress); err != nil || !time.Now().Before(end) {
 			return err
 		}
 	}
+}
+
+// deleteQueue deletes the queue a run made, also after ctx ended, within
+// its own timeout.
+func deleteQueue(ctx context.Context, admin *qbroker.Client, name string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	_ = admin.DeleteQueue(dctx, name)
 }
 
 // warmRun runs one warmup workload and checks it.

@@ -23,13 +23,13 @@ import (
 // broker). When no other transaction can have caused that failure, its
 // transaction gets the answer and the others commit again together
 // (failAlone, failStale); otherwise the Committer runs each caller's
-// transaction on its own, so every caller gets its own result. While one combined Multi is in flight
-// the next batch fills, so batches grow with load and a lone caller pays
-// no wait.
+// transaction on its own, so every caller gets its own result. While one
+// combined Multi is in flight the next batch fills, so batches grow with
+// load and a lone caller pays no wait.
 //
-// Pipelining adapts to the load: one Multi per session goes out at once,
-// however small; further ones overlap it only when full enough
-// (pipelineOps). A trickle of small transactions (consumers claiming and
+// Pipelining adapts to the load: as many Multis as there are sessions go
+// out at once, however small; further ones overlap them only when full
+// enough (pipelineOps). A trickle of small transactions (consumers claiming and
 // acking one message at a time) thus shares Multis instead of each
 // taking its own, which is what ZooKeeper's CPU pays for, while a heavy
 // load still keeps several large Multis in flight per session.
@@ -338,14 +338,19 @@ func failStale(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*ba
 			rest = append(rest, r)
 			continue
 		}
-		out := make([]zk.MultiResponse, len(r.ops))
-		for k := range out {
-			out[k].Error = zk.ErrAPIError // not executed, as ZooKeeper reports the ops around a failure
-		}
-		out[j].Error = cause
-		r.done <- batchResult{out, cause}
+		r.failAt(j, cause)
 	}
 	return rest, true
+}
+
+// failAt answers r as a Multi of its ops alone that failed at op j.
+func (r *batchReq) failAt(j int, cause error) {
+	out := make([]zk.MultiResponse, len(r.ops))
+	for k := range out {
+		out[k].Error = zk.ErrAPIError // not executed, as ZooKeeper reports the ops around a failure
+	}
+	out[j].Error = cause
+	r.done <- batchResult{out, cause}
 }
 
 // failAlone handles a combined Multi that failed on an op no other
@@ -369,33 +374,16 @@ func failAlone(batch []*batchReq, ops []any, res []zk.MultiResponse) (rest []*ba
 		// under its parent before it.
 		return nil, false
 	}
-	start := 0
-	for _, r := range batch {
-		j := i - start
-		if j >= 0 && j < len(r.ops) {
-			if touches(ops[:start], p) {
-				return nil, false
-			}
-			break
-		}
-		start += len(r.ops)
+	// The transaction holding op i, and where its ops begin.
+	k, start := 0, 0
+	for ; i-start >= len(batch[k].ops); k++ {
+		start += len(batch[k].ops)
 	}
-	start = 0
-	for _, r := range batch {
-		j := i - start
-		start += len(r.ops)
-		if j < 0 || j >= len(r.ops) {
-			rest = append(rest, r)
-			continue
-		}
-		out := make([]zk.MultiResponse, len(r.ops))
-		for k := range out {
-			out[k].Error = zk.ErrAPIError // not executed, as ZooKeeper reports the ops around a failure
-		}
-		out[j].Error = cause
-		r.done <- batchResult{out, cause}
+	if touches(ops[:start], p) {
+		return nil, false
 	}
-	return rest, true
+	batch[k].failAt(i-start, cause)
+	return slices.Delete(slices.Clone(batch), k, k+1), true
 }
 
 // opPath returns the node an op names, "" for an op of another kind.
