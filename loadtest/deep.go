@@ -58,14 +58,11 @@ type ColdStart struct {
 // back and stops the broker.
 func coldProbe(ctx context.Context, cfg *Config, topo *Topology, opts []qbroker.Option) (*ColdStart, error) {
 	start := time.Now()
-	p, grpcAddr, metricsAddr, err := startBroker(topo.tmp, topo.bin, topo.ZooKeeper, len(topo.procs), topo.extra...)
+	p, grpcAddr, _, err := runBroker(ctx, topo.tmp, topo.bin, topo.ZooKeeper, len(topo.procs), topo.extra...)
 	if err != nil {
 		return nil, fmt.Errorf("cold broker: %w", err)
 	}
 	defer p.stop()
-	if err := waitServing(ctx, p, grpcAddr, metricsAddr); err != nil {
-		return nil, fmt.Errorf("cold broker: %w", err)
-	}
 	ready := time.Now()
 	c, err := dial(ctx, grpcAddr, opts)
 	if err != nil {

@@ -100,7 +100,7 @@ func spawnTopology(ctx context.Context, n int, bin string, secure bool) (_ *Topo
 		t.Security = &sec
 	}
 	for i := range n {
-		p, grpcAddr, metricsAddr, err := startBroker(tmp, bin, t.ZooKeeper, i, t.extra...)
+		p, grpcAddr, metricsAddr, err := runBroker(ctx, tmp, bin, t.ZooKeeper, i, t.extra...)
 		if err != nil {
 			return nil, err
 		}
@@ -108,12 +108,29 @@ func spawnTopology(ctx context.Context, n int, bin string, secure bool) (_ *Topo
 		t.Brokers = append(t.Brokers, grpcAddr)
 		t.Metrics = append(t.Metrics, metricsAddr)
 	}
-	for i, p := range t.procs {
-		if err := waitServing(ctx, p, t.Brokers[i], t.Metrics[i]); err != nil {
-			return nil, err
+	return t, nil
+}
+
+// runBroker starts broker i and waits until it serves. The ports are picked
+// free and then bound by the broker, so another process (a test's client
+// connection, another broker) can take one in between; a broker that
+// exits on a bind collision is started again on fresh ports, a few times.
+func runBroker(ctx context.Context, tmp, bin, zkAddr string, i int, extra ...string) (*brokerProc, string, string, error) {
+	const attempts = 5
+	for attempt := 1; ; attempt++ {
+		p, grpcAddr, metricsAddr, err := startBroker(tmp, bin, zkAddr, i, extra...)
+		if err != nil {
+			return nil, "", "", err
+		}
+		err = waitServing(ctx, p, grpcAddr, metricsAddr)
+		if err == nil {
+			return p, grpcAddr, metricsAddr, nil
+		}
+		p.stop()
+		if attempt == attempts || !strings.Contains(tail(p.logPath), "address already in use") {
+			return nil, "", "", err
 		}
 	}
-	return t, nil
 }
 
 // moduleRoot finds the qbroker module from the working directory up.
