@@ -360,8 +360,8 @@ type Broker struct {
 	health  *health.Server
 	events  events.Sink
 
-	// tokenKey signs ack tokens; the brokers of a root share it.
-	tokenKey []byte
+	// tokens signs ack tokens with the key the brokers of a root share.
+	tokens *tokenSigner
 
 	ctx    context.Context // cancelled by Close: ends streams and loops
 	cancel context.CancelFunc
@@ -469,12 +469,14 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	if b.tokenKey, err = loadTokenKey(conn, cfg.Root, secretACL(acl)); err != nil {
+	key, err := loadTokenKey(conn, cfg.Root, secretACL(acl))
+	if err != nil {
 		b.batcher.Close()
 		b.closeConns()
 		b.cancel()
 		return nil, fmt.Errorf("broker: token key: %w", err)
 	}
+	b.tokens = newTokenSigner(key)
 	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
 	b.zkmem = newZKMemory(cfg.ZooKeeper, cfg.ZKDataBudget, b.log, b.metrics.zkData.Set)
 	b.wg.Add(5)

@@ -30,6 +30,6 @@ func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
 // leasedPB converts an at-least-once delivery, with its signed ack token.
 func (b *Broker) leasedPB(queue string, l *zkqueue.Lease) *pb.Message {
 	out := toPB(queue, l.Message, l)
-	out.AckToken = makeToken(b.tokenKey, queue, *l)
+	out.AckToken = makeToken(b.tokens, queue, *l)
 	return out
 }

@@ -268,7 +268,7 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 	}
 	// Only a hint a broker signed is trusted to skip the read: an edited
 	// one could otherwise delete a lease past its deadline.
-	if t.trusted(b.tokenKey) && time.Until(t.deadline) > ackMargin {
+	if t.trusted(b.tokens) && time.Until(t.deadline) > ackMargin {
 		m, err := q.leases.AckUnread(ctx, t.lease)
 		if err != nil {
 			return err

@@ -1,13 +1,16 @@
 package broker
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"hash"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -55,29 +58,61 @@ type ackToken struct {
 // macLen is the length of a token's mac in bytes, before base64.
 const macLen = 16
 
-func makeToken(key []byte, queue string, l zkqueue.Lease) string {
-	body := fmt.Sprintf("%s/%s/%d.%d.%d", queue, l.Token, l.Deadline.UnixMilli(), l.Deliveries, len(l.Payload))
-	return body + "." + tokenMAC(key, body)
+func makeToken(s *tokenSigner, queue string, l zkqueue.Lease) string {
+	b := make([]byte, 0, len(queue)+len(l.Token)+64)
+	b = append(b, queue...)
+	b = append(b, '/')
+	b = append(b, l.Token...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, l.Deadline.UnixMilli(), 10)
+	b = append(b, '.')
+	b = strconv.AppendInt(b, int64(l.Deliveries), 10)
+	b = append(b, '.')
+	b = strconv.AppendInt(b, int64(len(l.Payload)), 10)
+	b = append(b, '.')
+	return string(s.appendMAC(b, b[:len(b)-1]))
 }
 
-func tokenMAC(key []byte, body string) string {
-	h := hmac.New(sha256.New, key)
-	h.Write([]byte(body))
-	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:macLen])
+// tokenSigner computes ack tokens' macs under the root's key. Every ack
+// and every at-least-once delivery takes one, so the keyed hashes are
+// pooled rather than set up per call.
+type tokenSigner struct {
+	pool sync.Pool // of hash.Hash keyed with the token key
+}
+
+func newTokenSigner(key []byte) *tokenSigner {
+	key = bytes.Clone(key)
+	return &tokenSigner{pool: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
+}
+
+// appendMAC appends the base64url mac of body to dst.
+func (s *tokenSigner) appendMAC(dst, body []byte) []byte {
+	h := s.pool.Get().(hash.Hash)
+	h.Reset()
+	h.Write(body)
+	var sum [sha256.Size]byte
+	mac := h.Sum(sum[:0])[:macLen]
+	s.pool.Put(h)
+	return base64.RawURLEncoding.AppendEncode(dst, mac)
 }
 
 // trusted reports whether the token's hint was written by a broker holding
-// key.
-func (t ackToken) trusted(key []byte) bool {
+// the signer's key.
+func (t ackToken) trusted(s *tokenSigner) bool {
 	if t.deadline.IsZero() || t.mac == "" {
 		return false
 	}
-	want := tokenMAC(key, t.queue+"/"+t.lease+"/"+t.hint)
-	return hmac.Equal([]byte(t.mac), []byte(want))
+	var buf [256]byte
+	body := append(append(append(append(append(buf[:0], t.queue...), '/'), t.lease...), '/'), t.hint...)
+	want := s.appendMAC(body[len(body):], body)
+	return hmac.Equal([]byte(t.mac), want)
 }
 
+// errMalformedAck answers every malformed ack token.
+var errMalformedAck = invalidf("malformed ack token")
+
 func parseToken(tok string) (ackToken, error) {
-	bad := invalidf("malformed ack token")
+	bad := errMalformedAck
 	parts := strings.Split(tok, "/")
 	if len(parts) < 2 || len(parts) > 3 || validName("queue", parts[0]) != nil {
 		return ackToken{}, bad

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"path"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -384,7 +383,11 @@ func DeleteNodes(ctx context.Context, conn *zk.Conn, paths []string) (int, error
 // MaxNameLen is the longest name CheckName accepts.
 const MaxNameLen = 200
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+// nameByte reports whether c may appear in a name: [A-Za-z0-9._-].
+func nameByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '.' || c == '_' || c == '-'
+}
 
 // CheckName checks a name that becomes one path element (a queue name, a
 // member or participant id): [A-Za-z0-9._-]{1,200}, not "." or "..". Such
@@ -397,7 +400,11 @@ func CheckName(s string) error {
 	if len(s) > MaxNameLen {
 		return fmt.Errorf("is %d characters long, at most %d", len(s), MaxNameLen)
 	}
-	if s == "." || s == ".." || !nameRE.MatchString(s) {
+	bad := s == "." || s == ".."
+	for i := 0; i < len(s) && !bad; i++ {
+		bad = !nameByte(s[i])
+	}
+	if bad {
 		return fmt.Errorf("%q: only letters, digits, '.', '_' and '-' (not '.' or '..')", Printable(s))
 	}
 	return nil

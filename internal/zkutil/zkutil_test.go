@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -213,5 +214,18 @@ func TestDeleteTreeContext(t *testing.T) {
 	}
 	if !exists(t, conn, root+"/a") {
 		t.Fatal("deleted despite the cancelled context")
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	for _, ok := range []string{"a", "orders", "A-z_0.9", "...", strings.Repeat("x", zkutil.MaxNameLen)} {
+		if err := zkutil.CheckName(ok); err != nil {
+			t.Errorf("CheckName(%q) = %v, want nil", ok, err)
+		}
+	}
+	for _, bad := range []string{"", ".", "..", "a/b", "a b", "é", "a\x00", "a:b", strings.Repeat("x", zkutil.MaxNameLen+1)} {
+		if err := zkutil.CheckName(bad); err == nil {
+			t.Errorf("CheckName(%q) = nil, want an error", bad)
+		}
 	}
 }
