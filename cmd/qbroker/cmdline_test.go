@@ -132,6 +132,42 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// qbroker serve fails at once on a port in use, before it connects to
+// ZooKeeper (here nothing listens on the ZooKeeper address, which would
+// hold a start for its 30s), for either of its two ports.
+func TestServePortInUse(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	noZK := freeAddr(t)
+	for _, ports := range [][2]string{{taken.Addr().String(), ""}, {freeAddr(t), taken.Addr().String()}} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		o := serveFlags(fs)
+		args := []string{"--zk", noZK, "--root", "/qbroker-test", "--listen", ports[0], "--log-level", "error"}
+		if ports[1] != "" {
+			args = append(args, "--metrics-listen", ports[1])
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.validate(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		start := time.Now()
+		err := serve(ctx, o)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "address already in use") {
+			t.Errorf("serve on %v = %v, want address already in use", ports, err)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("serve on %v failed after %v: it waited for ZooKeeper first", ports, d)
+		}
+	}
+}
+
 // qbroker serve without --nats-url exposes the NATS bridge's metrics (at
 // 0), and with --max-payload near the bound, without --max-batch-bytes,
 // accepts a publish of that size.

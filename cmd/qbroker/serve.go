@@ -312,6 +312,17 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		return err
 	}
 
+	// The ports are bound before anything connects to ZooKeeper: one in
+	// use fails the start at once.
+	lis, mlis, err := o.listeners()
+	if err != nil {
+		return err
+	}
+	defer lis.Close() // closed already once served; a second Close is harmless
+	if mlis != nil {
+		defer mlis.Close()
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -340,12 +351,6 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		stopSink()
 		return err
 	}
-	lis, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		b.Close()
-		stopSink()
-		return err
-	}
 	lis = b.LimitListener(lis)
 	var srvOpts []grpc.ServerOption
 	if tlsCfg != nil {
@@ -370,9 +375,9 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 			hs.TLSConfig = tlsCfg.Clone()
 		}
 		g.Go(func() error {
-			serveHTTP := hs.ListenAndServe
+			serveHTTP := func() error { return hs.Serve(mlis) }
 			if hs.TLSConfig != nil {
-				serveHTTP = func() error { return hs.ListenAndServeTLS("", "") }
+				serveHTTP = func() error { return hs.ServeTLS(mlis, "", "") }
 			}
 			if err := serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
 				return err
@@ -393,6 +398,20 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		return nil
 	})
 	return g.Wait()
+}
+
+// listeners binds --listen and, when set, --metrics-listen.
+func (o *serveOptions) listeners() (lis, metrics net.Listener, err error) {
+	if lis, err = net.Listen("tcp", o.listen); err != nil {
+		return nil, nil, err
+	}
+	if o.metricsListen != "" {
+		if metrics, err = net.Listen("tcp", o.metricsListen); err != nil {
+			lis.Close()
+			return nil, nil, fmt.Errorf("--metrics-listen: %w", err)
+		}
+	}
+	return lis, metrics, nil
 }
 
 // brokerConfig is the broker's Config from the options, logging to log,
