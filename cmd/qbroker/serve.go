@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -293,15 +294,7 @@ func serve(ctx context.Context, o *serveOptions) error {
 
 // serveCtx runs a broker until ctx ends (see serve).
 func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
-	var err error
-	// Every connection is a file: use all the process may open, and
-	// bound the connections below it (--max-conns).
-	if files, err := connlimit.RaiseFileLimit(); err != nil {
-		log.Warn("cannot raise the open-file limit", "err", err, "limit", files)
-	} else {
-		log.Debug("open-file limit", "limit", files)
-	}
-
+	raiseFileLimit(log)
 	o.security.logExposure(log, o.listen, o.metricsListen)
 	tlsCfg, err := o.security.serverTLS(log)
 	if err != nil {
@@ -325,31 +318,17 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	sink, closeSink, err := newEventBridge(o, reg, log)
+	b, stopSink, err := o.startBroker(ctx, log, reg, auth)
 	if err != nil {
 		return err
 	}
-	stopSink := func() {
-		if closeSink != nil {
-			sctx, c := context.WithTimeout(context.Background(), o.shutdown)
-			closeSink(sctx)
-			c()
+	var hs *http.Server
+	if mlis != nil {
+		if hs, err = o.metricsServer(reg, b, log, tlsCfg); err != nil {
+			b.Close()
+			stopSink()
+			return err
 		}
-	}
-
-	cfg := o.brokerConfig(log, reg, sink)
-	if cfg.ZKDigest, err = o.zkAuth.digest(); err != nil {
-		stopSink()
-		return err
-	}
-	cfg.Auth = auth
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	b, err := broker.New(startCtx, cfg)
-	cancel()
-	if err != nil {
-		stopSink()
-		return err
 	}
 	lis = b.LimitListener(lis)
 	var srvOpts []grpc.ServerOption
@@ -362,18 +341,7 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(lis) })
-	var hs *http.Server
-	if o.metricsListen != "" {
-		h, err := o.metricsHandler(reg, b, log)
-		if err != nil {
-			b.Close()
-			stopSink()
-			return err
-		}
-		hs = &http.Server{Addr: o.metricsListen, Handler: h, ReadHeaderTimeout: 5 * time.Second}
-		if o.security.metricsTLS {
-			hs.TLSConfig = tlsCfg.Clone()
-		}
+	if hs != nil {
 		g.Go(func() error {
 			serveHTTP := func() error { return hs.Serve(mlis) }
 			if hs.TLSConfig != nil {
@@ -398,6 +366,60 @@ func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 		return nil
 	})
 	return g.Wait()
+}
+
+// raiseFileLimit lets the process open all the files it may: every
+// connection is one (--max-conns bounds them below the limit).
+func raiseFileLimit(log *slog.Logger) {
+	if files, err := connlimit.RaiseFileLimit(); err != nil {
+		log.Warn("cannot raise the open-file limit", "err", err, "limit", files)
+	} else {
+		log.Debug("open-file limit", "limit", files)
+	}
+}
+
+// startBroker starts the event bridge (when configured) and the broker,
+// its metrics on reg. stopSink flushes and closes the bridge: call it
+// once the broker has stopped.
+func (o *serveOptions) startBroker(ctx context.Context, log *slog.Logger, reg prometheus.Registerer, auth *broker.Auth) (b *broker.Broker, stopSink func(), err error) {
+	sink, closeSink, err := newEventBridge(o, reg, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	stopSink = func() {
+		if closeSink != nil {
+			sctx, c := context.WithTimeout(context.Background(), o.shutdown)
+			closeSink(sctx)
+			c()
+		}
+	}
+	cfg := o.brokerConfig(log, reg, sink)
+	if cfg.ZKDigest, err = o.zkAuth.digest(); err != nil {
+		stopSink()
+		return nil, nil, err
+	}
+	cfg.Auth = auth
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if b, err = broker.New(startCtx, cfg); err != nil {
+		stopSink()
+		return nil, nil, err
+	}
+	return b, stopSink, nil
+}
+
+// metricsServer is the HTTP server of --metrics-listen (over TLS with
+// --metrics-tls).
+func (o *serveOptions) metricsServer(reg *prometheus.Registry, b *broker.Broker, log *slog.Logger, tlsCfg *tls.Config) (*http.Server, error) {
+	h, err := o.metricsHandler(reg, b, log)
+	if err != nil {
+		return nil, err
+	}
+	hs := &http.Server{Addr: o.metricsListen, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	if o.security.metricsTLS {
+		hs.TLSConfig = tlsCfg.Clone()
+	}
+	return hs, nil
 }
 
 // listeners binds --listen and, when set, --metrics-listen.
