@@ -263,39 +263,24 @@ acked.`, std)
 		return err
 	}
 	queue, texts := pos[0], pos[1:]
-	var msgs []qbroker.OutMessage
-	out := func(payload []byte) qbroker.OutMessage {
-		m := qbroker.OutMessage{Payload: payload, Priority: *priority, ContentType: *contentType, Delay: *delay}
-		if len(headers) > 0 {
-			m.Headers = headers
-		}
-		return m
-	}
-	for _, t := range texts {
-		msgs = append(msgs, out([]byte(t)))
-	}
-	switch {
-	case *stdin && len(texts) > 0:
+	if *stdin && len(texts) > 0 {
 		return usagef("give messages as arguments or with --stdin, not both")
-	case *stdin:
-		sc := bufio.NewScanner(std.in)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		for sc.Scan() {
-			msgs = append(msgs, out(append([]byte(nil), sc.Bytes()...)))
-		}
-		if err := sc.Err(); err != nil {
-			return fmt.Errorf("reading stdin: %w", err)
-		}
-	case len(texts) == 0:
+	}
+	if !*stdin && len(texts) == 0 {
 		fs.Usage()
 		fs.Output().(*helpWriter).flush(false)
 		return usagef("no messages: give them as arguments or with --stdin")
 	}
-	if len(msgs) == 0 {
-		return nil // empty stdin
+	payloads, err := messageTexts(std, texts, *stdin)
+	if err != nil || len(payloads) == 0 {
+		return err // nil for an empty stdin
 	}
-	for i := range msgs {
-		msgs[i].Group = *group
+	msgs := make([]qbroker.OutMessage, len(payloads))
+	for i, p := range payloads {
+		msgs[i] = qbroker.OutMessage{Payload: p, Priority: *priority, ContentType: *contentType, Delay: *delay, Group: *group}
+		if len(headers) > 0 {
+			msgs[i].Headers = headers
+		}
 		switch {
 		case *dedupID == "":
 		case len(msgs) == 1:
@@ -309,29 +294,52 @@ acked.`, std)
 		return err
 	}
 	defer c.Close()
-	print := func(rs []qbroker.Receipt) {
-		for _, r := range rs {
-			if r.Duplicate {
-				fmt.Fprintf(std.out, "%s\tduplicate\n", r.ID)
-			} else {
-				fmt.Fprintln(std.out, r.ID)
-			}
-		}
-	}
 	if *batch {
-		rs, err := c.PublishReceipts(ctx, queue, msgs)
-		if err != nil {
-			return err
-		}
-		print(rs)
-		return nil
+		return publishPrinting(ctx, std, c, queue, msgs)
 	}
 	for _, m := range msgs {
-		rs, err := c.PublishReceipts(ctx, queue, []qbroker.OutMessage{m})
-		if err != nil {
+		if err := publishPrinting(ctx, std, c, queue, []qbroker.OutMessage{m}); err != nil {
 			return err
 		}
-		print(rs)
+	}
+	return nil
+}
+
+// messageTexts returns the messages of `qbroker publish`: the arguments,
+// or with stdin each line of standard input.
+func messageTexts(std stdio, args []string, stdin bool) ([][]byte, error) {
+	if !stdin {
+		out := make([][]byte, len(args))
+		for i, a := range args {
+			out[i] = []byte(a)
+		}
+		return out, nil
+	}
+	var out [][]byte
+	sc := bufio.NewScanner(std.in)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		out = append(out, append([]byte(nil), sc.Bytes()...))
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading stdin: %w", err)
+	}
+	return out, nil
+}
+
+// publishPrinting publishes msgs as one batch and prints their ids, one
+// per line, a duplicate's followed by a tab and "duplicate".
+func publishPrinting(ctx context.Context, std stdio, c *qbroker.Client, queue string, msgs []qbroker.OutMessage) error {
+	rs, err := c.PublishReceipts(ctx, queue, msgs)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if r.Duplicate {
+			fmt.Fprintf(std.out, "%s\tduplicate\n", r.ID)
+		} else {
+			fmt.Fprintln(std.out, r.ID)
+		}
 	}
 	return nil
 }
