@@ -414,19 +414,44 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	b.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 
+	if err := b.openSessions(ctx); err != nil {
+		b.cancel()
+		return nil, err
+	}
+	if err := b.prepareRoot(ctx); err != nil {
+		b.batcher.Close()
+		b.closeConns()
+		b.cancel()
+		return nil, err
+	}
+	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
+	b.zkmem = newZKMemory(cfg.ZooKeeper, cfg.ZKDataBudget, b.log, b.metrics.zkData.Set)
+	b.wg.Add(5)
+	go func() { defer b.wg.Done(); b.keeper.Run(b.ctx) }()
+	go func() { defer b.wg.Done(); b.zkmem.run(b.ctx) }()
+	go b.runSessionWatch()
+	go b.runMembership()
+	go b.runStats()
+	b.log.Info("broker started", "zookeeper", cfg.ZooKeeper, "root", cfg.Root,
+		"max_streams", cfg.MaxStreams, "max_conns", cfg.MaxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
+	return b, nil
+}
+
+// openSessions opens the broker's ZooKeeper sessions and its group
+// commit, and waits until the primary session is established. On error
+// it closes what it opened.
+func (b *Broker) openSessions(ctx context.Context) error {
 	conn, err := b.connect(ctx, b.onZKEvent)
 	if err != nil {
-		b.cancel()
-		return nil, fmt.Errorf("broker: %w", err)
+		return fmt.Errorf("broker: %w", err)
 	}
 	b.conn = conn
-	b.keeper.Bind(conn, acl)
-	for i := 1; i < cfg.ZKSessions; i++ {
+	b.keeper.Bind(conn, b.acl)
+	for i := 1; i < b.cfg.ZKSessions; i++ {
 		c, err := b.connect(ctx, nil)
 		if err != nil {
 			b.closeConns()
-			b.cancel()
-			return nil, fmt.Errorf("broker: %w", err)
+			return fmt.Errorf("broker: %w", err)
 		}
 		b.extra = append(b.extra, c)
 	}
@@ -439,55 +464,39 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		case <-ctx.Done():
 			b.batcher.Close()
 			b.closeConns()
-			b.cancel()
-			return nil, fmt.Errorf("broker: waiting for a ZooKeeper session with %v: %w", cfg.ZooKeeper, ctx.Err())
+			return fmt.Errorf("broker: waiting for a ZooKeeper session with %v: %w", b.cfg.ZooKeeper, ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	return nil
+}
+
+// prepareRoot checks the root's ACL, creates the broker's parents under
+// it, opens the queue catalog and loads the ack tokens' key.
+func (b *Broker) prepareRoot(ctx context.Context) error {
 	if err := b.checkRootACL(ctx); err != nil {
-		b.batcher.Close()
-		b.closeConns()
-		b.cancel()
-		return nil, err
+		return err
 	}
 	// The nodes above the root are shared with whoever else uses the
 	// ensemble: those the broker creates are open; the root and all
 	// below it carry the brokers' ACL.
-	for _, p := range []string{path.Dir(cfg.Root), b.queuesPath(), b.brokersPath(), b.electionPath(), b.electionsPath(), b.locksPath()} {
-		if err := zkutil.EnsurePath(conn, p, b.nodeACL(p)); err != nil {
-			b.batcher.Close()
-			b.closeConns()
-			b.cancel()
-			return nil, fmt.Errorf("broker: %w", err)
+	for _, p := range []string{path.Dir(b.cfg.Root), b.queuesPath(), b.brokersPath(), b.electionPath(), b.electionsPath(), b.locksPath()} {
+		if err := zkutil.EnsurePath(b.conn, p, b.nodeACL(p)); err != nil {
+			return fmt.Errorf("broker: %w", err)
 		}
 	}
-	b.catalog, err = zkqueue.NewCatalog(conn, b.queuesPath(), zkqueue.CatalogConfig{
-		MaxQueues: cfg.MaxQueues, Observer: b.observeZK, Logger: b.log, ACL: acl})
+	var err error
+	b.catalog, err = zkqueue.NewCatalog(b.conn, b.queuesPath(), zkqueue.CatalogConfig{
+		MaxQueues: b.cfg.MaxQueues, Observer: b.observeZK, Logger: b.log, ACL: b.acl})
 	if err != nil {
-		b.batcher.Close()
-		b.closeConns()
-		b.cancel()
-		return nil, fmt.Errorf("broker: %w", err)
+		return fmt.Errorf("broker: %w", err)
 	}
-	key, err := loadTokenKey(conn, cfg.Root, secretACL(acl))
+	key, err := loadTokenKey(b.conn, b.cfg.Root, secretACL(b.acl))
 	if err != nil {
-		b.batcher.Close()
-		b.closeConns()
-		b.cancel()
-		return nil, fmt.Errorf("broker: token key: %w", err)
+		return fmt.Errorf("broker: token key: %w", err)
 	}
 	b.tokens = newTokenSigner(key)
-	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
-	b.zkmem = newZKMemory(cfg.ZooKeeper, cfg.ZKDataBudget, b.log, b.metrics.zkData.Set)
-	b.wg.Add(5)
-	go func() { defer b.wg.Done(); b.keeper.Run(b.ctx) }()
-	go func() { defer b.wg.Done(); b.zkmem.run(b.ctx) }()
-	go b.runSessionWatch()
-	go b.runMembership()
-	go b.runStats()
-	b.log.Info("broker started", "zookeeper", cfg.ZooKeeper, "root", cfg.Root,
-		"max_streams", cfg.MaxStreams, "max_conns", cfg.MaxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
-	return b, nil
+	return nil
 }
 
 // ID returns the broker's id.
