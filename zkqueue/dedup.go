@@ -213,20 +213,7 @@ func hasDedup(drafts []Draft) bool {
 // publishReceipts publishes checked drafts, some with dedup ids.
 func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt, error) {
 	out := make([]Receipt, len(drafts))
-	// same[i]: the earlier draft of the batch with i's id, or -1.
-	same := make([]int, len(drafts))
-	first := map[string]int{}
-	for i, d := range drafts {
-		same[i] = -1
-		if d.DedupID == "" {
-			continue
-		}
-		if j, ok := first[d.DedupID]; ok {
-			same[i] = j
-		} else {
-			first[d.DedupID] = i
-		}
-	}
+	same := sameIDs(drafts)
 	done := make([]bool, len(drafts)) // answered as duplicates
 	drafts = withGroupTokens(drafts)
 	for attempt := 0; ; attempt++ {
@@ -241,29 +228,12 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 		if err := s.ensureBuckets(b); err != nil {
 			return nil, err
 		}
-		var idx, levels, owners []int
-		var datas [][]byte
-		var attrs []Attributes
-		var records []any
-		for i, d := range drafts {
-			if done[i] || same[i] >= 0 {
-				continue
-			}
-			idx = append(idx, i)
-			levels = append(levels, d.Priority)
-			datas = append(datas, EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now}))
-			attrs = append(attrs, d.Attributes)
-			if d.DedupID != "" {
-				for k := int64(0); k < 2; k++ {
-					records = append(records, &zk.CreateRequest{Path: s.dedup.record(b+k, d.DedupID), Acl: s.opt.acl})
-					owners = append(owners, i)
-				}
-			}
-		}
+		r := s.dedupRound(drafts, func(i int) bool { return !done[i] && same[i] < 0 }, b, now)
+		idx, datas, records, owners := r.idx, r.datas, r.records, r.owners
 		if len(idx) == 0 {
 			break
 		}
-		paths, err := s.appendGrouped(ctx, levels, datas, attrs, records...)
+		paths, err := s.appendGrouped(ctx, r.levels, datas, r.attrs, records...)
 		var oe *extraOpError
 		switch {
 		case err == nil:
@@ -296,6 +266,56 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 		}
 	}
 	return out, nil
+}
+
+// sameIDs returns, for each draft, the earlier draft of the batch with
+// its dedup id, or -1.
+func sameIDs(drafts []Draft) []int {
+	same := make([]int, len(drafts))
+	first := map[string]int{}
+	for i, d := range drafts {
+		same[i] = -1
+		if d.DedupID == "" {
+			continue
+		}
+		if j, ok := first[d.DedupID]; ok {
+			same[i] = j
+		} else {
+			first[d.DedupID] = i
+		}
+	}
+	return same
+}
+
+// dedupRound is one attempt of publishReceipts: the drafts still to
+// publish (idx) with their priorities, data and attributes, and the
+// dedup records created with them in bucket b and the next, each with
+// the draft it belongs to (owners).
+type dedupRound struct {
+	idx, levels, owners []int
+	datas               [][]byte
+	attrs               []Attributes
+	records             []any
+}
+
+func (s *Queue) dedupRound(drafts []Draft, pending func(int) bool, b int64, now time.Time) dedupRound {
+	var r dedupRound
+	for i, d := range drafts {
+		if !pending(i) {
+			continue
+		}
+		r.idx = append(r.idx, i)
+		r.levels = append(r.levels, d.Priority)
+		r.datas = append(r.datas, EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now}))
+		r.attrs = append(r.attrs, d.Attributes)
+		if d.DedupID != "" {
+			for k := int64(0); k < 2; k++ {
+				r.records = append(r.records, &zk.CreateRequest{Path: s.dedup.record(b+k, d.DedupID), Acl: s.opt.acl})
+				r.owners = append(r.owners, i)
+			}
+		}
+	}
+	return r
 }
 
 // recordIDs writes the ids of the messages just published into their
