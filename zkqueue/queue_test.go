@@ -36,7 +36,10 @@ func TestConcurrentProducersConsumers(t *testing.T) {
 	path := zktest.Root(t) + "/q"
 	newQueue(t, zktest.Conn(t), path)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// About 20 s with -race on a quiet 2-core machine; the bound only
+	// stops a hung run, well inside go test's -timeout, and leaves room
+	// for a machine busy with other work.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
 	var wg sync.WaitGroup
