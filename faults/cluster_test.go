@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/ports"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -165,14 +165,15 @@ func (c *cluster) sessionOf(conn *zk.Conn, p *brokerProc) int64 {
 	return st.EphemeralOwner
 }
 
+// freeAddr returns a loopback address to start a server on, and start it
+// again on after a stop (ports.Free).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := ports.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // cleanEnv drops QBROKER_* variables: the flags alone configure brokers.

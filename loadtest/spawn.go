@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/qbroker/qbroker/internal/ports"
 	"github.com/qbroker/qbroker/internal/zkserver"
 )
 
@@ -112,9 +113,9 @@ func spawnTopology(ctx context.Context, n int, bin string, secure bool) (_ *Topo
 }
 
 // runBroker starts broker i and waits until it serves. The ports are picked
-// free and then bound by the broker, so another process (a test's client
-// connection, another broker) can take one in between; a broker that
-// exits on a bind collision is started again on fresh ports, a few times.
+// free (ports.Free) and then bound by the broker, so another process can
+// take one in between; a broker that exits on a bind collision is started
+// again on fresh ports, a few times.
 func runBroker(ctx context.Context, tmp, bin, zkAddr string, i int, extra ...string) (*brokerProc, string, string, error) {
 	const attempts = 5
 	for attempt := 1; ; attempt++ {
@@ -171,26 +172,12 @@ func buildQBroker(ctx context.Context, dir string, race bool) (string, error) {
 	return out, nil
 }
 
-// freeAddr returns a loopback address with a port that was free a moment
-// ago (the broker binds it right after; a collision fails its start).
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 func startBroker(tmp, bin, zkAddr string, i int, extra ...string) (*brokerProc, string, string, error) {
-	grpcAddr, err := freeAddr()
+	ps, err := ports.Free(2)
 	if err != nil {
 		return nil, "", "", err
 	}
-	metricsAddr, err := freeAddr()
-	if err != nil {
-		return nil, "", "", err
-	}
+	grpcAddr, metricsAddr := "127.0.0.1:"+strconv.Itoa(ps[0]), "127.0.0.1:"+strconv.Itoa(ps[1])
 	logPath := filepath.Join(tmp, fmt.Sprintf("broker-%d.log", i))
 	logf, err := os.Create(logPath)
 	if err != nil {

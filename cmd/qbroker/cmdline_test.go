@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qbroker/qbroker/internal/ports"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -122,14 +123,15 @@ func TestCommandLine(t *testing.T) {
 	}
 }
 
+// freeAddr returns a loopback address to start a server on, and start it
+// again on after a stop (ports.Free).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := ports.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // qbroker serve fails at once on a port in use, before it connects to

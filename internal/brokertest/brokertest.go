@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/qbroker/qbroker/broker"
+	"github.com/qbroker/qbroker/internal/ports"
 )
 
 // StopTimeout is how long Stop lets in-flight calls drain before it
@@ -52,11 +53,12 @@ func Start(ctx context.Context, cfg broker.Config, o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	addr := o.Addr
-	if addr == "" {
-		addr = "127.0.0.1:0"
+	var lis net.Listener
+	if o.Addr == "" {
+		lis, err = listenFree()
+	} else {
+		lis, err = listen(ctx, o.Addr)
 	}
-	lis, err := listen(ctx, addr)
 	if err != nil {
 		b.Close()
 		return nil, err
@@ -70,6 +72,22 @@ func Start(ctx context.Context, cfg broker.Config, o Options) (*Server, error) {
 		_ = s.GRPC.Serve(lis)
 	}()
 	return s, nil
+}
+
+// listenFree listens on a port of ports.Free, so that a test can stop the
+// server and start it again on its address, trying others while another
+// process takes the one picked first.
+func listenFree() (net.Listener, error) {
+	for tries := 1; ; tries++ {
+		addr, err := ports.FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		lis, err := net.Listen("tcp", addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || tries == 10 {
+			return lis, err
+		}
+	}
 }
 
 // listen retries while a just-closed listener still holds the address.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/ports"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -260,12 +260,11 @@ func TestReconnect(t *testing.T) {
 // TestStartWithNATSDown starts the bridge before NATS (JetStream mode): it
 // connects, creates the stream and publishes once the server is up.
 func TestStartWithNATSDown(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ps, err := ports.Free(1) // the server starts on it later
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	port := ps[0]
 
 	b, _ := newBridge(t, Config{
 		URL:           fmt.Sprintf("nats://127.0.0.1:%d", port),

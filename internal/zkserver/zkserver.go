@@ -28,6 +28,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/qbroker/qbroker/internal/ports"
 )
 
 // ErrNotInstalled reports that no ZooKeeper installation was found.
@@ -539,24 +541,13 @@ func FourLetter(addr, cmd string, timeout time.Duration) (string, error) {
 	return strings.TrimSpace(b.String()), nil
 }
 
-// freePorts reserves n distinct free loopback ports. The listeners are held
-// until all are chosen, so the ports differ; another process may still take
-// one before the server binds it, a window of milliseconds.
+// freePorts reserves n distinct free loopback ports, below the ephemeral
+// range (see package ports): a server restarted on its ports finds them
+// free.
 func freePorts(n int) ([]int, error) {
-	ls := make([]net.Listener, 0, n)
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("zkserver: free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	ps, err := ports.Free(n)
+	if err != nil {
+		return nil, fmt.Errorf("zkserver: %w", err)
 	}
-	return ports, nil
+	return ps, nil
 }
