@@ -18,14 +18,23 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // lowest is the lowest port picked: above the well-known and the usual
 // registered service ports.
 const lowest = 10000
 
-// Free returns n distinct loopback ports that were free a moment ago.
-// The listeners that proved them free are held until all n are chosen.
+// given holds the ports this process handed out: never twice, since a
+// server may not have bound its port yet, or may be down for a restart.
+var given = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// Free returns n loopback ports that were free a moment ago, none given
+// before by this process. The listeners that proved them free are held
+// until all n are chosen.
 func Free(n int) ([]int, error) {
 	hi := ephemeralLow() - 1
 	if hi-lowest < 1000 {
@@ -43,6 +52,12 @@ func Free(n int) ([]int, error) {
 			return nil, fmt.Errorf("ports: no %d free loopback ports in [%d, %d] after %d tries", n, lowest, hi, tries)
 		}
 		p := lowest + rand.IntN(hi-lowest+1)
+		given.Lock()
+		mine := given.ports[p]
+		given.Unlock()
+		if mine {
+			continue
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 		if err != nil {
 			continue // taken
@@ -50,6 +65,11 @@ func Free(n int) ([]int, error) {
 		ls = append(ls, l)
 		ports = append(ports, p)
 	}
+	given.Lock()
+	for _, p := range ports {
+		given.ports[p] = true
+	}
+	given.Unlock()
 	return ports, nil
 }
 

