@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -292,9 +293,13 @@ func (b *Broker) sendBatch(ctx context.Context, snd *sender, sub subscription, s
 	return nil
 }
 
+// tokenLease returns the lease name of an ack token (see ackToken) for
+// the stream's bookkeeping: the settlement parsed and checked the token
+// already.
 func tokenLease(tok string) string {
-	t, _ := parseToken(tok)
-	return t.lease
+	_, rest, _ := strings.Cut(tok, "/")
+	lease, _, _ := strings.Cut(rest, "/")
+	return lease
 }
 
 // settle applies settlements a stream received. Each runs to its answer

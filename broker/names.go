@@ -112,25 +112,24 @@ func (t ackToken) trusted(s *tokenSigner) bool {
 var errMalformedAck = invalidf("malformed ack token")
 
 func parseToken(tok string) (ackToken, error) {
-	bad := errMalformedAck
 	parts := strings.Split(tok, "/")
 	if len(parts) < 2 || len(parts) > 3 || validName("queue", parts[0]) != nil {
-		return ackToken{}, bad
+		return ackToken{}, errMalformedAck
 	}
 	if _, ok := zkqueue.ParseLeaseName(parts[1]); !ok {
-		return ackToken{}, bad
+		return ackToken{}, errMalformedAck
 	}
 	t := ackToken{queue: parts[0], lease: parts[1]}
 	if len(parts) == 3 {
 		f := strings.Split(parts[2], ".")
 		if len(f) != 3 && len(f) != 4 {
-			return ackToken{}, bad
+			return ackToken{}, errMalformedAck
 		}
 		ms, err1 := strconv.ParseInt(f[0], 10, 64)
 		deliveries, err2 := strconv.Atoi(f[1])
 		size, err3 := strconv.Atoi(f[2])
 		if err1 != nil || err2 != nil || err3 != nil || ms <= 0 {
-			return ackToken{}, bad
+			return ackToken{}, errMalformedAck
 		}
 		t.deadline, t.deliveries, t.size = time.UnixMilli(ms), deliveries, size
 		t.hint = strings.Join(f[:3], ".")

@@ -415,7 +415,7 @@ func (o *serveOptions) metricsServer(reg *prometheus.Registry, b *broker.Broker,
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Addr: o.metricsListen, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second} // serves the listener bound at start
 	if o.security.metricsTLS {
 		hs.TLSConfig = tlsCfg.Clone()
 	}
