@@ -734,9 +734,13 @@ func TestCloseRemovesLostCreate(t *testing.T) {
 		t.Fatalf("Campaign without a connection: got %v, want an unavailable error", err)
 	}
 	proxy.Restore()
-	if err := zkutil.WaitConnected(conn, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	// The state may still read "has session" before the client noticed
+	// the cut, and a request queued while it reconnects through the cut
+	// proxy fails: wait for one that succeeds.
+	zktest.WaitFor(t, 30*time.Second, "a request after the reconnection", func() bool {
+		_, _, err := conn.Exists(root)
+		return err == nil
+	})
 	lost, err := conn.Create(root+"/n-", []byte("v"), zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		t.Fatal(err)
