@@ -63,7 +63,7 @@ type Config struct {
 	// most zkqueue.HardMaxPayload (1008 KiB); MaxBatchBytes is at least
 	// MaxPayload and at most HardMaxPayload, and counts each message's
 	// payload plus its overhead in the ZooKeeper transaction
-	// (zkqueue.Queue.MessageOverhead: 202 bytes plus the queue name's length
+	// (zkqueue.Queue.MessageOverhead: 207 bytes plus the queue name's length
 	// under the default root). The gRPC server accepts requests up to the
 	// larger of the two plus requestSlack; larger ones fail with
 	// ResourceExhausted before the broker sees them.

@@ -158,7 +158,8 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithReaders(b.readers...),
 		// Every scan is a use: a queue whose consumers wait here is
 		// served here.
-		zkqueue.WithShare(func() (int, int) { q.touch(); return q.consumers.Rank() }),
+		zkqueue.WithOwners(func() zkqueue.Share { q.touch(); return q.consumers.Share() }),
+		zkqueue.WithPublisher(b.cfg.ID),
 		zkqueue.WithLogger(b.log.With("queue", name)),
 		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
 		zkqueue.WithACL(b.acl),

@@ -26,8 +26,10 @@ import (
 // tell its own registrations apart and retry a create or delete whose
 // answer was lost. From the listing, every process computes the same
 // sorted set of consuming processes; its rank in that set is its share of
-// the queue (splitShare in dispatch.go): it takes the messages whose
-// sequence number is its rank modulo their count first.
+// the queue (splitShare in dispatch.go): it takes first the messages it
+// published (when its publishes carry its tag, WithPublisher), then those
+// of no consuming process whose sequence number is its rank modulo their
+// count.
 //
 // Registrations made before names had nonces were sequential nodes,
 // <process id>-<10-digit sequence>; they are still read.
@@ -63,18 +65,30 @@ func ParseRegistration(name string) (processID string, ok bool) {
 	return "", false
 }
 
-// rankOf returns id's rank among the sorted, distinct ids, and their
-// count. A process absent from them (it has no registered consumer)
-// takes the whole queue: rank 0 of 1.
-func rankOf(ids []string, id string) (rank, n int) {
+// Share is a process's place among the processes consuming a queue: its
+// rank of N, and the publisher tag (PublisherTag) of the process of each
+// rank, when known (WithOwners).
+type Share struct {
+	Rank, N    int
+	Publishers []string
+}
+
+// shareOf returns id's share among the sorted, distinct ids. A process
+// absent from them (it has no registered consumer) takes the whole queue:
+// rank 0 of 1.
+func shareOf(ids []string, id string) Share {
 	ids = slices.Clone(ids)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	rank = slices.Index(ids, id)
+	rank := slices.Index(ids, id)
 	if rank < 0 {
-		return 0, 1
+		return Share{Rank: 0, N: 1}
 	}
-	return rank, len(ids)
+	tags := make([]string, len(ids))
+	for i, x := range ids {
+		tags[i] = PublisherTag(x)
+	}
+	return Share{Rank: rank, N: len(ids), Publishers: tags}
 }
 
 // ConsumerGroupConfig configures a ConsumerGroup. Zero fields take the
@@ -110,10 +124,9 @@ type ConsumerGroup struct {
 	mu   sync.Mutex
 	regs map[string]bool // paths registered by Register, not closed
 
-	rankMu sync.Mutex // held while listing for Rank: one listing serves all callers
-	rank   int        // this process's rank at read
-	n      int        // the consuming processes at read
-	read   time.Time  // when the registrations were last listed for Rank
+	rankMu sync.Mutex // held while listing for Share: one listing serves all callers
+	share  Share      // this process's share at read
+	read   time.Time  // when the registrations were last listed for Share
 }
 
 // NewConsumerGroup returns the group whose registrations are the children
@@ -238,14 +251,21 @@ func (g *ConsumerGroup) Count(ctx context.Context) (int, error) {
 // process without a live consumer, or one that cannot list them, takes
 // the whole queue (0 of 1).
 func (g *ConsumerGroup) Rank() (rank, n int) {
+	sh := g.Share()
+	return sh.Rank, sh.N
+}
+
+// Share is Rank with the publisher tags of the consuming processes; its
+// signature is WithOwners'.
+func (g *ConsumerGroup) Share() Share {
 	g.rankMu.Lock()
 	defer g.rankMu.Unlock()
 	if g.read.IsZero() || time.Since(g.read) >= g.cfg.RankTTL {
-		g.rank, g.n = 0, 1
+		g.share = Share{Rank: 0, N: 1}
 		if ids, err := g.Consumers(context.Background()); err == nil {
-			g.rank, g.n = rankOf(ids, g.id)
+			g.share = shareOf(ids, g.id)
 		}
 		g.read = time.Now()
 	}
-	return g.rank, g.n
+	return g.share
 }

@@ -30,7 +30,7 @@ func TestParseRegistration(t *testing.T) {
 	}
 }
 
-func TestRankOf(t *testing.T) {
+func TestShareOf(t *testing.T) {
 	tests := []struct {
 		ids     []string
 		id      string
@@ -44,13 +44,16 @@ func TestRankOf(t *testing.T) {
 	}
 	for _, tc := range tests {
 		ids := append([]string(nil), tc.ids...)
-		rank, n := rankOf(tc.ids, tc.id)
-		if rank != tc.rank || n != tc.n {
-			t.Errorf("rankOf(%v, %q) = %d of %d, want %d of %d", tc.ids, tc.id, rank, n, tc.rank, tc.n)
+		sh := shareOf(tc.ids, tc.id)
+		if sh.Rank != tc.rank || sh.N != tc.n {
+			t.Errorf("shareOf(%v, %q) = %d of %d, want %d of %d", tc.ids, tc.id, sh.Rank, sh.N, tc.rank, tc.n)
+		}
+		if sh.N > 1 && (len(sh.Publishers) != sh.N || sh.Publishers[sh.Rank] != PublisherTag(tc.id)) {
+			t.Errorf("shareOf(%v, %q) publishers %v, want %d with %q at %d", tc.ids, tc.id, sh.Publishers, sh.N, PublisherTag(tc.id), sh.Rank)
 		}
 		for i := range ids {
 			if ids[i] != tc.ids[i] {
-				t.Fatalf("rankOf reordered its argument: %v", tc.ids)
+				t.Fatalf("shareOf reordered its argument: %v", tc.ids)
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,6 +169,88 @@ func TestHelpsWithAStuckShare(t *testing.T) {
 	}
 	if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Fatalf("empty queue: got %v, want ErrEmpty", err)
+	}
+}
+
+// Two processes that publish and consume one queue each take first what
+// they published (WithPublisher, WithOwners), whatever its sequence
+// number, and claim it without reading it back: they remember its data.
+func TestShareByPublisher(t *testing.T) {
+	ctx := context.Background()
+	connA, connB := zktest.Conn(t), zktest.Conn(t)
+	root := zktest.Root(t)
+	a, b := group(t, connA, root+"/q/consumers", "a"), group(t, connB, root+"/q/consumers", "b")
+	for _, g := range []*zkqueue.ConsumerGroup{a, b} {
+		if _, err := g.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRank(t, a, "a", 0, 2)
+	waitRank(t, b, "b", 1, 2)
+	var reads atomic.Int32
+	countReads := func(op string, _ time.Duration, _ error) {
+		if op == "get" || op == "multiread" {
+			reads.Add(1)
+		}
+	}
+	open := func(conn *zk.Conn, g *zkqueue.ConsumerGroup, id string) *zkqueue.Queue {
+		q, err := zkqueue.New(conn, root+"/q/items", zkqueue.WithOwners(g.Share), zkqueue.WithPublisher(id), zkqueue.WithObserver(countReads))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A process remembers what it publishes while it consumes.
+		if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
+			t.Fatalf("%s: empty queue: got %v, want ErrEmpty", id, err)
+		}
+		return q
+	}
+	qa, qb := open(connA, a, "a"), open(connB, b, "b")
+	// Sequence numbers 0-3 are a's, 4-7 b's: by sequence number alone,
+	// each would own half of the other's.
+	ids, err := qa.PublishBatch(ctx, [][]byte{[]byte("a0"), []byte("a1"), []byte("a2"), []byte("a3")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := zkqueue.ParseName(ids[0]); !ok || n.Tag != zkqueue.PublisherTag("a") {
+		t.Fatalf("published %s: want a's tag %s", ids[0], zkqueue.PublisherTag("a"))
+	}
+	// A process that does not consume the queue would not remember what
+	// it publishes: its messages carry no tag, and are shared.
+	idle, err := zkqueue.New(connA, root+"/q/items", zkqueue.WithPublisher("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := idle.Publish(ctx, []byte("untagged")); err != nil {
+		t.Fatal(err)
+	} else if p, _ := zkqueue.ParseName(n); p.Tag != "" {
+		t.Fatalf("published %s from a queue not consumed: want no tag", n)
+	}
+	if _, err := qb.PublishBatch(ctx, [][]byte{[]byte("b0"), []byte("b1"), []byte("b2"), []byte("b3")}); err != nil {
+		t.Fatal(err)
+	}
+	reads.Store(0)
+	for _, tc := range []struct {
+		q    *zkqueue.Queue
+		want []string
+	}{{qb, []string{"b0", "b1", "b2", "b3"}}, {qa, []string{"a0", "a1", "a2", "a3"}}} {
+		var got []string
+		for range len(tc.want) {
+			m, err := tc.q.TryDequeue(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, string(m.Payload))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Fatalf("took %q, want %q: what this process published, in order", got, tc.want)
+		}
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("%d reads, want none: every claim's data was remembered", n)
+	}
+	// The untagged message is a's by its sequence number (4).
+	if m, err := qa.TryDequeue(ctx); err != nil || string(m.Payload) != "untagged" {
+		t.Fatalf("a's last take: %v, %v; want the untagged message", m, err)
 	}
 }
 

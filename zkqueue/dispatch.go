@@ -94,22 +94,24 @@ func (s *Queue) scan() error {
 	s.watches = s.groupWatchesLocked(h.watches)
 	s.more = len(names) > 0 // known bad nodes are left out by levelHead
 	s.groups.skipped = false
-	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
-		// Candidates being claimed by this process's consumers, or
-		// claimed while the listing was under way (it may predate
-		// their delete), are not handed out again: that would be a
-		// race with ourselves.
-		names = slices.DeleteFunc(names, func(n Name) bool {
-			return s.claims[n.Raw] > 0 || s.doneWhileScanning[n.Raw]
-		})
-	}
 	for _, f := range foreign {
 		if !s.foreign[f] && len(s.foreign) < 1000 {
 			s.foreign[f] = true
 			s.opt.logger.Warn("skipping foreign node in queue", "znode", s.path+"/"+f)
 		}
 	}
+	// The split counts the messages this process is claiming, as the
+	// other processes' listings do, so that all draw the same lines.
 	s.pending, s.others = splitShare(names, s.opt.share)
+	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
+		// Candidates being claimed by this process's consumers, or
+		// claimed while the listing was under way (it may predate
+		// their delete), are not handed out again: that would be a
+		// race with ourselves.
+		claimed := func(n Name) bool { return s.claims[n.Raw] > 0 || s.doneWhileScanning[n.Raw] }
+		s.pending = slices.DeleteFunc(s.pending, claimed)
+		s.others = slices.DeleteFunc(s.others, claimed)
+	}
 	switch {
 	case len(s.others) == 0:
 		s.othersHead = Name{}
@@ -275,28 +277,86 @@ func (s *Queue) giveBack(n Name) {
 }
 
 // splitShare divides a sorted snapshot between the processes consuming the
-// queue: a message belongs to process seq mod n, which takes its own share
-// first. Shares are stable across snapshots (the sequence number never
-// changes), so processes claim disjoint messages unless one steals from
-// another's share after using up its own.
-func splitShare(names []Name, share func() (rank, n int)) (mine, others []Name) {
+// queue, each taking its own share first. Every process computes the same
+// split from the same snapshot, and shares barely move between snapshots
+// (names never change), so processes claim disjoint messages unless one
+// steals from another's share after using up its own.
+//
+// A message belongs to process seq mod n, unless its publisher tag names
+// one of the n: then the first ownWindow of that publisher's messages in
+// the snapshot are the publisher's, which remembers their data from
+// publishing them and claims them without a read. Past the window the
+// publisher is not keeping up, and the others help with its backlog, each
+// with the messages that are its own by sequence number, but only from
+// helpMargin messages further on: their listings and the publisher's are
+// taken at different times, and the margin keeps them from claiming what
+// the publisher, from a later listing, already counts in its window. The
+// rest of the backlog is no one's until the window reaches it (or the
+// stuck-share rule hands it out): the publisher takes its messages in
+// order, never jumping ahead of its window and back.
+func splitShare(names []Name, share func() Share) (mine, others []Name) {
 	if share == nil {
 		return names, nil
 	}
-	rank, n := share()
+	sh := share()
+	rank, n := sh.Rank, sh.N
 	if n <= 1 || rank < 0 || rank >= n {
 		return names, nil
+	}
+	publishers := publisherRanks(sh.Publishers, n)
+	var seen []int // messages of each publisher so far
+	if len(publishers) > 0 {
+		seen = make([]int, n)
 	}
 	mine = make([]Name, 0, len(names)/n+1)
 	others = make([]Name, 0, len(names)-len(names)/n)
 	for _, nm := range names {
-		if int(uint32(nm.Seq)%uint32(n)) == rank {
+		owner := int(uint32(nm.Seq) % uint32(n))
+		if p, ok := publishers[nm.Tag]; ok && nm.Tag != "" {
+			k := seen[p]
+			seen[p]++
+			switch {
+			case k < ownWindow:
+				owner = p
+			case k < ownWindow+helpMargin || owner == p:
+				owner = -1
+			}
+		}
+		if owner == rank {
 			mine = append(mine, nm)
 		} else {
 			others = append(others, nm)
 		}
 	}
 	return mine, others
+}
+
+// ownWindow bounds the messages a snapshot gives their publisher;
+// helpMargin is the gap before the others help with the rest.
+const (
+	ownWindow  = 4096
+	helpMargin = 4096
+)
+
+// publisherRanks maps the publisher tags of the n consuming processes to
+// their ranks, leaving out tags two of them share; nil when the tags are
+// unknown.
+func publisherRanks(tags []string, n int) map[string]int {
+	if len(tags) != n {
+		return nil
+	}
+	ranks := make(map[string]int, n)
+	shared := map[string]bool{}
+	for r, t := range tags {
+		if _, dup := ranks[t]; dup {
+			shared[t] = true
+		}
+		ranks[t] = r
+	}
+	for t := range shared {
+		delete(ranks, t)
+	}
+	return ranks
 }
 
 // Rescan drops the cached snapshot so the next take lists the children

@@ -109,8 +109,10 @@
 // goroutines of one process that share a Queue share one snapshot and
 // take distinct children from it, so they never race each other. Dequeue
 // and blocking takes wait on the watches (parent and head), never poll.
-// Processes consuming one queue split each snapshot by sequence number
-// (WithShare) and take their own share first.
+// Processes consuming one queue split each snapshot, a message published
+// by one of them (its name carries the publisher's tag, WithPublisher) to
+// that process, any other by sequence number (WithOwners, WithShare), and
+// take their own share first.
 //
 // Claims read the messages this process does not remember from
 // publishing them together: concurrent reads of a Queue share multiRead

@@ -3,6 +3,7 @@ package zkqueue
 import (
 	"cmp"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,13 @@ import (
 // first. The sequence suffix is parsed as a signed 32-bit integer (the
 // legacy counter could wrap to "-2147483648") and names are compared
 // numerically.
+//
+// A queue whose publishes name their process (WithPublisher) writes a
+// publisher tag between segment and sequence, "qn-12-3fa0-0000000042": 4
+// hex digits of a hash of the process id (PublisherTag). The processes
+// consuming the queue give a message of one of them to that process first
+// (splitShare in dispatch.go), which remembers its data from publishing
+// it and so claims it without reading it back.
 const (
 	// FIFOPrefix prefixes the messages of a FIFO queue.
 	FIFOPrefix = "qn-"
@@ -42,13 +50,29 @@ type Name struct {
 	Base     string // Raw without the incarnation suffix: the message id
 	Priority int    // 0 for FIFO messages
 	Seg      int64  // the segment's number; 0 for the legacy segment
+	Tag      string // the publisher tag; "" when the name has none
 	Seq      int32  // the sequence suffix
+}
+
+// tagLen is the length of a publisher tag: hex digits.
+const tagLen = 4
+
+// PublisherTag returns the tag that the messages published by process
+// processID carry in their names: 4 hex digits of its FNV-1a hash. Two
+// processes may share a tag; their messages then belong to no one in
+// particular (splitShare).
+func PublisherTag(processID string) string {
+	h := fnv.New32a()
+	h.Write([]byte(processID))
+	x := h.Sum32()
+	return fmt.Sprintf("%04x", (x>>16^x)&0xffff)
 }
 
 // IncarnationLen is the length of the ".<hex>" incarnation suffix.
 const IncarnationLen = 9
 
-// ParseName parses "qn-<seg>-<seq>" and "pNNN-<seg>-<seq>" (and the legacy
+// ParseName parses "qn-<seg>-<seq>" and "pNNN-<seg>-<seq>", with or without
+// a publisher tag before the sequence ("qn-<seg>-<tag>-<seq>") (and the legacy
 // "qn-<seq>" and "pNNN-<seq>"), each optionally followed by an incarnation
 // suffix. ok is false for any other name (foreign nodes,
 // which queues skip).
@@ -95,6 +119,12 @@ func parseBase(s string) (n Name, ok bool) {
 			return Name{}, false
 		}
 		n.Seg, rest = seg, rest[i+1:]
+		if len(rest) > tagLen && rest[tagLen] == '-' && isHex(rest[:tagLen]) {
+			n.Tag, rest = rest[:tagLen], rest[tagLen+1:]
+			if rest == "" || rest[0] == '-' {
+				return Name{}, false
+			}
+		}
 	}
 	// ZooKeeper writes %010d: at least 10 characters, a sign only when
 	// negative.

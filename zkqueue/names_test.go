@@ -42,6 +42,14 @@ func TestParseName(t *testing.T) {
 		{"qn-0000000042.0A1B2C3D", false, 0, 0},
 		{"qn-0000000042.0a1b2c3", false, 0, 0},
 		{"qn-0000000042.0a1b2c3d.0a1b2c3d", false, 0, 0},
+		{"qn-12-0000000042", true, 0, 42},
+		{"qn-12-3fa0-0000000042", true, 0, 42},
+		{"p007-3-0000-0000000042.0a1b2c3d", true, 7, 42},
+		{"qn-12-3fA0-0000000042", false, 0, 0},
+		{"qn-12-3fa-0000000042", false, 0, 0},
+		{"qn-12-3fa0--000000042", false, 0, 0},
+		{"qn-12-3fa0-", false, 0, 0},
+		{"qn-12--0000000042", false, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -200,27 +208,89 @@ func TestIncarnationKeepsPlace(t *testing.T) {
 
 func TestSplitShare(t *testing.T) {
 	names, _ := SortNames([]string{"qn-0000000000", "qn-0000000001", "qn-0000000002", "qn-0000000003", "qn-0000000004", "qn--0000000003"})
-	mine, others := splitShare(names, func() (int, int) { return 1, 2 })
-	var m, o []int32
-	for _, n := range mine {
-		m = append(m, n.Seq)
-	}
-	for _, n := range others {
-		o = append(o, n.Seq)
-	}
+	mine, others := splitShare(names, shareFunc(1, 2))
 	// -3 as uint32 is odd: rank 1's.
-	if !slices.Equal(m, []int32{-3, 1, 3}) || !slices.Equal(o, []int32{0, 2, 4}) {
+	if m, o := seqs(mine), seqs(others); !slices.Equal(m, []int32{-3, 1, 3}) || !slices.Equal(o, []int32{0, 2, 4}) {
 		t.Errorf("rank 1 of 2: mine %v, others %v; want [-3 1 3], [0 2 4]", m, o)
 	}
 	all, none := splitShare(names, nil)
 	if len(all) != len(names) || none != nil {
 		t.Errorf("no share: got %d and %d, want all and none", len(all), len(none))
 	}
-	all, _ = splitShare(names, func() (int, int) { return 3, 2 }) // rank not in the registry yet
+	all, _ = splitShare(names, shareFunc(3, 2)) // rank not in the registry yet
 	if len(all) != len(names) {
 		t.Errorf("bad rank: got %d, want all %d", len(all), len(names))
 	}
 }
+
+func shareFunc(rank, n int, publishers ...string) func() Share {
+	return func() Share { return Share{Rank: rank, N: n, Publishers: publishers} }
+}
+
+func seqs(names []Name) []int32 {
+	var out []int32
+	for _, n := range names {
+		out = append(out, n.Seq)
+	}
+	return out
+}
+
+// A message published by a consuming process is that process's, up to
+// ownWindow of them in a snapshot; messages of anyone else, and those past
+// the window, go by sequence number.
+func TestSplitShareByPublisher(t *testing.T) {
+	a, b, c := PublisherTag("broker-a"), PublisherTag("broker-b"), PublisherTag("broker-c")
+	if a == b || a == c || b == c {
+		t.Fatalf("test tags collide: %s %s %s", a, b, c)
+	}
+	name := func(tag string, seq int) string {
+		return fmt.Sprintf("%s%010d", messagePrefix(false, segment{0, 1}, tag), seq)
+	}
+	// seq:   0  1  2  3  4  5
+	// tag:   a  a  b  -  c  a   (c publishes but does not consume)
+	names, foreign := SortNames([]string{name(a, 0), name(a, 1), name(b, 2), name("", 3), name(c, 4), name(a, 5)})
+	if len(foreign) != 0 {
+		t.Fatalf("foreign %v", foreign)
+	}
+	mineA, othersA := splitShare(names, shareFunc(0, 2, a, b))
+	mineB, othersB := splitShare(names, shareFunc(1, 2, a, b))
+	if m, o := seqs(mineA), seqs(othersA); !slices.Equal(m, []int32{0, 1, 4, 5}) || !slices.Equal(o, []int32{2, 3}) {
+		t.Errorf("a: mine %v others %v, want [0 1 4 5] [2 3]", m, o)
+	}
+	if m := seqs(mineB); !slices.Equal(m, []int32{2, 3}) || !slices.Equal(seqs(othersB), seqs(mineA)) {
+		t.Errorf("b: mine %v others %v, want [2 3] and a's", m, seqs(othersB))
+	}
+	// Publishers unknown (WithShare): by sequence number alone.
+	if m := seqs(first(splitShare(names, shareFunc(0, 2)))); !slices.Equal(m, []int32{0, 2, 4}) {
+		t.Errorf("no publishers: mine %v, want [0 2 4]", m)
+	}
+	// Two consuming processes with one tag: their messages are no one's.
+	if m := seqs(first(splitShare(names, shareFunc(1, 3, b, a, a)))); !slices.Equal(m, []int32{1, 4}) {
+		t.Errorf("shared tag: rank 1 of 3 mine %v, want [1 4]", m)
+	}
+
+	// Past ownWindow, the others help with a publisher's backlog, each
+	// with its messages by sequence number past helpMargin; the rest waits
+	// for the publisher's window.
+	var deep []string
+	for i := range ownWindow + helpMargin + 4 {
+		deep = append(deep, name(a, i))
+	}
+	names, _ = SortNames(deep)
+	mineA, othersA = splitShare(names, shareFunc(0, 2, a, b))
+	mineB, othersB = splitShare(names, shareFunc(1, 2, a, b))
+	if len(mineA) != ownWindow || seqs(mineA)[ownWindow-1] != ownWindow-1 {
+		t.Errorf("deep: a has %d up to %d, want its window, %d", len(mineA), seqs(mineA)[len(mineA)-1], ownWindow)
+	}
+	if w := ownWindow + helpMargin; !slices.Equal(seqs(mineB), []int32{int32(w + 1), int32(w + 3)}) {
+		t.Errorf("deep: b has %v, want [%d %d]", seqs(mineB), w+1, w+3)
+	}
+	if len(othersA)+len(othersB) != 2*len(names)-ownWindow-2 {
+		t.Errorf("deep: %d and %d others, want the rest", len(othersA), len(othersB))
+	}
+}
+
+func first(mine, _ []Name) []Name { return mine }
 
 // segmentName writes what the layout documents (zero-padded numbers, so
 // string and numeric order agree) and parseSegment reads it back.

@@ -35,7 +35,8 @@ type options struct {
 	badDataHook  func(znode string)
 	logger       *slog.Logger
 	observer     Observer
-	share        func() (rank, n int)
+	share        func() Share
+	publisher    string // the publisher tag of this process (WithPublisher)
 	readers      []*zk.Conn
 	committer    *Committer
 	memory       *Budget
@@ -165,8 +166,27 @@ func WithObserver(f Observer) Option { return func(o *options) { o.observer = f 
 // process takes the messages whose sequence number is its rank modulo n
 // first, so processes do not race each other for the same head (see
 // dispatch.go). ConsumerGroup.Rank (consumers.go) computes the rank from
-// the consumer registrations in ZooKeeper.
-func WithShare(f func() (rank, n int)) Option { return func(o *options) { o.share = f } }
+// the consumer registrations in ZooKeeper. WithOwners also says who
+// published what.
+func WithShare(f func() (rank, n int)) Option {
+	return WithOwners(func() Share {
+		rank, n := f()
+		return Share{Rank: rank, N: n}
+	})
+}
+
+// WithOwners is WithShare with the consuming processes' publisher tags
+// (ConsumerGroup.Share computes them): a message published by one of them
+// (WithPublisher) is that process's, which remembers its data and claims
+// it without reading it; the others are shared by sequence number.
+func WithOwners(f func() Share) Option { return func(o *options) { o.share = f } }
+
+// WithPublisher makes this queue's publishes carry the publisher tag of
+// processID (PublisherTag) in their names, for WithOwners. Use the process
+// id of the queue's ConsumerGroup.
+func WithPublisher(processID string) Option {
+	return func(o *options) { o.publisher = PublisherTag(processID) }
+}
 
 // WithReaders sets the sessions (to the same ensemble) over which claims
 // spread their reads instead of the queue's own. Keep them free of

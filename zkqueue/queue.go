@@ -287,11 +287,25 @@ func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, err
 // MessageOverhead is what each message of a batch counts against
 // MaxBatchBytes besides its payload: its header (HeaderMax), its node path
 // (the parent's path, "/" + the segment's name, "/" + the longest name
-// prefix with the segment's number + 10 digits) and the framing and ACL of
-// its create op. For a queue's items under /qbroker it is 202 bytes plus
-// the length of the queue name.
+// prefix with the segment's number, the publisher tag and 10 digits) and
+// the framing and ACL of its create op. For a broker's queue (items under
+// /qbroker, tagged) it is 207 bytes plus the length of the queue name.
 func (s *Queue) MessageOverhead() int {
-	return HeaderMax + len(s.path) + 2*segDigits + 23 + opOverhead
+	o := HeaderMax + len(s.path) + 2*segDigits + 23 + opOverhead
+	if s.opt.publisher != "" {
+		o += tagLen + 1
+	}
+	return o
+}
+
+// publisherTag is the tag new messages carry in their names: this
+// process's (WithPublisher) while it consumes the queue and so remembers
+// what it publishes, else none, and they are shared by sequence number.
+func (s *Queue) publisherTag() string {
+	if s.opt.publisher == "" || !s.recent.consumed() {
+		return ""
+	}
+	return s.opt.publisher
 }
 
 // created notes a message this process created at path p with data, and

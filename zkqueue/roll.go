@@ -171,7 +171,7 @@ func (s *Queue) appendWith(ctx context.Context, pre []any, levels []int, datas [
 			}
 			sg := segment{level, k}
 			creates = append(creates, &zk.CreateRequest{
-				Path:  segmentPath(s.path, s.opt.priorities, sg) + "/" + messagePrefix(s.opt.priorities, sg),
+				Path:  segmentPath(s.path, s.opt.priorities, sg) + "/" + messagePrefix(s.opt.priorities, sg, s.publisherTag()),
 				Data:  datas[i],
 				Acl:   s.opt.acl,
 				Flags: zk.FlagSequence,

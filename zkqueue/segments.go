@@ -129,13 +129,17 @@ func parseSegment(name string) (sg segment, prio bool, ok bool) {
 	return sg, prio, true
 }
 
-// messagePrefix is the name prefix of a message created in sg; ZooKeeper
-// appends the sequence number.
-func messagePrefix(prio bool, sg segment) string {
+// messagePrefix is the name prefix of a message created in sg by the
+// publisher tag (none when ""); ZooKeeper appends the sequence number.
+func messagePrefix(prio bool, sg segment, tag string) string {
+	p := FIFOPrefix
 	if prio {
-		return fmt.Sprintf("%s%d-", PriorityPrefix(sg.level), sg.k)
+		p = PriorityPrefix(sg.level)
 	}
-	return fmt.Sprintf("%s%d-", FIFOPrefix, sg.k)
+	if tag != "" {
+		return fmt.Sprintf("%s%d-%s-", p, sg.k, tag)
+	}
+	return fmt.Sprintf("%s%d-", p, sg.k)
 }
 
 // segmentOf returns the segment of message n and whether its queue is a
