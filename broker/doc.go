@@ -10,10 +10,11 @@
 //	/<root>/queues/<name>                      metadata (JSON, "v":1): kind, sync members,
 //	                                           visibility, max deliveries, dead letter, created;
 //	                                           "deleting":true while DeleteQueue removes the queue
-//	/<root>/queues/<name>/items/<segment>/qn-<k>-NNNNNNNNNN  ready messages, in segments of
-//	                                           Config.SegmentSize (zkqueue's segments.go; pNNN-...
-//	                                           for priority queues; ".<hex>" incarnation suffix
-//	                                           after a redelivery)
+//	/<root>/queues/<name>/items/<segment>/qn-<k>-<tag>-NNNNNNNNNN  ready messages, in segments
+//	                                           of Config.SegmentSize (zkqueue's segments.go; pNNN-...
+//	                                           for priority queues; <tag>, the publishing broker's
+//	                                           while it consumes the queue, else none; ".<hex>"
+//	                                           incarnation suffix after a redelivery)
 //	/<root>/queues/<name>/leases/<item>~<hex>  at-least-once deliveries in flight
 //	/<root>/queues/<name>/dead/<item>          dead letters
 //	/<root>/queues/<name>/consumers/<id>~<hex> EPHEMERAL, one per open Consume stream

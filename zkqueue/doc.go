@@ -42,6 +42,8 @@
 //	                                       data = small header + payload
 //	<path>/p003-s0000000000000000002/p003-2-0000000005   priority 3 (WithPriorities)
 //	<path>/s0000000000000000007/qn-7-0000000042.1f2e3d4c a message put back after a lease ended
+//	<path>/s0000000000000000007/qn-7-3fa0-0000000043     published by a consumer of the queue
+//	                                       with publisher tag 3fa0 (WithPublisher)
 //
 // A queue is a chain of segments (one chain per priority level), each a
 // parent node holding up to about S messages (WithSegmentSize, default
