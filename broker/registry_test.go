@@ -14,6 +14,7 @@ import (
 	"github.com/qbroker/qbroker/broker"
 	"github.com/qbroker/qbroker/internal/zktest"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // openStream is a subscribed Consume stream whose deliveries arrive on
@@ -256,4 +257,46 @@ func TestRestartedBrokerTakesOverItsRegistration(t *testing.T) {
 		t.Fatalf("brokers/%s vanished with the previous session", id)
 	}
 	delivers(t, tb.client, "q", "m", msgs)
+}
+
+// A broker names the messages it publishes with its publisher tag while it
+// consumes their queue (so that the other brokers leave them to it: it
+// remembers their data), and without one before: a broker that does not
+// consume a queue remembers nothing of what it publishes.
+func TestPublisherTag(t *testing.T) {
+	const id = "tag-test-broker"
+	tb := newBroker(t, zktest.Root(t), func(c *broker.Config) { c.ID = id })
+	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: "tagged"})
+	publish := func(payload string) string {
+		t.Helper()
+		r, err := tb.client.Publish(context.Background(), &pb.PublishRequest{Queue: "tagged", Messages: []*pb.OutMessage{{Payload: []byte(payload)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetIds()[0]
+	}
+	tagOf := func(msgID string) string {
+		t.Helper()
+		n, ok := zkqueue.ParseName(msgID)
+		if !ok {
+			t.Fatalf("message id %q does not parse", msgID)
+		}
+		return n.Tag
+	}
+	if before := publish("before"); tagOf(before) != "" {
+		t.Fatalf("published %s with no consumer: want no tag", before)
+	}
+	msgs := make(chan *pb.Message, 1)
+	subscribe(t, tb.client, "tagged", msgs)
+	select {
+	case m := <-msgs:
+		if string(m.GetPayload()) != "before" {
+			t.Fatalf("got %q, want before", m.GetPayload())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery within 30s")
+	}
+	if after := publish("after"); tagOf(after) != zkqueue.PublisherTag(id) {
+		t.Fatalf("published %s while consuming: want tag %s", after, zkqueue.PublisherTag(id))
+	}
 }
