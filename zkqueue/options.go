@@ -182,10 +182,16 @@ func WithShare(f func() (rank, n int)) Option {
 func WithOwners(f func() Share) Option { return func(o *options) { o.share = f } }
 
 // WithPublisher makes this queue's publishes carry the publisher tag of
-// processID (PublisherTag) in their names, for WithOwners. Use the process
-// id of the queue's ConsumerGroup.
+// processID (PublisherTag) in their names while it consumes the queue, for
+// WithOwners; "" means no tag. Use the process id of the queue's
+// ConsumerGroup.
 func WithPublisher(processID string) Option {
-	return func(o *options) { o.publisher = PublisherTag(processID) }
+	return func(o *options) {
+		o.publisher = ""
+		if processID != "" {
+			o.publisher = PublisherTag(processID)
+		}
+	}
 }
 
 // WithReaders sets the sessions (to the same ensemble) over which claims
