@@ -54,17 +54,31 @@ type emptyTail struct {
 func newChain() chain { return chain{empty: map[int]emptyTail{}} }
 
 // stillEmpty reports whether level's head is a tail found empty whose
-// watch has not fired, and returns that watch.
+// watch has not fired, and returns that watch. A tail found empty that is
+// no longer the last segment of its level was sealed since (a roll only
+// changes its data, which no children watch sees), so it is listed again:
+// sealed and empty, it is removed and its successor becomes the head.
 func (c *chain) stillEmpty(level int) (<-chan zk.Event, bool) {
 	e, ok := c.empty[level]
 	if !ok {
 		return nil, false
 	}
-	if !zkutil.Fired(e.watch) && c.head(level) == e.seg {
+	if !zkutil.Fired(e.watch) && c.head(level) == e.seg && c.last(level) == e.seg {
 		return e.watch, true
 	}
 	delete(c.empty, level)
 	return nil, false
+}
+
+// last returns the last listed segment of level; the zero segment when
+// there is none.
+func (c *chain) last(level int) segment {
+	for i := len(c.segs) - 1; i >= 0; i-- {
+		if c.segs[i].level == level {
+			return c.segs[i]
+		}
+	}
+	return segment{}
 }
 
 // head returns the first segment of level, legacy or listed; the zero
