@@ -1,6 +1,7 @@
 package zkqueue
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -63,11 +64,13 @@ type recent struct {
 	mu      sync.Mutex
 	bytes   int // this Queue's share of the budget
 	entries map[string]recentEntry
+	puts    uint64 // entries put so far; an entry's seq is its put's number
 }
 
 type recentEntry struct {
 	name Name
 	data []byte
+	seq  uint64
 }
 
 func newRecent(b *Budget) *recent {
@@ -102,8 +105,16 @@ func (r *recent) put(n Name, data []byte) {
 	if _, ok := r.entries[n.Raw]; ok || !r.budget.reserve(c) {
 		return
 	}
-	r.entries[n.Raw] = recentEntry{name: n, data: data}
+	r.puts++
+	r.entries[n.Raw] = recentEntry{name: n, data: data, seq: r.puts}
 	r.bytes += c
+}
+
+// mark returns the number of entries put so far, for prune.
+func (r *recent) mark() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.puts
 }
 
 // has reports whether the data of message raw is remembered.
@@ -147,9 +158,10 @@ func (r *recent) forget() {
 
 // prune forgets the messages missing from listed, a sorted listing of one
 // head segment, in that segment or an earlier one of its level: someone
-// else claimed them. A message created after the listing is forgotten too;
-// its claim then reads as usual.
-func (r *recent) prune(listed []Name) {
+// else claimed them. Only entries put by the time the listing was asked
+// for (mark, taken then) count: a publish answered meanwhile may be
+// missing from the listing merely because the listing was read first.
+func (r *recent) prune(listed []Name, mark uint64) {
 	if len(listed) == 0 {
 		return
 	}
@@ -158,7 +170,7 @@ func (r *recent) prune(listed []Name) {
 	defer r.mu.Unlock()
 	for raw, e := range r.entries {
 		n := e.name
-		if n.Priority == head.Priority && n.Seg <= head.Seg && !listedHas(listed, n) {
+		if e.seq <= mark && n.Priority == head.Priority && n.Seg <= head.Seg && !listedHas(listed, n) {
 			r.dropLocked(raw, e)
 		}
 	}
@@ -170,6 +182,105 @@ func listedHas(names []Name, n Name) bool {
 	i, _ := slices.BinarySearchFunc(names, n, Compare)
 	for ; i < len(names) && Compare(names[i], n) == 0; i++ {
 		if names[i].Raw == n.Raw {
+			return true
+		}
+	}
+	return false
+}
+
+// publishes tracks this process's publishes of a Queue while they are
+// under way. A consumer's listing can show a message before the publish
+// that created it has returned here: the children watch fires on one
+// session and the create's answer comes on another. The message is then
+// not remembered yet, and its claim would read it from ZooKeeper. So a
+// claim of a message carrying this process's publisher tag that is not
+// remembered first waits for the publishes begun before it (settle), at
+// most ownPublishWait, and reads only if the message is still unknown:
+// published by an earlier process with the same tag, or over the budget.
+type publishes struct {
+	mu   sync.Mutex
+	next uint64              // tickets issued; a publish's ticket is its number
+	open map[uint64]struct{} // tickets of the publishes under way
+	// ended is closed, and cleared, when a publish ends while someone
+	// waits (settle); nil when nobody does.
+	ended chan struct{}
+}
+
+// ownPublishWait bounds how long a claim waits for this process's
+// publishes before it reads the message instead.
+const ownPublishWait = time.Second
+
+// begin notes a publish under way and returns its ticket for end.
+func (p *publishes) begin() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open == nil {
+		p.open = map[uint64]struct{}{}
+	}
+	p.next++
+	p.open[p.next] = struct{}{}
+	return p.next
+}
+
+// end notes that the publish of ticket t ended (once its messages are
+// remembered). Calling it again does nothing.
+func (p *publishes) end(t uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.open[t]; !ok {
+		return
+	}
+	delete(p.open, t)
+	if p.ended != nil {
+		close(p.ended)
+		p.ended = nil
+	}
+}
+
+// busy reports whether a publish is under way.
+func (p *publishes) busy() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.open) > 0
+}
+
+// settle waits until the publishes under way now have ended, at most
+// ownPublishWait or until ctx ends. It reports whether there were any.
+func (p *publishes) settle(ctx context.Context) bool {
+	p.mu.Lock()
+	mark := p.next
+	waited := false
+	var timeout <-chan time.Time
+	for p.openBeforeLocked(mark) {
+		if !waited {
+			waited = true
+			t := time.NewTimer(ownPublishWait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		if p.ended == nil {
+			p.ended = make(chan struct{})
+		}
+		ch := p.ended
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timeout:
+			return true
+		case <-ctx.Done():
+			return true
+		}
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+	return waited
+}
+
+// openBeforeLocked reports whether a publish of ticket mark or earlier is
+// under way.
+func (p *publishes) openBeforeLocked(mark uint64) bool {
+	for t := range p.open {
+		if t <= mark {
 			return true
 		}
 	}

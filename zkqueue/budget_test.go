@@ -109,15 +109,21 @@ func TestRecentPrune(t *testing.T) {
 	// 1 was claimed elsewhere; 2 was claimed and requeued under another
 	// incarnation (which sorts equal but is a different node).
 	listed, _ := SortNames([]string{"qn-0000000002.1234abcd", "p005-0000000003", "qn-0000000004", "qn-0000000009"})
-	r.prune(listed)
+	mark := r.mark()
+	// 5 was published after the listing was asked for: missing from it,
+	// but not claimed by anyone.
+	r.put(mustName(t, "qn-0000000005"), []byte("qn-0000000005"))
+	r.prune(listed, mark)
 	for s, want := range map[string]bool{
 		"qn-0000000001": false, "qn-0000000002.0000abcd": false, "p005-0000000003": true, "qn-0000000004": true,
+		"qn-0000000005": true,
 	} {
 		if _, ok := r.entries[s]; ok != want {
 			t.Errorf("after prune %s remembered = %v, want %v", s, ok, want)
 		}
 	}
-	want := entryCost(mustName(t, "p005-0000000003"), []byte("p005-0000000003")) + entryCost(mustName(t, "qn-0000000004"), []byte("qn-0000000004"))
+	want := entryCost(mustName(t, "p005-0000000003"), []byte("p005-0000000003")) + entryCost(mustName(t, "qn-0000000004"), []byte("qn-0000000004")) +
+		entryCost(mustName(t, "qn-0000000005"), []byte("qn-0000000005"))
 	if r.bytes != want || int(budget.used.Load()) != want {
 		t.Errorf("bytes = %d, budget used %d, want %d", r.bytes, int(budget.used.Load()), want)
 	}

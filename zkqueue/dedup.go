@@ -238,7 +238,7 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 		switch {
 		case err == nil:
 			for j, i := range idx {
-				out[i] = Receipt{ID: s.created(paths[j], datas[j])}
+				out[i] = Receipt{ID: path.Base(paths[j])}
 			}
 			s.recordIDs(ctx, records, owners, out)
 		case errors.As(err, &oe) && errors.Is(oe.Err, zk.ErrNodeExists):

@@ -165,7 +165,7 @@ func (d *Scheduled) PublishAll(ctx context.Context, drafts []Draft, due []time.T
 			j++
 			continue
 		}
-		ids[i] = s.created(paths[k], datas[k])
+		ids[i] = path.Base(paths[k])
 		k++
 	}
 	return ids, nil
@@ -343,9 +343,6 @@ func (d *Scheduled) commit(ctx context.Context, pre []any, levels []int, datas [
 	s := d.items
 	res, paths, err := s.appendWith(ctx, pre, levels, datas)
 	if err == nil {
-		for i, p := range paths {
-			s.created(p, datas[i])
-		}
 		return len(paths), nil
 	}
 	if !preFailed(res, len(pre)) {

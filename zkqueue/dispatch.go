@@ -79,10 +79,11 @@ func (s *Queue) scan() error {
 	clear(s.doneWhileScanning)
 	s.mu.Unlock()
 
+	mark := s.recent.mark()
 	h, err := s.listHeads()
 	names, foreign := h.names, h.foreign
 	if err == nil {
-		s.recent.prune(names)
+		s.recent.prune(names, mark)
 	}
 
 	s.mu.Lock()

@@ -172,7 +172,7 @@ func decodeLeaseState(data []byte) (deadline time.Time, itemData []byte, nacked 
 // consumer won the race.
 func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFunc) (Lease, error) {
 	itemPath := itemPath(l.items.path, n)
-	data, version, err := l.items.readItem(itemPath, n)
+	data, version, err := l.items.readItem(ctx, itemPath, n)
 	if err != nil {
 		return Lease{}, err
 	}

@@ -29,6 +29,7 @@ type Queue struct {
 	path    string
 	opt     options
 	recent  *recent   // data of messages published here, for read-free claims
+	pubs    publishes // publishes under way, for claims of what they create
 	reads   readGroup // concurrent claims' reads (reads.go)
 	tails   tails     // the tail segment of each level, for producers
 	chain   chain     // the segments, for consumers
@@ -189,7 +190,7 @@ func (s *Queue) publish(ctx context.Context, d Draft) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("create in %s: %w", s.path, err)
 	}
-	return s.created(paths[0], data), nil
+	return path.Base(paths[0]), nil
 }
 
 // PublishBatch appends all payloads (at priority 0 in a priority queue)
@@ -279,7 +280,7 @@ func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, err
 	}
 	ids := make([]string, len(paths))
 	for i, p := range paths {
-		ids[i] = s.created(p, datas[i])
+		ids[i] = path.Base(p)
 	}
 	return ids, nil
 }
@@ -308,14 +309,19 @@ func (s *Queue) publisherTag() string {
 	return s.opt.publisher
 }
 
-// created notes a message this process created at path p with data, and
-// returns its name.
-func (s *Queue) created(p string, data []byte) string {
-	name := path.Base(p)
-	if n, ok := ParseName(name); ok {
-		s.recent.put(n, data)
+// remember notes the messages this process created at paths with datas,
+// for read-free claims.
+func (s *Queue) remember(paths []string, datas [][]byte) {
+	for i, p := range paths {
+		if n, ok := ParseName(path.Base(p)); ok {
+			s.recent.put(n, datas[i])
+		}
 	}
-	return name
+}
+
+// ownTag reports whether n carries this process's publisher tag.
+func (s *Queue) ownTag(n Name) bool {
+	return n.Tag != "" && n.Tag == s.opt.publisher
 }
 
 // reader returns the session for a claim's read, round-robin.
@@ -361,7 +367,7 @@ func (s *Queue) multi(ctx context.Context, ops ...any) ([]zk.MultiResponse, erro
 // caller's room (see fitClaimFunc) is not deleted.
 func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, error) {
 	p := itemPath(s.path, n)
-	data, version, err := s.readItem(p, n)
+	data, version, err := s.readItem(ctx, p, n)
 	if err != nil {
 		return Message{}, err
 	}
@@ -412,10 +418,17 @@ func (s *Queue) claimDeleteAll(ctx context.Context, n Name) (Message, error) {
 
 // readItem returns the data and version of candidate n at p for its
 // claim: remembered when this process published it, else read (group
-// read, reads.go).
-func (s *Queue) readItem(p string, n Name) (data []byte, version int32, err error) {
+// read, reads.go). A message with this process's publisher tag may be
+// listed before its publish returned here: the claim waits for the
+// publishes under way before it reads (publishes).
+func (s *Queue) readItem(ctx context.Context, p string, n Name) (data []byte, version int32, err error) {
 	if data, ok := s.recent.take(n.Raw); ok {
 		return data, 0, nil
+	}
+	if s.ownTag(n) && s.pubs.settle(ctx) {
+		if data, ok := s.recent.take(n.Raw); ok {
+			return data, 0, nil
+		}
 	}
 	r := s.groupRead(p)
 	return r.data, r.version, r.err

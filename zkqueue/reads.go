@@ -181,11 +181,15 @@ func (s *Queue) readAhead(names []Name) int {
 	if g.aheadSet == nil {
 		g.aheadSet = make(map[string]bool)
 	}
+	// While this process publishes, its own messages not remembered yet
+	// are most likely being answered: their claims wait for them
+	// (readItem) rather than reading.
+	busy := s.pubs.busy()
 	for i, n := range names {
 		if len(g.ahead) >= maxReadAhead {
 			return i
 		}
-		if !g.aheadSet[n.Raw] && !s.recent.has(n.Raw) {
+		if !g.aheadSet[n.Raw] && !s.recent.has(n.Raw) && !(busy && s.ownTag(n)) {
 			g.ahead = append(g.ahead, n)
 			g.aheadSet[n.Raw] = true
 		}

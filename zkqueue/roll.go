@@ -156,6 +156,8 @@ func (s *Queue) appendMessages(ctx context.Context, levels []int, datas [][]byte
 // creates: delay.go). A failure of one of pre is returned as it is, not
 // retried; res are pre's responses.
 func (s *Queue) appendWith(ctx context.Context, pre []any, levels []int, datas [][]byte, extra ...any) (res []zk.MultiResponse, paths []string, err error) {
+	ticket := s.pubs.begin()
+	defer s.pubs.end(ticket)
 	for attempt := 0; ; attempt++ {
 		segs := map[int]int64{}
 		var checks, creates []any
@@ -189,6 +191,8 @@ func (s *Queue) appendWith(ctx context.Context, pre []any, levels []int, datas [
 			for i, r := range res[len(pre)+len(checks) : len(pre)+len(checks)+len(creates)] {
 				paths[i] = r.String
 			}
+			s.remember(paths, datas)
+			s.pubs.end(ticket)
 			s.rollPast(ctx, paths)
 			return res[:len(pre)], paths, nil
 		}

@@ -1,0 +1,122 @@
+package zkqueue
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zktest"
+)
+
+// settle waits for the publishes under way when it is called, not for
+// those begun later, and not at all when none is under way.
+func TestPublishesSettle(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var p publishes
+	if p.settle(ctx) {
+		t.Fatal("settle waited with no publish under way")
+	}
+	first := p.begin()
+	done := make(chan bool)
+	go func() { done <- p.settle(ctx) }()
+	waitFor(t, ctx, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.ended != nil })
+	later := p.begin() // begun after settle: not waited for
+	p.end(first)
+	if waited := <-done; !waited {
+		t.Error("settle reported no wait for a publish under way")
+	}
+	p.end(later)
+	p.end(later) // again: nothing
+	if p.busy() {
+		t.Error("busy after every publish ended")
+	}
+
+	// A publish that never ends holds a claim until ctx ends.
+	p.begin()
+	short, stop := context.WithCancel(ctx)
+	stop()
+	if !p.settle(short) {
+		t.Error("settle with a publish under way and an ended ctx: want true")
+	}
+}
+
+// A consumer's listing can show a message this process is publishing
+// before the publish returns here (the children watch and the create's
+// answer come on different sessions). Its claim waits for the publish and
+// takes the data remembered then, without reading the message back.
+func TestClaimWaitsForOwnPublish(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn := zktest.Conn(t)
+	var reads atomic.Int32
+	countReads := func(op string, _ time.Duration, _ error) {
+		if op == "get" || op == "multiread" {
+			reads.Add(1)
+		}
+	}
+	q, err := New(conn, zktest.Root(t)+"/items", WithPublisher("p"), WithObserver(countReads))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A process remembers what it publishes while it consumes.
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("empty queue: got %v, want ErrEmpty", err)
+	}
+	// A publish whose create committed but whose answer has not come back.
+	ticket := q.pubs.begin()
+	k, err := q.tail(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg := segment{0, k}
+	data := EncodeData(Message{Payload: []byte("mine")})
+	p, err := conn.Create(segmentPath(q.path, false, sg)+"/"+messagePrefix(false, sg, q.publisherTag()), data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		m   Message
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		m, err := q.Dequeue(ctx)
+		got <- result{m, err}
+	}()
+	waitFor(t, ctx, func() bool {
+		select {
+		case r := <-got:
+			t.Fatalf("claim returned (%q, %v) with %d reads before the publish was answered: want it to wait", r.m.Payload, r.err, reads.Load())
+		default:
+		}
+		q.pubs.mu.Lock()
+		defer q.pubs.mu.Unlock()
+		return q.pubs.ended != nil
+	})
+	q.remember([]string{p}, [][]byte{data})
+	q.pubs.end(ticket)
+	r := <-got
+	if r.err != nil || string(r.m.Payload) != "mine" {
+		t.Fatalf("claim: %q, %v; want mine", r.m.Payload, r.err)
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("claim read its own message back: %d read requests, want 0", n)
+	}
+}
+
+// waitFor polls cond until it holds or ctx ends.
+func waitFor(t *testing.T, ctx context.Context, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("condition not reached:", ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
