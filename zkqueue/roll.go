@@ -160,20 +160,24 @@ func (s *Queue) appendWith(ctx context.Context, pre []any, levels []int, datas [
 	defer s.pubs.end(ticket)
 	for attempt := 0; ; attempt++ {
 		segs := map[int]int64{}
+		prefixes := map[int]string{} // of each level's new nodes' paths
+		tag := s.publisherTag()
 		var checks, creates []any
 		for i, level := range levels {
-			k, ok := segs[level]
+			prefix, ok := prefixes[level]
 			if !ok {
-				var err error
-				if k, err = s.tail(level); err != nil {
+				k, err := s.tail(level)
+				if err != nil {
 					return nil, nil, err
 				}
+				sg := segment{level, k}
 				segs[level] = k
-				checks = append(checks, &zk.CheckVersionRequest{Path: segmentPath(s.path, s.opt.priorities, segment{level, k}), Version: 0})
+				prefix = segmentPath(s.path, s.opt.priorities, sg) + "/" + messagePrefix(s.opt.priorities, sg, tag)
+				prefixes[level] = prefix
+				checks = append(checks, &zk.CheckVersionRequest{Path: segmentPath(s.path, s.opt.priorities, sg), Version: 0})
 			}
-			sg := segment{level, k}
 			creates = append(creates, &zk.CreateRequest{
-				Path:  segmentPath(s.path, s.opt.priorities, sg) + "/" + messagePrefix(s.opt.priorities, sg, s.publisherTag()),
+				Path:  prefix,
 				Data:  datas[i],
 				Acl:   s.opt.acl,
 				Flags: zk.FlagSequence,

@@ -3,7 +3,6 @@ package zkqueue
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -136,10 +135,12 @@ func messagePrefix(prio bool, sg segment, tag string) string {
 	if prio {
 		p = PriorityPrefix(sg.level)
 	}
+	b := strconv.AppendInt(append(make([]byte, 0, len(p)+20+len(tag)+1), p...), sg.k, 10)
+	b = append(b, '-')
 	if tag != "" {
-		return fmt.Sprintf("%s%d-%s-", p, sg.k, tag)
+		b = append(append(b, tag...), '-')
 	}
-	return fmt.Sprintf("%s%d-", p, sg.k)
+	return string(b)
 }
 
 // segmentOf returns the segment of message n and whether its queue is a
