@@ -142,7 +142,10 @@
 // it publishes (up to 4 MiB by default, WithMemory) until they are
 // claimed: a message node never changes after its creation, so the claim
 // of one of those is delete(version 0) without the read, the same claim
-// one round trip shorter.
+// one round trip shorter. A listing can show such a message before its
+// publish has returned here (the watch and the create's answer come on
+// different sessions): its claim waits for the publishes under way rather
+// than reading it.
 //
 // Len lists the parent and reads the NumChildren of each level's head and
 // tail; the counts of the sealed segments between them, which nobody
