@@ -237,11 +237,18 @@ func (p *publishes) end(t uint64) {
 	}
 }
 
-// busy reports whether a publish is under way.
-func (p *publishes) busy() bool {
+// mark returns the tickets issued so far, for openSince.
+func (p *publishes) mark() uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.open) > 0
+	return p.next
+}
+
+// openSince reports whether a publish begun by mark is still under way.
+func (p *publishes) openSince(mark uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.openBeforeLocked(mark)
 }
 
 // settle waits until the publishes under way now have ended, at most

@@ -54,6 +54,9 @@ type dispatcher struct {
 	// aheadMark is the last candidate of this snapshot offered for reading
 	// ahead (reads.go); zero after a listing.
 	aheadMark Name
+	// listedPubs is the publishes begun here before the snapshot's
+	// listing was asked for (publishes.mark).
+	listedPubs uint64
 }
 
 func newDispatcher() dispatcher {
@@ -79,7 +82,7 @@ func (s *Queue) scan() error {
 	clear(s.doneWhileScanning)
 	s.mu.Unlock()
 
-	mark := s.recent.mark()
+	mark, pubMark := s.recent.mark(), s.pubs.mark()
 	h, err := s.listHeads()
 	names, foreign := h.names, h.foreign
 	if err == nil {
@@ -119,7 +122,7 @@ func (s *Queue) scan() error {
 	case s.others[0].Raw != s.othersHead.Raw:
 		s.othersHead, s.othersSince = s.others[0], time.Now()
 	}
-	s.aheadMark = Name{}
+	s.aheadMark, s.listedPubs = Name{}, pubMark
 	return nil
 }
 

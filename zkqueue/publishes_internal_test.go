@@ -3,6 +3,8 @@ package zkqueue
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,8 +34,8 @@ func TestPublishesSettle(t *testing.T) {
 	}
 	p.end(later)
 	p.end(later) // again: nothing
-	if p.busy() {
-		t.Error("busy after every publish ended")
+	if p.openSince(p.mark()) {
+		t.Error("a publish under way after every one ended")
 	}
 
 	// A publish that never ends holds a claim until ctx ends.
@@ -106,6 +108,40 @@ func TestClaimWaitsForOwnPublish(t *testing.T) {
 	}
 	if n := reads.Load(); n != 0 {
 		t.Errorf("claim read its own message back: %d read requests, want 0", n)
+	}
+}
+
+// Reading ahead stops at a message of this process's own that it does not
+// remember while a publish begun before the listing is under way (it may
+// be that publish's), and goes on once that publish ended, however many
+// publishes begun since are under way: the unremembered messages are then
+// an earlier process's with the same tag, a backlog to read ahead.
+func TestReadAheadOwnMessages(t *testing.T) {
+	s := &Queue{recent: newRecent(NewBudget(1 << 20)), opt: options{publisher: PublisherTag("p")}}
+	s.recent.taking(+1)
+	own := func(seq int) Name {
+		return mustName(t, fmt.Sprintf("qn-1-%s-%010d", PublisherTag("p"), seq))
+	}
+	other := mustName(t, fmt.Sprintf("qn-1-%s-%010d", PublisherTag("q"), 1))
+	names := []Name{other, own(2), own(3)}
+
+	before := s.pubs.begin() // under way when the listing was asked for
+	s.listedPubs = s.pubs.mark()
+	if n := s.readAhead(names); n != 1 {
+		t.Fatalf("read ahead %d names with a publish from before the listing under way, want 1 (up to the own one)", n)
+	}
+	since := s.pubs.begin() // begun after the listing: cannot be in it
+	s.pubs.end(before)
+	if n := s.readAhead(names[1:]); n != 2 {
+		t.Fatalf("read ahead %d of 2 own names not remembered, with only a later publish under way", n)
+	}
+	s.pubs.end(since)
+	var queued []string
+	for _, n := range s.reads.ahead {
+		queued = append(queued, n.Raw)
+	}
+	if want := []string{other.Raw, own(2).Raw, own(3).Raw}; !slices.Equal(queued, want) {
+		t.Errorf("queued for reading ahead %v, want %v", queued, want)
 	}
 }
 

@@ -181,15 +181,21 @@ func (s *Queue) readAhead(names []Name) int {
 	if g.aheadSet == nil {
 		g.aheadSet = make(map[string]bool)
 	}
-	// While this process publishes, its own messages not remembered yet
-	// are most likely being answered: their claims wait for them
-	// (readItem) rather than reading.
-	busy := s.pubs.busy()
+	// A message of this process's own that it does not remember may be
+	// one whose publish has not returned yet, while a publish begun
+	// before the snapshot's listing is under way: reading ahead stops
+	// there until it ends (a round trip), and goes on then, through the
+	// messages remembered meanwhile and those an earlier process with the
+	// same tag left.
+	answering := s.pubs.openSince(s.listedPubs)
 	for i, n := range names {
 		if len(g.ahead) >= maxReadAhead {
 			return i
 		}
-		if !g.aheadSet[n.Raw] && !s.recent.has(n.Raw) && !(busy && s.ownTag(n)) {
+		if answering && s.ownTag(n) && !s.recent.has(n.Raw) {
+			return i
+		}
+		if !g.aheadSet[n.Raw] && !s.recent.has(n.Raw) {
 			g.ahead = append(g.ahead, n)
 			g.aheadSet[n.Raw] = true
 		}
