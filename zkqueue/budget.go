@@ -194,9 +194,10 @@ func listedHas(names []Name, n Name) bool {
 // session and the create's answer comes on another. The message is then
 // not remembered yet, and its claim would read it from ZooKeeper. So a
 // claim of a message carrying this process's publisher tag that is not
-// remembered first waits for the publishes begun before it (settle), at
-// most ownPublishWait, and reads only if the message is still unknown:
-// published by an earlier process with the same tag, or over the budget.
+// remembered first waits for the publishes begun before the listing that
+// showed it (settle), at most ownPublishWait, and reads only if the
+// message is still unknown: published by an earlier process with the same
+// tag, or over the budget.
 type publishes struct {
 	mu   sync.Mutex
 	next uint64              // tickets issued; a publish's ticket is its number
@@ -251,11 +252,11 @@ func (p *publishes) openSince(mark uint64) bool {
 	return p.openBeforeLocked(mark)
 }
 
-// settle waits until the publishes under way now have ended, at most
-// ownPublishWait or until ctx ends. It reports whether there were any.
-func (p *publishes) settle(ctx context.Context) bool {
+// settle waits until the publishes begun by mark (see mark) have ended,
+// at most ownPublishWait or until ctx ends. It reports whether any was
+// under way.
+func (p *publishes) settle(ctx context.Context, mark uint64) bool {
 	p.mu.Lock()
-	mark := p.next
 	waited := false
 	var timeout <-chan time.Time
 	for p.openBeforeLocked(mark) {

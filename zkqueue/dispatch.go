@@ -55,7 +55,7 @@ type dispatcher struct {
 	// ahead (reads.go); zero after a listing.
 	aheadMark Name
 	// listedPubs is the publishes begun here before the snapshot's
-	// listing was asked for (publishes.mark).
+	// listing was answered (publishes.mark).
 	listedPubs uint64
 }
 
@@ -82,8 +82,11 @@ func (s *Queue) scan() error {
 	clear(s.doneWhileScanning)
 	s.mu.Unlock()
 
-	mark, pubMark := s.recent.mark(), s.pubs.mark()
+	mark := s.recent.mark()
 	h, err := s.listHeads()
+	// Any message the listing shows was created by then: by a publish
+	// begun before the answer came.
+	pubMark := s.pubs.mark()
 	names, foreign := h.names, h.foreign
 	if err == nil {
 		s.recent.prune(names, mark)

@@ -14,18 +14,18 @@ import (
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
-// settle waits for the publishes under way when it is called, not for
-// those begun later, and not at all when none is under way.
+// settle waits for the publishes begun by its mark, not for those begun
+// later, and not at all when none is under way.
 func TestPublishesSettle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var p publishes
-	if p.settle(ctx) {
+	if p.settle(ctx, p.mark()) {
 		t.Fatal("settle waited with no publish under way")
 	}
 	first := p.begin()
 	done := make(chan bool)
-	go func() { done <- p.settle(ctx) }()
+	go func() { done <- p.settle(ctx, p.mark()) }()
 	waitFor(t, ctx, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.ended != nil })
 	later := p.begin() // begun after settle: not waited for
 	p.end(first)
@@ -42,7 +42,7 @@ func TestPublishesSettle(t *testing.T) {
 	p.begin()
 	short, stop := context.WithCancel(ctx)
 	stop()
-	if !p.settle(short) {
+	if !p.settle(short, p.mark()) {
 		t.Error("settle with a publish under way and an ended ctx: want true")
 	}
 }

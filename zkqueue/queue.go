@@ -319,6 +319,15 @@ func (s *Queue) remember(paths []string, datas [][]byte) {
 	}
 }
 
+// listingPubs returns the publishes begun before the current snapshot's
+// listing came back (publishes.mark): a candidate's, or a later one's,
+// which only counts more.
+func (s *Queue) listingPubs() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listedPubs
+}
+
 // ownTag reports whether n carries this process's publisher tag.
 func (s *Queue) ownTag(n Name) bool {
 	return n.Tag != "" && n.Tag == s.opt.publisher
@@ -420,12 +429,12 @@ func (s *Queue) claimDeleteAll(ctx context.Context, n Name) (Message, error) {
 // claim: remembered when this process published it, else read (group
 // read, reads.go). A message with this process's publisher tag may be
 // listed before its publish returned here: the claim waits for the
-// publishes under way before it reads (publishes).
+// publishes under way at the listing before it reads (publishes).
 func (s *Queue) readItem(ctx context.Context, p string, n Name) (data []byte, version int32, err error) {
 	if data, ok := s.recent.take(n.Raw); ok {
 		return data, 0, nil
 	}
-	if s.ownTag(n) && s.pubs.settle(ctx) {
+	if s.ownTag(n) && s.pubs.settle(ctx, s.listingPubs()) {
 		if data, ok := s.recent.take(n.Raw); ok {
 			return data, 0, nil
 		}

@@ -183,10 +183,10 @@ func (s *Queue) readAhead(names []Name) int {
 	}
 	// A message of this process's own that it does not remember may be
 	// one whose publish has not returned yet, while a publish begun
-	// before the snapshot's listing is under way: reading ahead stops
-	// there until it ends (a round trip), and goes on then, through the
-	// messages remembered meanwhile and those an earlier process with the
-	// same tag left.
+	// before the snapshot's listing came back is under way: reading
+	// ahead stops there until it ends (a round trip), and goes on then,
+	// through the messages remembered meanwhile and those an earlier
+	// process with the same tag left.
 	answering := s.pubs.openSince(s.listedPubs)
 	for i, n := range names {
 		if len(g.ahead) >= maxReadAhead {
