@@ -36,21 +36,7 @@ const (
 // PriorityPrefix returns the name prefix of a message with priority p:
 // "p007-". The fixed width keeps names readable in zkCli listings; order
 // never depends on string comparison.
-func PriorityPrefix(p int) string {
-	if p >= 0 && p <= MaxPriority {
-		return priorityPrefixes[p]
-	}
-	return fmt.Sprintf("p%03d-", p)
-}
-
-// priorityPrefixes holds the name prefix of each priority, made once: a
-// publish needs one per message.
-var priorityPrefixes = func() (ps [MaxPriority + 1]string) {
-	for p := range ps {
-		ps[p] = fmt.Sprintf("p%03d-", p)
-	}
-	return ps
-}()
+func PriorityPrefix(p int) string { return fmt.Sprintf("p%03d-", p) }
 
 // Name is a parsed message node name.
 //

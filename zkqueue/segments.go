@@ -135,12 +135,11 @@ func messagePrefix(prio bool, sg segment, tag string) string {
 	if prio {
 		p = PriorityPrefix(sg.level)
 	}
-	b := strconv.AppendInt(append(make([]byte, 0, len(p)+20+len(tag)+1), p...), sg.k, 10)
-	b = append(b, '-')
+	p += strconv.FormatInt(sg.k, 10) + "-"
 	if tag != "" {
-		b = append(append(b, tag...), '-')
+		p += tag + "-"
 	}
-	return string(b)
+	return p
 }
 
 // segmentOf returns the segment of message n and whether its queue is a
