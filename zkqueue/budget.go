@@ -208,8 +208,8 @@ type publishes struct {
 }
 
 // ownPublishWait bounds how long a claim waits for this process's
-// publishes before it reads the message instead.
-const ownPublishWait = time.Second
+// publishes before it reads the message instead (a variable for tests).
+var ownPublishWait = time.Second
 
 // begin notes a publish under way and returns its ticket for end.
 func (p *publishes) begin() uint64 {

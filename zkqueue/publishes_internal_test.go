@@ -38,12 +38,22 @@ func TestPublishesSettle(t *testing.T) {
 		t.Error("a publish under way after every one ended")
 	}
 
-	// A publish that never ends holds a claim until ctx ends.
+	// A publish that never ends holds a claim until ctx ends (the bound
+	// is made too long to end it first).
+	defer func(d time.Duration) { ownPublishWait = d }(ownPublishWait)
+	ownPublishWait = time.Hour
 	p.begin()
-	short, stop := context.WithCancel(ctx)
+	claim, stop := context.WithCancel(ctx)
+	go func() { done <- p.settle(claim, p.mark()) }()
+	waitFor(t, ctx, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.ended != nil })
 	stop()
-	if !p.settle(short, p.mark()) {
-		t.Error("settle with a publish under way and an ended ctx: want true")
+	select {
+	case waited := <-done:
+		if !waited {
+			t.Error("settle with a publish under way and an ended ctx: want true")
+		}
+	case <-ctx.Done():
+		t.Fatal("settle went on waiting after its ctx ended")
 	}
 }
 
