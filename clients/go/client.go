@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver"
 
@@ -24,8 +25,9 @@ import (
 //
 // A Client is safe for concurrent use. Close it when done.
 type Client struct {
-	conn  *grpc.ClientConn
-	rpc   pb.QueueClient
+	conn   *grpc.ClientConn
+	rpc    pb.QueueClient
+	health healthpb.HealthClient
 	elect pb.ElectionClient
 	locks pb.LockClient
 	opts  options
@@ -181,7 +183,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("qbroker: dial %s: %w", strings.Join(o.addrs, ","), err)
 	}
-	c := &Client{conn: conn, rpc: pb.NewQueueClient(conn), elect: pb.NewElectionClient(conn),
+	c := &Client{conn: conn, rpc: pb.NewQueueClient(conn), health: healthpb.NewHealthClient(conn), elect: pb.NewElectionClient(conn),
 		locks: pb.NewLockClient(conn), opts: o}
 	if o.waitReady {
 		if err := c.waitReady(ctx); err != nil {
@@ -213,6 +215,23 @@ func (c *Client) waitReady(ctx context.Context) error {
 // end; calls in flight fail.
 func (c *Client) Close() error {
 	return c.conn.Close()
+}
+
+// Ping makes one round trip to a broker (a gRPC health check, which
+// needs no credentials) and reports whether it serves: nil when it does;
+// an error matching ErrUnavailable when no broker answers or the one that
+// did has lost ZooKeeper (or is shutting down).
+func (c *Client) Ping(ctx context.Context) error {
+	ctx, cancel := c.callCtx(ctx, 0)
+	defer cancel()
+	r, err := c.health.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return fmt.Errorf("qbroker: ping: %w", convErr(err))
+	}
+	if s := r.GetStatus(); s != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("qbroker: ping: broker reports %s: %w", s, ErrUnavailable)
+	}
+	return nil
 }
 
 // callCtx applies the call timeout to a context without a deadline.

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
@@ -297,6 +298,27 @@ func TestAdmin(t *testing.T) {
 	}
 	if _, err := c.Stats(ctx, "b"); !errors.Is(err, qbroker.ErrNotFound) {
 		t.Errorf("Stats of a deleted queue: got %v, want ErrNotFound", err)
+	}
+}
+
+// Ping answers nil while the broker serves, ErrUnavailable while it
+// reports NOT_SERVING (as it does without a ZooKeeper session) and once
+// it is gone.
+func TestPing(t *testing.T) {
+	tb, c := setup(t)
+	ctx := testCtx(t)
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	tb.b.Health().SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	if err := c.Ping(ctx); !errors.Is(err, qbroker.ErrUnavailable) || !strings.Contains(err.Error(), "NOT_SERVING") {
+		t.Fatalf("Ping of a broker not serving: got %v, want ErrUnavailable naming NOT_SERVING", err)
+	}
+	tb.stop()
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := c.Ping(short); !errors.Is(err, qbroker.ErrUnavailable) {
+		t.Fatalf("Ping of a stopped broker: got %v, want ErrUnavailable", err)
 	}
 }
 

@@ -80,6 +80,9 @@ func TestDialTLSAndToken(t *testing.T) {
 	if _, err := anon.Stats(ctx, "jobs"); !errors.Is(err, qbroker.ErrUnauthenticated) {
 		t.Fatalf("Stats without credentials: got %v, want ErrUnauthenticated", err)
 	}
+	if err := anon.Ping(ctx); err != nil {
+		t.Fatalf("Ping without credentials: %v", err)
+	}
 	if _, err := qbroker.Dial(ctx, s.Addr, qbroker.WithToken(tok)); !errors.Is(err, qbroker.ErrInvalidArgument) {
 		t.Fatalf("Dial with a token and no TLS: got %v, want ErrInvalidArgument", err)
 	}
