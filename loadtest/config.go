@@ -53,8 +53,11 @@ type Config struct {
 	RateOfRaw float64       `json:"rate_of_raw,omitempty"`
 	Warmup    time.Duration `json:"-"`
 	Prefetch  int           `json:"prefetch"`
-	Queue     string        `json:"queue"`
-	Order     string        `json:"order"`
+	// Probe times a ping and a bare create beside the producers
+	// (probe.go).
+	Probe bool   `json:"probe,omitempty"`
+	Queue string `json:"queue"`
+	Order string `json:"order"`
 
 	// Baselines.
 	Baselines        []string      `json:"baselines"`
@@ -157,6 +160,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.Float64Var(&c.Rate, "rate", 0, "open loop: total publish rate in messages/s (0: closed loop, as fast as possible)")
 	fs.Float64Var(&c.RateOfRaw, "rate-of-raw", 0, "open loop at this fraction of the raw baseline, which then runs first (0.5: half the ceiling); excludes --rate")
 	fs.DurationVar(&c.Warmup, "warmup", 0, "run the same workload this long first (checked, not measured), so JIT and caches are warm; with --backlog, whole backlogs on a queue of their own")
+	fs.BoolVar(&c.Probe, "probe", false, "while the producers publish, time a round trip to a broker (ping) and a bare ZooKeeper create on a session of its own, one of each every 2ms: the hops of a publish on the machine as loaded (needs ZooKeeper: --spawn-brokers or --zk)")
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
 	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
@@ -293,6 +297,8 @@ func (c *Config) validate() error {
 		return errors.New("--rate-of-raw excludes --rate")
 	case c.RateOfRaw > 0 && c.SpawnBrokers == 0 && c.ZooKeeper == "":
 		return errors.New("--rate-of-raw needs ZooKeeper for the raw baseline: --spawn-brokers or --zk")
+	case c.Probe && c.SpawnBrokers == 0 && c.ZooKeeper == "":
+		return errors.New("--probe needs ZooKeeper for its bare create: --spawn-brokers or --zk")
 	case c.Warmup < 0:
 		return fmt.Errorf("--warmup %v < 0", c.Warmup)
 	case c.Prefetch < 1 || c.Prefetch > 1000:

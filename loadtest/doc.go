@@ -46,6 +46,12 @@
 // with the consumers subscribed first; the report shows the deep and the
 // shallow publish and consume rates side by side (deep.go).
 //
+// --probe times, while the producers publish, the two hops of a publish
+// each alone: a round trip to a broker (a ping: gRPC health check) and a
+// bare ZooKeeper create on a session of its own, one of each every 2 ms
+// (probe.go). Beside the publish call latency it tells what the machine
+// as loaded makes any publish cost and what the broker adds.
+//
 // A payload carries its producer, sequence number and send time (in open
 // loop the time it was due, so end-to-end latency includes any publishing
 // backlog) and a filler derived from them up to --payload bytes.

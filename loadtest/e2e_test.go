@@ -60,9 +60,10 @@ func TestEndToEnd(t *testing.T) {
 		rateOfRaw float64       // open loop relative to raw, which then runs first
 		warmup    time.Duration // checked, not reported
 		backlog   bool          // the 3000 messages published before the consumers start, then a shallow run of them (warmup: whole backlogs on a queue of its own)
+		probe     bool          // --probe
 	}{
 		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive, baselineCreate}, rateOfRaw: 0.2},
-		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond},
+		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond, probe: true},
 		{name: "backlog", mode: qbroker.AtLeastOnce, batch: 100, backlog: true, baselines: []string{baselineJetStreamSync}, warmup: 200 * time.Millisecond},
 	}
 	for _, tt := range tests {
@@ -71,7 +72,7 @@ func TestEndToEnd(t *testing.T) {
 				Producers: 4, Consumers: 8, ConnsPerBroker: 1,
 				Messages: 3000, Payload: 100, Batch: tt.batch, Prefetch: 4,
 				Mode: tt.mode, NackRate: tt.nackRate, Queue: "e2e-" + tt.name,
-				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup,
+				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup, Probe: tt.probe,
 				// Two brokers may invert a consumer's order legitimately;
 				// loss and duplicates are what this test asserts.
 				Order:     orderReport,
@@ -92,6 +93,9 @@ func TestEndToEnd(t *testing.T) {
 				t.Errorf("summary does not say OK:\n%s", &stdout)
 			}
 			checkReport(t, cfg, tt.baselines)
+			if tt.probe {
+				checkProbe(t, cfg, topo, stdout.String())
+			}
 			if page, err := os.ReadFile(cfg.HTMLPath); err != nil || !bytes.Contains(page, []byte("<svg")) {
 				t.Errorf("HTML report: %v, %d bytes without a chart", err, len(page))
 			}
@@ -139,6 +143,7 @@ type jsonReport struct {
 	} `json:"cpu"`
 	Baselines []BaselineResult `json:"baselines"`
 	Deep      *DeepReport      `json:"deep"`
+	Probe     *LoadProbe       `json:"probe"`
 	Ratios    map[string]float64
 	Timeline  []TimelinePoint `json:"timeline"`
 }
@@ -220,5 +225,38 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	}
 	if len(r.Timeline) == 0 {
 		t.Error("empty timeline")
+	}
+	if !cfg.Probe && r.Probe != nil {
+		t.Errorf("probe figures without --probe: %+v", r.Probe)
+	}
+}
+
+// checkProbe checks the figures of --probe in both reports, and that the
+// probe removed the nodes it created.
+func checkProbe(t *testing.T, cfg Config, topo *Topology, summary string) {
+	t.Helper()
+	b, err := os.ReadFile(cfg.JSONPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r jsonReport
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	p := r.Probe
+	if p == nil || p.IntervalMS <= 0 || p.PingErrors != 0 || p.CreateErrors != 0 ||
+		p.Ping.Count == 0 || p.Ping.P50MS <= 0 || p.Create.Count == 0 || p.Create.P50MS <= 0 {
+		t.Fatalf("probe figures: %+v", p)
+	}
+	if !strings.Contains(summary, "under load   ping p50 ") {
+		t.Errorf("summary lacks the probe's line:\n%s", summary)
+	}
+	conns, err := openSessions(topo.ZooKeeper, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeSessions(conns)
+	if ok, _, err := conns[0].Exists(baselineRoot(cfg.Queue) + "/probe"); err != nil || ok {
+		t.Errorf("the probe's node: exists %v, %v; want it removed", ok, err)
 	}
 }

@@ -143,6 +143,20 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	}
 	var hooks workloadHooks
 	var cold *ColdStart
+	var probe *LoadProbe
+	if cfg.Probe {
+		hooks.whilePublishing = func(ctx context.Context) func() {
+			p, err := startLoadProbe(ctx, &cfg, admin, topo.ZooKeeper)
+			if err != nil {
+				failures = append(failures, fmt.Sprintf("probe: %v", err))
+				return nil
+			}
+			return func() {
+				lp := p.stop(ctx)
+				probe = &lp
+			}
+		}
+	}
 	if cfg.Backlog > 0 && topo.Spawned {
 		hooks.beforeDrain = func(ctx context.Context) {
 			var err error
@@ -156,6 +170,7 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 		return nil, err
 	}
 	in.Started = started
+	in.Probe = probe
 	failures = append(failures, scrapeFailures...)
 	failures = append(failures, topo.exited()...)
 	if cfg.Backlog > 0 && !in.Workload.Interrupted {

@@ -31,14 +31,17 @@ type Report struct {
 	Seconds        float64 `json:"seconds"`
 	// DrainSeconds: with a backlog, from the consumers' start to the
 	// last message delivered (acked); the delivered rate is over it.
-	DrainSeconds float64          `json:"drain_seconds,omitempty"`
-	Throughput   Throughput       `json:"throughput"`
-	Latency      Latencies        `json:"latency"`
-	Check        Verdict          `json:"check"`
-	Errors       ErrorStats       `json:"errors"`
-	Conflicts    *ConflictStats   `json:"conflicts,omitempty"`
-	CPU          *CPUStats        `json:"cpu,omitempty"`
-	Baselines    []BaselineResult `json:"baselines,omitempty"`
+	DrainSeconds float64    `json:"drain_seconds,omitempty"`
+	Throughput   Throughput `json:"throughput"`
+	Latency      Latencies  `json:"latency"`
+	// Probe: with --probe, the hops of a publish timed alone while
+	// the producers published (probe.go).
+	Probe     *LoadProbe       `json:"probe,omitempty"`
+	Check     Verdict          `json:"check"`
+	Errors    ErrorStats       `json:"errors"`
+	Conflicts *ConflictStats   `json:"conflicts,omitempty"`
+	CPU       *CPUStats        `json:"cpu,omitempty"`
+	Baselines []BaselineResult `json:"baselines,omitempty"`
 	// Ratios: qbroker's delivered/s divided by each baseline's rate.
 	Ratios map[string]float64 `json:"ratios,omitempty"`
 	// Deep: with a backlog, the deep queue's figures (deep.go).
@@ -124,6 +127,7 @@ type reportInput struct {
 	CPU       *cpuSample      // spawned processes' CPU delta; nil when unknown
 	Baselines []BaselineResult
 	Deep      *DeepReport // with a backlog
+	Probe     *LoadProbe  // with --probe
 	Failures  []string    // run-level failures (setup, scrape, baselines)
 }
 
@@ -145,6 +149,7 @@ func buildReport(in reportInput) *Report {
 		Baselines:      in.Baselines,
 		Timeline:       w.Timeline,
 		Deep:           in.Deep,
+		Probe:          in.Probe,
 	}
 	delivered := w.Verdict.Delivered
 	if c.Mode == qbroker.AtLeastOnce {
@@ -263,6 +268,10 @@ func writeSummary(out io.Writer, r *Report) {
 		writeDeep(&b, r.Deep)
 	}
 	writeLatency(&b, "publish call", r.Latency.Publish)
+	if p := r.Probe; p != nil {
+		fmt.Fprintf(&b, "under load   ping p50 %s p99 %s, bare create p50 %s p99 %s (one of each every %gms while publishing; %d and %d failed)\n",
+			ms(p.Ping.P50MS), ms(p.Ping.P99MS), ms(p.Create.P50MS), ms(p.Create.P99MS), p.IntervalMS, p.PingErrors, p.CreateErrors)
+	}
 	writeLatency(&b, "end to end", r.Latency.EndToEnd)
 	if r.Conflicts != nil {
 		fmt.Fprintf(&b, "conflicts    %.0f lost claims for %.0f broker deliveries = %.3f per message\n",

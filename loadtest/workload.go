@@ -82,7 +82,14 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	defer stopSampler()
 	s := newSampler(live, res.Start, progress, ackMode, func() string { return phase.Load().(string) })
 	go s.run(sctx)
+	var stopBeside func()
+	if hooks.whilePublishing != nil {
+		stopBeside = hooks.whilePublishing(ctx)
+	}
 	runProducers(ctx, producers)
+	if stopBeside != nil {
+		stopBeside()
+	}
 	res.PublishEnd = time.Now()
 	phase.Store("drain")
 	if cfg.Backlog > 0 {
@@ -115,6 +122,9 @@ type workloadHooks struct {
 	// beforeDrain, with a backlog, runs once every message is published,
 	// before the consumers start.
 	beforeDrain func(context.Context)
+	// whilePublishing starts what runs beside the producers; the
+	// function it returns stops it when the last producer finished.
+	whilePublishing func(context.Context) (stop func())
 }
 
 // runProducers runs the producers until their quota or deadline and
