@@ -148,10 +148,10 @@ type jsonReport struct {
 	Timeline  []TimelinePoint `json:"timeline"`
 }
 
-// checkReport reads the JSON report back as a user of it would.
-func checkReport(t *testing.T, cfg Config, baselines []string) {
+// readReport reads a JSON report back as a user of it would.
+func readReport(t *testing.T, path string) jsonReport {
 	t.Helper()
-	b, err := os.ReadFile(cfg.JSONPath)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,6 +159,13 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		t.Fatalf("report does not parse: %v\n%s", err, b)
 	}
+	return r
+}
+
+// checkReport checks the JSON report of a run.
+func checkReport(t *testing.T, cfg Config, baselines []string) {
+	t.Helper()
+	r := readReport(t, cfg.JSONPath)
 	v := r.Check
 	if !r.OK || !v.OK || v.Lost != 0 || v.Duplicates != 0 || v.Corrupt != 0 || v.Unknown != 0 || v.IDMismatches != 0 {
 		t.Errorf("verdict: ok %v, %+v", r.OK, v)
@@ -235,15 +242,7 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 // probe removed the nodes it created.
 func checkProbe(t *testing.T, cfg Config, topo *Topology, summary string) {
 	t.Helper()
-	b, err := os.ReadFile(cfg.JSONPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var r jsonReport
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	p := r.Probe
+	p := readReport(t, cfg.JSONPath).Probe
 	if p == nil || p.IntervalMS <= 0 || p.PingErrors != 0 || p.CreateErrors != 0 ||
 		p.Ping.Count == 0 || p.Ping.P50MS <= 0 || p.Create.Count == 0 || p.Create.P50MS <= 0 {
 		t.Fatalf("probe figures: %+v", p)
