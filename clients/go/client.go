@@ -28,9 +28,9 @@ type Client struct {
 	conn   *grpc.ClientConn
 	rpc    pb.QueueClient
 	health healthpb.HealthClient
-	elect pb.ElectionClient
-	locks pb.LockClient
-	opts  options
+	elect  pb.ElectionClient
+	locks  pb.LockClient
+	opts   options
 }
 
 // Option configures Dial.
