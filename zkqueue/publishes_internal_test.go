@@ -26,7 +26,7 @@ func TestPublishesSettle(t *testing.T) {
 	first := p.begin()
 	done := make(chan bool)
 	go func() { done <- p.settle(ctx, p.mark()) }()
-	waitFor(t, ctx, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.ended != nil })
+	zktest.WaitFor(t, 30*time.Second, "settle to wait", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.ended != nil })
 	later := p.begin() // begun after settle: not waited for
 	p.end(first)
 	if waited := <-done; !waited {
@@ -45,7 +45,7 @@ func TestPublishesSettle(t *testing.T) {
 	p.begin()
 	claim, stop := context.WithCancel(ctx)
 	go func() { done <- p.settle(claim, p.mark()) }()
-	waitFor(t, ctx, func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.ended != nil })
+	zktest.WaitFor(t, 30*time.Second, "settle to wait", func() bool { p.mu.Lock(); defer p.mu.Unlock(); return p.ended != nil })
 	stop()
 	select {
 	case waited := <-done:
@@ -100,7 +100,7 @@ func TestClaimWaitsForOwnPublish(t *testing.T) {
 		m, err := q.Dequeue(ctx)
 		got <- result{m, err}
 	}()
-	waitFor(t, ctx, func() bool {
+	zktest.WaitFor(t, 30*time.Second, "the claim to wait for the publish", func() bool {
 		select {
 		case r := <-got:
 			t.Fatalf("claim returned (%q, %v) with %d reads before the publish was answered: want it to wait", r.m.Payload, r.err, reads.Load())
@@ -152,17 +152,5 @@ func TestReadAheadOwnMessages(t *testing.T) {
 	}
 	if want := []string{other.Raw, own(2).Raw, own(3).Raw}; !slices.Equal(queued, want) {
 		t.Errorf("queued for reading ahead %v, want %v", queued, want)
-	}
-}
-
-// waitFor polls cond until it holds or ctx ends.
-func waitFor(t *testing.T, ctx context.Context, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatal("condition not reached:", ctx.Err())
-		case <-time.After(time.Millisecond):
-		}
 	}
 }
