@@ -171,10 +171,11 @@ func (s *Queue) appendWith(ctx context.Context, pre []any, levels []int, datas [
 					return nil, nil, err
 				}
 				sg := segment{level, k}
+				sp := segmentPath(s.path, s.opt.priorities, sg)
 				segs[level] = k
-				prefix = segmentPath(s.path, s.opt.priorities, sg) + "/" + messagePrefix(s.opt.priorities, sg, tag)
+				prefix = sp + "/" + messagePrefix(s.opt.priorities, sg, tag)
 				prefixes[level] = prefix
-				checks = append(checks, &zk.CheckVersionRequest{Path: segmentPath(s.path, s.opt.priorities, sg), Version: 0})
+				checks = append(checks, &zk.CheckVersionRequest{Path: sp, Version: 0})
 			}
 			creates = append(creates, &zk.CreateRequest{
 				Path:  prefix,
