@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"time"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/events"
@@ -24,10 +25,22 @@ func withDedupIDs(drafts []zkqueue.Draft) bool {
 }
 
 // publishIdempotent publishes checked and admitted drafts of which some
-// carry dedup ids; repeats are answered, not published (nor counted, nor
-// announced).
-func (b *Broker) publishIdempotent(ctx context.Context, q *queue, drafts []zkqueue.Draft) (*pb.PublishResponse, error) {
-	rs, err := q.items.PublishReceipts(ctx, drafts)
+// carry dedup ids, the delayed ones (due, when delayed) through the
+// queue's delayed parent with their records in the same transaction;
+// repeats are answered, with the first publish's id (a delayed one's
+// "d-..." id, also after it joined the queue), not published (nor
+// counted, nor announced).
+func (b *Broker) publishIdempotent(ctx context.Context, q *queue, drafts []zkqueue.Draft, due []time.Time, delayed bool) (*pb.PublishResponse, error) {
+	var rs []zkqueue.Receipt
+	var err error
+	if delayed {
+		err = b.withDelayedParent(ctx, q, func() error {
+			rs, err = q.delayed.PublishReceipts(ctx, drafts, due)
+			return err
+		})
+	} else {
+		rs, err = q.items.PublishReceipts(ctx, drafts)
+	}
 	if err != nil {
 		return nil, b.fail(b.gone(q, err))
 	}
@@ -39,7 +52,8 @@ func (b *Broker) publishIdempotent(ctx context.Context, q *queue, drafts []zkque
 			continue
 		}
 		n++
-		b.emit(events.Published, q, zkqueue.Message{ID: r.ID, Payload: drafts[i].Payload, Priority: drafts[i].Priority}, "")
+		b.emit(events.Published, q, zkqueue.Message{ID: r.ID, Payload: drafts[i].Payload, Priority: drafts[i].Priority,
+			Attributes: drafts[i].Attributes}, "")
 	}
 	q.published(n)
 	b.metrics.published.WithLabelValues(q.label).Add(float64(n))

@@ -3,15 +3,19 @@ package broker_test
 import (
 	"context"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 func publishDedup(t *testing.T, c pb.QueueClient, queue string, ids ...string) *pb.PublishResponse {
@@ -120,4 +124,117 @@ func TestDedupWindow(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// publishMsg publishes m to queue and returns the answer.
+func publishMsg(t *testing.T, c pb.QueueClient, queue string, m *pb.OutMessage) *pb.PublishResponse {
+	t.Helper()
+	resp, err := c.Publish(context.Background(), &pb.PublishRequest{Queue: queue, Messages: []*pb.OutMessage{m}})
+	if err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	return resp
+}
+
+// A message with a dedup id and a delay (or deliver_at) is delayed: its
+// answer is a delayed id, it is not deliverable before due, and its
+// repeats, on either broker, before and after it joined the queue, are
+// answered with that id and publish nothing.
+func TestDedupDelayed(t *testing.T) {
+	root := zktest.Root(t)
+	a, b := newBroker(t, root), newBroker(t, root)
+	for _, tc := range []struct {
+		name string
+		due  func(m *pb.OutMessage, d time.Duration)
+	}{
+		{"delay", func(m *pb.OutMessage, d time.Duration) { m.Delay = durationpb.New(d) }},
+		{"deliver_at", func(m *pb.OutMessage, d time.Duration) { m.DeliverAt = timestamppb.New(time.Now().Add(d)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := "q-" + strings.ReplaceAll(tc.name, "_", "-")
+			createQueue(t, a.client, &pb.CreateQueueRequest{Name: q})
+			const delay = 3 * time.Second
+			msg := func() *pb.OutMessage {
+				m := &pb.OutMessage{Payload: []byte("later"), DedupId: "job-1"}
+				tc.due(m, delay)
+				return m
+			}
+			published := time.Now()
+			first := publishMsg(t, a.client, q, msg())
+			id := first.GetIds()[0]
+			if !zkqueue.IsDelayedID(id) || !slices.Equal(first.GetDuplicates(), []bool{false}) {
+				t.Fatalf("first publish answered %v %v, want a delayed id, not a duplicate", first.GetIds(), first.GetDuplicates())
+			}
+			again := publishMsg(t, b.client, q, msg())
+			ms := receive(t, a.client, &pb.ReceiveRequest{Queue: q})
+			st := stats(t, a.client, q)
+			if time.Since(published) < delay {
+				if len(ms) != 0 {
+					t.Fatalf("received %q before it was due", ms[0].GetPayload())
+				}
+				if st.GetDelayed() != 1 || st.GetReady() != 0 {
+					t.Fatalf("before due: delayed %d ready %d, want 1 and 0", st.GetDelayed(), st.GetReady())
+				}
+			}
+			if again.GetIds()[0] != id || !again.GetDuplicates()[0] {
+				t.Fatalf("repeat on the other broker before due: %v %v, want %s [true]", again.GetIds(), again.GetDuplicates(), id)
+			}
+			m := receiveWait(t, a.client, q)
+			if time.Since(published) < delay || string(m.GetPayload()) != "later" {
+				t.Fatalf("delivered %q %v after publish, want %q after %v", m.GetPayload(), time.Since(published), "later", delay)
+			}
+			// Moved and delivered: a repeat on either broker is still
+			// answered with the delayed id.
+			for _, c := range []pb.QueueClient{a.client, b.client} {
+				again := publishMsg(t, c, q, msg())
+				if again.GetIds()[0] != id || !again.GetDuplicates()[0] {
+					t.Fatalf("repeat after delivery: %v %v, want %s [true]", again.GetIds(), again.GetDuplicates(), id)
+				}
+			}
+			if st := stats(t, a.client, q); st.GetDelayed() != 0 || st.GetReady() != 0 {
+				t.Fatalf("after the repeats: delayed %d ready %d, want 0 and 0", st.GetDelayed(), st.GetReady())
+			}
+		})
+	}
+}
+
+// The dedup record of a delayed message lives until the message is due
+// plus the window, not just a window or two from its publish: a retry late
+// in a delay longer than the window is still a repeat.
+func TestDedupDelayedOutlivesWindow(t *testing.T) {
+	root := zktest.Root(t)
+	a := newBroker(t, root)
+	const window, delay = time.Second, 8 * time.Second
+	createQueue(t, a.client, &pb.CreateQueueRequest{Name: "q", DedupWindow: durationpb.New(window)})
+	msg := func() *pb.OutMessage {
+		return &pb.OutMessage{Payload: []byte("later"), DedupId: "job-1", Delay: durationpb.New(delay)}
+	}
+	published := time.Now()
+	id := publishMsg(t, a.client, "q", msg()).GetIds()[0]
+	// The records a message ready at once would have (its publish's
+	// bucket and the next) are deleted by the leader once past.
+	b := time.Now().UnixNano() / int64(window)
+	conn := zktest.Conn(t)
+	zktest.WaitFor(t, 30*time.Second, "the buckets of the publish's two windows deleted", func() bool {
+		children, _, err := conn.Children(root + "/queues/q/dedup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range children {
+			if k, err := strconv.ParseInt(c, 10, 64); err == nil && k <= b+1 {
+				return false
+			}
+		}
+		return true
+	})
+	again := publishMsg(t, a.client, "q", msg())
+	if time.Since(published) >= delay+window {
+		t.Skip("the machine is too slow to repeat the publish before the message is due")
+	}
+	if again.GetIds()[0] != id || !again.GetDuplicates()[0] {
+		t.Fatalf("repeat %v after publish: %v %v, want %s [true]", time.Since(published), again.GetIds(), again.GetDuplicates(), id)
+	}
+	if st := stats(t, a.client, "q"); st.GetDelayed()+st.GetReady() != 1 {
+		t.Fatalf("delayed %d ready %d, want one message", st.GetDelayed(), st.GetReady())
+	}
 }

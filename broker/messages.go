@@ -116,7 +116,7 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		return nil, b.fail(b.gone(q, err))
 	}
 	if withDedupIDs(drafts) {
-		return b.publishIdempotent(ctx, q, drafts)
+		return b.publishIdempotent(ctx, q, drafts, due, delayed)
 	}
 	var ids []string
 	if delayed {

@@ -164,19 +164,30 @@ func (b *Broker) dueTimes(msgs []*pb.OutMessage) ([]time.Time, bool, error) {
 }
 
 // publishDue publishes drafts with their due times (zkqueue.Scheduled).
-// A queue created before delayed delivery gets its delayed parent first.
 func (b *Broker) publishDue(ctx context.Context, q *queue, drafts []zkqueue.Draft, due []time.Time) ([]string, error) {
-	ids, err := q.delayed.PublishAll(ctx, drafts, due)
+	var ids []string
+	err := b.withDelayedParent(ctx, q, func() (err error) {
+		ids, err = q.delayed.PublishAll(ctx, drafts, due)
+		return err
+	})
+	return ids, err
+}
+
+// withDelayedParent runs publish, a publish through q's delayed parent; a
+// queue created before delayed delivery gets its parent first, then
+// publish runs again. Too many delayed messages is a limit.
+func (b *Broker) withDelayedParent(ctx context.Context, q *queue, publish func() error) error {
+	err := publish()
 	if errors.Is(err, zk.ErrNoNode) {
 		if rerr := b.catalog.Repair(ctx, q.name, "delayed"); rerr != nil {
-			return nil, rerr
+			return rerr
 		}
-		ids, err = q.delayed.PublishAll(ctx, drafts, due)
+		err = publish()
 	}
 	if errors.Is(err, zkqueue.ErrTooManyDelayed) {
-		return nil, fmt.Errorf("%w: %v", errLimit, err)
+		return fmt.Errorf("%w: %v", errLimit, err)
 	}
-	return ids, err
+	return err
 }
 
 // ttlToSpec checks a CreateQueueRequest's message TTL.

@@ -41,6 +41,21 @@ import (
 // briefly; a record whose publisher died between the two transactions
 // stays empty, and its repeats are answered as duplicates without an id.
 //
+// A delayed message (Scheduled.PublishReceipts) is remembered until it is
+// due plus one window, not from its publish alone: a retry during a long
+// delay must still find it. Its records are created, with its delayed
+// node, in every bucket from bucket(t) to bucket(due)+1, which a repeat at
+// any t' before due+W meets (its own bucket or the next is among them). A
+// bucket a record is created in is kept until its window and the next have
+// passed, so the record of a message due in an hour lives an hour and one
+// to two windows. The span is bounded by MaxDedupBuckets: a message due
+// further ahead is remembered for MaxDedupBuckets-1 windows from its
+// publish, not until due. The bound keeps one message's records (a node
+// each, in its transaction) small whatever the window and delay; a retry
+// comes within seconds of its first try, well inside it. Its repeats are
+// answered with its delayed id, before it is due and after it joined the
+// queue under an id of its own.
+//
 // Two copies of one id in one batch: the later is a duplicate of the
 // earlier. A batch whose transaction fails on one record loses only that
 // message (a duplicate) and is committed again without it: the others are
@@ -52,6 +67,10 @@ const (
 	MinDedupWindow     = time.Second
 	MaxDedupWindow     = time.Hour
 	MaxDedupID         = 128
+	// MaxDedupBuckets bounds the buckets one message's records span: 2
+	// for a message ready at once, up to this many for a delayed one
+	// (see dedup.go).
+	MaxDedupBuckets = 16
 )
 
 // ErrBadDedupID is returned for a dedup id outside its charset or length,
@@ -135,22 +154,35 @@ func (s *Queue) checkDedup(id string) error {
 	return CheckDedupID(id)
 }
 
-// dedupBytes is what the records of id add to a publish transaction.
-func (s *Queue) dedupBytes(id string) int {
+// dedupBytes is what the records of id add to a publish transaction at
+// now of a message due at due (zero: at once).
+func (s *Queue) dedupBytes(id string, now, due time.Time) int {
 	if id == "" || s.dedup == nil {
 		return 0
 	}
-	return 2 * (len(s.dedup.dir) + segDigits + len(id) + 2 + opOverhead)
+	b := dedupBucket(now, s.dedup.window)
+	n := s.dedup.lastBucket(b, now, due) - b + 1
+	return int(n) * (len(s.dedup.dir) + segDigits + len(id) + 2 + opOverhead)
 }
 
-// ensureBuckets creates buckets b and b+1 (and the dedup parent) unless
+// lastBucket returns the last bucket of the records of a message published
+// at now, in bucket b, due at due (zero: at once): the bucket after its due
+// time's (or now's), at most MaxDedupBuckets-1 after b.
+func (d *dedup) lastBucket(b int64, now, due time.Time) int64 {
+	if !due.After(now) {
+		return b + 1
+	}
+	return min(max(dedupBucket(due, d.window)+1, b+1), b+MaxDedupBuckets-1)
+}
+
+// ensureBuckets creates buckets b to last (and the dedup parent) unless
 // known to exist.
-func (s *Queue) ensureBuckets(b int64) error {
+func (s *Queue) ensureBuckets(b, last int64) error {
 	d := s.dedup
-	if d.known.Load() >= b+1 {
+	if d.known.Load() >= last {
 		return nil
 	}
-	for _, k := range []int64{b, b + 1} {
+	for k := b; k <= last; k++ {
 		p := d.dir + "/" + bucketName(k)
 		_, err := s.zk.Create(p, nil, 0, s.opt.acl)
 		if errors.Is(err, zk.ErrNoNode) {
@@ -163,8 +195,8 @@ func (s *Queue) ensureBuckets(b int64) error {
 			return fmt.Errorf("create %s: %w", p, err)
 		}
 	}
-	if cur := d.known.Load(); cur < b+1 {
-		d.known.CompareAndSwap(cur, b+1)
+	if cur := d.known.Load(); cur < last {
+		d.known.CompareAndSwap(cur, last)
 	}
 	return nil
 }
@@ -197,7 +229,7 @@ func (s *Queue) PublishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 			return nil, s.wrap("publish", err)
 		}
 	}
-	rs, err := s.publishReceipts(ctx, drafts)
+	rs, err := s.publishReceipts(ctx, drafts, nil, nil)
 	return rs, s.wrap("publish", err)
 }
 
@@ -210,8 +242,10 @@ func hasDedup(drafts []Draft) bool {
 	return false
 }
 
-// publishReceipts publishes checked drafts, some with dedup ids.
-func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt, error) {
+// publishReceipts publishes checked drafts, some with dedup ids; with
+// sch, each at its due time (due[i], see Scheduled.PublishAll): a delayed
+// one's node is created in the transaction of its records.
+func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft, sch *Scheduled, due []time.Time) ([]Receipt, error) {
 	out := make([]Receipt, len(drafts))
 	same := sameIDs(drafts)
 	done := make([]bool, len(drafts)) // answered as duplicates
@@ -223,27 +257,31 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 		if attempt > len(drafts)+4 {
 			return nil, fmt.Errorf("dedup: %d attempts", attempt)
 		}
-		now := time.Now()
-		b := dedupBucket(now, s.dedup.window)
-		if err := s.ensureBuckets(b); err != nil {
-			return nil, err
-		}
-		r := s.dedupRound(drafts, func(i int) bool { return !done[i] && same[i] < 0 }, b, now)
-		idx, datas, records, owners := r.idx, r.datas, r.records, r.owners
-		if len(idx) == 0 {
+		r := s.dedupRound(drafts, func(i int) bool { return !done[i] && same[i] < 0 }, sch, due, time.Now())
+		if len(r.idx) == 0 {
 			break
 		}
-		paths, err := s.appendGrouped(ctx, r.levels, datas, r.attrs, records...)
+		if err := s.ensureBuckets(r.bucket, r.last); err != nil {
+			return nil, err
+		}
+		res, paths, err := s.appendGroupedWith(ctx, r.pre, r.levels, r.datas, r.attrs, r.records...)
 		var oe *extraOpError
 		switch {
 		case err == nil:
-			for j, i := range idx {
-				out[i] = Receipt{ID: path.Base(paths[j])}
+			j, k := 0, 0
+			for n, i := range r.idx {
+				if r.delayed[n] {
+					out[i] = Receipt{ID: path.Base(res[j].String)}
+					j++
+					continue
+				}
+				out[i] = Receipt{ID: path.Base(paths[k])}
+				k++
 			}
-			s.recordIDs(ctx, records, owners, out)
+			s.recordIDs(ctx, r.records, r.owners, out)
 		case errors.As(err, &oe) && errors.Is(oe.Err, zk.ErrNodeExists):
-			i := owners[oe.Index]
-			id, err := s.recorded(ctx, records[oe.Index].(*zk.CreateRequest).Path)
+			i := r.owners[oe.Index]
+			id, err := s.recorded(ctx, r.records[oe.Index].(*zk.CreateRequest).Path)
 			if errors.Is(err, zk.ErrNoNode) {
 				continue // expired meanwhile: publish it
 			}
@@ -288,31 +326,49 @@ func sameIDs(drafts []Draft) []int {
 }
 
 // dedupRound is one attempt of publishReceipts: the drafts still to
-// publish (idx) with their priorities, data and attributes, and the
-// dedup records created with them in bucket b and the next, each with
-// the draft it belongs to (owners).
+// publish (idx), each delayed (with its node's create in pre) or ready at
+// once (with its priority, data and attributes), and the dedup records
+// created with them in buckets bucket to last, each with the draft it
+// belongs to (owners).
 type dedupRound struct {
 	idx, levels, owners []int
+	delayed             []bool // of each of idx
+	pre                 []any
 	datas               [][]byte
 	attrs               []Attributes
 	records             []any
+	bucket, last        int64
 }
 
-func (s *Queue) dedupRound(drafts []Draft, pending func(int) bool, b int64, now time.Time) dedupRound {
-	var r dedupRound
+func (s *Queue) dedupRound(drafts []Draft, pending func(int) bool, sch *Scheduled, due []time.Time, now time.Time) dedupRound {
+	r := dedupRound{bucket: dedupBucket(now, s.dedup.window)}
+	r.last = r.bucket + 1
 	for i, d := range drafts {
 		if !pending(i) {
 			continue
 		}
+		var at time.Time
+		if sch != nil {
+			at = due[i]
+		}
+		data := EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now})
 		r.idx = append(r.idx, i)
-		r.levels = append(r.levels, d.Priority)
-		r.datas = append(r.datas, EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now}))
-		r.attrs = append(r.attrs, d.Attributes)
-		if d.DedupID != "" {
-			for k := int64(0); k < 2; k++ {
-				r.records = append(r.records, &zk.CreateRequest{Path: s.dedup.record(b+k, d.DedupID), Acl: s.opt.acl})
-				r.owners = append(r.owners, i)
-			}
+		r.delayed = append(r.delayed, at.After(now))
+		if at.After(now) {
+			r.pre = append(r.pre, sch.createOp(at, d.Priority, data))
+		} else {
+			r.levels = append(r.levels, d.Priority)
+			r.datas = append(r.datas, data)
+			r.attrs = append(r.attrs, d.Attributes)
+		}
+		if d.DedupID == "" {
+			continue
+		}
+		last := s.dedup.lastBucket(r.bucket, now, at)
+		r.last = max(r.last, last)
+		for k := r.bucket; k <= last; k++ {
+			r.records = append(r.records, &zk.CreateRequest{Path: s.dedup.record(k, d.DedupID), Acl: s.opt.acl})
+			r.owners = append(r.owners, i)
 		}
 	}
 	return r

@@ -122,73 +122,123 @@ func IsDelayedID(id string) bool {
 // time: due[i] zero or not after now means ready at once (appended to the
 // queue as by Queue.PublishAll), later means delayed until then. It
 // returns the ids in order: a ready message's id in the queue, a delayed
-// one's delayed node name. Errors: those of Queue.PublishAll, and
+// one's delayed node name. Drafts with dedup ids are published as by
+// PublishReceipts, a repeat's id being the first publish's. A grouped
+// draft cannot be delayed (ErrBadGroup): it would join the queue outside
+// its group's order. Errors: those of Queue.PublishAll, and
 // ErrTooManyDelayed; a missing parent is a zk.ErrNoNode.
 func (d *Scheduled) PublishAll(ctx context.Context, drafts []Draft, due []time.Time) ([]string, error) {
-	s := d.items
-	if len(due) != len(drafts) {
-		return nil, fmt.Errorf("zkqueue: %d due times for %d messages", len(due), len(drafts))
-	}
-	if err := s.checkAll(drafts); err != nil {
+	rs, err := d.publish(ctx, drafts, due)
+	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	var pre []any
-	var levels []int
-	var datas [][]byte
-	for i, dr := range drafts {
-		data := EncodeData(Message{Payload: dr.Payload, Attributes: dr.Attributes, Published: now})
-		if due[i].After(now) {
-			pre = append(pre, &zk.CreateRequest{Path: d.path + "/" + delayedName(due[i], dr.Priority),
-				Data: data, Acl: s.opt.acl, Flags: zk.FlagSequence})
-			continue
-		}
-		levels, datas = append(levels, dr.Priority), append(datas, data)
-	}
-	if len(pre) > 0 {
-		n, err := zkutil.NumChildren(s.conn, d.path)
-		if err != nil {
-			return nil, s.wrap("publish delayed", err)
-		}
-		if n+len(pre) > d.max {
-			return nil, fmt.Errorf("%w: %s holds %d, at most %d", ErrTooManyDelayed, d.path, n, d.max)
-		}
-	}
-	res, paths, err := s.appendWith(ctx, pre, levels, datas)
-	if err != nil {
-		return nil, s.wrap("publish delayed", err)
-	}
-	ids := make([]string, len(drafts))
-	for i, j, k := 0, 0, 0; i < len(drafts); i++ {
-		if due[i].After(now) {
-			ids[i] = path.Base(res[j].String)
-			j++
-			continue
-		}
-		ids[i] = path.Base(paths[k])
-		k++
+	ids := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
 	}
 	return ids, nil
 }
 
-// checkAll checks drafts as Queue.PublishAll does before writing.
-func (s *Queue) checkAll(drafts []Draft) error {
+// PublishReceipts is PublishAll telling repeats apart: drafts repeating a
+// dedup id within the window are left out and answered with the first
+// publish's id, as by Queue.PublishReceipts. A delayed message's records
+// are created in its delayed node's transaction, and its id (its delayed
+// node's name) is remembered until it is due plus the window, within
+// MaxDedupBuckets windows (see dedup.go): a repeat is answered with that
+// id before and after the message joins the queue. Errors: those of
+// PublishAll, ErrBadDedupID.
+func (d *Scheduled) PublishReceipts(ctx context.Context, drafts []Draft, due []time.Time) ([]Receipt, error) {
+	return d.publish(ctx, drafts, due)
+}
+
+func (d *Scheduled) publish(ctx context.Context, drafts []Draft, due []time.Time) ([]Receipt, error) {
+	s := d.items
+	if len(due) != len(drafts) {
+		return nil, fmt.Errorf("zkqueue: %d due times for %d messages", len(due), len(drafts))
+	}
+	now := time.Now()
+	if err := s.checkAll(drafts, due, now); err != nil {
+		return nil, err
+	}
+	delayed := 0
+	for _, t := range due {
+		if t.After(now) {
+			delayed++
+		}
+	}
+	if delayed > 0 {
+		n, err := zkutil.NumChildren(s.conn, d.path)
+		if err != nil {
+			return nil, s.wrap("publish delayed", err)
+		}
+		if n+delayed > d.max {
+			return nil, fmt.Errorf("%w: %s holds %d, at most %d", ErrTooManyDelayed, d.path, n, d.max)
+		}
+	}
+	if hasDedup(drafts) {
+		rs, err := s.publishReceipts(ctx, drafts, d, due)
+		return rs, s.wrap("publish delayed", err)
+	}
+	drafts = withGroupTokens(drafts)
+	var pre []any
+	var levels []int
+	var datas [][]byte
+	var attrs []Attributes
+	for i, dr := range drafts {
+		data := EncodeData(Message{Payload: dr.Payload, Attributes: dr.Attributes, Published: now})
+		if due[i].After(now) {
+			pre = append(pre, d.createOp(due[i], dr.Priority, data))
+			continue
+		}
+		levels, datas, attrs = append(levels, dr.Priority), append(datas, data), append(attrs, dr.Attributes)
+	}
+	res, paths, err := s.appendGroupedWith(ctx, pre, levels, datas, attrs)
+	if err != nil {
+		return nil, s.wrap("publish delayed", err)
+	}
+	out := make([]Receipt, len(drafts))
+	for i, j, k := 0, 0, 0; i < len(drafts); i++ {
+		if due[i].After(now) {
+			out[i].ID = path.Base(res[j].String)
+			j++
+			continue
+		}
+		out[i].ID = path.Base(paths[k])
+		k++
+	}
+	return out, nil
+}
+
+// createOp returns the create of a delayed message of priority p due at
+// due, with data.
+func (d *Scheduled) createOp(due time.Time, p int, data []byte) *zk.CreateRequest {
+	return &zk.CreateRequest{Path: d.path + "/" + delayedName(due, p), Data: data, Acl: d.items.opt.acl, Flags: zk.FlagSequence}
+}
+
+// checkAll checks drafts due at due as Queue.PublishAll does before
+// writing, counting each one's dedup records and group entry, and refuses
+// a grouped draft due after now.
+func (s *Queue) checkAll(drafts []Draft, due []time.Time, now time.Time) error {
 	if len(drafts) == 0 {
 		return ErrEmptyBatch
 	}
 	if len(drafts) > s.opt.limits.MaxBatchCount {
 		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), s.opt.limits.MaxBatchCount)
 	}
-	total := 0
-	for _, dr := range drafts {
+	total, overhead := 0, 0
+	for i, dr := range drafts {
 		if err := s.CheckDraft(dr); err != nil {
 			return err
 		}
-		total += dr.Size() + s.MessageOverhead()
+		if dr.Group != "" && due[i].After(now) {
+			return fmt.Errorf("%w: a grouped message cannot be delayed", ErrBadGroup)
+		}
+		total += dr.Size()
+		overhead += s.MessageOverhead() + s.dedupBytes(dr.DedupID, now, due[i]) + s.groupBytes(dr.Group)
 	}
-	if len(drafts) > 1 && total > s.opt.limits.MaxBatchBytes {
-		return fmt.Errorf("%w: %d messages are %d bytes including per-message overhead > %d",
-			ErrBatchTooLarge, len(drafts), total, s.opt.limits.MaxBatchBytes)
+	if len(drafts) > 1 && total+overhead > s.opt.limits.MaxBatchBytes {
+		return fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
+			ErrBatchTooLarge, len(drafts), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
 	}
 	return nil
 }

@@ -266,6 +266,13 @@ func entrySeq(name string) (int64, bool) {
 // an *extraOpError still indexes extra. A group missing (deleted while
 // idle) is created and the transaction tried again.
 func (s *Queue) appendGrouped(ctx context.Context, levels []int, datas [][]byte, attrs []Attributes, extra ...any) ([]string, error) {
+	_, paths, err := s.appendGroupedWith(ctx, nil, levels, datas, attrs, extra...)
+	return paths, err
+}
+
+// appendGroupedWith is appendGrouped with the ops pre ahead, as
+// appendWith: res are pre's responses.
+func (s *Queue) appendGroupedWith(ctx context.Context, pre []any, levels []int, datas [][]byte, attrs []Attributes, extra ...any) (res []zk.MultiResponse, paths []string, err error) {
 	var gops []any
 	var groups []string
 	for _, a := range attrs {
@@ -280,20 +287,20 @@ func (s *Queue) appendGrouped(ctx context.Context, levels []int, datas [][]byte,
 		groups = append(groups, a.Group)
 	}
 	if len(gops) == 0 {
-		return s.appendMessages(ctx, levels, datas, extra...)
+		return s.appendWith(ctx, pre, levels, datas, extra...)
 	}
 	all := append(append([]any{}, extra...), gops...)
 	for attempt := 0; ; attempt++ {
-		paths, err := s.appendMessages(ctx, levels, datas, all...)
+		res, paths, err := s.appendWith(ctx, pre, levels, datas, all...)
 		var oe *extraOpError
 		if !errors.As(err, &oe) || oe.Index < len(extra) {
-			return paths, err
+			return res, paths, err
 		}
 		if !errors.Is(oe.Err, zk.ErrNoNode) || attempt >= 4 {
-			return nil, fmt.Errorf("group entry: %w", oe.Err)
+			return nil, nil, fmt.Errorf("group entry: %w", oe.Err)
 		}
 		if err := s.ensureGroup(groups[oe.Index-len(extra)]); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 }

@@ -147,7 +147,7 @@ func (s *Queue) PublishDraft(ctx context.Context, d Draft) (string, error) {
 		return "", err
 	}
 	if d.DedupID != "" {
-		rs, err := s.publishReceipts(ctx, []Draft{d})
+		rs, err := s.publishReceipts(ctx, []Draft{d}, nil, nil)
 		if err != nil {
 			return "", s.wrap("publish", err)
 		}
@@ -218,7 +218,7 @@ func (s *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error
 		return nil, s.wrap("publish batch", err)
 	}
 	if hasDedup(drafts) {
-		rs, err := s.publishReceipts(ctx, drafts)
+		rs, err := s.publishReceipts(ctx, drafts, nil, nil)
 		if err != nil {
 			return nil, s.wrap("publish batch", err)
 		}
@@ -246,10 +246,10 @@ func (s *Queue) checkBatch(drafts []Draft) error {
 	// message adds to it besides its payload (MessageOverhead), not the
 	// payloads alone: with MaxBatchBytes <= HardMaxPayload a batch is one
 	// request below jute.maxbuffer.
-	total, overhead := 0, 0
+	total, overhead, now := 0, 0, time.Now()
 	for _, d := range drafts {
 		total += d.Size()
-		overhead += s.MessageOverhead() + s.dedupBytes(d.DedupID) + s.groupBytes(d.Group)
+		overhead += s.MessageOverhead() + s.dedupBytes(d.DedupID, now, time.Time{}) + s.groupBytes(d.Group)
 	}
 	if total+overhead > s.opt.limits.MaxBatchBytes {
 		return fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
