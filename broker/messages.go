@@ -93,12 +93,12 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 			// A delayed message joins the queue through the delayed
 			// parent and an expired one is removed without its group
 			// entry: neither keeps a group's order, so neither mixes
-			// with groups.
-			if m.GetDelay() != nil || m.GetDeliverAt() != nil {
-				return nil, b.fail(invalidf("message %d: a message in a group cannot be delayed", i))
+			// with groups. Each refusal names both options.
+			if due := dueOption(m); due != "" {
+				return nil, b.fail(invalidf("message %d: group and %s cannot be combined: a delayed message would join the queue outside its group's order", i, due))
 			}
 			if q.meta.MessageTTL > 0 {
-				return nil, b.fail(wrongKind(q, "message groups need a queue without message_ttl"))
+				return nil, b.fail(wrongKind(q, fmt.Sprintf("message %d: a group needs a queue without message_ttl: an expired message would leave its group's entry behind", i)))
 			}
 			drafts[i].Group = g
 		}

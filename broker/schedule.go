@@ -163,6 +163,17 @@ func (b *Broker) dueTimes(msgs []*pb.OutMessage) ([]time.Time, bool, error) {
 	return due, any, nil
 }
 
+// dueOption names the option that delays m ("" when none).
+func dueOption(m *pb.OutMessage) string {
+	switch {
+	case m.GetDelay() != nil:
+		return "delay"
+	case m.GetDeliverAt() != nil:
+		return "deliver_at"
+	}
+	return ""
+}
+
 // publishDue publishes drafts with their due times (zkqueue.Scheduled).
 func (b *Broker) publishDue(ctx context.Context, q *queue, drafts []zkqueue.Draft, due []time.Time) ([]string, error) {
 	var ids []string
