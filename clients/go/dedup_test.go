@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	qbroker "github.com/qbroker/qbroker/clients/go"
 	"github.com/qbroker/qbroker/internal/brokertest"
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // lossyBroker starts a broker under root whose next lose Publish calls
@@ -153,5 +155,60 @@ func TestPublishReceipts(t *testing.T) {
 	}
 	if _, err := ca.Publish(ctx, "q", []byte("x"), qbroker.WithDedupID("a b")); !errors.Is(err, qbroker.ErrInvalidArgument) {
 		t.Fatalf("bad dedup id: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// WithPublishRetries gives every message a dedup id; a delayed message is
+// still delayed, and a retry after a lost reply is answered with its
+// delayed id: one message, delivered when due.
+func TestPublishRetriesDelayed(t *testing.T) {
+	ctx := testCtx(t)
+	var lose, calls atomic.Int32
+	a := lossyBroker(t, zktest.Root(t), &lose, &calls)
+	c := dial(t, a.addr, qbroker.WithPublishRetries(3))
+	createQueue(t, c, "q", qbroker.QueueOptions{})
+	const delay = 2 * time.Second
+	lose.Store(1)
+	published := time.Now()
+	id, err := c.Publish(ctx, "q", []byte("later"), qbroker.WithDelay(delay))
+	if err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	if calls.Load() < 2 {
+		t.Fatalf("%d Publish calls on the lossy broker, want a retry", calls.Load())
+	}
+	if !zkqueue.IsDelayedID(id) {
+		t.Fatalf("Publish answered %q, want a delayed message's id", id)
+	}
+	ids, err := c.PublishBatch(ctx, "q", []qbroker.OutMessage{{Payload: []byte("at"), DeliverAt: published.Add(delay)}})
+	if err != nil || !zkqueue.IsDelayedID(ids[0]) {
+		t.Fatalf("PublishBatch: %v, %v; want a delayed message's id", ids, err)
+	}
+	st, err := c.Stats(ctx, "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(published) < delay && (st.Delayed != 2 || st.Ready != 0) {
+		t.Fatalf("before due: %+v, want 2 delayed, none ready", st)
+	}
+	var got []string
+	for len(got) < 2 {
+		ms, err := c.Receive(ctx, "q", qbroker.ReceiveOptions{Max: 10, Wait: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			got = append(got, string(m.Payload))
+		}
+	}
+	if time.Since(published) < delay {
+		t.Fatalf("delivered %v after publish, before due", time.Since(published))
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"at", "later"}) {
+		t.Fatalf("delivered %v, want [at later], once each", got)
+	}
+	if st, err := c.Stats(ctx, "q"); err != nil || st.Delayed != 0 || st.Ready != 0 {
+		t.Fatalf("after delivery: %+v, %v; want nothing left", st, err)
 	}
 }
