@@ -1003,7 +1003,9 @@ type OutMessage struct {
 	// "." or "..": a publish repeating an id within the queue's dedup_window
 	// (on any broker) is acknowledged with the first message's id and adds
 	// no second copy, so a publish that failed UNAVAILABLE may be retried
-	// with the same ids. Empty: no deduplication.
+	// with the same ids. With delay or deliver_at the message is still
+	// delayed, and its id ("d-...") is remembered until it is due plus the
+	// window (at most 16 windows from the publish). Empty: no deduplication.
 	DedupId string `protobuf:"bytes,7,opt,name=dedup_id,json=dedupId,proto3" json:"dedup_id,omitempty"`
 	// Delayed delivery: the message stays invisible for this long, then
 	// joins the tail of the queue. At most the broker's --max-delay (default
