@@ -45,14 +45,15 @@ import (
 // due plus one window, not from its publish alone: a retry during a long
 // delay must still find it. Its records are created, with its delayed
 // node, in every bucket from bucket(t) to bucket(due)+1, which a repeat at
-// any t' before due+W meets (its own bucket or the next is among them). A
-// bucket a record is created in is kept until its window and the next have
-// passed, so the record of a message due in an hour lives an hour and one
-// to two windows. The span is bounded by MaxDedupBuckets: a message due
-// further ahead is remembered for MaxDedupBuckets-1 windows from its
-// publish, not until due. The bound keeps one message's records (a node
-// each, in its transaction) small whatever the window and delay; a retry
-// comes within seconds of its first try, well inside it. Its repeats are
+// any t' before due+W meets (its own bucket or the next is among them), so
+// its id is remembered until at least due+W and at most due+2W. The span
+// is bounded by MaxDedupBuckets: a message due further ahead is
+// remembered for MaxDedupBuckets-1 windows from its publish, not until
+// due. The bound keeps one message's records (a node each, in its
+// transaction, and a setData each after it) small whatever the window and
+// the delay; a retry comes within seconds of its first try, well inside
+// it, and with the default window (5 minutes) and --max-delay (15
+// minutes) no delay reaches it. Its repeats are
 // answered with its delayed id, before it is due and after it joined the
 // queue under an id of its own.
 //
