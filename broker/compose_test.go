@@ -47,8 +47,8 @@ func (e pairEnv) publish(t *testing.T, c pb.QueueClient, m *pb.OutMessage) *pb.P
 	return publishMsg(t, c, e.queue, m)
 }
 
-// receive receives what is ready now, at least once with a long lease
-// when alo.
+// receive receives what is ready now (up to 10), at least once with a
+// long lease when ack.
 func (e pairEnv) receive(t *testing.T, ack bool) []*pb.Message {
 	t.Helper()
 	req := &pb.ReceiveRequest{Queue: e.queue, MaxMessages: 10}
