@@ -45,6 +45,13 @@ type env struct {
 // plain HTTP) serves the console over HTTPS.
 func start(t *testing.T, tlsCfg *tls.Config, mods ...func(*broker.Config)) *env {
 	t.Helper()
+	return startWith(t, tlsCfg, console.Config{}, mods...)
+}
+
+// startWith is start with the console configured as cc (its Broker and
+// Gatherer set here).
+func startWith(t *testing.T, tlsCfg *tls.Config, cc console.Config, mods ...func(*broker.Config)) *env {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg := broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t), SweepInterval: 100 * time.Millisecond,
 		SessionTimeout: 4 * time.Second, Registerer: reg}
@@ -58,7 +65,8 @@ func start(t *testing.T, tlsCfg *tls.Config, mods ...func(*broker.Config)) *env 
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
-	c, err := console.New(console.Config{Broker: s.Broker, Gatherer: reg})
+	cc.Broker, cc.Gatherer = s.Broker, reg
+	c, err := console.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}
