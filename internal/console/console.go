@@ -23,7 +23,11 @@
 // in another. A request whose Origin header names another host is refused
 // too. Purge and delete also need the queue's name typed into the form.
 //
-// A Console holds no goroutine; it is safe for concurrent use.
+// The rates of the queues page are sampled by a goroutine while the pages
+// are viewed (rates.go); Close stops it, and so does the Shutdown of an
+// http.Server that served the console.
+//
+// A Console is safe for concurrent use.
 package console
 
 import (
@@ -42,6 +46,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -89,6 +94,9 @@ type Console struct {
 	hosts hosts
 	key   []byte // per-process random key of the form tokens
 	rates *rates // nil without a Gatherer
+
+	mu      sync.Mutex
+	servers map[*http.Server]bool // those whose Shutdown stops the rates' sampler
 }
 
 // sessionCookie carries the browser session's random id, whose HMAC is
@@ -111,7 +119,8 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, log: cfg.Logger, pages: map[string]*template.Template{}, hosts: hs, key: make([]byte, 32)}
+	c := &Console{cfg: cfg, log: cfg.Logger, pages: map[string]*template.Template{}, hosts: hs, key: make([]byte, 32),
+		servers: map[*http.Server]bool{}}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -127,8 +136,37 @@ func New(cfg Config) (*Console, error) {
 	}
 	if cfg.Gatherer != nil {
 		c.rates = newRates(cfg.Gatherer, time.Now)
+		c.rates.every = sampleEvery
 	}
 	return c, nil
+}
+
+// Close stops the sampling of rates and waits for it. A console whose
+// pages nobody views stops sampling on its own (rateIdle after the last
+// view), and so does one whose http.Server shuts down.
+func (c *Console) Close() {
+	if c.rates != nil {
+		c.rates.close()
+	}
+}
+
+// ownedBy makes every http.Server that serves h stop the rates'
+// sampler on its Shutdown.
+func (c *Console) ownedBy(h http.Handler) http.Handler {
+	if c.rates == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if srv, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok {
+			c.mu.Lock()
+			if !c.servers[srv] {
+				c.servers[srv] = true
+				srv.RegisterOnShutdown(c.rates.halt)
+			}
+			c.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Handler serves the console under Prefix.
@@ -144,7 +182,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST "+Prefix+"queues/{name}/purge", c.action(c.purge))
 	mux.HandleFunc("POST "+Prefix+"queues/{name}/delete", c.action(c.deleteQueue))
 	mux.HandleFunc("GET "+Prefix+"brokers", c.brokersPage)
-	return secureHeaders(c.hosts.check(mux))
+	return c.ownedBy(secureHeaders(c.hosts.check(mux)))
 }
 
 // secureHeaders keeps the pages out of caches and frames, and lets them

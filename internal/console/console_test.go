@@ -70,6 +70,7 @@ func startWith(t *testing.T, tlsCfg *tls.Config, cc console.Config, mods ...func
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(c.Close)
 	e := &env{b: s.Broker}
 	e.srv = httptest.NewUnstartedServer(c.Handler())
 	if tlsCfg != nil {

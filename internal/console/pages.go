@@ -29,6 +29,7 @@ var funcs = template.FuncMap{
 		return d.AsDuration().Round(time.Second).String()
 	},
 	"kind": kindName,
+	"rate": formatRate,
 	"when": func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
@@ -58,10 +59,11 @@ type queueRow struct {
 }
 
 type queuesData struct {
-	Rows   []queueRow
-	Next   string // page token of the next page
-	Rates  bool
-	Window string // the rates' window
+	Rows    []queueRow
+	Next    string // page token of the next page
+	Rates   bool   // the console has rates
+	Pending bool   // but no sample to compare with yet
+	Window  string // the rates' window
 }
 
 // pageSize is how many queues one page lists (each is a Stats call).
@@ -80,7 +82,7 @@ func (c *Console) queuesPage(w http.ResponseWriter, r *http.Request) {
 	if c.rates != nil {
 		var window time.Duration
 		rs, window = c.rates.read()
-		d.Rates = window > 0
+		d.Rates, d.Pending = true, window <= 0
 		d.Window = window.Round(time.Second).String()
 	}
 	for _, q := range list.GetQueues() {
