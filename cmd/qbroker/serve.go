@@ -75,6 +75,7 @@ type serveOptions struct {
 	limits         limitOptions
 	pprof          bool
 	console        bool
+	consoleHosts   hostList
 	logFormat      string
 	logLevel       string
 	nats           natsOptions
@@ -196,6 +197,8 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.DurationVar(&o.limits.maxConnIdle, "max-connection-idle", e.dur("MAX_CONNECTION_IDLE", 5*time.Minute), "a client connection without calls for this long is closed; clients reconnect ($QBROKER_MAX_CONNECTION_IDLE)")
 	fs.BoolVar(&o.pprof, "pprof", e.bool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
 	fs.BoolVar(&o.console, "console", e.bool("CONSOLE", true), "serve the web console at /console/ on --metrics-listen; with authentication on it acts as the client certificate of --metrics-tls ($QBROKER_CONSOLE)")
+	o.consoleHosts = consoleHosts(e)
+	fs.Var(&o.consoleHosts, "console-host", "a host name (optionally :port) the web console answers to besides localhost, loopback addresses and --metrics-listen; others get 421 (against DNS rebinding); repeat or separate with commas ($QBROKER_CONSOLE_HOSTS)")
 	fs.StringVar(&o.logFormat, "log-format", env("LOG_FORMAT", "text"), "log format: text or json ($QBROKER_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", env("LOG_LEVEL", "info"), "log level: debug, info, warn, error ($QBROKER_LOG_LEVEL)")
 	fs.StringVar(&o.nats.url, "nats-url", env("NATS_URL", ""), "NATS server URL; enables the event bridge ($QBROKER_NATS_URL)")
@@ -478,7 +481,7 @@ func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.Handle("/healthz", b.HealthHandler())
 	if o.console {
-		c, err := console.New(console.Config{Broker: b, Gatherer: reg, Logger: log})
+		c, err := console.New(console.Config{Broker: b, Gatherer: reg, Logger: log, Hosts: o.consoleHosts.names, Listen: o.metricsListen})
 		if err != nil {
 			return nil, err
 		}

@@ -14,19 +14,27 @@
 // the page says why. Bearer tokens are not taken: a browser would have to
 // keep one in a cookie.
 //
-// Actions are POST only, and carry a per-process random token in a hidden
-// field that must match the SameSite=Strict cookie set with the page
-// (double submit; a cross-site form has neither); a request whose Origin
-// header names another host is refused too. Purge and delete also need
-// the queue's name typed into the form.
+// The console answers only requests whose Host is one of its names
+// (hosts.go): a page of another site cannot read it or post to it by DNS
+// rebinding. Actions are POST only, and carry a token in a hidden field
+// that must be the HMAC, under a per-process random key, of the browser
+// session's random id, kept in a SameSite=Strict cookie set with the page:
+// a cross-site form has neither, and a token of one session does nothing
+// in another. A request whose Origin header names another host is refused
+// too. Purge and delete also need the queue's name typed into the form.
 //
-// A Console holds no goroutine; it is safe for concurrent use.
+// The rates of the queues page are sampled by a goroutine while the pages
+// are viewed (rates.go); Close stops it, and so does the Shutdown of an
+// http.Server that served the console.
+//
+// A Console is safe for concurrent use.
 package console
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
-	"crypto/subtle"
+	"crypto/sha256"
 	"embed"
 	"encoding/hex"
 	"errors"
@@ -38,6 +46,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,6 +78,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Timeout bounds each page's calls; default 30 s.
 	Timeout time.Duration
+	// Hosts are the host names (each optionally with :port) the console
+	// answers to besides localhost, loopback addresses, the address a
+	// request reached and the host of Listen (see CheckHost).
+	Hosts []string
+	// Listen is the address the console is served on, if known.
+	Listen string
 }
 
 // Console serves the pages (Handler).
@@ -76,12 +91,17 @@ type Console struct {
 	cfg   Config
 	log   *slog.Logger
 	pages map[string]*template.Template
-	csrf  string // per-process random token of the action forms
+	hosts hosts
+	key   []byte // per-process random key of the form tokens
 	rates *rates // nil without a Gatherer
+
+	mu      sync.Mutex
+	servers map[*http.Server]bool // those whose Shutdown stops the rates' sampler
 }
 
-// csrfCookie carries the action token beside the form's hidden field.
-const csrfCookie = "qbroker_console_csrf"
+// sessionCookie carries the browser session's random id, whose HMAC is
+// the form token.
+const sessionCookie = "qbroker_console_session"
 
 // maxForm bounds a form's body: a publish form holds a payload of at most
 // zkqueue.HardMaxPayload bytes, which URL-encoding may triple.
@@ -95,15 +115,18 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
-	c := &Console{cfg: cfg, log: cfg.Logger, pages: map[string]*template.Template{}}
+	hs, err := newHosts(cfg.Hosts, cfg.Listen)
+	if err != nil {
+		return nil, err
+	}
+	c := &Console{cfg: cfg, log: cfg.Logger, pages: map[string]*template.Template{}, hosts: hs, key: make([]byte, 32),
+		servers: map[*http.Server]bool{}}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	var tok [32]byte
-	if _, err := rand.Read(tok[:]); err != nil {
+	if _, err := rand.Read(c.key); err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
-	c.csrf = hex.EncodeToString(tok[:])
 	for _, name := range []string{"queues", "queue", "brokers", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
@@ -113,8 +136,37 @@ func New(cfg Config) (*Console, error) {
 	}
 	if cfg.Gatherer != nil {
 		c.rates = newRates(cfg.Gatherer, time.Now)
+		c.rates.every = sampleEvery
 	}
 	return c, nil
+}
+
+// Close stops the sampling of rates and waits for it. A console whose
+// pages nobody views stops sampling on its own (rateIdle after the last
+// view), and so does one whose http.Server shuts down.
+func (c *Console) Close() {
+	if c.rates != nil {
+		c.rates.close()
+	}
+}
+
+// ownedBy makes every http.Server that serves h stop the rates'
+// sampler on its Shutdown.
+func (c *Console) ownedBy(h http.Handler) http.Handler {
+	if c.rates == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if srv, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok {
+			c.mu.Lock()
+			if !c.servers[srv] {
+				c.servers[srv] = true
+				srv.RegisterOnShutdown(c.rates.halt)
+			}
+			c.mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Handler serves the console under Prefix.
@@ -130,7 +182,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST "+Prefix+"queues/{name}/purge", c.action(c.purge))
 	mux.HandleFunc("POST "+Prefix+"queues/{name}/delete", c.action(c.deleteQueue))
 	mux.HandleFunc("GET "+Prefix+"brokers", c.brokersPage)
-	return secureHeaders(mux)
+	return c.ownedBy(secureHeaders(c.hosts.check(mux)))
 }
 
 // secureHeaders keeps the pages out of caches and frames, and lets them
@@ -175,12 +227,10 @@ type page struct {
 	Data    any
 }
 
-// newPage fills in the parts every page shows, and sets the action
-// token's cookie.
+// newPage fills in the parts every page shows, and starts a browser
+// session (its cookie) unless the request has one.
 func (c *Console) newPage(w http.ResponseWriter, r *http.Request, title, nav string, data any) *page {
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: c.csrf, Path: Prefix, HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
-	p := &page{Title: title, Nav: nav, CSRF: c.csrf, Data: data, Flash: flash(r.URL.Query())}
+	p := &page{Title: title, Nav: nav, CSRF: c.formToken(c.session(w, r)), Data: data, Flash: flash(r.URL.Query())}
 	id, on, err := c.cfg.Broker.Authenticate(c.callerCtx(r.Context(), r))
 	switch {
 	case !on:
@@ -289,20 +339,50 @@ func (c *Console) action(h func(r *http.Request) (string, error)) http.HandlerFu
 	}
 }
 
+// session returns the id of r's browser session, from its cookie, or a
+// new random one whose cookie it sets: a session cookie (it ends with
+// the browser's session), sent to the console's pages only, never by a
+// cross-site request, unreadable by scripts.
+func (c *Console) session(w http.ResponseWriter, r *http.Request) string {
+	if ck, err := r.Cookie(sessionCookie); err == nil && validSession(ck.Value) {
+		return ck.Value
+	}
+	var id [32]byte
+	_, _ = rand.Read(id[:]) // never fails: it crashes the program instead
+	sid := hex.EncodeToString(id[:])
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: sid, Path: Prefix, HttpOnly: true,
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	return sid
+}
+
+// validSession reports whether s has the form of a session id.
+func validSession(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+// formToken is the action forms' token of session sid.
+func (c *Console) formToken(sid string) string {
+	m := hmac.New(sha256.New, c.key)
+	m.Write([]byte("qbroker console form token\x00" + sid))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
 // checkForgery refuses a POST from another site: its Origin, when sent,
-// must be this host, and its form token must equal both the process's
-// token and the cookie's.
+// must be this host, and its form token must be its session's.
 func (c *Console) checkForgery(r *http.Request) error {
 	if o := r.Header.Get("Origin"); o != "" {
 		if u, err := url.Parse(o); err != nil || u.Host != r.Host {
 			return refuse(http.StatusForbidden, "refused: the form was sent from another site (Origin %q)", o)
 		}
 	}
-	ck, err := r.Cookie(csrfCookie)
-	form := r.PostForm.Get("csrf")
-	if err != nil || subtle.ConstantTimeCompare([]byte(ck.Value), []byte(c.csrf)) != 1 ||
-		subtle.ConstantTimeCompare([]byte(form), []byte(c.csrf)) != 1 {
-		return refuse(http.StatusForbidden, "refused: the form's token is missing or stale (the broker restarted?); reload the page and try again")
+	ck, err := r.Cookie(sessionCookie)
+	if err != nil || !validSession(ck.Value) ||
+		!hmac.Equal([]byte(r.PostForm.Get("csrf")), []byte(c.formToken(ck.Value))) {
+		return refuse(http.StatusForbidden, "refused: the form's token is missing or stale (the broker restarted, or the page is of another browser session); reload the page and try again")
 	}
 	return nil
 }

@@ -45,6 +45,13 @@ type env struct {
 // plain HTTP) serves the console over HTTPS.
 func start(t *testing.T, tlsCfg *tls.Config, mods ...func(*broker.Config)) *env {
 	t.Helper()
+	return startWith(t, tlsCfg, console.Config{}, mods...)
+}
+
+// startWith is start with the console configured as cc (its Broker and
+// Gatherer set here).
+func startWith(t *testing.T, tlsCfg *tls.Config, cc console.Config, mods ...func(*broker.Config)) *env {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	cfg := broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t), SweepInterval: 100 * time.Millisecond,
 		SessionTimeout: 4 * time.Second, Registerer: reg}
@@ -58,10 +65,12 @@ func start(t *testing.T, tlsCfg *tls.Config, mods ...func(*broker.Config)) *env 
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
-	c, err := console.New(console.Config{Broker: s.Broker, Gatherer: reg})
+	cc.Broker, cc.Gatherer = s.Broker, reg
+	c, err := console.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(c.Close)
 	e := &env{b: s.Broker}
 	e.srv = httptest.NewUnstartedServer(c.Handler())
 	if tlsCfg != nil {
@@ -465,4 +474,47 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("no certificate: %d, want 401\n%s", code, body)
 	}
 	mustContain(t, "no certificate", body, "no verified client certificate", "Unauthenticated")
+}
+
+// TestCreateWithTTLAndDedup: the create form sets a queue's message TTL,
+// where expired messages go, and its dedup window; the queue page shows
+// them. A value that does not parse, or one the broker refuses, creates
+// nothing.
+func TestCreateWithTTLAndDedup(t *testing.T) {
+	e := start(t, nil)
+	ctx := context.Background()
+	tok := e.token(t, e.client)
+	code, body := e.post(t, e.client, "/console/queues", url.Values{"csrf": {tok}, "name": {"t"},
+		"message_ttl": {"90s"}, "expire_to_dead_letter": {"1"}, "dedup_window": {"2m"}})
+	if code != http.StatusOK {
+		t.Fatalf("create: %d\n%s", code, body)
+	}
+	info, err := e.grpc.GetQueue(ctx, &pb.GetQueueRequest{Name: "t"})
+	if err != nil || info.GetMessageTtl().AsDuration() != 90*time.Second || !info.GetExpireToDeadLetter() ||
+		info.GetDedupWindow().AsDuration() != 2*time.Minute {
+		t.Fatalf("GetQueue: %v, %v; want TTL 1m30s to the dead letters, dedup window 2m", info, err)
+	}
+	mustContain(t, "queue page", body, "Message TTL", "1m30s, then dead-lettered", "Dedup window", "2m0s")
+
+	for _, tc := range []struct {
+		form url.Values
+		want int
+		says string
+	}{
+		{url.Values{"message_ttl": {"soon"}}, 400, "message TTL"},
+		{url.Values{"dedup_window": {"-1s"}}, 400, "dedup window"},
+		{url.Values{"message_ttl": {"1ms"}}, 400, "InvalidArgument"},
+		{url.Values{"dedup_window": {"2h"}}, 400, "InvalidArgument"},
+	} {
+		tc.form.Set("csrf", tok)
+		tc.form.Set("name", "other")
+		code, body := e.post(t, e.client, "/console/queues", tc.form)
+		if code != tc.want {
+			t.Fatalf("create with %v: %d, want %d\n%s", tc.form, code, tc.want, body)
+		}
+		mustContain(t, "refused create", body, tc.says)
+		if _, err := e.grpc.GetQueue(ctx, &pb.GetQueueRequest{Name: "other"}); status.Code(err) != codes.NotFound {
+			t.Fatalf("create with %v: queue other: %v, want NotFound", tc.form, err)
+		}
+	}
 }

@@ -29,6 +29,8 @@ var funcs = template.FuncMap{
 		return d.AsDuration().Round(time.Second).String()
 	},
 	"kind": kindName,
+	"set":  func(d *durationpb.Duration) bool { return d.AsDuration() > 0 },
+	"rate": formatRate,
 	"when": func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
@@ -58,10 +60,11 @@ type queueRow struct {
 }
 
 type queuesData struct {
-	Rows   []queueRow
-	Next   string // page token of the next page
-	Rates  bool
-	Window string // the rates' window
+	Rows    []queueRow
+	Next    string // page token of the next page
+	Rates   bool   // the console has rates
+	Pending bool   // but no sample to compare with yet
+	Window  string // the rates' window
 }
 
 // pageSize is how many queues one page lists (each is a Stats call).
@@ -80,7 +83,7 @@ func (c *Console) queuesPage(w http.ResponseWriter, r *http.Request) {
 	if c.rates != nil {
 		var window time.Duration
 		rs, window = c.rates.read()
-		d.Rates = window > 0
+		d.Rates, d.Pending = true, window <= 0
 		d.Window = window.Round(time.Second).String()
 	}
 	for _, q := range list.GetQueues() {
@@ -227,6 +230,19 @@ func (c *Console) brokersPage(w http.ResponseWriter, r *http.Request) {
 
 // Actions.
 
+// formDuration reads an optional duration field; nil when empty.
+func formDuration(r *http.Request, field, what, example string) (*durationpb.Duration, error) {
+	v := strings.TrimSpace(r.PostForm.Get(field))
+	if v == "" {
+		return nil, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return nil, refuse(http.StatusBadRequest, "%s %q: want a duration such as %s; nothing was created", what, v, example)
+	}
+	return durationpb.New(d), nil
+}
+
 // formUint reads an optional non-negative integer field.
 func formUint(r *http.Request, field string, bits int) (uint64, error) {
 	v := strings.TrimSpace(r.PostForm.Get(field))
@@ -253,12 +269,16 @@ func (c *Console) create(r *http.Request) (string, error) {
 	default:
 		return "", refuse(http.StatusBadRequest, "kind %q: want fifo, priority or sync", f.Get("kind"))
 	}
-	if v := strings.TrimSpace(f.Get("visibility_timeout")); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return "", refuse(http.StatusBadRequest, "visibility timeout %q: want a duration such as 30s", v)
-		}
-		req.VisibilityTimeout = durationpb.New(d)
+	var err error
+	if req.VisibilityTimeout, err = formDuration(r, "visibility_timeout", "visibility timeout", "30s"); err != nil {
+		return "", err
+	}
+	if req.MessageTtl, err = formDuration(r, "message_ttl", "message TTL", "24h"); err != nil {
+		return "", err
+	}
+	req.ExpireToDeadLetter = f.Get("expire_to_dead_letter") != ""
+	if req.DedupWindow, err = formDuration(r, "dedup_window", "dedup window", "5m"); err != nil {
+		return "", err
 	}
 	members, err := formUint(r, "sync_members", 32)
 	if err != nil {
