@@ -31,20 +31,26 @@ func (b plainBearer) GetRequestMetadata(context.Context, ...string) (map[string]
 func (plainBearer) RequireTransportSecurity() bool { return false }
 
 // clientEnv is a broker and a way to connect to it as different clients:
-// identities (tokens of admin and worker, testRules) when auth is on,
-// else local addresses 127.0.0.x.
+// identities (tokens) when auth is on, else local addresses 127.0.0.x.
 type clientEnv struct {
 	tb     *testBroker
 	tokens map[string]string
 }
 
-func startClientEnv(t *testing.T, auth bool, mods ...func(*broker.Config)) *clientEnv {
+// startClientEnv starts a broker, with auth on when rules is not empty:
+// every identity the rules name gets a token.
+func startClientEnv(t *testing.T, rules string, mods ...func(*broker.Config)) *clientEnv {
 	t.Helper()
 	e := &clientEnv{tokens: map[string]string{}}
-	if auth {
+	if rules != "" {
 		dir := t.TempDir()
 		var lines []string
-		for _, name := range []string{"admin", "worker"} {
+		for _, l := range strings.Split(rules, "\n") {
+			f := strings.Fields(l)
+			if len(f) == 0 || strings.HasPrefix(f[0], "#") || e.tokens[f[0]] != "" {
+				continue
+			}
+			name := f[0]
 			tok, line, err := broker.MintToken(name)
 			if err != nil {
 				t.Fatal(err)
@@ -53,7 +59,7 @@ func startClientEnv(t *testing.T, auth bool, mods ...func(*broker.Config)) *clie
 			lines = append(lines, line)
 		}
 		writeFile(t, filepath.Join(dir, "tokens"), strings.Join(lines, "\n")+"\n")
-		writeFile(t, filepath.Join(dir, "rules"), testRules)
+		writeFile(t, filepath.Join(dir, "rules"), rules)
 		a, err := broker.NewAuth(broker.AuthConfig{RulesFile: filepath.Join(dir, "rules"),
 			TokensFile: filepath.Join(dir, "tokens"), Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
@@ -99,15 +105,15 @@ func TestOneClientCannotHoldEveryStream(t *testing.T) {
 	const maxStreams, perClient = 40, 10
 	for _, tc := range []struct {
 		name           string
-		auth           bool
+		rules          string
 		hog, other     string
 		hogDescription string
 	}{
-		{"address", false, "127.0.0.2", "127.0.0.1", "address 127.0.0.2"},
-		{"identity", true, "worker", "admin", "identity worker"},
+		{"address", "", "127.0.0.2", "127.0.0.1", "address 127.0.0.2"},
+		{"identity", testRules, "worker", "admin", "identity worker"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := startClientEnv(t, tc.auth, func(c *broker.Config) {
+			e := startClientEnv(t, tc.rules, func(c *broker.Config) {
 				c.MaxStreams, c.MaxStreamsPerIdentity = maxStreams, perClient
 			})
 			other := pb.NewQueueClient(e.conn(t, tc.other))
@@ -171,16 +177,16 @@ func TestOneClientConnectionLimit(t *testing.T) {
 	const perClient = 3
 	for _, tc := range []struct {
 		name           string
-		auth           bool
+		rules          string
 		hog, other     string
 		hogDescription string
 	}{
-		{"address", false, "127.0.0.2", "127.0.0.1", "address 127.0.0.2"},
-		{"identity", true, "worker", "admin", "identity worker"},
+		{"address", "", "127.0.0.2", "127.0.0.1", "address 127.0.0.2"},
+		{"identity", testRules, "worker", "admin", "identity worker"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			e := startClientEnv(t, tc.auth, func(c *broker.Config) {
+			e := startClientEnv(t, tc.rules, func(c *broker.Config) {
 				c.MaxConnsPerIdentity, c.Registerer = perClient, reg
 			})
 			other := pb.NewQueueClient(e.conn(t, tc.other))
