@@ -164,10 +164,13 @@ func TestManyBlockedGroupsNotRelisted(t *testing.T) {
 				}
 				got <- string(ls[0].Payload)
 			}()
+			acked := time.Now()
 			if _, err := l.AckUnread(ctx, tokens[g]); err != nil {
 				t.Fatal(err)
 			}
-			if p := <-got; p != g+"-1" {
+			p := <-got
+			t.Logf("%s's next message taken %v after the ack", g, time.Since(acked))
+			if p != g+"-1" {
 				t.Fatalf("a waiting take after %s's ack: got %s, want %s-1", g, p, g)
 			}
 		})
