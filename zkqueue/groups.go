@@ -429,8 +429,6 @@ func (s *Queue) groupGate(m Message) (entry string, err error) {
 	if s.groups.blocked == nil {
 		s.groups.blocked = map[string]blockedGroup{}
 	}
-	// Replacing an entry leaves its watch armed only when the listing
-	// was shared with a candidate that found the cached state stale.
 	s.groups.blocked[g] = blockedGroup{watch: w, head: groupToken(head), inflight: inflight}
 	s.skipLocked(w)
 	s.mu.Unlock()
