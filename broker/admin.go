@@ -111,7 +111,8 @@ func (b *Broker) ListQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb
 	if size > maxQueuePage {
 		return nil, b.fail(invalidf("page_size %d > %d", size, maxQueuePage))
 	}
-	// The page token is the last name the previous page looked at.
+	// The page token is the last name the previous page returned: never a
+	// name the caller may not view.
 	after := req.GetPageToken()
 	if after != "" {
 		if err := validName("page_token", after); err != nil {
@@ -123,22 +124,40 @@ func (b *Broker) ListQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb
 		return nil, b.fail(err)
 	}
 	names = names[sort.Search(len(names), func(i int) bool { return names[i] > after }):]
+	view := b.viewFilter(ctx)
 	resp := &pb.ListQueuesResponse{}
-	for i, n := range names {
+	for _, n := range names {
 		if ctx.Err() != nil {
 			return nil, b.fail(ctx.Err())
 		}
-		if len(resp.Queues) == size {
-			resp.NextPageToken = names[i-1]
-			break
+		if !view(n) {
+			continue
 		}
 		s, err := b.spec(n)
 		if err != nil {
 			continue // deleted meanwhile, or being deleted
 		}
+		if len(resp.Queues) == size {
+			resp.NextPageToken = resp.Queues[size-1].GetName()
+			break
+		}
 		resp.Queues = append(resp.Queues, queueInfo(n, s))
 	}
 	return resp, nil
+}
+
+// viewFilter reports which queues the caller of ctx may view: all
+// without authentication, none for a caller without an identity.
+func (b *Broker) viewFilter(ctx context.Context) func(name string) bool {
+	if b.cfg.Auth == nil {
+		return func(string) bool { return true }
+	}
+	id, ok := IdentityFrom(ctx)
+	if !ok {
+		return func(string) bool { return false }
+	}
+	rules := b.cfg.Auth.rules.Get()
+	return func(name string) bool { return rules.Allowed(id.Name, ActView, name) }
 }
 
 // DeleteQueue implements pb.QueueServer.

@@ -113,6 +113,11 @@ type Config struct {
 	// its subscribe request; default 10s. A stream that has not sent it
 	// by then ends with InvalidArgument, freeing its place.
 	FirstMessageTimeout time.Duration
+	// MaxStreamsPerIdentity caps the streams MaxStreams counts that one
+	// client may hold: with Auth, one authenticated identity; without,
+	// one client IP address. Default: a tenth of MaxStreams (at least 1).
+	// Streams beyond it are refused with ResourceExhausted naming it.
+	MaxStreamsPerIdentity int
 	// MaxStreamsPerConn bounds the concurrent calls and streams of one
 	// client connection (HTTP/2 MAX_CONCURRENT_STREAMS); default 1000.
 	MaxStreamsPerConn int
@@ -120,6 +125,15 @@ type Config struct {
 	// by LimitListener; default: the process's open-file limit less a
 	// headroom of a tenth (connlimit.DefaultMax).
 	MaxConns int
+	// MaxConnsPerIdentity caps the client connections one client may make
+	// calls on: with Auth, one authenticated identity; without, one
+	// client IP address. A connection counts for a client from its first
+	// call to its end; a call that would exceed the bound is refused with
+	// ResourceExhausted naming it, and its connection stays unproven (a
+	// LimitListener closes it first to make room). Default: a tenth of
+	// MaxConns (at least 1). It applies to every listener the broker's
+	// GRPCServer serves.
+	MaxConnsPerIdentity int
 	// MaxConnsPerIP bounds the open connections of one client IP address
 	// (LimitListener); default 0, no bound (clients behind one NAT or
 	// proxy share an address).
@@ -276,6 +290,12 @@ func (c *Config) setStreamDefaults() error {
 			c.MaxConns = connlimit.DefaultMax(n)
 		}
 	}
+	if c.MaxStreamsPerIdentity == 0 {
+		c.MaxStreamsPerIdentity = max(1, c.MaxStreams/10)
+	}
+	if c.MaxConnsPerIdentity == 0 {
+		c.MaxConnsPerIdentity = max(1, c.MaxConns/10)
+	}
 	if durErr != nil {
 		return durErr
 	}
@@ -286,6 +306,8 @@ func (c *Config) setStreamDefaults() error {
 	}{
 		{"MaxStreams", c.MaxStreams, 1},
 		{"MaxStreamsPerConn", c.MaxStreamsPerConn, 1},
+		{"MaxStreamsPerIdentity", c.MaxStreamsPerIdentity, 1},
+		{"MaxConnsPerIdentity", c.MaxConnsPerIdentity, 1},
 		{"MaxConns", c.MaxConns, 1},
 		{"MaxConnsPerIP", c.MaxConnsPerIP, 0},
 	} {
@@ -381,6 +403,8 @@ type Broker struct {
 
 	coord coordState // the Election and Lock services' local state (coord.go)
 
+	clients clientUse // streams and connections per client (clients.go)
+
 	listenersMu sync.Mutex
 	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
 	warnings    rateLimit             // refusals' warnings
@@ -433,7 +457,8 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	go b.runMembership()
 	go b.runStats()
 	b.log.Info("broker started", "zookeeper", cfg.ZooKeeper, "root", cfg.Root,
-		"max_streams", cfg.MaxStreams, "max_conns", cfg.MaxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
+		"max_streams", cfg.MaxStreams, "max_streams_per_identity", cfg.MaxStreamsPerIdentity,
+		"max_conns", cfg.MaxConns, "max_conns_per_identity", cfg.MaxConnsPerIdentity, "max_conns_per_ip", cfg.MaxConnsPerIP)
 	return b, nil
 }
 
@@ -590,6 +615,7 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.authUnary, b.provenUnary, b.unaryLog),
 		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.authStream, b.provenStream, b.streamLog),
 		grpc.MaxRecvMsgSize(b.cfg.maxRequest()),
+		grpc.StatsHandler(connEnds{b}), // a connection's end frees its place under MaxConnsPerIdentity
 		grpc.MaxConcurrentStreams(uint32(b.cfg.MaxStreamsPerConn)),
 		// The HTTP/2 handshake (preface and settings) must complete within
 		// twice HandshakeTimeout, or the connection is closed; a
@@ -702,18 +728,26 @@ func (b *Broker) streamCtx(ctx context.Context) (context.Context, context.Cancel
 	return ctx, func() { stop(); cancel() }
 }
 
-// enterStream accounts for a long-lived stream; the returned func ends it.
-func (b *Broker) enterStream() (func(), error) {
+// enterStream accounts for a long-lived stream of ctx's client under
+// MaxStreamsPerIdentity and MaxStreams; the returned func ends it.
+func (b *Broker) enterStream(ctx context.Context) (func(), error) {
 	if b.ctx.Err() != nil {
 		return nil, errClosing
 	}
 	if b.streams.Add(1) > int64(b.cfg.MaxStreams) {
 		b.streams.Add(-1)
 		b.refuseStream(reasonMaxStreams)
-		return nil, fmt.Errorf("%w: %d streams open", errLimit, b.cfg.MaxStreams)
+		return nil, fmt.Errorf("%w: %d streams open, the most the broker serves (--max-streams)", errLimit, b.cfg.MaxStreams)
+	}
+	c := b.clientOf(ctx)
+	if n, ok := b.clients.addStream(c.key, b.cfg.MaxStreamsPerIdentity); !ok {
+		b.streams.Add(-1)
+		b.refuseStream(reasonPerIdentity)
+		return nil, fmt.Errorf("%w: %s has %d open streams, the most one client may open (--max-streams-per-identity)",
+			errLimit, c, n)
 	}
 	b.wg.Add(1)
-	return func() { b.streams.Add(-1); b.wg.Done() }, nil
+	return func() { b.streams.Add(-1); b.clients.endStream(c.key); b.wg.Done() }, nil
 }
 
 func (b *Broker) unaryLog(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

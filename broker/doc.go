@@ -104,8 +104,8 @@
 //	qbroker_queue_oldest_age_seconds{queue}        gauge
 //	qbroker_consumers{queue}                       gauge: Consume streams on this broker
 //	qbroker_leader                                 gauge: 1 on the sweeping leader (with a session)
-//	qbroker_streams_refused_total{reason}          counter (max_streams|no_subscribe)
-//	qbroker_connections_refused_total{reason}      counter (max_conns|per_ip|evicted_unproven|handshake_timeout)
+//	qbroker_streams_refused_total{reason}          counter (max_streams|per_identity|no_subscribe)
+//	qbroker_connections_refused_total{reason}      counter (max_conns|per_ip|per_identity|evicted_unproven|handshake_timeout)
 //	qbroker_connections_open                       gauge: connections on LimitListener listeners
 //	qbroker_lock_wait_seconds                      histogram: Lock request to grant
 //	qbroker_locks_held                             gauge: locks held by this broker's Lock streams

@@ -15,9 +15,12 @@ import (
 
 // Stream and connection limits.
 //
-// Streams: at most MaxStreams Consume and JoinSync streams per broker and
-// MaxStreamsPerConn calls per connection; a Consume stream must send its
-// subscribe request within FirstMessageTimeout. Connections (listeners
+// Streams: at most MaxStreams long-lived streams (Consume, JoinSync, Lock,
+// Campaign, Observe) per broker, MaxStreamsPerIdentity of them per client
+// (clients.go) and MaxStreamsPerConn calls per connection; a Consume stream
+// must send its subscribe request within FirstMessageTimeout. Connections:
+// a client makes calls on at most MaxConnsPerIdentity (clients.go); on
+// listeners
 // wrapped by LimitListener): at most MaxConns, MaxConnsPerIP per client
 // address; when the bound is reached, the oldest connection that has not
 // proven itself (no call yet) makes room; a connection silent for
@@ -29,17 +32,29 @@ import (
 // Reasons of qbroker_streams_refused_total.
 const (
 	reasonMaxStreams  = "max_streams"
+	reasonPerIdentity = "per_identity" // also of qbroker_connections_refused_total
 	reasonNoSubscribe = "no_subscribe"
 )
 
 func (b *Broker) refuseStream(reason string) {
 	b.metrics.streamsRefused.WithLabelValues(reason).Inc()
 	msg := "stream refused: broker stream limit reached"
-	if reason == reasonNoSubscribe {
+	switch reason {
+	case reasonNoSubscribe:
 		msg = "stream ended: no subscribe request in time"
+	case reasonPerIdentity:
+		msg = "stream refused: a client's stream limit reached"
 	}
-	b.warnings.warn(b.log, "stream:"+reason, msg, "reason", reason,
-		"max_streams", b.cfg.MaxStreams, "first_message_timeout", b.cfg.FirstMessageTimeout)
+	b.warnings.warn(b.log, "stream:"+reason, msg, "reason", reason, "max_streams", b.cfg.MaxStreams,
+		"max_streams_per_identity", b.cfg.MaxStreamsPerIdentity, "first_message_timeout", b.cfg.FirstMessageTimeout)
+}
+
+// connRefusedFor counts and logs a call refused because its client had
+// calls on held other connections.
+func (b *Broker) connRefusedFor(c client, held int) {
+	b.metrics.connsRefused.WithLabelValues(reasonPerIdentity).Inc()
+	b.warnings.warn(b.log, "conn:"+reasonPerIdentity, "call refused: a client's connection limit reached",
+		"reason", reasonPerIdentity, "client", c.String(), "connections", held, "max_conns_per_identity", b.cfg.MaxConnsPerIdentity)
 }
 
 // LimitListener wraps lis with the broker's connection limits (MaxConns,
@@ -91,12 +106,21 @@ func (b *Broker) proven(ctx context.Context) {
 	}
 }
 
+// provenUnary and provenStream count the call's connection for its
+// client (claimConn) and, unless that refuses the call, tell the limiting
+// listeners that the connection works.
 func (b *Broker) provenUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := b.claimConn(ctx); err != nil {
+		return nil, err
+	}
 	b.proven(ctx)
 	return h(ctx, req)
 }
 
 func (b *Broker) provenStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := b.claimConn(ss.Context()); err != nil {
+		return err
+	}
 	b.proven(ss.Context())
 	return h(srv, ss)
 }

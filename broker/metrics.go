@@ -102,10 +102,10 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30}))),
 		streamsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "qbroker_streams_refused_total",
-			Help: "Consume and JoinSync streams refused (max_streams) or ended for sending no subscribe request in time (no_subscribe)."},
+			Help: "Consume and JoinSync streams refused (max_streams, per_identity) or ended for sending no subscribe request in time (no_subscribe)."},
 			[]string{"reason"}),
 		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "qbroker_connections_refused_total",
-			Help: "Client connections refused or closed by a limit (max_conns, per_ip, evicted_unproven, handshake_timeout)."},
+			Help: "Client connections refused or closed by a limit (max_conns, per_ip, evicted_unproven, handshake_timeout), and calls refused at a client's connection limit (per_identity)."},
 			[]string{"reason"}),
 		connsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_connections_open",
 			Help: "Client connections open on the broker's limited listeners."}),

@@ -19,11 +19,12 @@ import (
 // Recv and Send, and the broker's WaitGroup counts them, so Shutdown
 // waits for them too.
 
-// openStream admits a long-lived stream under MaxStreams and joins its
+// openStream admits a long-lived stream under MaxStreams and
+// MaxStreamsPerIdentity (the client is ctx's caller) and joins its
 // context with the broker's, so that Shutdown ends it. The stream's
 // handler defers end. The error is a gRPC status.
 func (b *Broker) openStream(ctx context.Context) (context.Context, func(), error) {
-	leave, err := b.enterStream()
+	leave, err := b.enterStream(ctx)
 	if err != nil {
 		return nil, nil, b.fail(err)
 	}

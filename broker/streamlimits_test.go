@@ -69,7 +69,7 @@ func TestIdleConsumeStreamsAreEnded(t *testing.T) {
 	)
 	reg := prometheus.NewRegistry()
 	tb := startLimited(t, reg, func(c *broker.Config) {
-		c.MaxStreams = maxStreams
+		c.MaxStreams, c.MaxStreamsPerIdentity = maxStreams, maxStreams // one client, the global limit under test
 		c.FirstMessageTimeout = 10 * time.Second
 	})
 	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: "q"})
@@ -378,7 +378,7 @@ func TestHalfOpenConnectionsDoNotStarveClients(t *testing.T) {
 func TestConnectionLimits(t *testing.T) {
 	t.Run("max_conns", func(t *testing.T) {
 		reg := prometheus.NewRegistry()
-		tb := startLimited(t, reg, func(c *broker.Config) { c.MaxConns = 3 })
+		tb := startLimited(t, reg, func(c *broker.Config) { c.MaxConns, c.MaxConnsPerIdentity = 3, 3 })
 		createQueue(t, tb.client, &pb.CreateQueueRequest{Name: "q"})
 		var extra []*grpc.ClientConn
 		for range 2 {

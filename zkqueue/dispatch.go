@@ -154,7 +154,7 @@ func (s *Queue) watchFiredLocked() bool {
 		return true
 	}
 	for _, w := range s.watches {
-		if zkutil.Fired(w) {
+		if zkutil.Fired(w) && s.groupPollFiredLocked(w) {
 			s.watches = nil
 			return true
 		}

@@ -9,6 +9,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -53,10 +54,11 @@ import (
 // A candidate that may not be claimed now (its group busy or another
 // message ahead of it) is passed over for the rest of the snapshot
 // (dispatch.go), which is walked to its end and then listed again: a
-// blocked message costs its read and its group's listing once per
-// snapshot (the candidates of one group in a take share one listing), and
-// the Queue remembers a blocked group until its watch fires, so the
-// group's other candidates cost no listing. The watch wakes this
+// blocked message costs its read once per snapshot, and its group's
+// listing once until the group changes: the Queue remembers a blocked
+// group until its watch fires (up to 10,000 groups, see maxBlockedGroups),
+// so neither the group's other candidates nor later snapshots list it
+// again. The watch wakes this
 // process's waiting consumers when the group changes (an ack elsewhere),
 // so a freed group's next message is claimed within a round trip or two,
 // not at the next unrelated change of the queue. A take that does not
@@ -133,6 +135,27 @@ const (
 // the take passes it over.
 var errGroupBusy = errors.New("zkqueue: message group busy")
 
+// Bounds on what a Queue keeps of blocked groups.
+//
+// The blocked groups are remembered until their watches fire, never
+// dropped before: a group listed again while its watch is armed would
+// leave one more watch channel in the ZooKeeper client (go-zookeeper keeps
+// one per call until the watch fires). So the cache is the set of blocked
+// groups, up to maxBlockedGroups, and a pass lists only the groups whose
+// state changed. A group found blocked beyond that bound is listed without
+// a watch and its candidate passed over. A snapshot's waiters select over
+// at most maxGroupWatches groups' watches (a select costs each wait their
+// number). When some blocked groups are not among them, or were listed
+// without a watch, the waiters also wake every groupPoll: the queue is
+// listed again if one of the cached groups' watches fired or a group was
+// listed without a watch (one listing per such group and pass), else they
+// wait on. So a freed group is seen within groupPoll at worst.
+const (
+	maxBlockedGroups = 10000
+	maxGroupWatches  = 1000
+	groupPoll        = time.Second
+)
+
 // groupWaits is what a Queue knows of blocked groups: a blocked group's
 // watch, until it fires.
 type groupWaits struct {
@@ -141,6 +164,17 @@ type groupWaits struct {
 	// skipped: a candidate of the current snapshot was passed over, so
 	// a take that does not wait does not wait for the snapshot's others.
 	skipped bool
+	// watched: the group watches among the snapshot's watches (at most
+	// maxGroupWatches); poll: the groupPoll wake among them, if any;
+	// unwatched: a group of the snapshot was listed without a watch.
+	watched   int
+	poll      <-chan zk.Event
+	unwatched bool
+	// maxBlocked is maxBlockedGroups (tests lower it); listed, when set,
+	// sees every listing of a group and its watch (nil: listed without
+	// a watch).
+	maxBlocked int
+	listed     func(g string, w <-chan zk.Event)
 }
 
 // blockedGroup is a group's state as its last listing found it, valid
@@ -179,13 +213,38 @@ func (s *Queue) listGroup(g string) ([]string, <-chan zk.Event, error) {
 		s.groups.listing = map[string]*groupListing{}
 	}
 	s.groups.listing[g] = l
+	watch := len(s.groups.blocked) < s.maxBlockedLocked()
 	s.mu.Unlock()
-	l.children, _, l.watch, l.err = s.zk.ChildrenW(s.groupPath(g))
+	l.children, l.watch, l.err = s.childrenOfGroup(g, watch)
 	s.mu.Lock()
 	delete(s.groups.listing, g)
 	s.mu.Unlock()
 	close(l.done)
 	return l.children, l.watch, l.err
+}
+
+// childrenOfGroup lists group g, with a watch when watch is set.
+func (s *Queue) childrenOfGroup(g string, watch bool) (children []string, w <-chan zk.Event, err error) {
+	if watch {
+		children, _, w, err = s.zk.ChildrenW(s.groupPath(g))
+	} else {
+		children, _, err = s.zk.Children(s.groupPath(g))
+	}
+	s.mu.Lock()
+	listed := s.groups.listed
+	s.mu.Unlock()
+	if listed != nil && err == nil {
+		listed(g, w)
+	}
+	return children, w, err
+}
+
+// maxBlockedLocked is the bound of the blocked groups' cache; mu is held.
+func (s *Queue) maxBlockedLocked() int {
+	if s.groups.maxBlocked > 0 {
+		return s.groups.maxBlocked
+	}
+	return maxBlockedGroups
 }
 
 // checkGroup checks a draft's group against the queue.
@@ -352,7 +411,7 @@ func (s *Queue) groupGate(m Message) (entry string, err error) {
 		// (shared, or from a server behind the one m was read from):
 		// list again after a sync, which catches this server up.
 		if _, err = s.conn.Sync(s.groupPath(g)); err == nil || errors.Is(err, zk.ErrNoNode) {
-			children, _, w, err = s.zk.ChildrenW(s.groupPath(g))
+			children, w, err = s.childrenOfGroup(g, w != nil)
 			head, inflight, mine = groupHead(children, token)
 		}
 	}
@@ -367,7 +426,14 @@ func (s *Queue) groupGate(m Message) (entry string, err error) {
 		return head, nil
 	}
 	s.mu.Lock()
-	if s.groups.blocked == nil || len(s.groups.blocked) >= 1000 {
+	if w == nil {
+		// Listed without a watch: the cache is full (see
+		// maxBlockedGroups).
+		s.skipLocked(nil)
+		s.mu.Unlock()
+		return "", errGroupBusy
+	}
+	if s.groups.blocked == nil {
 		s.groups.blocked = map[string]blockedGroup{}
 	}
 	s.groups.blocked[g] = blockedGroup{watch: w, head: groupToken(head), inflight: inflight}
@@ -399,12 +465,19 @@ func groupHead(children []string, token string) (head string, inflight, mine boo
 	return head, inflight, mine
 }
 
-// skipLocked notes a candidate passed over, and adds its group's watch to
-// the snapshot's, so waiting consumers wake when the group changes.
+// skipLocked notes a candidate passed over, and adds its group's watch w
+// to the snapshot's, so waiting consumers wake when the group changes; a
+// group without a watch (nil), or one beyond maxGroupWatches, is looked at
+// again after groupPoll instead.
 func (s *Queue) skipLocked(w <-chan zk.Event) {
 	s.groups.skipped = true
 	if s.watches == nil {
 		return // a listing comes next anyway
+	}
+	if w == nil || s.groups.watched >= maxGroupWatches {
+		s.groups.unwatched = s.groups.unwatched || w == nil
+		s.pollGroupsLocked()
+		return
 	}
 	for _, x := range s.watches {
 		if x == w {
@@ -412,24 +485,70 @@ func (s *Queue) skipLocked(w <-chan zk.Event) {
 		}
 	}
 	s.watches = append(s.watches, w)
+	s.groups.watched++
+}
+
+// pollGroupsLocked adds a wake after groupPoll to the snapshot's watches,
+// once (see groupPollFiredLocked).
+func (s *Queue) pollGroupsLocked() {
+	if s.groups.poll != nil {
+		return
+	}
+	ch := make(chan zk.Event)
+	time.AfterFunc(groupPoll, func() { close(ch) })
+	s.groups.poll = ch
+	s.watches = append(s.watches, ch)
+}
+
+// groupPollFiredLocked is called when the snapshot's watch w fired. It
+// reports whether that is a change to list the queue again for: any
+// watch but the groupPoll wake, which is one only if a blocked group
+// changed or was listed without a watch; else the wake is armed again.
+func (s *Queue) groupPollFiredLocked(w <-chan zk.Event) bool {
+	if w != s.groups.poll || s.groups.unwatched {
+		return true
+	}
+	for _, b := range s.groups.blocked {
+		if zkutil.Fired(b.watch) {
+			return true
+		}
+	}
+	ws := make([]<-chan zk.Event, 0, len(s.watches))
+	for _, x := range s.watches {
+		if x != w {
+			ws = append(ws, x)
+		}
+	}
+	s.watches, s.groups.poll = ws, nil // a new slice: waiters hold the old one
+	s.pollGroupsLocked()
+	return false
 }
 
 // groupWatchesLocked adds the watches of the groups known blocked to a
 // new snapshot's: a candidate passed over while the listing was under way
 // is left out of the snapshot (dispatch.go), and its group's change must
-// still wake the consumers waiting.
+// still wake the consumers waiting. It forgets the groups whose watches
+// fired.
 func (s *Queue) groupWatchesLocked(ws []<-chan zk.Event) []<-chan zk.Event {
-	if ws == nil {
-		return nil
-	}
+	s.groups.watched, s.groups.poll, s.groups.unwatched = 0, nil, false
 	for g, b := range s.groups.blocked {
 		if zkutil.Fired(b.watch) {
 			delete(s.groups.blocked, g)
-			continue
 		}
-		ws = append(ws, b.watch)
 	}
-	return ws
+	if ws == nil {
+		return nil
+	}
+	s.watches = ws
+	for _, b := range s.groups.blocked {
+		if s.groups.watched == maxGroupWatches {
+			s.pollGroupsLocked()
+			break
+		}
+		s.watches = append(s.watches, b.watch)
+		s.groups.watched++
+	}
+	return s.watches
 }
 
 // groupClaimOps are the ops a grouped claim adds to its transaction: the

@@ -86,9 +86,11 @@ type serveOptions struct {
 // limitOptions are the stream and connection limits.
 type limitOptions struct {
 	maxStreams        int
+	maxStreamsPerID   int
 	firstMessage      time.Duration
 	maxStreamsPerConn int
 	maxConns          int
+	maxConnsPerID     int
 	maxConnsPerIP     int
 	handshake         time.Duration
 	maxConnIdle       time.Duration
@@ -189,9 +191,11 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", e.dur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", e.dur("SHUTDOWN_TIMEOUT", 10*time.Second), "graceful shutdown bound ($QBROKER_SHUTDOWN_TIMEOUT)")
 	fs.IntVar(&o.limits.maxStreams, "max-streams", e.int("MAX_STREAMS", 10000), "most Consume and JoinSync streams open at once; more are refused with ResourceExhausted ($QBROKER_MAX_STREAMS)")
+	fs.IntVar(&o.limits.maxStreamsPerID, "max-streams-per-identity", e.int("MAX_STREAMS_PER_IDENTITY", 0), "most of those streams one client may hold: one identity with auth on, else one IP address; 0: a tenth of --max-streams ($QBROKER_MAX_STREAMS_PER_IDENTITY)")
 	fs.DurationVar(&o.limits.firstMessage, "stream-first-message-timeout", e.dur("STREAM_FIRST_MESSAGE_TIMEOUT", 10*time.Second), "a Consume stream must send its subscribe request within this ($QBROKER_STREAM_FIRST_MESSAGE_TIMEOUT)")
 	fs.IntVar(&o.limits.maxStreamsPerConn, "max-streams-per-conn", e.int("MAX_STREAMS_PER_CONN", 1000), "most concurrent calls and streams on one client connection ($QBROKER_MAX_STREAMS_PER_CONN)")
 	fs.IntVar(&o.limits.maxConns, "max-conns", e.int("MAX_CONNS", 0), "most open client connections; 0: the open-file limit (raised to its hard limit) less a tenth ($QBROKER_MAX_CONNS)")
+	fs.IntVar(&o.limits.maxConnsPerID, "max-conns-per-identity", e.int("MAX_CONNS_PER_IDENTITY", 0), "most connections one client may make calls on: one identity with auth on, else one IP address; 0: a tenth of --max-conns ($QBROKER_MAX_CONNS_PER_IDENTITY)")
 	fs.IntVar(&o.limits.maxConnsPerIP, "max-conns-per-ip", e.int("MAX_CONNS_PER_IP", 0), "most open connections from one client IP address; 0: no limit ($QBROKER_MAX_CONNS_PER_IP)")
 	fs.DurationVar(&o.limits.handshake, "handshake-timeout", e.dur("HANDSHAKE_TIMEOUT", 10*time.Second), "a new connection that sends nothing within this, or does not complete the HTTP/2 handshake within twice this, is closed ($QBROKER_HANDSHAKE_TIMEOUT)")
 	fs.DurationVar(&o.limits.maxConnIdle, "max-connection-idle", e.dur("MAX_CONNECTION_IDLE", 5*time.Minute), "a client connection without calls for this long is closed; clients reconnect ($QBROKER_MAX_CONNECTION_IDLE)")
@@ -470,6 +474,10 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 		Logger:              log,
 		Registerer:          reg,
 		Events:              sink,
+
+		// What one client (identity, or address without auth) may hold.
+		MaxStreamsPerIdentity: o.limits.maxStreamsPerID,
+		MaxConnsPerIdentity:   o.limits.maxConnsPerID,
 	}
 }
 
