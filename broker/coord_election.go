@@ -63,6 +63,9 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 	}
 	defer release()
 	owner := b.coordOwner(ctx)
+	if err := b.zkmem.admitNode(len(owner)+len(req.GetValue()), "this campaign"); err != nil {
+		return b.fail(err)
+	}
 	e, err := election.New(b.conn, p, election.WithOwner(owner), election.WithLogger(b.log), election.WithACL(b.acl))
 	if err != nil {
 		return b.fail(err)

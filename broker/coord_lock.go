@@ -117,6 +117,9 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 		return nil // released before asking
 	}
 	owner := b.coordOwner(ctx)
+	if err := b.zkmem.admitNode(len(owner)+len(first.GetValue()), "this lock request"); err != nil {
+		return b.fail(err)
+	}
 	m, err := lock.NewMutex(b.conn, p, lock.WithValue(first.GetValue()), lock.WithOwner(owner),
 		lock.WithLogger(b.log), lock.WithACL(b.acl))
 	if err != nil {
