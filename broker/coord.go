@@ -24,7 +24,10 @@ import (
 // session, and so its clients' nodes, with it once the session times out.
 //
 //	/<root>/elections/<name>/n-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL candidates
-//	/<root>/locks/<name>/lock-NNNNNNNNNN   EPHEMERAL_SEQUENTIAL holders and waiters
+//	/<root>/locks/<name>/lock-<nonce>-NNNNNNNNNN   EPHEMERAL_SEQUENTIAL holders and waiters
+//
+// The leader deletes a name's node once idle (reapCoordination in
+// leader.go); the next contender makes it again.
 //
 // Keys on the wire are the nodes' names ("n-0000000041"), never paths:
 // the broker joins them to the name's node after checking them.
