@@ -45,8 +45,11 @@ func onToken(tok func(msg any) string) func(any) []access {
 	return func(m any) []access { return []access{{ActConsume, "queue", tokenQueue(tok(m))}} }
 }
 
+// onCoord: action on a lock or an election, the kind its action's first
+// word names ("election.observe": an election).
 func onCoord(action string, name func(msg any) string) func(any) []access {
-	return func(m any) []access { return []access{{action, action, name(m)}} }
+	kind, _, _ := strings.Cut(strings.Fields(action)[0], ".")
+	return func(m any) []access { return []access{{action, kind, name(m)}} }
 }
 
 // methodAuths maps every method the broker serves to what it needs
@@ -73,13 +76,13 @@ var methodAuths = map[string]methodAuth{
 	pb.Queue_Browse_FullMethodName:  {needs: onQueue(ActConsume, func(m any) string { return m.(*pb.BrowseRequest).GetQueue() })},
 
 	pb.Election_Campaign_FullMethodName: {needs: onCoord(ActElection, func(m any) string { return m.(*pb.CampaignRequest).GetName() })},
-	pb.Election_Proclaim_FullMethodName: {needs: onCoord(ActElection, func(m any) string { return m.(*pb.ProclaimRequest).GetName() })},
-	pb.Election_Resign_FullMethodName:   {needs: onCoord(ActElection, func(m any) string { return m.(*pb.ResignRequest).GetName() })},
-	pb.Election_Leader_FullMethodName:   {needs: onCoord(ActElection, func(m any) string { return m.(*pb.LeaderRequest).GetName() })},
-	pb.Election_Observe_FullMethodName:  {needs: onCoord(ActElection, func(m any) string { return m.(*pb.ObserveRequest).GetName() })},
+	pb.Election_Proclaim_FullMethodName: {needs: onCoord(actElectionByKey, func(m any) string { return m.(*pb.ProclaimRequest).GetName() })},
+	pb.Election_Resign_FullMethodName:   {needs: onCoord(actElectionByKey, func(m any) string { return m.(*pb.ResignRequest).GetName() })},
+	pb.Election_Leader_FullMethodName:   {needs: onCoord(ActElectionObserve, func(m any) string { return m.(*pb.LeaderRequest).GetName() })},
+	pb.Election_Observe_FullMethodName:  {needs: onCoord(ActElectionObserve, func(m any) string { return m.(*pb.ObserveRequest).GetName() })},
 	pb.Lock_Lock_FullMethodName:         {needs: lockNeeds},
-	pb.Lock_Unlock_FullMethodName:       {needs: onCoord(ActLock, func(m any) string { return m.(*pb.UnlockRequest).GetName() })},
-	pb.Lock_Revoke_FullMethodName:       {needs: onCoord(ActLock, func(m any) string { return m.(*pb.RevokeRequest).GetName() })},
+	pb.Lock_Unlock_FullMethodName:       {needs: onCoord(actLockByKey, func(m any) string { return m.(*pb.UnlockRequest).GetName() })},
+	pb.Lock_Revoke_FullMethodName:       {needs: onCoord(actLockByKey, func(m any) string { return m.(*pb.RevokeRequest).GetName() })},
 }
 
 // consumeNeeds: a Consume stream's subscription needs consume on its
@@ -165,8 +168,7 @@ func (b *Broker) check(ctx context.Context, id Identity, ma methodAuth, method s
 func (b *Broker) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	ctx, id, ma, err := b.authorize(ctx, info.FullMethod)
 	if err != nil {
-		// Not audited: an anonymous flood must not flood the log (the
-		// refusals are counted and logged at most every warnEvery).
+		b.audit(ctx, info.FullMethod, req, id, err)
 		return nil, err
 	}
 	if err := b.check(ctx, id, ma, info.FullMethod, req); err != nil {
@@ -196,6 +198,7 @@ func (b *Broker) authUnary(ctx context.Context, req any, info *grpc.UnaryServerI
 func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	ctx, id, ma, err := b.authorize(ss.Context(), info.FullMethod)
 	if err != nil {
+		b.audit(ctx, info.FullMethod, nil, id, err)
 		return err
 	}
 	if b.cfg.Auth == nil || ma.public {
@@ -204,7 +207,11 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w := &checkedStream{ServerStream: ss, ctx: ctx, cancel: cancel, check: func(m any) error {
-		return b.check(ctx, id, ma, info.FullMethod, m)
+		err := b.check(ctx, id, ma, info.FullMethod, m)
+		if err != nil {
+			b.audit(ctx, info.FullMethod, m, id, err)
+		}
+		return err
 	}}
 	err = h(srv, w)
 	if d := w.deniedErr(); d != nil {
@@ -248,29 +255,7 @@ func (s *checkedStream) deniedErr() error {
 	return s.denied
 }
 
-// auditedMethods change or remove queues: logged at info with who did it.
-var auditedMethods = map[string]func(req any) (action, queue string){
-	pb.Queue_CreateQueue_FullMethodName: func(r any) (string, string) { return ActCreate, r.(*pb.CreateQueueRequest).GetName() },
-	pb.Queue_DeleteQueue_FullMethodName: func(r any) (string, string) { return ActDelete, r.(*pb.DeleteQueueRequest).GetName() },
-	pb.Queue_Purge_FullMethodName:       func(r any) (string, string) { return ActPurge, r.(*pb.PurgeRequest).GetName() },
-	pb.Queue_Redrive_FullMethodName:     func(r any) (string, string) { return ActRedrive, r.(*pb.RedriveRequest).GetQueue() },
-}
-
-// audit logs a queue's creation, deletion, purge or redrive, done or
-// refused by the rules, with the caller's identity (without
-// authentication: its address).
-func (b *Broker) audit(ctx context.Context, method string, req any, id Identity, err error) {
-	f, ok := auditedMethods[method]
-	if !ok {
-		return
-	}
-	action, queue := f(req)
-	args := []any{"action", action, "queue", printable(queue), "peer", peerAddr(ctx), "grpc_code", status.Code(err).String()}
-	if b.cfg.Auth != nil {
-		args = append(args, "identity", id.Name, "via", id.Via)
-	}
-	b.log.Info("audit", args...)
-}
+// audit (audit.go) logs changes and refusals.
 
 func peerAddr(ctx context.Context) string {
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {

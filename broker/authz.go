@@ -11,26 +11,52 @@ import (
 
 // Actions a rule grants on names matching its patterns.
 const (
-	ActPublish  = "publish"  // Publish
-	ActConsume  = "consume"  // Consume, Receive, Ack, Nack, ExtendLease, ListDeadLetters
-	ActCreate   = "create"   // CreateQueue
-	ActDelete   = "delete"   // DeleteQueue
-	ActPurge    = "purge"    // Purge
-	ActRedrive  = "redrive"  // Redrive
-	ActJoin     = "join"     // JoinSync
-	ActView     = "view"     // GetQueue, Stats, Browse, ListQueues (implied by every queue action)
-	ActLock     = "lock"     // the Lock service
-	ActElection = "election" // the Election service
+	ActPublish = "publish" // Publish
+	ActConsume = "consume" // Consume, Receive, Ack, Nack, ExtendLease, ListDeadLetters
+	ActCreate  = "create"  // CreateQueue
+	ActDelete  = "delete"  // DeleteQueue
+	ActPurge   = "purge"   // Purge
+	ActRedrive = "redrive" // Redrive
+	ActJoin    = "join"    // JoinSync
+	ActView    = "view"    // GetQueue, Stats, Browse, ListQueues (implied by every queue action)
+	// Lock; Unlock and Revoke of the caller's own locks.
+	ActLock = "lock"
+	// Unlock and Revoke of any lock, another identity's too.
+	ActLockAdmin = "lock.admin"
+	// Campaign; Proclaim and Resign of the caller's own candidates;
+	// Leader, Observe.
+	ActElection = "election"
+	// Leader, Observe (implied by election and election.admin).
+	ActElectionObserve = "election.observe"
+	// Proclaim and Resign of any candidate, another identity's too.
+	ActElectionAdmin = "election.admin"
+)
+
+// Checks of calls that act on a lock or a candidate by key, before the
+// broker knows whose it is: either action lets the call in, and the
+// handler then needs the .admin one for another identity's node.
+const (
+	actLockByKey     = "lock (or lock.admin)"
+	actElectionByKey = "election (or election.admin)"
 )
 
 // actionGroups are names standing for several actions in a rules file.
 var actionGroups = map[string][]string{
-	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive},
-	"all":   {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActElection},
+	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive, ActLockAdmin, ActElectionAdmin},
+	"all": {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActLockAdmin,
+		ActElection, ActElectionObserve, ActElectionAdmin},
 }
 
 // queueActions are the actions on queues: each implies view.
 var queueActions = []string{ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView}
+
+// impliedBy lists, for an action, the actions that grant it too.
+var impliedBy = map[string][]string{
+	ActView:            queueActions,
+	ActElectionObserve: {ActElection, ActElectionAdmin},
+	actLockByKey:       {ActLock, ActLockAdmin},
+	actElectionByKey:   {ActElection, ActElectionAdmin},
+}
 
 // Rules are a parsed rules file.
 type Rules struct {
@@ -53,8 +79,9 @@ func readRules(file string) (*Rules, error) { return readParsed(file, ParseRules
 // match a pattern (a glob: * matches any run of characters, ? one, [a-z]
 // a class). The identity * stands for any authenticated identity. Actions:
 // publish, consume, create, delete, purge, redrive, join, view, lock,
-// election; admin is create, delete, purge and redrive; all is every
-// action. Blank lines and lines starting with # are ignored. What no rule
+// lock.admin, election, election.observe, election.admin; admin is
+// create, delete, purge, redrive, lock.admin and election.admin; all is
+// every action. Blank lines and lines starting with # are ignored. What no rule
 // allows is denied.
 func ParseRules(data []byte) (*Rules, error) {
 	r := &Rules{}
@@ -80,7 +107,7 @@ func ParseRules(data []byte) (*Rules, error) {
 			} else if slices.Contains(actionGroups["all"], a) {
 				ru.actions = append(ru.actions, a)
 			} else {
-				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, election, admin or all)", n, a)
+				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, admin or all)", n, a)
 			}
 		}
 		for _, p := range strings.Split(f[2], ",") {
@@ -116,11 +143,9 @@ func (ru rule) grants(action string) bool {
 	if slices.Contains(ru.actions, action) {
 		return true
 	}
-	if action == ActView {
-		for _, a := range ru.actions {
-			if slices.Contains(queueActions, a) {
-				return true
-			}
+	for _, a := range ru.actions {
+		if slices.Contains(impliedBy[action], a) {
+			return true
 		}
 	}
 	return false

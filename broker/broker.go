@@ -408,6 +408,7 @@ type Broker struct {
 	listenersMu sync.Mutex
 	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
 	warnings    rateLimit             // refusals' warnings
+	refusals    auditLimit            // audit lines of refused calls
 }
 
 var _ pb.QueueServer = (*Broker)(nil)

@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/qbroker/qbroker/internal/events"
 )
 
@@ -21,10 +24,49 @@ import (
 // session, and so its clients' nodes, with it once the session times out.
 //
 //	/<root>/elections/<name>/n-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL candidates
-//	/<root>/locks/<name>/lock-NNNNNNNNNN   EPHEMERAL_SEQUENTIAL holders and waiters
+//	/<root>/locks/<name>/lock-<nonce>-NNNNNNNNNN   EPHEMERAL_SEQUENTIAL holders and waiters
+//
+// The leader deletes a name's node once idle (reapCoordination in
+// leader.go); the next contender makes it again.
 //
 // Keys on the wire are the nodes' names ("n-0000000041"), never paths:
 // the broker joins them to the name's node after checking them.
+
+// Ownership. With authentication on, every lock node and candidate the
+// broker creates records its caller's identity (lock.WithOwner,
+// election.WithOwner). A call by key (Unlock, Revoke, Proclaim, Resign)
+// on another identity's node needs lock.admin or election.admin on the
+// name; without it the recipe is asked to act only on the caller's own
+// nodes (IfOwner), so the check and the change see the same node. Nodes
+// made before owners were recorded belong to no identity: admins only.
+
+// coordOwner is the owner recorded in the nodes ctx's caller makes: its
+// identity, "" without authentication.
+func (b *Broker) coordOwner(ctx context.Context) string {
+	if b.cfg.Auth == nil {
+		return ""
+	}
+	id, _ := IdentityFrom(ctx)
+	return id.Name
+}
+
+// ownOnly reports whether ctx's caller may act only on its own nodes of
+// the lock or election name (it lacks adminAction there), and its
+// identity. Without authentication everyone may act on every node.
+func (b *Broker) ownOnly(ctx context.Context, adminAction, name string) (bool, Identity) {
+	if b.cfg.Auth == nil {
+		return false, Identity{}
+	}
+	id, _ := IdentityFrom(ctx)
+	return !b.cfg.Auth.rules.Get().Allowed(id.Name, adminAction, name), id
+}
+
+// notOwned is the refusal of a call by key on another identity's node:
+// it names the action that would allow it, and nothing of the node.
+func notOwned(id Identity, adminAction, kind, name string) error {
+	return status.Errorf(codes.PermissionDenied, "%s may not %s %s %q (it is another identity's)",
+		id.Name, adminAction, kind, printable(name))
+}
 
 // maxCoordValue bounds a campaign's or a lock holder's value: it is node
 // data that every Leader, Observe and Revoke reads.

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"path"
 	"time"
 
@@ -61,7 +62,11 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 		return b.streamEnd()
 	}
 	defer release()
-	e, err := election.New(b.conn, p, election.WithLogger(b.log), election.WithACL(b.acl))
+	owner := b.coordOwner(ctx)
+	if err := b.zkmem.admitNode(len(owner)+len(req.GetValue()), "this campaign"); err != nil {
+		return b.fail(err)
+	}
+	e, err := election.New(b.conn, p, election.WithOwner(owner), election.WithLogger(b.log), election.WithACL(b.acl))
 	if err != nil {
 		return b.fail(err)
 	}
@@ -116,8 +121,13 @@ func (s electionServer) Proclaim(ctx context.Context, req *pb.ProclaimRequest) (
 	if err == nil {
 		err = checkValue(req.GetValue())
 	}
-	if err == nil {
-		err = election.ProclaimKey(ctx, b.conn, key, req.GetValue())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	opts, id := b.electionKeyOpts(ctx, req.GetName())
+	err = election.ProclaimKey(ctx, b.conn, key, req.GetValue(), opts...)
+	if errors.Is(err, election.ErrNotOwner) {
+		return nil, notOwned(id, ActElectionAdmin, "election", req.GetName())
 	}
 	if err != nil {
 		return nil, b.fail(err)
@@ -129,13 +139,28 @@ func (s electionServer) Proclaim(ctx context.Context, req *pb.ProclaimRequest) (
 func (s electionServer) Resign(ctx context.Context, req *pb.ResignRequest) (*pb.ResignResponse, error) {
 	b := s.b
 	key, err := b.electionKey(req.GetName(), req.GetKey())
-	if err == nil {
-		err = election.ResignKey(ctx, b.conn, key)
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	opts, id := b.electionKeyOpts(ctx, req.GetName())
+	err = election.ResignKey(ctx, b.conn, key, opts...)
+	if errors.Is(err, election.ErrNotOwner) {
+		return nil, notOwned(id, ActElectionAdmin, "election", req.GetName())
 	}
 	if err != nil {
 		return nil, b.fail(err)
 	}
 	return &pb.ResignResponse{}, nil
+}
+
+// electionKeyOpts: without election.admin on name, ctx's caller may
+// proclaim or resign only its own candidates.
+func (b *Broker) electionKeyOpts(ctx context.Context, name string) ([]election.KeyOption, Identity) {
+	own, id := b.ownOnly(ctx, ActElectionAdmin, name)
+	if own {
+		return []election.KeyOption{election.IfOwner(id.Name)}, id
+	}
+	return nil, id
 }
 
 // electionKey checks an election's name and a candidate's key and returns

@@ -116,7 +116,12 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 	if first.GetUnlock() {
 		return nil // released before asking
 	}
-	m, err := lock.NewMutex(b.conn, p, lock.WithValue(first.GetValue()), lock.WithLogger(b.log), lock.WithACL(b.acl))
+	owner := b.coordOwner(ctx)
+	if err := b.zkmem.admitNode(len(owner)+len(first.GetValue()), "this lock request"); err != nil {
+		return b.fail(err)
+	}
+	m, err := lock.NewMutex(b.conn, p, lock.WithValue(first.GetValue()), lock.WithOwner(owner),
+		lock.WithLogger(b.log), lock.WithACL(b.acl))
 	if err != nil {
 		return b.fail(err)
 	}
@@ -187,8 +192,17 @@ func (s lockServer) Unlock(ctx context.Context, req *pb.UnlockRequest) (*pb.Unlo
 	if err == nil && req.GetToken() == 0 {
 		err = invalidf("token is required")
 	}
-	if err == nil {
-		err = lock.UnlockKey(ctx, b.conn, key, req.GetToken())
+	if err != nil {
+		return nil, b.fail(err)
+	}
+	var opts []lock.KeyOption
+	own, id := b.ownOnly(ctx, ActLockAdmin, req.GetName())
+	if own {
+		opts = append(opts, lock.IfOwner(id.Name))
+	}
+	err = lock.UnlockKey(ctx, b.conn, key, req.GetToken(), opts...)
+	if errors.Is(err, lock.ErrNotOwner) {
+		return nil, notOwned(id, ActLockAdmin, "lock", req.GetName())
 	}
 	if err != nil {
 		return nil, b.fail(err)
@@ -203,7 +217,18 @@ func (s lockServer) Revoke(ctx context.Context, req *pb.RevokeRequest) (*pb.Revo
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	h, err := lock.Revoke(ctx, b.conn, p)
+	// Without lock.admin only the caller's own grant may be asked, so
+	// the holder's key and token, which Unlock takes, go back only to
+	// its own identity or to an admin of the lock.
+	var opts []lock.KeyOption
+	own, id := b.ownOnly(ctx, ActLockAdmin, req.GetName())
+	if own {
+		opts = append(opts, lock.IfOwner(id.Name))
+	}
+	h, err := lock.Revoke(ctx, b.conn, p, opts...)
+	if errors.Is(err, lock.ErrNotOwner) {
+		return nil, notOwned(id, ActLockAdmin, "lock", req.GetName())
+	}
 	if err != nil {
 		return nil, b.fail(err)
 	}

@@ -24,6 +24,7 @@
 //	/<root>/election/n-NNNNNNNNNN              EPHEMERAL_SEQUENTIAL, leader election
 //	/<root>/elections/<name>/n-NNNNNNNNNN      EPHEMERAL_SEQUENTIAL, Election service candidates
 //	/<root>/locks/<name>/lock-<nonce>-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL, Lock service contenders
+//	                                           (<name> deleted by the leader once idle)
 //	/<root>/token-key                          random key signing ack tokens, created by
 //	                                           the first broker, read by all
 //
@@ -126,9 +127,12 @@
 // the rules file (ParseRules): each method maps to an action on a queue,
 // lock or election name (authcall.go's methodAuths; a method missing there
 // is denied). Streams are checked per request received, so a Consume
-// stream's settlements need consume on their tokens' queues too. Queue
-// creation, deletion, purge and redrive are logged at info ("audit") with
-// the identity, with or without Auth.
+// stream's settlements need consume on their tokens' queues too. Lock and
+// Campaign record the caller's identity in their node; a call by key on
+// another identity's node needs lock.admin or election.admin (coord.go).
+// Changes (queue creation, deletion, purge, redrive, JoinSync, Unlock,
+// Revoke, Resign, Proclaim) and refused calls are logged at info
+// ("audit", audit.go) with the identity, with or without Auth.
 //
 // A Broker is safe for concurrent use.
 package broker

@@ -13,6 +13,14 @@ func SetAbandonedAfter(d time.Duration) (restore func()) {
 	return func() { abandonedAfter.Store(old) }
 }
 
+// SetCoordReapInterval sets how often the leader reaps idle locks and
+// elections; the returned func restores it. Call it before starting
+// brokers and restore after they stopped.
+func SetCoordReapInterval(d time.Duration) (restore func()) {
+	old := coordReapInterval.Swap(int64(d))
+	return func() { coordReapInterval.Store(old) }
+}
+
 // RemoveQueueAt runs the second step of a deletion as a deleter that marked
 // the queue at version would.
 func (b *Broker) RemoveQueueAt(ctx context.Context, name string, version int32) error {

@@ -3,9 +3,11 @@ package broker
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/qbroker/qbroker/election"
+	"github.com/qbroker/qbroker/lock"
 )
 
 // Membership and leadership.
@@ -58,8 +60,9 @@ func (b *Broker) memberOnce(el *election.Election) error {
 	return b.lead(el.Done())
 }
 
-// lead sweeps expired leases every SweepInterval while this broker leads
-// and has a session: without one it cannot know whether it still leads
+// lead sweeps expired leases every SweepInterval, and reaps idle locks
+// and elections (reapCoordination), while this broker leads and has a
+// session: without one it cannot know whether it still leads
 // (qbroker_leader is 0 meanwhile).
 func (b *Broker) lead(lost <-chan struct{}) error {
 	b.log.Info("leadership acquired")
@@ -70,6 +73,10 @@ func (b *Broker) lead(lost <-chan struct{}) error {
 		b.updateLeader()
 		b.log.Info("leadership released")
 	}()
+	reapCtx, stopReap := context.WithCancel(b.ctx)
+	reaped := make(chan struct{})
+	go func() { defer close(reaped); b.reapCoordination(reapCtx) }()
+	defer func() { stopReap(); <-reaped }()
 	t := time.NewTicker(b.cfg.SweepInterval)
 	defer t.Stop()
 	sw := b.newLeaseSweep()
@@ -86,6 +93,52 @@ func (b *Broker) lead(lost <-chan struct{}) error {
 		}
 		if err := sw.run(); err != nil {
 			b.log.Debug("sweep", "err", err)
+		}
+	}
+}
+
+// coordReapInterval is how often the leader looks for idle locks and
+// elections: one that had no contender for a whole interval is deleted
+// at the next pass. It is a variable for tests.
+var coordReapInterval atomic.Int64
+
+func init() { coordReapInterval.Store(int64(30 * time.Second)) }
+
+// reapCoordination deletes the nodes of idle locks (locks/<name>) and
+// elections (elections/<name>) every coordReapInterval until ctx ends,
+// with the recipes' Reapers: otherwise every name ever used would stay in
+// ZooKeeper. A contender that finds its name's node gone makes it again.
+func (b *Broker) reapCoordination(ctx context.Context) {
+	lr, err := lock.NewReaper(b.conn, b.locksPath())
+	if err != nil {
+		b.log.Error("lock reaper", "err", err) // not with a root that New accepted
+		return
+	}
+	er, err := election.NewReaper(b.conn, b.electionsPath())
+	if err != nil {
+		b.log.Error("election reaper", "err", err)
+		return
+	}
+	t := time.NewTicker(time.Duration(coordReapInterval.Load()))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !b.hasSession.Load() {
+			continue
+		}
+		if n, err := lr.Reap(ctx); err != nil && ctx.Err() == nil {
+			b.log.Debug("reaping idle locks", "err", err)
+		} else if n > 0 {
+			b.log.Debug("deleted idle locks", "count", n)
+		}
+		if n, err := er.Reap(ctx); err != nil && ctx.Err() == nil {
+			b.log.Debug("reaping idle elections", "err", err)
+		} else if n > 0 {
+			b.log.Debug("deleted idle elections", "count", n)
 		}
 	}
 }

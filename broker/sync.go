@@ -89,7 +89,12 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 	}
 	m, err := q.sync.sq.JoinAsync(ctx, req.GetMemberId())
 	if err != nil {
-		return b.fail(syncErr(err, q, req.GetMemberId()))
+		err = b.fail(syncErr(err, q, req.GetMemberId()))
+	}
+	id, _ := IdentityFrom(ctx)
+	b.audit(ctx, pb.Queue_JoinSync_FullMethodName, req, id, err)
+	if err != nil {
+		return err
 	}
 	defer func() {
 		lctx, c := context.WithTimeout(context.Background(), 5*time.Second)

@@ -73,10 +73,11 @@ func newZKMemory(servers []string, budget int64, log *slog.Logger, gauge func(fl
 	return &zkMemory{servers: zk.FormatServers(servers), budget: budget, log: log, gauge: gauge}
 }
 
-// refusal is the error of a publish past the budget: why, and what to do.
-func (m *zkMemory) refusal(used, n int64) error {
-	return fmt.Errorf("%w: ZooKeeper data budget reached: ZooKeeper holds about %s of data (twice its approximate data size plus %d B per znode) and this publish adds %s, over the budget of %s (--zk-data-budget); consume or purge messages, or give ZooKeeper more heap and the brokers a larger budget",
-		errLimit, mib(used), NodeCharge, mib(n), mib(m.budget))
+// refusal is the error of a create past the budget: why, and what to do.
+// what names the create ("this publish").
+func (m *zkMemory) refusal(used, n int64, what string) error {
+	return fmt.Errorf("%w: ZooKeeper data budget reached: ZooKeeper holds about %s of data (twice its approximate data size plus %d B per znode) and %s adds %s, over the budget of %s (--zk-data-budget); consume or purge messages, or give ZooKeeper more heap and the brokers a larger budget",
+		errLimit, mib(used), NodeCharge, what, mib(n), mib(m.budget))
 }
 
 func mib(n int64) string {
@@ -86,9 +87,19 @@ func mib(n int64) string {
 	return fmt.Sprintf("%d MiB", n>>20)
 }
 
-// admit charges n bytes against the budget, or refuses them with
-// errLimit. It never blocks on ZooKeeper.
-func (m *zkMemory) admit(n int64) error {
+// admit charges a publish's n bytes against the budget, or refuses them
+// with errLimit. It never blocks on ZooKeeper.
+func (m *zkMemory) admit(n int64) error { return m.admitFor(n, "this publish") }
+
+// admitNode charges the create of a coordination node (a lock holder or
+// waiter, an election candidate) with data bytes, named by what: the
+// budget bounds every node the broker makes, not only messages.
+func (m *zkMemory) admitNode(data int, what string) error {
+	return m.admitFor(NodeCharge+DataCharge*int64(data), what)
+}
+
+// admitFor is admit for a create that what names.
+func (m *zkMemory) admitFor(n int64, what string) error {
 	if m.budget <= 0 {
 		return nil
 	}
@@ -100,7 +111,7 @@ func (m *zkMemory) admit(n int64) error {
 	}
 	used := m.used + m.pending
 	if used+n > m.budget {
-		return m.refusal(used, n)
+		return m.refusal(used, n, what)
 	}
 	m.pending += n
 	return nil

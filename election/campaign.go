@@ -53,7 +53,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) error {
 	if err := e.begin(); err != nil {
 		return err
 	}
-	key, err := e.conn.Create(e.path+"/"+prefix, value, zk.FlagEphemeral|zk.FlagSequence, e.acl)
+	key, err := e.create(value)
 	if err != nil {
 		e.mu.Lock()
 		// The node may exist, its answer lost with the connection: the
@@ -76,6 +76,26 @@ func (e *Election) Campaign(ctx context.Context, value []byte) error {
 	}
 	return nil
 }
+
+// create makes our candidate node. When the election's node is gone (a
+// Reaper deleted it while idle) and New may create it, create makes it
+// again and retries: the failed create made no node.
+func (e *Election) create(value []byte) (string, error) {
+	data := zkutil.EncodeOwned(e.owner, value)
+	for i := 0; ; i++ {
+		key, err := e.conn.Create(e.path+"/"+prefix, data, zk.FlagEphemeral|zk.FlagSequence, e.acl)
+		if !errors.Is(err, zk.ErrNoNode) || !e.mayCreate || i == maxRecreate {
+			return key, err
+		}
+		if err := zkutil.EnsurePath(e.conn, e.path, e.acl); err != nil {
+			return "", err
+		}
+	}
+}
+
+// maxRecreate bounds how often one Campaign makes the election's node
+// again after finding it gone.
+const maxRecreate = 8
 
 // wait blocks until key is the lowest candidate.
 func (e *Election) wait(ctx context.Context, key string) error {

@@ -9,7 +9,12 @@
 //
 //	<path>                  the election (created with its parents by New)
 //	<path>/n-0000000041     one candidate: EPHEMERAL_SEQUENTIAL,
-//	<path>/n-0000000042     data = its value (Campaign, Proclaim)
+//	<path>/n-0000000042     data = its value (Campaign, Proclaim); with
+//	                        WithOwner, the owner, then the value
+//
+// A Reaper, run periodically by one process, deletes the election nodes
+// under a directory of elections that had no candidate for a whole pass;
+// Campaign makes a deleted node again, and Observe waits for it.
 //
 // The candidate with the lowest sequence leads. Sequence suffixes are
 // parsed as numbers, never compared as strings; children whose names do

@@ -33,15 +33,19 @@ var (
 	ErrClosed = errors.New("election: closed")
 	// ErrInvalid: a bad argument to New.
 	ErrInvalid = errors.New("election: invalid argument")
+	// ErrNotOwner: ProclaimKey or ResignKey with IfOwner named a
+	// candidate of another owner; nothing was changed.
+	ErrNotOwner = errors.New("election: candidate of another owner")
 )
 
 // LeaderInfo describes a leader: its candidate node and value.
 type LeaderInfo struct {
 	// Key is the leader's candidate node, <path>/n-<sequence>.
 	Key string
-	// Value is the node's data: the value given to Campaign, or the last
-	// one Proclaim set.
+	// Value is the value given to Campaign, or the last one Proclaim set.
 	Value []byte
+	// Owner is the candidate's WithOwner, "" without one.
+	Owner string
 	// Token is the fencing token: the zxid that created the node (Czxid).
 	// It is greater for every later leadership of the election.
 	Token int64
@@ -54,10 +58,12 @@ type LeaderInfo struct {
 // campaigns as at most one candidate at a time and can campaign again
 // after its leadership ended. All methods are safe for concurrent use.
 type Election struct {
-	conn *zk.Conn
-	path string
-	acl  []zk.ACL
-	log  *slog.Logger
+	conn      *zk.Conn
+	path      string
+	acl       []zk.ACL
+	log       *slog.Logger
+	owner     string // WithOwner
+	mayCreate bool   // the election's node may be created (again) when missing
 
 	closed chan struct{}  // closed by Close: ends campaigns, watchers, observers
 	wg     sync.WaitGroup // leadership watchers and observers
@@ -114,7 +120,8 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Election, error) {
 			return nil, fmt.Errorf("election: %w", err)
 		}
 	}
-	return &Election{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), log: o.logger.With("election", p), closed: make(chan struct{})}, nil
+	return &Election{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), log: o.logger.With("election", p), owner: o.owner,
+		mayCreate: o.createParents, closed: make(chan struct{})}, nil
 }
 
 // Path returns the election's node.
@@ -203,7 +210,7 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 	if t == nil {
 		return ErrNotLeader
 	}
-	st, err := e.conn.Set(t.key, value, version)
+	st, err := e.conn.Set(t.key, zkutil.EncodeOwned(e.owner, value), version)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
 		return fmt.Errorf("election: proclaim %s: %w", t.key, ErrNotLeader)
@@ -400,4 +407,40 @@ func sleep(d time.Duration, a, b <-chan struct{}) bool {
 	case <-b:
 		return false
 	}
+}
+
+// Reaper deletes the idle elections under a directory of elections (the
+// broker's elections/): an election's node <dir>/<name> that has had no
+// candidate for a whole pass interval, so election names do not leave
+// nodes behind forever. Campaign makes a deleted election's node again
+// when its create finds it gone (unless WithCreateParents(false)), so a
+// candidate racing the reaper still takes part; Observe waits for the node
+// to exist again. A new node starts its candidates' sequence over, so keep
+// a key only while its candidate lives. A Reaper is used by one goroutine
+// at a time.
+type Reaper struct{ r *zkutil.IdleReaper }
+
+// NewReaper returns a Reaper of the elections under dir. It returns
+// ErrInvalid for a path that is not absolute and clean.
+func NewReaper(conn *zk.Conn, dir string) (*Reaper, error) {
+	if conn == nil {
+		return nil, fmt.Errorf("%w: nil connection", ErrInvalid)
+	}
+	if dir == "" || dir[0] != '/' || dir == "/" || path.Clean(dir) != dir {
+		return nil, fmt.Errorf("%w: path %q: want an absolute, clean ZooKeeper path other than /", ErrInvalid, dir)
+	}
+	return &Reaper{r: zkutil.NewIdleReaper(conn, dir)}, nil
+}
+
+// Reap is one pass: it deletes the election nodes under dir that are
+// empty and were already empty, unchanged, at the previous pass, and
+// returns how many. Call it periodically from one process (a leader): the
+// interval between passes is how long an election stays idle before it
+// is deleted.
+func (r *Reaper) Reap(ctx context.Context) (int, error) {
+	n, err := r.r.Pass(ctx)
+	if err != nil {
+		return n, fmt.Errorf("election: reap: %w", err)
+	}
+	return n, nil
 }

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // ErrNoCandidate: ProclaimKey or ResignKey named a candidate node that is
@@ -16,66 +19,106 @@ var ErrNoCandidate = errors.New("election: no such candidate")
 // ProclaimKey sets the value of the leader whose candidate node is key
 // (<path>/n-<seq>, as Key and LeaderInfo.Key name it) on behalf of that
 // leader, from any session: for a service that proclaims for its clients.
-// It returns ErrNoCandidate when the node is gone, ErrNotLeader when it is
-// a candidate that does not lead. The write is unconditional on the
-// node's version, so an Election leading under key sees its next Proclaim
-// fail (zk.ErrBadVersion): use one way or the other for a leadership.
+// It keeps the candidate's owner (WithOwner). It returns ErrNoCandidate
+// when the node is gone, ErrNotLeader when it is a candidate that does not
+// lead; with IfOwner, ErrNotOwner when it is another owner's. The write is
+// conditional on the version read with the owner (it is read again when
+// another write came between), so an Election leading under key sees its
+// next Proclaim fail (zk.ErrBadVersion): use one way or the other for a
+// leadership.
 //
 // Leading is checked before the write; the check holds at the write,
 // since the lowest candidate stays the lowest until its node goes, and a
 // node gone meanwhile fails the write with ErrNoCandidate.
-func ProclaimKey(ctx context.Context, conn *zk.Conn, key string, value []byte) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+func ProclaimKey(ctx context.Context, conn *zk.Conn, key string, value []byte, opts ...KeyOption) error {
+	o := keyOpts(opts)
 	dir, name, err := splitKey(key)
 	if err != nil {
 		return err
 	}
-	children, _, err := conn.Children(dir)
-	switch {
-	case errors.Is(err, zk.ErrNoNode):
-		return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
-	case err != nil:
-		return fmt.Errorf("election: proclaim: children %s: %w", dir, err)
-	}
-	first := lowest(children)
-	if first != name {
-		for _, c := range children {
-			if c == name {
-				return fmt.Errorf("election: proclaim %s: %w", key, ErrNotLeader)
-			}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
-	}
-	if _, err := conn.Set(key, value, -1); err != nil {
-		if errors.Is(err, zk.ErrNoNode) {
+		children, _, err := conn.Children(dir)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+		case err != nil:
+			return fmt.Errorf("election: proclaim: children %s: %w", dir, err)
+		}
+		if !slices.Contains(children, name) {
 			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
 		}
-		return fmt.Errorf("election: proclaim %s: %w", key, err)
+		data, st, err := conn.Get(key)
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+		case err != nil:
+			return fmt.Errorf("election: proclaim: get %s: %w", key, err)
+		}
+		owner, _ := zkutil.DecodeOwned(data)
+		if !o.mayTouch(owner) {
+			return fmt.Errorf("election: proclaim %s: %w", key, ErrNotOwner)
+		}
+		if lowest(children) != name {
+			return fmt.Errorf("election: proclaim %s: %w", key, ErrNotLeader)
+		}
+		_, err = conn.Set(key, zkutil.EncodeOwned(owner, value), st.Version)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, zk.ErrBadVersion):
+			continue // another proclaim came between: read the owner again
+		case errors.Is(err, zk.ErrNoNode):
+			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+		default:
+			return fmt.Errorf("election: proclaim %s: %w", key, err)
+		}
 	}
-	return nil
 }
 
 // ResignKey removes the candidate node key (leading or waiting) from any
 // session: for a service that resigns for its clients. The Election that
 // campaigned with it sees its Done close (or its Campaign fail with
 // ErrNodeLost). It returns ErrNoCandidate when the node is gone already,
-// so a retry after a lost answer sees ErrNoCandidate.
-func ResignKey(ctx context.Context, conn *zk.Conn, key string) error {
+// so a retry after a lost answer sees ErrNoCandidate; with IfOwner,
+// ErrNotOwner when the candidate is another owner's (it stays).
+func ResignKey(ctx context.Context, conn *zk.Conn, key string, opts ...KeyOption) error {
+	o := keyOpts(opts)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if _, _, err := splitKey(key); err != nil {
 		return err
 	}
-	if err := conn.Delete(key, -1); err != nil {
-		if errors.Is(err, zk.ErrNoNode) {
-			return fmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
+	for {
+		version := int32(-1)
+		if o.ifOwner {
+			data, st, err := conn.Get(key)
+			switch {
+			case errors.Is(err, zk.ErrNoNode):
+				return fmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
+			case err != nil:
+				return fmt.Errorf("election: resign: get %s: %w", key, err)
+			}
+			if owner, _ := zkutil.DecodeOwned(data); !o.mayTouch(owner) {
+				return fmt.Errorf("election: resign %s: %w", key, ErrNotOwner)
+			}
+			version = st.Version // the node whose owner was checked
 		}
-		return fmt.Errorf("election: resign %s: %w", key, err)
+		err := conn.Delete(key, version)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, zk.ErrBadVersion):
+			continue // a Proclaim came between: check again
+		case errors.Is(err, zk.ErrNoNode):
+			return fmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
+		default:
+			return fmt.Errorf("election: resign %s: %w", key, err)
+		}
 	}
-	return nil
 }
 
 // splitKey checks that key names a candidate node, <path>/n-<seq>, and

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // Leader returns the current leader: the candidate with the lowest
@@ -36,7 +38,7 @@ func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
 		case err != nil:
 			return LeaderInfo{}, fmt.Errorf("election: leader: get %s: %w", key, err)
 		}
-		return LeaderInfo{Key: key, Value: data, Token: st.Czxid, Version: st.Version}, nil
+		return leaderInfo(key, data, st), nil
 	}
 }
 
@@ -142,6 +144,12 @@ func (e *Election) leaderW() (LeaderInfo, <-chan zk.Event, error) {
 		if err != nil {
 			return LeaderInfo{}, nil, fmt.Errorf("election: observe: get %s: %w", key, err)
 		}
-		return LeaderInfo{Key: key, Value: data, Token: st.Czxid, Version: st.Version}, w, nil
+		return leaderInfo(key, data, st), w, nil
 	}
+}
+
+// leaderInfo describes the candidate key from its data and Stat.
+func leaderInfo(key string, data []byte, st *zk.Stat) LeaderInfo {
+	owner, value := zkutil.DecodeOwned(data)
+	return LeaderInfo{Key: key, Value: value, Owner: owner, Token: st.Czxid, Version: st.Version}
 }

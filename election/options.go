@@ -13,6 +13,7 @@ type options struct {
 	logger        *slog.Logger
 	createParents bool
 	acl           []zk.ACL
+	owner         string
 }
 
 // defaults are the options New starts from.
@@ -46,3 +47,39 @@ func WithCreateParents(create bool) Option {
 func WithACL(acl []zk.ACL) Option {
 	return func(o *options) { o.acl = acl }
 }
+
+// WithOwner records owner in the candidate node of every Campaign, beside
+// the value: LeaderInfo.Owner reports it, and ProclaimKey and ResignKey
+// given IfOwner act only on candidates of that owner. For a service that
+// campaigns on behalf of several principals (the broker records the
+// caller's identity). The node's data is then owner and value in one
+// encoding (LeaderInfo.Value is the value alone); Proclaim keeps the
+// owner.
+func WithOwner(owner string) Option {
+	return func(o *options) { o.owner = owner }
+}
+
+// KeyOption conditions a call that acts on a candidate by key
+// (ProclaimKey, ResignKey).
+type KeyOption func(*keyOptions)
+
+type keyOptions struct {
+	owner   string
+	ifOwner bool
+}
+
+// IfOwner makes the call act only on a candidate that WithOwner(owner)
+// recorded; another fails it with ErrNotOwner, unchanged.
+func IfOwner(owner string) KeyOption {
+	return func(o *keyOptions) { o.owner, o.ifOwner = owner, true }
+}
+
+func keyOpts(opts []KeyOption) keyOptions {
+	var o keyOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+func (o keyOptions) mayTouch(owner string) bool { return !o.ifOwner || owner == o.owner }

@@ -60,10 +60,21 @@ func (l *locker) create(kind, nonce string) (string, error) {
 	prefix := l.path + "/" + namePrefix(kind, nonce)
 	var key string
 	var err error
-	if testHookCreate != nil {
-		key, err = testHookCreate(l.conn, prefix, l.value)
-	} else {
-		key, err = l.conn.Create(prefix, l.value, zk.FlagEphemeral|zk.FlagSequence, l.acl)
+	for range maxRecreate + 1 {
+		if testHookCreate != nil {
+			key, err = testHookCreate(l.conn, prefix, l.value)
+		} else {
+			key, err = l.conn.Create(prefix, l.value, zk.FlagEphemeral|zk.FlagSequence, l.acl)
+		}
+		if !errors.Is(err, zk.ErrNoNode) || !l.mayCreate {
+			break
+		}
+		// The lock's node went while idle (a Reaper deleted it): make it
+		// again. The create failed, so no node of ours exists.
+		if perr := zkutil.EnsurePath(l.conn, l.path, l.acl); perr != nil {
+			err = perr
+			break
+		}
 	}
 	if err == nil {
 		return key, nil
@@ -83,6 +94,11 @@ func (l *locker) create(kind, nonce string) (string, error) {
 	}
 	return "", err
 }
+
+// maxRecreate bounds how often one create makes the lock's node again
+// after finding it gone: a reaper deletes it only once idle, so a second
+// loss in a row is already unlikely.
+const maxRecreate = 8
 
 // list returns the lock nodes under the lock's node.
 func (l *locker) list() ([]node, error) {

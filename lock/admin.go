@@ -7,14 +7,18 @@ import (
 	"path"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // Holder describes a holder of a lock.
 type Holder struct {
 	// Key is the holder's node, <path>/<kind>-<nonce>-<seq>.
 	Key string
-	// Value is the node's data: the holder's WithValue.
+	// Value is the holder's WithValue.
 	Value []byte
+	// Owner is the holder's WithOwner, "" without one.
+	Owner string
 	// Token is the holder's fencing token (Grant.Token).
 	Token int64
 	// Revoked says that a revocation was requested (the node's data
@@ -25,6 +29,7 @@ type Holder struct {
 	Shared bool
 
 	version int32
+	data    []byte // the node's data as stored: owner and value
 }
 
 // Current returns the holder of the lock at p: the holder of a Mutex or
@@ -80,8 +85,9 @@ func readHolders(conn *zk.Conn, p string, nodes []node) ([]Holder, error) {
 		if err != nil {
 			return nil, fmt.Errorf("lock: get %s: %w", key, err)
 		}
-		out = append(out, Holder{Key: key, Value: data, Token: st.Czxid, Revoked: st.Version > 0,
-			Shared: !n.exclusive(), version: st.Version})
+		owner, value := zkutil.DecodeOwned(data)
+		out = append(out, Holder{Key: key, Value: value, Owner: owner, Token: st.Czxid, Revoked: st.Version > 0,
+			Shared: !n.exclusive(), version: st.Version, data: data})
 	}
 	return out, nil
 }
@@ -92,16 +98,26 @@ func readHolders(conn *zk.Conn, p string, nodes []node) ([]Holder, error) {
 // decides when to Unlock. The request is a write of the holder's node,
 // its data unchanged (the data version counts the requests). Revoke
 // returns the first holder, with Revoked set, or ErrNotHeld when nobody
-// holds the lock.
-func Revoke(ctx context.Context, conn *zk.Conn, p string) (Holder, error) {
+// holds the lock. With IfOwner, it asks nobody and returns ErrNotOwner
+// when a holder is another owner's.
+func Revoke(ctx context.Context, conn *zk.Conn, p string, opts ...KeyOption) (Holder, error) {
+	o := keyOpts(opts)
 	for {
 		hs, err := Holders(ctx, conn, p)
 		if err != nil {
 			return Holder{}, err
 		}
+		for _, h := range hs {
+			if !o.mayTouch(h.Owner) {
+				return Holder{}, fmt.Errorf("lock: revoke %s: %w", p, ErrNotOwner)
+			}
+		}
 		asked := false
 		for _, h := range hs {
-			_, err := conn.Set(h.Key, h.Value, h.version)
+			// At the version read: a node that changed hands since is
+			// another node (names are never reused), so the owner
+			// checked is the owner asked.
+			_, err := conn.Set(h.Key, h.data, h.version)
 			switch {
 			case err == nil, errors.Is(err, zk.ErrBadVersion):
 				// Written since we read it: by another revocation, the
@@ -125,8 +141,10 @@ func Revoke(ctx context.Context, conn *zk.Conn, p string) (Holder, error) {
 // the release of a grant by someone other than its Grant (a service that
 // holds locks on its clients' behalf). The grant's holder sees Lost close.
 // It returns ErrNotHeld when the node is gone or has another token, and
-// ErrInvalid when key is not a lock node's path.
-func UnlockKey(ctx context.Context, conn *zk.Conn, key string, token int64) error {
+// ErrInvalid when key is not a lock node's path; with IfOwner,
+// ErrNotOwner when the node is another owner's (it stays).
+func UnlockKey(ctx context.Context, conn *zk.Conn, key string, token int64, opts ...KeyOption) error {
+	o := keyOpts(opts)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -136,12 +154,17 @@ func UnlockKey(ctx context.Context, conn *zk.Conn, key string, token int64) erro
 	if _, ok := parseNode(path.Base(key)); !ok {
 		return fmt.Errorf("%w: %q is not a lock node", ErrInvalid, key)
 	}
-	ok, st, err := conn.Exists(key)
-	if err != nil {
-		return fmt.Errorf("lock: exists %s: %w", key, err)
-	}
-	if !ok || st.Czxid != token {
+	data, st, err := conn.Get(key)
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
 		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+	case err != nil:
+		return fmt.Errorf("lock: get %s: %w", key, err)
+	case st.Czxid != token:
+		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+	}
+	if owner, _ := zkutil.DecodeOwned(data); !o.mayTouch(owner) {
+		return fmt.Errorf("lock: unlock %s: %w", key, ErrNotOwner)
 	}
 	// Node names are never reused (the nonce, the sequence): the node
 	// checked is the one deleted.
@@ -153,4 +176,37 @@ func UnlockKey(ctx context.Context, conn *zk.Conn, key string, token int64) erro
 		return fmt.Errorf("lock: unlock %s: %w", key, err)
 	}
 	return nil
+}
+
+// Reaper deletes the idle locks under a directory of locks (the broker's
+// locks/): a lock's node <dir>/<name> that has had no contender for a
+// whole pass interval, so lock names do not leave nodes behind forever.
+// Mutex and RWMutex make a deleted lock node again when their next create
+// finds it gone (unless WithoutCreate), so a contender racing the reaper
+// still gets its lock. A Reaper is used by one goroutine at a time.
+type Reaper struct{ r *zkutil.IdleReaper }
+
+// NewReaper returns a Reaper of the locks under dir. It returns ErrInvalid
+// for a path that is not absolute and clean.
+func NewReaper(conn *zk.Conn, dir string) (*Reaper, error) {
+	if conn == nil {
+		return nil, fmt.Errorf("%w: nil connection", ErrInvalid)
+	}
+	if err := checkPath(dir); err != nil {
+		return nil, err
+	}
+	return &Reaper{r: zkutil.NewIdleReaper(conn, dir)}, nil
+}
+
+// Reap is one pass: it deletes the lock nodes under dir that are empty
+// and were already empty, unchanged, at the previous pass, and returns
+// how many. Call it periodically (from one process, such as a leader):
+// the interval between passes is how long a lock stays idle before it is
+// deleted.
+func (r *Reaper) Reap(ctx context.Context) (int, error) {
+	n, err := r.r.Pass(ctx)
+	if err != nil {
+		return n, fmt.Errorf("lock: reap: %w", err)
+	}
+	return n, nil
 }

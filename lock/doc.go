@@ -12,6 +12,11 @@
 //	<path>/lock-<nonce>-0000000041       a Mutex contender: EPHEMERAL_SEQUENTIAL,
 //	<path>/write-<nonce>-0000000042      an RWMutex writer,
 //	<path>/read-<nonce>-0000000043       an RWMutex reader; data = WithValue
+//	                                     (with WithOwner: the owner, then the value)
+//
+// A Reaper, run periodically by one process, deletes the lock nodes under
+// a directory of locks that stayed empty for a whole pass; a contender
+// that then finds its lock's node gone makes it again.
 //
 // <nonce> is 16 random hex digits, new for every Lock call. Nodes are
 // ordered by their sequence suffix, parsed as a number (never compared as
@@ -89,7 +94,8 @@
 //   - The sequence counter of <path> is a signed 32-bit integer: after
 //     2^31 Lock calls it wraps to negative numbers and a contender made
 //     after the wrap sorts before older ones. Delete and recreate <path>
-//     (with no contender in it) long before.
+//     (with no contender in it) long before; a Reaper does so whenever
+//     the lock is idle.
 //   - The background cleanup gives up after two minutes without an answer
 //     from ZooKeeper (no session lasts that long without its client by
 //     default: the server's maximum session timeout is 40 s), or at Close.

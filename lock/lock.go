@@ -28,6 +28,9 @@ var (
 	ErrClosed = errors.New("lock: closed")
 	// ErrInvalid: a bad argument.
 	ErrInvalid = errors.New("lock: invalid argument")
+	// ErrNotOwner: UnlockKey or Revoke with IfOwner met a node of
+	// another owner; nothing was changed.
+	ErrNotOwner = errors.New("lock: held by another owner")
 )
 
 // errVanished: our node went away while we waited (the session expired
@@ -50,11 +53,12 @@ type RWMutex struct{ l *locker }
 // locker is what Mutex and RWMutex share: the lock's node and the
 // goroutines that remove nodes a failed call left behind.
 type locker struct {
-	conn  *zk.Conn
-	path  string
-	acl   []zk.ACL
-	value []byte
-	log   *slog.Logger
+	conn      *zk.Conn
+	path      string
+	acl       []zk.ACL
+	value     []byte // node data: the value, with the owner when there is one
+	mayCreate bool   // the lock's node may be created (again) when missing
+	log       *slog.Logger
 
 	done chan struct{}  // closed by Close: ends waits and cleanups
 	wg   sync.WaitGroup // cleanups (see reap)
@@ -102,7 +106,9 @@ func newLocker(conn *zk.Conn, p string, opts []Option) (*locker, error) {
 			return nil, fmt.Errorf("lock: %w", err)
 		}
 	}
-	return &locker{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), value: o.value, log: o.logger.With("lock", p), done: make(chan struct{})}, nil
+	data := zkutil.EncodeOwned(o.owner, o.value)
+	return &locker{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), value: data, mayCreate: o.create,
+		log: o.logger.With("lock", p), done: make(chan struct{})}, nil
 }
 
 // maxValue bounds a node's value well under ZooKeeper's jute.maxbuffer.

@@ -11,6 +11,7 @@ type Option func(*options)
 
 type options struct {
 	value  []byte
+	owner  string
 	logger *slog.Logger
 	create bool
 	acl    []zk.ACL
@@ -28,6 +29,42 @@ func defaults() options {
 func WithValue(v []byte) Option {
 	return func(o *options) { o.value = append([]byte(nil), v...) }
 }
+
+// WithOwner records owner in every lock node this Mutex creates, beside
+// the value: Holder.Owner reports it, and UnlockKey and Revoke given
+// IfOwner act only on nodes of that owner. For a service that locks on
+// behalf of several principals (the broker records the caller's
+// identity). The node's data is then owner and value in one encoding
+// (Holder.Value is the value alone).
+func WithOwner(owner string) Option {
+	return func(o *options) { o.owner = owner }
+}
+
+// KeyOption conditions a call that acts on another contender's node
+// (UnlockKey, Revoke).
+type KeyOption func(*keyOptions)
+
+type keyOptions struct {
+	owner   string
+	ifOwner bool
+}
+
+// IfOwner makes the call act only on nodes that WithOwner(owner)
+// recorded; any other node fails it with ErrNotOwner, unchanged.
+func IfOwner(owner string) KeyOption {
+	return func(o *keyOptions) { o.owner, o.ifOwner = owner, true }
+}
+
+func keyOpts(opts []KeyOption) keyOptions {
+	var o keyOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// mayTouch reports whether a node of owner passes o's condition.
+func (o keyOptions) mayTouch(owner string) bool { return !o.ifOwner || owner == o.owner }
 
 // WithLogger logs grants and losses (Debug) and the removal of nodes left
 // behind by a failed call (Info) to l; by default nothing is logged. A nil
