@@ -36,6 +36,7 @@ func init() {
 				return err
 			}
 		}
+		o.zkAuth.generated = true // a credential of its own unless --zk-auth-file (below)
 		if err := o.validate(); err != nil {
 			return err
 		}

@@ -36,7 +36,7 @@ func (s *securityOptions) define(fs *flag.FlagSet, e *envDefaults) {
 	fs.StringVar(&s.rules, "auth-rules", env("AUTH_RULES", ""), "turn authentication on: every call needs a client certificate or a bearer token, and this rules file says what each identity may do; all else is denied ($QBROKER_AUTH_RULES)")
 	fs.StringVar(&s.tokens, "auth-tokens", env("AUTH_TOKENS", ""), "bearer tokens file: '<identity> sha256:<hex>' lines, made by 'qbroker token' ($QBROKER_AUTH_TOKENS)")
 	fs.BoolVar(&s.metricsTLS, "metrics-tls", e.bool("METRICS_TLS", false), "serve --metrics-listen (metrics, health, pprof) over HTTPS with the gRPC certificate and client CA ($QBROKER_METRICS_TLS)")
-	fs.BoolVar(&s.insecure, "insecure", e.bool("INSECURE", false), "allow listening beyond loopback without TLS and authentication (a warning is logged at every start) ($QBROKER_INSECURE)")
+	fs.BoolVar(&s.insecure, "insecure", e.bool("INSECURE", false), "allow listening beyond loopback without TLS and authentication, and ZooKeeper nodes open to anyone without --zk-auth-file (a warning is logged at every start) ($QBROKER_INSECURE)")
 }
 
 // validate checks the combinations of security flags.

@@ -250,7 +250,7 @@ func (o *serveOptions) validate() error {
 	if _, err := newLogger(o.logFormat, o.logLevel); err != nil {
 		errs = append(errs, err)
 	}
-	if err := o.zkAuth.validate(); err != nil {
+	if err := o.zkAuth.validate(o.root, o.security.insecure); err != nil {
 		errs = append(errs, err)
 	}
 	errs = append(errs, o.security.validate(o.listen, o.metricsListen)...)
@@ -296,6 +296,7 @@ func serve(ctx context.Context, o *serveOptions) error {
 func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 	raiseFileLimit(log)
 	o.security.logExposure(log, o.listen, o.metricsListen)
+	o.zkAuth.logExposure(log, o.root)
 	tlsCfg, err := o.security.serverTLS(log)
 	if err != nil {
 		return err
