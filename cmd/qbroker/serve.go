@@ -71,6 +71,7 @@ type serveOptions struct {
 	visibility     time.Duration
 	sweep          time.Duration
 	sessionTimeout time.Duration
+	zkConnect      time.Duration
 	shutdown       time.Duration
 	limits         limitOptions
 	pprof          bool
@@ -186,6 +187,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.DurationVar(&o.sweep, "sweep-interval", e.dur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
 	fs.IntVar(&o.zkSessions, "zk-sessions", e.int("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", e.dur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
+	fs.DurationVar(&o.zkConnect, "zk-connect-timeout", e.dur("ZK_CONNECT_TIMEOUT", 30*time.Second), "at start, give up when no ZooKeeper server of --zk gives a session within this; the wait is reported every few seconds ($QBROKER_ZK_CONNECT_TIMEOUT)")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", e.dur("SHUTDOWN_TIMEOUT", 10*time.Second), "graceful shutdown bound ($QBROKER_SHUTDOWN_TIMEOUT)")
 	fs.IntVar(&o.limits.maxStreams, "max-streams", e.int("MAX_STREAMS", 10000), "most Consume and JoinSync streams open at once; more are refused with ResourceExhausted ($QBROKER_MAX_STREAMS)")
 	fs.DurationVar(&o.limits.firstMessage, "stream-first-message-timeout", e.dur("STREAM_FIRST_MESSAGE_TIMEOUT", 10*time.Second), "a Consume stream must send its subscribe request within this ($QBROKER_STREAM_FIRST_MESSAGE_TIMEOUT)")
@@ -226,6 +228,7 @@ func (o *serveOptions) validate() error {
 	positive("visibility-timeout", "VISIBILITY_TIMEOUT", o.visibility)
 	positive("sweep-interval", "SWEEP_INTERVAL", o.sweep)
 	positive("session-timeout", "SESSION_TIMEOUT", o.sessionTimeout)
+	positive("zk-connect-timeout", "ZK_CONNECT_TIMEOUT", o.zkConnect)
 	positive("shutdown-timeout", "SHUTDOWN_TIMEOUT", o.shutdown)
 	positive("max-delay", "MAX_DELAY", o.maxDelay)
 	notNegative := func(flag, env string, n int) {
@@ -400,9 +403,11 @@ func (o *serveOptions) startBroker(ctx context.Context, log *slog.Logger, reg pr
 		return nil, nil, err
 	}
 	cfg.Auth = auth
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	startCtx, cancel := context.WithTimeout(ctx, o.zkConnect)
 	defer cancel()
-	if b, err = broker.New(startCtx, cfg); err != nil {
+	wait := startZKWait(startCtx, log, cfg.ZooKeeper, o.zkConnect)
+	b, err = broker.New(startCtx, cfg)
+	if err = wait.stop(startCtx, err); err != nil {
 		stopSink()
 		return nil, nil, err
 	}
