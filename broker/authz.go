@@ -21,12 +21,16 @@ const (
 	ActView     = "view"     // GetQueue, Stats, Browse, ListQueues (implied by every queue action)
 	ActLock     = "lock"     // the Lock service
 	ActElection = "election" // the Election service
+	ActDebug    = "debug"    // the Go profiles of the metrics listener (name DebugName)
 )
+
+// DebugName is the name an ActDebug rule's patterns must match.
+const DebugName = "pprof"
 
 // actionGroups are names standing for several actions in a rules file.
 var actionGroups = map[string][]string{
 	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive},
-	"all":   {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActElection},
+	"all":   {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActElection, ActDebug},
 }
 
 // queueActions are the actions on queues: each implies view.
@@ -53,9 +57,9 @@ func readRules(file string) (*Rules, error) { return readParsed(file, ParseRules
 // match a pattern (a glob: * matches any run of characters, ? one, [a-z]
 // a class). The identity * stands for any authenticated identity. Actions:
 // publish, consume, create, delete, purge, redrive, join, view, lock,
-// election; admin is create, delete, purge and redrive; all is every
-// action. Blank lines and lines starting with # are ignored. What no rule
-// allows is denied.
+// election, debug (the Go profiles, name pprof); admin is create,
+// delete, purge and redrive; all is every action. Blank lines and lines
+// starting with # are ignored. What no rule allows is denied.
 func ParseRules(data []byte) (*Rules, error) {
 	r := &Rules{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -80,7 +84,7 @@ func ParseRules(data []byte) (*Rules, error) {
 			} else if slices.Contains(actionGroups["all"], a) {
 				ru.actions = append(ru.actions, a)
 			} else {
-				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, election, admin or all)", n, a)
+				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, election, debug, admin or all)", n, a)
 			}
 		}
 		for _, p := range strings.Split(f[2], ",") {

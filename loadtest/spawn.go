@@ -218,14 +218,15 @@ func cleanEnv() []string {
 }
 
 // waitServing waits until the broker's gRPC port accepts connections and
-// its /metrics answers.
+// its /healthz answers 200 (which, unlike /metrics, needs no identity when
+// authentication is on).
 func waitServing(ctx context.Context, p *brokerProc, grpcAddr, metricsAddr string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
 		if c, err := net.DialTimeout("tcp", grpcAddr, time.Second); err == nil {
 			c.Close()
-			if resp, err := httpClient.Get("http://" + metricsAddr + "/metrics"); err == nil {
+			if resp, err := httpClient.Get("http://" + metricsAddr + "/healthz"); err == nil {
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
 					return nil

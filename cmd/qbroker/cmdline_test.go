@@ -216,6 +216,13 @@ func TestServe(t *testing.T) {
 		}
 	}
 
+	// The Go profiles are off unless --pprof.
+	if resp, err := http.Get("http://" + metrics + "/debug/pprof/"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ without --pprof: %d, want 404", resp.StatusCode)
+	}
+
 	c := cli{t: t, addr: addr}
 	c.ok("", "create", "big")
 	payload := strings.Repeat("x", 1024000)

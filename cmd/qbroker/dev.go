@@ -43,6 +43,9 @@ func init() {
 		if *heap < 64 {
 			return usageError{fmt.Errorf("--zk-heap %d: want at least 64 (MiB)", *heap)}
 		}
+		if !flagSet(fs, "pprof") && os.Getenv("QBROKER_PPROF") == "" {
+			o.pprof = true // profiles on in development; serve needs --pprof
+		}
 		if !flagSet(fs, "zk-data-budget") && os.Getenv("QBROKER_ZK_DATA_BUDGET") == "" {
 			o.zkDataBudget = int(zkserver.DataBudget(*heap) >> 20)
 		}

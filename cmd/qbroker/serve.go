@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -196,7 +194,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.limits.maxConnsPerIP, "max-conns-per-ip", e.int("MAX_CONNS_PER_IP", 0), "most open connections from one client IP address; 0: no limit ($QBROKER_MAX_CONNS_PER_IP)")
 	fs.DurationVar(&o.limits.handshake, "handshake-timeout", e.dur("HANDSHAKE_TIMEOUT", 10*time.Second), "a new connection that sends nothing within this, or does not complete the HTTP/2 handshake within twice this, is closed ($QBROKER_HANDSHAKE_TIMEOUT)")
 	fs.DurationVar(&o.limits.maxConnIdle, "max-connection-idle", e.dur("MAX_CONNECTION_IDLE", 5*time.Minute), "a client connection without calls for this long is closed; clients reconnect ($QBROKER_MAX_CONNECTION_IDLE)")
-	fs.BoolVar(&o.pprof, "pprof", e.bool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
+	fs.BoolVar(&o.pprof, "pprof", e.bool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen (off by default except in dev); with authentication on, to identities granted the debug action ($QBROKER_PPROF)")
 	fs.BoolVar(&o.console, "console", e.bool("CONSOLE", true), "serve the web console at /console/ on --metrics-listen; with authentication on it acts as the client certificate of --metrics-tls ($QBROKER_CONSOLE)")
 	fs.StringVar(&o.logFormat, "log-format", env("LOG_FORMAT", "text"), "log format: text or json ($QBROKER_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", env("LOG_LEVEL", "info"), "log level: debug, info, warn, error ($QBROKER_LOG_LEVEL)")
@@ -478,10 +476,12 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 
 // metricsHandler serves /metrics from reg, /healthz from b, with
 // --console the web console at /console/ (and / leads there) and, with
-// --pprof, the Go profiles at /debug/pprof/.
+// --pprof, the Go profiles at /debug/pprof/; with authentication on,
+// /metrics and the profiles need an identity (see httpAuth).
 func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker, log *slog.Logger) (http.Handler, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	auth := httpAuth{b: b}
+	mux.Handle("/metrics", auth.metrics(reg))
 	mux.Handle("/healthz", b.HealthHandler())
 	if o.console {
 		c, err := console.New(console.Config{Broker: b, Gatherer: reg, Logger: log})
@@ -492,10 +492,7 @@ func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker
 		mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	}
 	if o.pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		auth.pprof(mux)
 	}
 	return mux, nil
 }
