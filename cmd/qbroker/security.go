@@ -158,6 +158,20 @@ func (c *clientSecurity) options() ([]qbroker.Option, error) {
 	return opts, nil
 }
 
+// tlsHint says, in the client commands' flags, what to change when the
+// client and the broker disagree on TLS.
+func tlsHint(e *qbroker.TLSMismatchError) string {
+	switch e.Kind {
+	case qbroker.BrokerSpeaksTLS:
+		return fmt.Sprintf("the broker at %s speaks TLS: pass --tls-ca FILE (the CA certificate that signed the broker's; with 'qbroker dev --secure-dir DIR', DIR/ca.pem) or --tls (the system's CAs)", e.Addr)
+	case qbroker.BrokerWithoutTLS:
+		return fmt.Sprintf("the broker at %s does not speak TLS (plaintext gRPC): drop --tls, --tls-ca, --tls-cert, --tls-key and --token-file, or check --addr", e.Addr)
+	case qbroker.ClientCertRequired:
+		return fmt.Sprintf("the broker at %s requires a client certificate (mutual TLS): pass --tls-cert FILE and --tls-key FILE, signed by a CA the broker trusts (its --tls-client-ca)", e.Addr)
+	}
+	return e.Error()
+}
+
 // The token and certs commands.
 
 func init() {
