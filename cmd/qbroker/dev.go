@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -53,6 +54,12 @@ func init() {
 		if err != nil {
 			return err
 		}
+		// The ports first: one in use fails at once, not after
+		// ZooKeeper's start.
+		if o.bound.lis, o.bound.metrics, err = o.listeners(); err != nil {
+			return err
+		}
+		defer o.bound.close() // served and closed by then, unless the start failed
 		sctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		startCtx, cancel := context.WithTimeout(sctx, 60*time.Second)
@@ -113,6 +120,21 @@ func devServe(ctx context.Context, o *serveOptions, zk *zkserver.Server, log *sl
 		return cause
 	}
 	return err
+}
+
+// boundListeners are serve's ports, bound by dev before it starts
+// ZooKeeper; nil: serve binds them.
+type boundListeners struct {
+	lis, metrics net.Listener
+}
+
+func (b boundListeners) close() {
+	if b.lis != nil {
+		b.lis.Close()
+	}
+	if b.metrics != nil {
+		b.metrics.Close()
+	}
 }
 
 // flagSet reports whether the command line set the named flag.

@@ -263,7 +263,22 @@ func devSecurity(dir string, o *serveOptions, out io.Writer) error {
 	s := &o.security
 	s.tlsCert, s.tlsKey = filepath.Join(dir, tlsutil.ServerCertFile), filepath.Join(dir, tlsutil.ServerKeyFile)
 	s.clientCA, s.rules, s.tokens = filepath.Join(dir, tlsutil.CAFile), rules, tokens
-	fmt.Fprintf(out, "TLS and authentication on (files in %s). Clients:\n  qbroker queues --tls-ca %s --token-file %s\n  qbroker queues --tls-ca %s --tls-cert %s --tls-key %s\n",
-		dir, s.clientCA, tokenFile, s.clientCA, filepath.Join(dir, tlsutil.ClientCertFile), filepath.Join(dir, tlsutil.ClientKeyFile))
+	addr := dialAddr(o.listen)
+	fmt.Fprintf(out, "TLS and authentication on (files in %s). Clients:\n  qbroker queues --addr %s --tls-ca %s --token-file %s\n  qbroker queues --addr %s --tls-ca %s --tls-cert %s --tls-key %s\n",
+		dir, addr, s.clientCA, tokenFile, addr, s.clientCA, filepath.Join(dir, tlsutil.ClientCertFile), filepath.Join(dir, tlsutil.ClientKeyFile))
 	return nil
+}
+
+// dialAddr is the address a client on this machine dials to reach a
+// broker listening on listen: an unspecified host (all interfaces) is
+// reached on 127.0.0.1, a name the development certificate carries.
+func dialAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip, err := netip.ParseAddr(host); host == "" || (err == nil && ip.IsUnspecified()) {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return listen
 }

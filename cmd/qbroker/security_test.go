@@ -218,9 +218,18 @@ func TestTokenAndCertsCommands(t *testing.T) {
 	o := serveFlags(fs)
 	sec := filepath.Join(t.TempDir(), "sec")
 	var msg bytes.Buffer
+	if err := fs.Parse([]string{"--listen", "0.0.0.0:7171"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := devSecurity(sec, o, &msg); err != nil {
 		t.Fatal(err)
 	}
+	for _, l := range lines(msg.String())[1:] {
+		if !strings.Contains(l, "qbroker queues --addr 127.0.0.1:7171 --tls-ca ") {
+			t.Errorf("dev --secure-dir --listen 0.0.0.0:7171 printed %q, want client commands with --addr 127.0.0.1:7171", l)
+		}
+	}
+	o.zkAuth.generated = true // as dev does
 	if err := o.validate(); err != nil {
 		t.Fatalf("dev --secure-dir options: %v", err)
 	}

@@ -79,6 +79,7 @@ type serveOptions struct {
 	nats           natsOptions
 	zkAuth         zkAuthOptions
 	security       securityOptions // TLS, authentication, exposure (security.go)
+	bound          boundListeners  // bound before serve is called (dev.go)
 }
 
 // limitOptions are the stream and connection limits.
@@ -426,15 +427,19 @@ func (o *serveOptions) metricsServer(reg *prometheus.Registry, b *broker.Broker,
 	return hs, nil
 }
 
-// listeners binds --listen and, when set, --metrics-listen.
+// listeners binds --listen and, when set, --metrics-listen (or returns
+// those bound already).
 func (o *serveOptions) listeners() (lis, metrics net.Listener, err error) {
+	if o.bound.lis != nil {
+		return o.bound.lis, o.bound.metrics, nil
+	}
 	if lis, err = net.Listen("tcp", o.listen); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("--listen %s: %w (is another broker, such as make run, on it? pass --listen with another port)", o.listen, err)
 	}
 	if o.metricsListen != "" {
 		if metrics, err = net.Listen("tcp", o.metricsListen); err != nil {
 			lis.Close()
-			return nil, nil, fmt.Errorf("--metrics-listen: %w", err)
+			return nil, nil, fmt.Errorf("--metrics-listen %s: %w (pass --metrics-listen with another port, or \"\" for none)", o.metricsListen, err)
 		}
 	}
 	return lis, metrics, nil
