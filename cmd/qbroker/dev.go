@@ -26,7 +26,7 @@ func init() {
 		secure := fs.String("secure-dir", "", "serve with TLS, client certificates and tokens from this directory, made on first use: a CA, certificates, a token for identity admin, a rules file")
 		heap := fs.Int("zk-heap", zkserver.DefaultHeapMB, "ZooKeeper's heap (-Xmx) in MiB; --zk-data-budget defaults to a quarter of it")
 		fs.Usage = func() {
-			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nZooKeeper's output goes to zookeeper.log in its data directory. Stopping\nqbroker stops ZooKeeper; ZooKeeper dying stops qbroker, with an error.\n\nUnless --zk-auth-file is given, the broker authenticates to ZooKeeper with a\ncredential generated in the data directory (qbroker-zk-auth) and closes its nodes.\n\nflags (as for serve; --zk is ignored):")
+			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nZooKeeper's output goes to zookeeper.log in its data directory. Stopping\nqbroker stops ZooKeeper; ZooKeeper dying stops qbroker, with an error.\n\nUnless --zk-auth-file is given, the broker authenticates to ZooKeeper with a\ncredential generated in the data directory (qbroker-zk-auth) and closes its nodes.\nThe ports are bound before ZooKeeper starts; Go profiles (--pprof) are on.\n\nflags (as for serve; --zk is ignored):")
 			fs.PrintDefaults()
 		}
 		if err := parseFlags(fs, args); err != nil {
