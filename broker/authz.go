@@ -19,6 +19,7 @@ const (
 	ActRedrive = "redrive" // Redrive
 	ActJoin    = "join"    // JoinSync
 	ActView    = "view"    // GetQueue, Stats, Browse, ListQueues (implied by every queue action)
+	ActDebug   = "debug"   // the Go profiles of the metrics listener (name DebugName)
 	// Lock; Unlock and Revoke of the caller's own locks.
 	ActLock = "lock"
 	// Unlock and Revoke of any lock, another identity's too.
@@ -40,11 +41,14 @@ const (
 	actElectionByKey = "election (or election.admin)"
 )
 
+// DebugName is the name an ActDebug rule's patterns must match.
+const DebugName = "pprof"
+
 // actionGroups are names standing for several actions in a rules file.
 var actionGroups = map[string][]string{
 	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive, ActLockAdmin, ActElectionAdmin},
 	"all": {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActLockAdmin,
-		ActElection, ActElectionObserve, ActElectionAdmin},
+		ActElection, ActElectionObserve, ActElectionAdmin, ActDebug},
 }
 
 // queueActions are the actions on queues: each implies view.
@@ -79,10 +83,10 @@ func readRules(file string) (*Rules, error) { return readParsed(file, ParseRules
 // match a pattern (a glob: * matches any run of characters, ? one, [a-z]
 // a class). The identity * stands for any authenticated identity. Actions:
 // publish, consume, create, delete, purge, redrive, join, view, lock,
-// lock.admin, election, election.observe, election.admin; admin is
-// create, delete, purge, redrive, lock.admin and election.admin; all is
-// every action. Blank lines and lines starting with # are ignored. What no rule
-// allows is denied.
+// lock.admin, election, election.observe, election.admin, debug (the Go
+// profiles, name pprof); admin is create, delete, purge, redrive,
+// lock.admin and election.admin; all is every action. Blank lines and
+// lines starting with # are ignored. What no rule allows is denied.
 func ParseRules(data []byte) (*Rules, error) {
 	r := &Rules{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -107,7 +111,7 @@ func ParseRules(data []byte) (*Rules, error) {
 			} else if slices.Contains(actionGroups["all"], a) {
 				ru.actions = append(ru.actions, a)
 			} else {
-				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, admin or all)", n, a)
+				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, debug, admin or all)", n, a)
 			}
 		}
 		for _, p := range strings.Split(f[2], ",") {

@@ -61,6 +61,15 @@ func (b *Broker) Authenticate(ctx context.Context) (id Identity, on bool, err er
 	return id, true, err
 }
 
+// Allowed reports whether the rules let id do action on name; without
+// authentication everything is allowed.
+func (b *Broker) Allowed(id Identity, action, name string) bool {
+	if b.cfg.Auth == nil {
+		return true
+	}
+	return b.cfg.Auth.rules.Get().Allowed(id.Name, action, name)
+}
+
 // Invoke calls the Queue service's unary method (its full name, such as
 // queuepb.Queue_Purge_FullMethodName) with req, in process, through the
 // same authentication, authorization, listing filter, audit and call log

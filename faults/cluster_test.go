@@ -99,7 +99,7 @@ func newCluster(t *testing.T, name string, o clusterOptions) *cluster {
 			"--session-timeout", sessionTimeout.String(), "--sweep-interval", o.sweep.String(),
 			"--visibility-timeout", visibility.String(), "--shutdown-timeout", "3s",
 			"--max-payload", "524288", "--max-batch-count", "1000", "--max-batch-bytes", "921600",
-			"--log-level", "info"}
+			"--log-level", "info", "--insecure"}
 		c.brokers = append(c.brokers, p)
 	}
 	// Registered after the proxies' cleanups, so it runs before them.

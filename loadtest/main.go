@@ -221,8 +221,9 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 	var before, after brokerCounters
 	var err error
 	scraped := len(topo.Metrics) > 0
+	token := metricsToken(cfg, topo)
 	if scraped {
-		if before, err = scrapeAll(ctx, topo.Metrics, cfg.Queue); err != nil {
+		if before, err = scrapeAll(ctx, topo.Metrics, cfg.Queue, token); err != nil {
 			failures = append(failures, err.Error())
 			scraped = false
 		}
@@ -236,7 +237,7 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 	in := reportInput{Config: *cfg, Topology: topo, Workload: w}
 	if scraped {
 		// Bounded by its own timeout: wanted after an interrupt too.
-		if after, err = scrapeAll(context.WithoutCancel(ctx), topo.Metrics, cfg.Queue); err != nil {
+		if after, err = scrapeAll(context.WithoutCancel(ctx), topo.Metrics, cfg.Queue, token); err != nil {
 			failures = append(failures, err.Error())
 		} else {
 			d := after.sub(before)

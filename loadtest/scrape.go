@@ -58,10 +58,12 @@ func (a brokerCounters) sub(b brokerCounters) brokerCounters {
 var httpClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
 
 // scrapeAll reads every broker's /metrics and sums queue's counters.
-func scrapeAll(ctx context.Context, addrs []string, queue string) (brokerCounters, error) {
+// token ("" none) is sent as a bearer token: brokers with authentication
+// on serve /metrics only to an identity.
+func scrapeAll(ctx context.Context, addrs []string, queue, token string) (brokerCounters, error) {
 	var sum brokerCounters
 	for _, a := range addrs {
-		fams, err := scrape(ctx, a)
+		fams, err := scrape(ctx, a, token)
 		if err != nil {
 			return sum, err
 		}
@@ -70,7 +72,7 @@ func scrapeAll(ctx context.Context, addrs []string, queue string) (brokerCounter
 	return sum, nil
 }
 
-func scrape(ctx context.Context, addr string) (map[string]*dto.MetricFamily, error) {
+func scrape(ctx context.Context, addr, token string) (map[string]*dto.MetricFamily, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
@@ -78,6 +80,9 @@ func scrape(ctx context.Context, addr string) (map[string]*dto.MetricFamily, err
 		return nil, err
 	}
 	req.Header.Set("Accept", "text/plain")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("scrape %s: %w", addr, err)

@@ -85,3 +85,22 @@ func secureFiles(dir string) ([]string, Security, error) {
 	}
 	return flags, Security{TLS: qbroker.TLSFiles{CAFile: filepath.Join(dir, tlsutil.CAFile)}, TokenFile: filepath.Join(dir, "loadtest.token")}, nil
 }
+
+// metricsToken is the bearer token the brokers' /metrics is scraped with:
+// the clients' token (--token-file, or the one --spawn-secure made); ""
+// without one or when its file cannot be read (the scrape then reports
+// the refusal).
+func metricsToken(cfg *Config, topo *Topology) string {
+	sec := cfg.Security
+	if topo.Security != nil {
+		sec = *topo.Security
+	}
+	if sec.TokenFile == "" {
+		return ""
+	}
+	b, err := os.ReadFile(sec.TokenFile)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -178,6 +178,8 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		dialOpts = append(dialOpts, grpc.WithResolvers(rb))
 	}
 	dialOpts = append(dialOpts, sec...)
+	hints := newTLSHinter(&o)
+	dialOpts = append(dialOpts, grpc.WithChainUnaryInterceptor(hints.unary), grpc.WithChainStreamInterceptor(hints.stream))
 	dialOpts = append(dialOpts, o.dialOpts...)
 	conn, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {

@@ -69,8 +69,13 @@ func cliError(err error) error {
 	if err == nil || errors.Is(err, flag.ErrHelp) || errors.As(err, &ue) {
 		return err
 	}
-	if msg, ok := strings.CutPrefix(err.Error(), "qbroker: "); ok {
-		return errors.New(msg)
+	msg := err.Error()
+	var tm *qbroker.TLSMismatchError
+	if errors.As(err, &tm) {
+		msg = strings.Replace(msg, tm.Error(), tlsHint(tm)+": "+tm.Err.Error(), 1)
+	}
+	if m, ok := strings.CutPrefix(msg, "qbroker: "); ok || msg != err.Error() {
+		return errors.New(m)
 	}
 	return err
 }

@@ -102,6 +102,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "negative duration in env", env: []string{"QBROKER_SHUTDOWN_TIMEOUT=-5s"}, args: []string{"serve", "--zk", noZK}, status: 2, stderr: "--shutdown-timeout (or $QBROKER_SHUTDOWN_TIMEOUT) -5s"},
 		{name: "batch below payload", args: []string{"serve", "--zk", noZK, "--max-payload", "4096", "--max-batch-bytes", "1024"}, status: 2, stderr: "--max-batch-bytes 1024 < --max-payload 4096"},
 		{name: "bad log level of dev", args: []string{"dev", "--log-level", "loud"}, status: 2, stderr: "--log-level"},
+		{name: "open ZooKeeper tree", args: []string{"serve", "--zk", noZK}, status: 2, stderr: "give --zk-auth-file with a digest credential user:password (mode 0600; see README, Security), or --insecure"},
 		{name: "payload over the bound", args: []string{"serve", "--zk", noZK, "--max-payload", "2000000"}, status: 2, stderr: "--max-payload (or $QBROKER_MAX_PAYLOAD) 2000000: at most 1032192"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -147,7 +148,7 @@ func TestServePortInUse(t *testing.T) {
 	for _, ports := range [][2]string{{taken.Addr().String(), ""}, {freeAddr(t), taken.Addr().String()}} {
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 		o := serveFlags(fs)
-		args := []string{"--zk", noZK, "--root", "/qbroker-test", "--listen", ports[0], "--log-level", "error"}
+		args := []string{"--zk", noZK, "--root", "/qbroker-test", "--listen", ports[0], "--log-level", "error", "--insecure"}
 		if ports[1] != "" {
 			args = append(args, "--metrics-listen", ports[1])
 		}
@@ -178,7 +179,7 @@ func TestServe(t *testing.T) {
 	o := serveFlags(fs)
 	addr, metrics := freeAddr(t), freeAddr(t)
 	if err := fs.Parse([]string{"--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
-		"--metrics-listen", metrics, "--max-payload", "1024000", "--log-level", "error"}); err != nil {
+		"--metrics-listen", metrics, "--max-payload", "1024000", "--log-level", "error", "--insecure"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.validate(); err != nil {
@@ -213,6 +214,13 @@ func TestServe(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics without --nats-url lacks %q", want)
 		}
+	}
+
+	// The Go profiles are off unless --pprof.
+	if resp, err := http.Get("http://" + metrics + "/debug/pprof/"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ without --pprof: %d, want 404", resp.StatusCode)
 	}
 
 	c := cli{t: t, addr: addr}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -25,7 +26,7 @@ func init() {
 		secure := fs.String("secure-dir", "", "serve with TLS, client certificates and tokens from this directory, made on first use: a CA, certificates, a token for identity admin, a rules file")
 		heap := fs.Int("zk-heap", zkserver.DefaultHeapMB, "ZooKeeper's heap (-Xmx) in MiB; --zk-data-budget defaults to a quarter of it")
 		fs.Usage = func() {
-			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nZooKeeper's output goes to zookeeper.log in its data directory. Stopping\nqbroker stops ZooKeeper; ZooKeeper dying stops qbroker, with an error.\n\nUnless --zk-auth-file is given, the broker authenticates to ZooKeeper with a\ncredential generated in the data directory (qbroker-zk-auth) and closes its nodes.\n\nflags (as for serve; --zk is ignored):")
+			fmt.Fprintln(fs.Output(), "usage: qbroker dev [flags]\n\nStarts a local ZooKeeper (the installed one: Debian's zookeeper package or\n$ZOOKEEPER_HOME) on a free 127.0.0.1 port, then runs 'qbroker serve' against it.\nZooKeeper's output goes to zookeeper.log in its data directory. Stopping\nqbroker stops ZooKeeper; ZooKeeper dying stops qbroker, with an error.\n\nUnless --zk-auth-file is given, the broker authenticates to ZooKeeper with a\ncredential generated in the data directory (qbroker-zk-auth) and closes its nodes.\nThe ports are bound before ZooKeeper starts; Go profiles (--pprof) are on.\n\nflags (as for serve; --zk is ignored):")
 			fs.PrintDefaults()
 		}
 		if err := parseFlags(fs, args); err != nil {
@@ -36,11 +37,15 @@ func init() {
 				return err
 			}
 		}
+		o.zkAuth.generated = true // a credential of its own unless --zk-auth-file (below)
 		if err := o.validate(); err != nil {
 			return err
 		}
 		if *heap < 64 {
 			return usageError{fmt.Errorf("--zk-heap %d: want at least 64 (MiB)", *heap)}
+		}
+		if !flagSet(fs, "pprof") && os.Getenv("QBROKER_PPROF") == "" {
+			o.pprof = true // profiles on in development; serve needs --pprof
 		}
 		if !flagSet(fs, "zk-data-budget") && os.Getenv("QBROKER_ZK_DATA_BUDGET") == "" {
 			o.zkDataBudget = int(zkserver.DataBudget(*heap) >> 20)
@@ -49,6 +54,12 @@ func init() {
 		if err != nil {
 			return err
 		}
+		// The ports first: one in use fails at once, not after
+		// ZooKeeper's start.
+		if o.bound.lis, o.bound.metrics, err = o.listeners(); err != nil {
+			return err
+		}
+		defer o.bound.close() // served and closed by then, unless the start failed
 		sctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 		defer stop()
 		startCtx, cancel := context.WithTimeout(sctx, 60*time.Second)
@@ -109,6 +120,21 @@ func devServe(ctx context.Context, o *serveOptions, zk *zkserver.Server, log *sl
 		return cause
 	}
 	return err
+}
+
+// boundListeners are serve's ports, bound by dev before it starts
+// ZooKeeper; nil: serve binds them.
+type boundListeners struct {
+	lis, metrics net.Listener
+}
+
+func (b boundListeners) close() {
+	if b.lis != nil {
+		b.lis.Close()
+	}
+	if b.metrics != nil {
+		b.metrics.Close()
+	}
 }
 
 // flagSet reports whether the command line set the named flag.

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"flag"
 	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -74,5 +77,34 @@ func TestDevHeapFlag(t *testing.T) {
 	var ue usageError
 	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "--zk-heap 16") {
 		t.Fatalf("got %v, want a usage error naming --zk-heap 16", err)
+	}
+}
+
+// dev binds its ports before it starts ZooKeeper: one in use fails at
+// once, naming the port and the flag that changes it, and no ZooKeeper
+// was started (its data directory holds no log).
+func TestDevPortInUse(t *testing.T) {
+	zktest.Server(t) // skips without ZooKeeper, as the package's tests do
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	busy := taken.Addr().String()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", busy, "--metrics-listen", ""}, "--listen " + busy + ": listen tcp " + busy + ": bind: address already in use (is another broker, such as make run, on it? pass --listen with another port)"},
+		{[]string{"--listen", freeAddr(t), "--metrics-listen", busy}, "--metrics-listen " + busy + ": listen tcp " + busy + ": bind: address already in use (pass --metrics-listen with another port"},
+	} {
+		dir := t.TempDir()
+		err := commands["dev"].run(append(tt.args, "--zk-dir", dir, "--log-level", "error"))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("dev %v: got %v, want %q", tt.args, err, tt.want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, zkserver.LogName)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("dev %v started ZooKeeper before finding its port in use (stat zookeeper.log: %v)", tt.args, err)
+		}
 	}
 }

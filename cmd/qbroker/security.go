@@ -36,7 +36,7 @@ func (s *securityOptions) define(fs *flag.FlagSet, e *envDefaults) {
 	fs.StringVar(&s.rules, "auth-rules", env("AUTH_RULES", ""), "turn authentication on: every call needs a client certificate or a bearer token, and this rules file says what each identity may do; all else is denied ($QBROKER_AUTH_RULES)")
 	fs.StringVar(&s.tokens, "auth-tokens", env("AUTH_TOKENS", ""), "bearer tokens file: '<identity> sha256:<hex>' lines, made by 'qbroker token' ($QBROKER_AUTH_TOKENS)")
 	fs.BoolVar(&s.metricsTLS, "metrics-tls", e.bool("METRICS_TLS", false), "serve --metrics-listen (metrics, health, pprof) over HTTPS with the gRPC certificate and client CA ($QBROKER_METRICS_TLS)")
-	fs.BoolVar(&s.insecure, "insecure", e.bool("INSECURE", false), "allow listening beyond loopback without TLS and authentication (a warning is logged at every start) ($QBROKER_INSECURE)")
+	fs.BoolVar(&s.insecure, "insecure", e.bool("INSECURE", false), "allow listening beyond loopback without TLS and authentication, and ZooKeeper nodes open to anyone without --zk-auth-file (a warning is logged at every start) ($QBROKER_INSECURE)")
 }
 
 // validate checks the combinations of security flags.
@@ -158,6 +158,20 @@ func (c *clientSecurity) options() ([]qbroker.Option, error) {
 	return opts, nil
 }
 
+// tlsHint says, in the client commands' flags, what to change when the
+// client and the broker disagree on TLS.
+func tlsHint(e *qbroker.TLSMismatchError) string {
+	switch e.Kind {
+	case qbroker.BrokerSpeaksTLS:
+		return fmt.Sprintf("the broker at %s speaks TLS: pass --tls-ca FILE (the CA certificate that signed the broker's; with 'qbroker dev --secure-dir DIR', DIR/ca.pem) or --tls (the system's CAs)", e.Addr)
+	case qbroker.BrokerWithoutTLS:
+		return fmt.Sprintf("the broker at %s does not speak TLS (plaintext gRPC): drop --tls, --tls-ca, --tls-cert, --tls-key and --token-file, or check --addr", e.Addr)
+	case qbroker.ClientCertRequired:
+		return fmt.Sprintf("the broker at %s requires a client certificate (mutual TLS): pass --tls-cert FILE and --tls-key FILE, signed by a CA the broker trusts (its --tls-client-ca)", e.Addr)
+	}
+	return e.Error()
+}
+
 // The token and certs commands.
 
 func init() {
@@ -249,7 +263,22 @@ func devSecurity(dir string, o *serveOptions, out io.Writer) error {
 	s := &o.security
 	s.tlsCert, s.tlsKey = filepath.Join(dir, tlsutil.ServerCertFile), filepath.Join(dir, tlsutil.ServerKeyFile)
 	s.clientCA, s.rules, s.tokens = filepath.Join(dir, tlsutil.CAFile), rules, tokens
-	fmt.Fprintf(out, "TLS and authentication on (files in %s). Clients:\n  qbroker queues --tls-ca %s --token-file %s\n  qbroker queues --tls-ca %s --tls-cert %s --tls-key %s\n",
-		dir, s.clientCA, tokenFile, s.clientCA, filepath.Join(dir, tlsutil.ClientCertFile), filepath.Join(dir, tlsutil.ClientKeyFile))
+	addr := dialAddr(o.listen)
+	fmt.Fprintf(out, "TLS and authentication on (files in %s). Clients:\n  qbroker queues --addr %s --tls-ca %s --token-file %s\n  qbroker queues --addr %s --tls-ca %s --tls-cert %s --tls-key %s\n",
+		dir, addr, s.clientCA, tokenFile, addr, s.clientCA, filepath.Join(dir, tlsutil.ClientCertFile), filepath.Join(dir, tlsutil.ClientKeyFile))
 	return nil
+}
+
+// dialAddr is the address a client on this machine dials to reach a
+// broker listening on listen: an unspecified host (all interfaces) is
+// reached on 127.0.0.1, a name the development certificate carries.
+func dialAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip, err := netip.ParseAddr(host); host == "" || (err == nil && ip.IsUnspecified()) {
+		return net.JoinHostPort("127.0.0.1", port)
+	}
+	return listen
 }

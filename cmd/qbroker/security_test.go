@@ -48,7 +48,7 @@ func TestServeExposureChecks(t *testing.T) {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 			o := serveFlags(fs)
-			if err := fs.Parse(tt.args); err != nil {
+			if err := fs.Parse(append([]string{"--zk-auth-file", "zk-auth"}, tt.args...)); err != nil {
 				t.Fatal(err)
 			}
 			err := o.validate()
@@ -90,13 +90,14 @@ func TestServeSecured(t *testing.T) {
 	tokenFile := write("admin.token", tok+"\n")
 	tokens := write("tokens", line+"\n")
 	rules := write("rules", "admin all *\ndev-client publish,consume orders.*\n")
+	zkAuth := write("zk-auth", "qbroker:secret\n")
 	ca := filepath.Join(dir, tlsutil.CAFile)
 
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	o := serveFlags(fs)
 	addr, metrics := freeAddr(t), freeAddr(t)
 	if err := fs.Parse([]string{"--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
-		"--metrics-listen", metrics, "--log-level", "error",
+		"--metrics-listen", metrics, "--log-level", "error", "--zk-auth-file", zkAuth,
 		"--tls-cert", filepath.Join(dir, tlsutil.ServerCertFile), "--tls-key", filepath.Join(dir, tlsutil.ServerKeyFile),
 		"--tls-client-ca", ca, "--auth-rules", rules, "--auth-tokens", tokens, "--metrics-tls"}); err != nil {
 		t.Fatal(err)
@@ -217,9 +218,18 @@ func TestTokenAndCertsCommands(t *testing.T) {
 	o := serveFlags(fs)
 	sec := filepath.Join(t.TempDir(), "sec")
 	var msg bytes.Buffer
+	if err := fs.Parse([]string{"--listen", "0.0.0.0:7171"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := devSecurity(sec, o, &msg); err != nil {
 		t.Fatal(err)
 	}
+	for _, l := range lines(msg.String())[1:] {
+		if !strings.Contains(l, "qbroker queues --addr 127.0.0.1:7171 --tls-ca ") {
+			t.Errorf("dev --secure-dir --listen 0.0.0.0:7171 printed %q, want client commands with --addr 127.0.0.1:7171", l)
+		}
+	}
+	o.zkAuth.generated = true // as dev does
 	if err := o.validate(); err != nil {
 		t.Fatalf("dev --secure-dir options: %v", err)
 	}

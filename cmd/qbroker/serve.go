@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -71,6 +69,7 @@ type serveOptions struct {
 	visibility     time.Duration
 	sweep          time.Duration
 	sessionTimeout time.Duration
+	zkConnect      time.Duration
 	shutdown       time.Duration
 	limits         limitOptions
 	pprof          bool
@@ -81,6 +80,7 @@ type serveOptions struct {
 	nats           natsOptions
 	zkAuth         zkAuthOptions
 	security       securityOptions // TLS, authentication, exposure (security.go)
+	bound          boundListeners  // bound before serve is called (dev.go)
 }
 
 // limitOptions are the stream and connection limits.
@@ -189,6 +189,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.DurationVar(&o.sweep, "sweep-interval", e.dur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
 	fs.IntVar(&o.zkSessions, "zk-sessions", e.int("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", e.dur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
+	fs.DurationVar(&o.zkConnect, "zk-connect-timeout", e.dur("ZK_CONNECT_TIMEOUT", 30*time.Second), "at start, give up when no ZooKeeper server of --zk gives a session within this; the wait is reported every few seconds ($QBROKER_ZK_CONNECT_TIMEOUT)")
 	fs.DurationVar(&o.shutdown, "shutdown-timeout", e.dur("SHUTDOWN_TIMEOUT", 10*time.Second), "graceful shutdown bound ($QBROKER_SHUTDOWN_TIMEOUT)")
 	fs.IntVar(&o.limits.maxStreams, "max-streams", e.int("MAX_STREAMS", 10000), "most Consume and JoinSync streams open at once; more are refused with ResourceExhausted ($QBROKER_MAX_STREAMS)")
 	fs.IntVar(&o.limits.maxStreamsPerID, "max-streams-per-identity", e.int("MAX_STREAMS_PER_IDENTITY", 0), "most of those streams one client may hold: one identity with auth on, else one IP address; 0: a tenth of --max-streams ($QBROKER_MAX_STREAMS_PER_IDENTITY)")
@@ -199,7 +200,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.limits.maxConnsPerIP, "max-conns-per-ip", e.int("MAX_CONNS_PER_IP", 0), "most open connections from one client IP address; 0: no limit ($QBROKER_MAX_CONNS_PER_IP)")
 	fs.DurationVar(&o.limits.handshake, "handshake-timeout", e.dur("HANDSHAKE_TIMEOUT", 10*time.Second), "a new connection that sends nothing within this, or does not complete the HTTP/2 handshake within twice this, is closed ($QBROKER_HANDSHAKE_TIMEOUT)")
 	fs.DurationVar(&o.limits.maxConnIdle, "max-connection-idle", e.dur("MAX_CONNECTION_IDLE", 5*time.Minute), "a client connection without calls for this long is closed; clients reconnect ($QBROKER_MAX_CONNECTION_IDLE)")
-	fs.BoolVar(&o.pprof, "pprof", e.bool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen ($QBROKER_PPROF)")
+	fs.BoolVar(&o.pprof, "pprof", e.bool("PPROF", false), "serve Go profiles at /debug/pprof/ on --metrics-listen (off by default except in dev); with authentication on, to identities granted the debug action ($QBROKER_PPROF)")
 	fs.BoolVar(&o.console, "console", e.bool("CONSOLE", true), "serve the web console at /console/ on --metrics-listen; with authentication on it acts as the client certificate of --metrics-tls ($QBROKER_CONSOLE)")
 	o.consoleHosts = consoleHosts(e)
 	fs.Var(&o.consoleHosts, "console-host", "a host name (optionally :port) the web console answers to besides localhost, loopback addresses and --metrics-listen; others get 421 (against DNS rebinding); repeat or separate with commas ($QBROKER_CONSOLE_HOSTS)")
@@ -233,6 +234,7 @@ func (o *serveOptions) validate() error {
 	positive("visibility-timeout", "VISIBILITY_TIMEOUT", o.visibility)
 	positive("sweep-interval", "SWEEP_INTERVAL", o.sweep)
 	positive("session-timeout", "SESSION_TIMEOUT", o.sessionTimeout)
+	positive("zk-connect-timeout", "ZK_CONNECT_TIMEOUT", o.zkConnect)
 	positive("shutdown-timeout", "SHUTDOWN_TIMEOUT", o.shutdown)
 	positive("max-delay", "MAX_DELAY", o.maxDelay)
 	notNegative := func(flag, env string, n int) {
@@ -257,7 +259,7 @@ func (o *serveOptions) validate() error {
 	if _, err := newLogger(o.logFormat, o.logLevel); err != nil {
 		errs = append(errs, err)
 	}
-	if err := o.zkAuth.validate(); err != nil {
+	if err := o.zkAuth.validate(o.root, o.security.insecure); err != nil {
 		errs = append(errs, err)
 	}
 	errs = append(errs, o.security.validate(o.listen, o.metricsListen)...)
@@ -303,6 +305,7 @@ func serve(ctx context.Context, o *serveOptions) error {
 func serveCtx(ctx context.Context, o *serveOptions, log *slog.Logger) error {
 	raiseFileLimit(log)
 	o.security.logExposure(log, o.listen, o.metricsListen)
+	o.zkAuth.logExposure(log, o.root)
 	tlsCfg, err := o.security.serverTLS(log)
 	if err != nil {
 		return err
@@ -406,9 +409,11 @@ func (o *serveOptions) startBroker(ctx context.Context, log *slog.Logger, reg pr
 		return nil, nil, err
 	}
 	cfg.Auth = auth
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	startCtx, cancel := context.WithTimeout(ctx, o.zkConnect)
 	defer cancel()
-	if b, err = broker.New(startCtx, cfg); err != nil {
+	wait := startZKWait(startCtx, log, cfg.ZooKeeper, o.zkConnect)
+	b, err = broker.New(startCtx, cfg)
+	if err = wait.stop(startCtx, err); err != nil {
 		stopSink()
 		return nil, nil, err
 	}
@@ -429,15 +434,19 @@ func (o *serveOptions) metricsServer(reg *prometheus.Registry, b *broker.Broker,
 	return hs, nil
 }
 
-// listeners binds --listen and, when set, --metrics-listen.
+// listeners binds --listen and, when set, --metrics-listen (or returns
+// those bound already).
 func (o *serveOptions) listeners() (lis, metrics net.Listener, err error) {
+	if o.bound.lis != nil {
+		return o.bound.lis, o.bound.metrics, nil
+	}
 	if lis, err = net.Listen("tcp", o.listen); err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("--listen %s: %w (is another broker, such as make run, on it? pass --listen with another port)", o.listen, err)
 	}
 	if o.metricsListen != "" {
 		if metrics, err = net.Listen("tcp", o.metricsListen); err != nil {
 			lis.Close()
-			return nil, nil, fmt.Errorf("--metrics-listen: %w", err)
+			return nil, nil, fmt.Errorf("--metrics-listen %s: %w (pass --metrics-listen with another port, or \"\" for none)", o.metricsListen, err)
 		}
 	}
 	return lis, metrics, nil
@@ -483,10 +492,12 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 
 // metricsHandler serves /metrics from reg, /healthz from b, with
 // --console the web console at /console/ (and / leads there) and, with
-// --pprof, the Go profiles at /debug/pprof/.
+// --pprof, the Go profiles at /debug/pprof/; with authentication on,
+// /metrics and the profiles need an identity (see httpAuth).
 func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker, log *slog.Logger) (http.Handler, error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	auth := httpAuth{b: b}
+	mux.Handle("/metrics", auth.metrics(reg))
 	mux.Handle("/healthz", b.HealthHandler())
 	if o.console {
 		c, err := console.New(console.Config{Broker: b, Gatherer: reg, Logger: log, Hosts: o.consoleHosts.names, Listen: o.metricsListen})
@@ -497,10 +508,7 @@ func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker
 		mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	}
 	if o.pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		auth.pprof(mux)
 	}
 	return mux, nil
 }

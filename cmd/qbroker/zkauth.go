@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -20,6 +21,9 @@ type zkAuthOptions struct {
 	file      string
 	worldRead bool
 	migrate   bool
+	// generated: the caller (qbroker dev) supplies a credential of its
+	// own when file is empty, so the tree is closed all the same.
+	generated bool
 }
 
 func (o *zkAuthOptions) register(fs *flag.FlagSet, e *envDefaults) {
@@ -28,12 +32,26 @@ func (o *zkAuthOptions) register(fs *flag.FlagSet, e *envDefaults) {
 	fs.BoolVar(&o.migrate, "zk-migrate-acl", e.bool("ZK_MIGRATE_ACL", false), "with --zk-auth-file, give an existing tree open to anyone the brokers' ACL at start instead of refusing it ($QBROKER_ZK_MIGRATE_ACL)")
 }
 
-// validate checks that the flags that need a credential have one.
-func (o *zkAuthOptions) validate() error {
+// validate checks that the flags that need a credential have one, and
+// refuses to leave the tree under root open to every ZooKeeper client
+// unless insecure (--insecure) says so.
+func (o *zkAuthOptions) validate(root string, insecure bool) error {
 	if o.file == "" && (o.worldRead || o.migrate) {
 		return errors.New("--zk-world-read and --zk-migrate-acl need --zk-auth-file")
 	}
+	if o.file == "" && !o.generated && !insecure {
+		return fmt.Errorf("without --zk-auth-file every node under ZooKeeper root %s would be writable by anyone who can reach ZooKeeper "+
+			"(read payloads, delete or inject messages, delete queues): give --zk-auth-file with a digest credential user:password (mode 0600; see README, Security), "+
+			"or --insecure to run with open nodes", root)
+	}
 	return nil
+}
+
+// logExposure warns, at every start, when the broker's nodes are open.
+func (o *zkAuthOptions) logExposure(log *slog.Logger, root string) {
+	if o.file == "" {
+		log.Warn("INSECURE: no --zk-auth-file: every ZooKeeper client can read and change the broker's nodes", "root", root)
+	}
 }
 
 // digest reads the credential; "" without --zk-auth-file.

@@ -71,3 +71,34 @@ func TestZKAuthFlagsRefused(t *testing.T) {
 		t.Errorf("--zk-migrate-acl alone: got %v, want an error naming --zk-auth-file", err)
 	}
 }
+
+// serve refuses a ZooKeeper tree it would leave open to every ZooKeeper
+// client unless --zk-auth-file gives a credential or --insecure says so;
+// dev, which makes a credential of its own, passes.
+func TestServeRefusesOpenZooKeeper(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		dev  bool
+		want string // substring of the error; "" means accepted
+	}{
+		{[]string{"--root", "/prod"}, false, "without --zk-auth-file every node under ZooKeeper root /prod would be writable by anyone"},
+		{nil, false, "or --insecure to run with open nodes"},
+		{[]string{"--zk-auth-file", "zk-auth"}, false, ""},
+		{[]string{"--insecure"}, false, ""},
+		{nil, true, ""},
+	} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		o := serveFlags(fs)
+		if err := fs.Parse(tt.args); err != nil {
+			t.Fatal(err)
+		}
+		o.zkAuth.generated = tt.dev
+		err := o.validate()
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%v (dev %v): got %v, want no error", tt.args, tt.dev, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%v (dev %v): got %v, want an error with %q", tt.args, tt.dev, err, tt.want)
+		}
+	}
+}
