@@ -28,7 +28,8 @@ type Value[T any] struct {
 	log      *slog.Logger
 
 	cur     atomic.Pointer[T]
-	checked atomic.Int64 // unix nanoseconds of the last look at the files
+	gen     atomic.Uint64 // counts the values built: 1 after New
+	checked atomic.Int64  // unix nanoseconds of the last look at the files
 
 	mu     sync.Mutex // held by the one caller checking the files
 	stamps []stamp    // of the files the current value (or the last failure) was built from
@@ -69,6 +70,7 @@ func New[T any](build func() (T, error), interval time.Duration, log *slog.Logge
 		return nil, err
 	}
 	v.cur.Store(&t)
+	v.gen.Store(1)
 	v.checked.Store(time.Now().UnixNano())
 	return v, nil
 }
@@ -92,6 +94,11 @@ func (v *Value[T]) Get() T {
 	return *v.cur.Load()
 }
 
+// Generation counts the values built so far (1 after New): it grows with
+// every reload that succeeded, so a caller that remembers it learns that
+// the value changed. It does not look at the files; Get does.
+func (v *Value[T]) Generation() uint64 { return v.gen.Load() }
+
 // refresh rebuilds the value if a file changed; the caller holds mu.
 func (v *Value[T]) refresh(now int64) {
 	v.checked.Store(now)
@@ -112,5 +119,6 @@ func (v *Value[T]) refresh(now int64) {
 		return
 	}
 	v.cur.Store(&t)
+	v.gen.Add(1)
 	v.log.Info("reloaded", "files", v.paths)
 }
