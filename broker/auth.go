@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -39,9 +40,11 @@ type AuthConfig struct {
 }
 
 // Auth authenticates calls, by a client certificate verified by the TLS
-// handshake or a bearer token, and authorizes them against rules. Both
-// files are re-read when they change (at most once a second, on use); a
-// version that does not parse is logged and the previous one kept.
+// handshake or a bearer token (of the tokens file, or a JWT), and
+// authorizes them against rules. Its files are re-read when they change
+// (at most once a second, on use); a version that does not parse is
+// logged and the previous one kept. A broker re-checks its open streams
+// against every new version (authstreams.go).
 //
 // An Auth is safe for concurrent use.
 type Auth struct {
@@ -69,12 +72,27 @@ func NewAuth(c AuthConfig) (*Auth, error) {
 	return a, nil
 }
 
-// Identity is an authenticated caller: the name of its token, or its
-// client certificate's subject common name (or, without one, its first
-// URI, DNS or e-mail subject alternative name).
+// generation looks at the files (as a call would) and returns a number
+// that changes whenever one of them was reloaded.
+func (a *Auth) generation() uint64 {
+	a.rules.Get()
+	g := a.rules.Generation()
+	if a.tokens != nil {
+		a.tokens.Get()
+		g += a.tokens.Generation()
+	}
+	return g
+}
+
+// Identity is an authenticated caller: the name of its token, the
+// identity claim of its JWT, or its client certificate's subject common
+// name (or, without one, its first URI, DNS or e-mail subject alternative
+// name).
 type Identity struct {
 	Name string
-	Via  string // "token" or "certificate"
+	Via  string // "token", "jwt" or "certificate"
+
+	until time.Time // when its credential expires (JWT, certificate); zero: never
 }
 
 type identityKey struct{}
@@ -100,10 +118,11 @@ func (a *Auth) authenticate(ctx context.Context) (Identity, error) {
 			return Identity{}, errBadToken
 		}
 		tok, ok := strings.CutPrefix(vals[0], "Bearer ")
+		tok = strings.TrimSpace(tok)
 		if !ok || a.tokens == nil {
 			return Identity{}, errBadToken
 		}
-		name, ok := a.tokens.Get().lookup(strings.TrimSpace(tok))
+		name, ok := a.tokens.Get().lookup(tok)
 		if !ok {
 			return Identity{}, errBadToken
 		}
@@ -111,8 +130,13 @@ func (a *Auth) authenticate(ctx context.Context) (Identity, error) {
 	}
 	if p, ok := peer.FromContext(ctx); ok {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+			leaf := ti.State.VerifiedChains[0][0]
+			if time.Now().After(leaf.NotAfter) {
+				// Verified at the handshake; a stream can outlive it.
+				return Identity{}, status.Errorf(codes.Unauthenticated, "client certificate expired at %s", leaf.NotAfter.UTC().Format(time.RFC3339))
+			}
 			if name := certName(ti); name != "" {
-				return Identity{Name: name, Via: "certificate"}, nil
+				return Identity{Name: name, Via: "certificate", until: leaf.NotAfter}, nil
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 
@@ -203,9 +204,21 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := &checkedStream{ServerStream: ss, ctx: ctx, cancel: cancel, check: func(m any) error {
-		return b.check(ctx, id, ma, info.FullMethod, m)
-	}}
+	w := &checkedStream{ServerStream: ss, ctx: ctx, cancel: cancel}
+	w.check = func(m any) error {
+		if err := b.check(ctx, id, ma, info.FullMethod, m); err != nil {
+			return err
+		}
+		if ma.needs != nil {
+			w.grant(ma.needs(m))
+		}
+		return nil
+	}
+	// Re-checked while open: a revoked credential or rule ends it
+	// (authstreams.go).
+	st := &authStream{ctx: ss.Context(), id: id, method: info.FullMethod, w: w}
+	b.authStreams.add(st)
+	defer b.authStreams.remove(st)
 	err = h(srv, w)
 	if d := w.deniedErr(); d != nil {
 		return d // the handler saw a failed receive, or its context end
@@ -215,15 +228,18 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 
 // checkedStream checks each request received; a denied one fails the
 // receive and ends the stream's context, so the handler stops whatever it
-// does, and the interceptor answers PermissionDenied.
+// does, and the interceptor answers PermissionDenied. A re-check that
+// finds the stream no longer allowed ends it the same way (end). It
+// keeps what its requests were granted, for the re-checks.
 type checkedStream struct {
 	grpc.ServerStream
 	ctx    context.Context
 	cancel context.CancelFunc
 	check  func(any) error
 
-	mu     sync.Mutex
-	denied error
+	mu      sync.Mutex
+	denied  error
+	granted []access
 }
 
 func (s *checkedStream) Context() context.Context { return s.ctx }
@@ -233,13 +249,46 @@ func (s *checkedStream) RecvMsg(m any) error {
 		return err
 	}
 	if err := s.check(m); err != nil {
-		s.mu.Lock()
-		s.denied = err
-		s.mu.Unlock()
-		s.cancel()
+		s.end(err)
 		return err
 	}
 	return nil
+}
+
+// SendMsg sends nothing once the stream was denied.
+func (s *checkedStream) SendMsg(m any) error {
+	if err := s.deniedErr(); err != nil {
+		return err
+	}
+	return s.ServerStream.SendMsg(m)
+}
+
+// end denies the stream with err (the first reason stands) and ends its
+// context.
+func (s *checkedStream) end(err error) {
+	s.mu.Lock()
+	if s.denied == nil {
+		s.denied = err
+	}
+	s.mu.Unlock()
+	s.cancel()
+}
+
+// grant records accesses a request was granted.
+func (s *checkedStream) grant(as []access) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range as {
+		if !slices.Contains(s.granted, a) {
+			s.granted = append(s.granted, a)
+		}
+	}
+}
+
+func (s *checkedStream) grantedAccess() []access {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.granted)
 }
 
 func (s *checkedStream) deniedErr() error {
