@@ -35,6 +35,11 @@ type AuthConfig struct {
 	// (see ParseTokens); empty: tokens are refused, only client
 	// certificates identify callers.
 	TokensFile string
+	// JWT configures JSON Web Tokens as bearer tokens; off without a
+	// JWKSFile. With both, a bearer token of a JWT's shape (three
+	// dot-separated parts) is checked as a JWT only, any other against
+	// the tokens file only.
+	JWT JWTConfig
 	// Logger for reloads; default discards.
 	Logger *slog.Logger
 }
@@ -50,6 +55,7 @@ type AuthConfig struct {
 type Auth struct {
 	rules  *reload.Value[*Rules]
 	tokens *reload.Value[tokenSet] // nil without a tokens file
+	jwt    *jwtVerifier            // nil without a JWKS file
 }
 
 // NewAuth reads the files of c.
@@ -69,6 +75,12 @@ func NewAuth(c AuthConfig) (*Auth, error) {
 			return nil, fmt.Errorf("broker: auth: %w", err)
 		}
 	}
+	if c.JWT.JWKSFile != "" {
+		a.jwt, err = newJWTVerifier(c.JWT, c.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("broker: auth: %w", err)
+		}
+	}
 	return a, nil
 }
 
@@ -80,6 +92,10 @@ func (a *Auth) generation() uint64 {
 	if a.tokens != nil {
 		a.tokens.Get()
 		g += a.tokens.Generation()
+	}
+	if a.jwt != nil {
+		a.jwt.keys.Get()
+		g += a.jwt.keys.Generation()
 	}
 	return g
 }
@@ -119,6 +135,13 @@ func (a *Auth) authenticate(ctx context.Context) (Identity, error) {
 		}
 		tok, ok := strings.CutPrefix(vals[0], "Bearer ")
 		tok = strings.TrimSpace(tok)
+		if ok && a.jwt != nil && looksLikeJWT(tok) {
+			name, until, err := a.jwt.verify(tok)
+			if err != nil {
+				return Identity{}, status.Error(codes.Unauthenticated, "invalid JWT: "+err.Error())
+			}
+			return Identity{Name: name, Via: "jwt", until: until}, nil
+		}
 		if !ok || a.tokens == nil {
 			return Identity{}, errBadToken
 		}
