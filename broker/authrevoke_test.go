@@ -138,7 +138,7 @@ func (w *watched) mustEnd(t *testing.T, what string, code codes.Code, want strin
 }
 
 const revokeRules = `admin   all                            *
-worker  publish,consume,lock,election  *
+worker  publish,consume,lock,election,join  *
 `
 
 // openStreams opens, as conn's caller, an at-most-once Consume of queue,
@@ -245,8 +245,9 @@ func leftInQueue(t *testing.T, ctx context.Context, admin pb.QueueClient, queue 
 
 // TestRevokedTokenEndsStreams: removing a token's line from the tokens
 // file ends the open streams of its identity, an at-most-once Consume, a
-// Lock and an Observe, with Unauthenticated naming the revocation; the
-// Consume stream takes nothing more and the lock is released.
+// Lock, an Observe, a Campaign and a JoinSync, with Unauthenticated
+// naming the revocation; the Consume stream takes nothing more, the lock
+// and the leadership are released and the member leaves its group.
 func TestRevokedTokenEndsStreams(t *testing.T) {
 	e := newAuthBroker(t, revokeRules, []string{"admin", "worker"})
 	ctx := callCtx(t)
@@ -256,17 +257,46 @@ func TestRevokedTokenEndsStreams(t *testing.T) {
 	createQueue(t, admin, &pb.CreateQueueRequest{Name: "jobs"})
 	stop := publishing(t, admin, "jobs")
 
+	createQueue(t, admin, &pb.CreateQueueRequest{Name: "crew", Kind: pb.QueueKind_QUEUE_KIND_SYNC, SyncMembers: 2})
+
 	consume, held, observe := openStreams(t, ctx, workerConn, adminConn, "jobs", "nightly", "scheduler")
+	camp, err := pb.NewElectionClient(workerConn).Campaign(ctx, &pb.CampaignRequest{Name: "mover", Value: []byte("worker")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	campaign := watch(func() error { _, err := camp.Recv(); return err })
+	js, err := pb.NewQueueClient(workerConn).JoinSync(ctx, &pb.JoinSyncRequest{Queue: "crew", MemberId: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := watch(func() error { _, err := js.Recv(); return err })
+	zktest.WaitFor(t, 30*time.Second, "the campaign to lead and the member to join", func() bool {
+		return campaign.count() > 0 && joined.count() > 0
+	})
+
 	e.dropTokenLine(t, "worker")
 	want := "token for identity worker was revoked"
 	consume.mustEnd(t, "Consume", codes.Unauthenticated, want)
 	held.mustEnd(t, "Lock", codes.Unauthenticated, want)
 	observe.mustEnd(t, "Observe", codes.Unauthenticated, want)
+	campaign.mustEnd(t, "Campaign", codes.Unauthenticated, want)
+	joined.mustEnd(t, "JoinSync", codes.Unauthenticated, want)
 	stop()
 
 	lockFree(t, ctx, adminConn, "nightly")
 	leftInQueue(t, ctx, admin, "jobs")
-	_, err := pb.NewQueueClient(workerConn).ListQueues(ctx, &pb.ListQueuesRequest{})
+	ac, err := pb.NewElectionClient(adminConn).Campaign(ctx, &pb.CampaignRequest{Name: "mover", Value: []byte("admin")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ac.Recv(); err != nil {
+		t.Fatalf("Campaign after the leader's stream ended: %v", err)
+	}
+	zktest.WaitFor(t, 30*time.Second, "the ended member to leave the group", func() bool {
+		st, err := admin.Stats(ctx, &pb.StatsRequest{Name: "crew"})
+		return err == nil && st.GetSyncJoined() == 0
+	})
+	_, err = pb.NewQueueClient(workerConn).ListQueues(ctx, &pb.ListQueuesRequest{})
 	mustCode(t, "a new call with the revoked token", err, codes.Unauthenticated)
 }
 
