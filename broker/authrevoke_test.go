@@ -340,3 +340,27 @@ func isDone(w *watched) bool {
 		return false
 	}
 }
+
+// TestExpiredCertificateEndsStreams: a stream authenticated by a client
+// certificate ends when the certificate expires, naming the expiry.
+func TestExpiredCertificateEndsStreams(t *testing.T) {
+	e := newAuthBroker(t, revokeRules, []string{"admin"})
+	ctx := callCtx(t)
+	admin := e.as(t, "admin")
+	createQueue(t, admin, &pb.CreateQueueRequest{Name: "jobs"})
+	stop := publishing(t, admin, "jobs")
+	defer stop()
+	// A certificate valid for 3s more (a slow machine may take longer to
+	// open the stream: then try again with a new one).
+	var consume *watched
+	for consume == nil {
+		cert := clientCert(t, e.ca, "worker", time.Now().Add(3*time.Second))
+		w := consumeStream(t, ctx, pb.NewQueueClient(dialTLS(t, e.tb.addr, e.roots(), &cert, "")), "jobs")
+		zktest.WaitFor(t, 30*time.Second, "a delivery or the stream's end", func() bool { return w.count() > 0 || isDone(w) })
+		if w.count() > 0 {
+			consume = w
+		}
+	}
+	consume.mustEnd(t, "Consume of an expiring certificate", codes.Unauthenticated,
+		"client certificate for identity worker is no longer valid: client certificate expired at")
+}

@@ -113,11 +113,14 @@ func (b *Broker) recheck(st *authStream) error {
 		err = status.Errorf(codes.Unauthenticated, "it now names identity %s", id.Name)
 	}
 	if err != nil {
-		what := map[string]string{"token": "token", "jwt": "JWT", "certificate": "client certificate"}[st.id.Via]
-		if st.id.Via == "token" {
+		switch st.id.Via {
+		case "token":
 			return status.Errorf(codes.Unauthenticated, "token for identity %s was revoked", st.id.Name)
+		case "jwt":
+			return status.Errorf(codes.Unauthenticated, "JWT for identity %s is no longer valid: %s", st.id.Name, status.Convert(err).Message())
+		default:
+			return status.Errorf(codes.Unauthenticated, "client certificate for identity %s is no longer valid: %s", st.id.Name, status.Convert(err).Message())
 		}
-		return status.Errorf(codes.Unauthenticated, "%s for identity %s is no longer valid: %s", what, st.id.Name, status.Convert(err).Message())
 	}
 	rules := a.rules.Get()
 	for _, g := range st.w.grantedAccess() {
