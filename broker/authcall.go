@@ -210,7 +210,9 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 			return err
 		}
 		if ma.needs != nil {
-			w.grant(ma.needs(m))
+			if as := ma.needs(m); len(as) > 0 {
+				w.grant(as)
+			}
 		}
 		return nil
 	}
