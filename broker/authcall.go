@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -209,10 +210,8 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		if err := b.check(ctx, id, ma, info.FullMethod, m); err != nil {
 			return err
 		}
-		if ma.needs != nil {
-			if as := ma.needs(m); len(as) > 0 {
-				w.grant(as)
-			}
+		if ma.needs != nil && !w.recorded.Load() {
+			w.grant(ma.needs(m))
 		}
 		return nil
 	}
@@ -232,16 +231,19 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 // receive and ends the stream's context, so the handler stops whatever it
 // does, and the interceptor answers PermissionDenied. A re-check that
 // finds the stream no longer allowed ends it the same way (end). It
-// keeps what its requests were granted, for the re-checks.
+// keeps what its first request was granted, for the re-checks: that
+// request opens what the stream holds (a Consume subscription, a lock, a
+// campaign, ...); later ones (settlements) are checked as they come.
 type checkedStream struct {
 	grpc.ServerStream
 	ctx    context.Context
 	cancel context.CancelFunc
 	check  func(any) error
 
-	mu      sync.Mutex
-	denied  error
-	granted []access
+	mu       sync.Mutex
+	denied   error
+	granted  []access
+	recorded atomic.Bool // granted holds the first request's
 }
 
 func (s *checkedStream) Context() context.Context { return s.ctx }
@@ -276,14 +278,13 @@ func (s *checkedStream) end(err error) {
 	s.cancel()
 }
 
-// grant records accesses a request was granted.
+// grant records the accesses the first request was granted.
 func (s *checkedStream) grant(as []access) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, a := range as {
-		if !slices.Contains(s.granted, a) {
-			s.granted = append(s.granted, a)
-		}
+	if !s.recorded.Load() {
+		s.granted = as
+		s.recorded.Store(true)
 	}
 }
 
