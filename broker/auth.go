@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -34,19 +35,27 @@ type AuthConfig struct {
 	// (see ParseTokens); empty: tokens are refused, only client
 	// certificates identify callers.
 	TokensFile string
+	// JWT configures JSON Web Tokens as bearer tokens; off without a
+	// JWKSFile. With both, a bearer token of a JWT's shape (three
+	// dot-separated parts) is checked as a JWT only, any other against
+	// the tokens file only.
+	JWT JWTConfig
 	// Logger for reloads; default discards.
 	Logger *slog.Logger
 }
 
 // Auth authenticates calls, by a client certificate verified by the TLS
-// handshake or a bearer token, and authorizes them against rules. Both
-// files are re-read when they change (at most once a second, on use); a
-// version that does not parse is logged and the previous one kept.
+// handshake or a bearer token (of the tokens file, or a JWT), and
+// authorizes them against rules. Its files are re-read when they change
+// (at most once a second, on use); a version that does not parse is
+// logged and the previous one kept. A broker re-checks its open streams
+// against every new version (authstreams.go).
 //
 // An Auth is safe for concurrent use.
 type Auth struct {
 	rules  *reload.Value[*Rules]
 	tokens *reload.Value[tokenSet] // nil without a tokens file
+	jwt    *jwtVerifier            // nil without a JWKS file
 }
 
 // NewAuth reads the files of c.
@@ -66,15 +75,40 @@ func NewAuth(c AuthConfig) (*Auth, error) {
 			return nil, fmt.Errorf("broker: auth: %w", err)
 		}
 	}
+	if c.JWT.JWKSFile != "" {
+		a.jwt, err = newJWTVerifier(c.JWT, c.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("broker: auth: %w", err)
+		}
+	}
 	return a, nil
 }
 
-// Identity is an authenticated caller: the name of its token, or its
-// client certificate's subject common name (or, without one, its first
-// URI, DNS or e-mail subject alternative name).
+// generation looks at the files (as a call would) and returns a number
+// that changes whenever one of them was reloaded.
+func (a *Auth) generation() uint64 {
+	a.rules.Get()
+	g := a.rules.Generation()
+	if a.tokens != nil {
+		a.tokens.Get()
+		g += a.tokens.Generation()
+	}
+	if a.jwt != nil {
+		a.jwt.keys.Get()
+		g += a.jwt.keys.Generation()
+	}
+	return g
+}
+
+// Identity is an authenticated caller: the name of its token, the
+// identity claim of its JWT, or its client certificate's subject common
+// name (or, without one, its first URI, DNS or e-mail subject alternative
+// name).
 type Identity struct {
 	Name string
-	Via  string // "token" or "certificate"
+	Via  string // "token", "jwt" or "certificate"
+
+	until time.Time // when its credential expires (JWT, certificate); zero: never
 }
 
 type identityKey struct{}
@@ -100,10 +134,18 @@ func (a *Auth) authenticate(ctx context.Context) (Identity, error) {
 			return Identity{}, errBadToken
 		}
 		tok, ok := strings.CutPrefix(vals[0], "Bearer ")
+		tok = strings.TrimSpace(tok)
+		if ok && a.jwt != nil && looksLikeJWT(tok) {
+			name, until, err := a.jwt.verify(tok)
+			if err != nil {
+				return Identity{}, status.Error(codes.Unauthenticated, "invalid JWT: "+err.Error())
+			}
+			return Identity{Name: name, Via: "jwt", until: until}, nil
+		}
 		if !ok || a.tokens == nil {
 			return Identity{}, errBadToken
 		}
-		name, ok := a.tokens.Get().lookup(strings.TrimSpace(tok))
+		name, ok := a.tokens.Get().lookup(tok)
 		if !ok {
 			return Identity{}, errBadToken
 		}
@@ -111,8 +153,13 @@ func (a *Auth) authenticate(ctx context.Context) (Identity, error) {
 	}
 	if p, ok := peer.FromContext(ctx); ok {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+			leaf := ti.State.VerifiedChains[0][0]
+			if time.Now().After(leaf.NotAfter) {
+				// Verified at the handshake; a stream can outlive it.
+				return Identity{}, status.Errorf(codes.Unauthenticated, "client certificate expired at %s", leaf.NotAfter.UTC().Format(time.RFC3339))
+			}
 			if name := certName(ti); name != "" {
-				return Identity{Name: name, Via: "certificate"}, nil
+				return Identity{Name: name, Via: "certificate", until: leaf.NotAfter}, nil
 			}
 		}
 	}

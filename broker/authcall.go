@@ -2,8 +2,10 @@ package broker
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -206,13 +208,22 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	w := &checkedStream{ServerStream: ss, ctx: ctx, cancel: cancel, check: func(m any) error {
-		err := b.check(ctx, id, ma, info.FullMethod, m)
-		if err != nil {
+	w := &checkedStream{ServerStream: ss, ctx: ctx, cancel: cancel}
+	w.check = func(m any) error {
+		if err := b.check(ctx, id, ma, info.FullMethod, m); err != nil {
 			b.audit(ctx, info.FullMethod, m, id, err)
+			return err
 		}
-		return err
-	}}
+		if ma.needs != nil && !w.recorded.Load() {
+			w.grant(ma.needs(m))
+		}
+		return nil
+	}
+	// Re-checked while open: a revoked credential or rule ends it
+	// (authstreams.go).
+	st := &authStream{ctx: ss.Context(), id: id, method: info.FullMethod, w: w}
+	b.authStreams.add(st)
+	defer b.authStreams.remove(st)
 	err = h(srv, w)
 	if d := w.deniedErr(); d != nil {
 		return d // the handler saw a failed receive, or its context end
@@ -222,15 +233,21 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 
 // checkedStream checks each request received; a denied one fails the
 // receive and ends the stream's context, so the handler stops whatever it
-// does, and the interceptor answers PermissionDenied.
+// does, and the interceptor answers PermissionDenied. A re-check that
+// finds the stream no longer allowed ends it the same way (end). It
+// keeps what its first request was granted, for the re-checks: that
+// request opens what the stream holds (a Consume subscription, a lock, a
+// campaign, ...); later ones (settlements) are checked as they come.
 type checkedStream struct {
 	grpc.ServerStream
 	ctx    context.Context
 	cancel context.CancelFunc
 	check  func(any) error
 
-	mu     sync.Mutex
-	denied error
+	mu       sync.Mutex
+	denied   error
+	granted  []access
+	recorded atomic.Bool // granted holds the first request's
 }
 
 func (s *checkedStream) Context() context.Context { return s.ctx }
@@ -240,13 +257,45 @@ func (s *checkedStream) RecvMsg(m any) error {
 		return err
 	}
 	if err := s.check(m); err != nil {
-		s.mu.Lock()
-		s.denied = err
-		s.mu.Unlock()
-		s.cancel()
+		s.end(err)
 		return err
 	}
 	return nil
+}
+
+// SendMsg sends nothing once the stream was denied.
+func (s *checkedStream) SendMsg(m any) error {
+	if err := s.deniedErr(); err != nil {
+		return err
+	}
+	return s.ServerStream.SendMsg(m)
+}
+
+// end denies the stream with err (the first reason stands) and ends its
+// context.
+func (s *checkedStream) end(err error) {
+	s.mu.Lock()
+	if s.denied == nil {
+		s.denied = err
+	}
+	s.mu.Unlock()
+	s.cancel()
+}
+
+// grant records the accesses the first request was granted.
+func (s *checkedStream) grant(as []access) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.recorded.Load() {
+		s.granted = as
+		s.recorded.Store(true)
+	}
+}
+
+func (s *checkedStream) grantedAccess() []access {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.granted)
 }
 
 func (s *checkedStream) deniedErr() error {

@@ -403,7 +403,8 @@ type Broker struct {
 
 	coord coordState // the Election and Lock services' local state (coord.go)
 
-	clients clientUse // streams and connections per client (clients.go)
+	clients     clientUse   // streams and connections per client (clients.go)
+	authStreams authStreams // open streams, re-checked when auth files change (authstreams.go)
 
 	listenersMu sync.Mutex
 	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
@@ -457,6 +458,10 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	go b.runSessionWatch()
 	go b.runMembership()
 	go b.runStats()
+	if cfg.Auth != nil {
+		b.wg.Add(1)
+		go b.runAuthWatch()
+	}
 	b.log.Info("broker started", "zookeeper", cfg.ZooKeeper, "root", cfg.Root,
 		"max_streams", cfg.MaxStreams, "max_streams_per_identity", cfg.MaxStreamsPerIdentity,
 		"max_conns", cfg.MaxConns, "max_conns_per_identity", cfg.MaxConnsPerIdentity, "max_conns_per_ip", cfg.MaxConnsPerIP)

@@ -122,17 +122,21 @@
 // # Authentication and authorization
 //
 // With Config.Auth (NewAuth) every call but health checks must
-// authenticate, by a client certificate the TLS handshake verified or a
-// bearer token whose SHA-256 is in the tokens file, and is checked against
+// authenticate, by a client certificate the TLS handshake verified, a
+// bearer token whose SHA-256 is in the tokens file or a JWT signed by a
+// key of the JWKS file (JWTConfig, jwt.go), and is checked against
 // the rules file (ParseRules): each method maps to an action on a queue,
 // lock or election name (authcall.go's methodAuths; a method missing there
 // is denied). Streams are checked per request received, so a Consume
-// stream's settlements need consume on their tokens' queues too. Lock and
-// Campaign record the caller's identity in their node; a call by key on
-// another identity's node needs lock.admin or election.admin (coord.go).
-// Changes (queue creation, deletion, purge, redrive, JoinSync, Unlock,
-// Revoke, Resign, Proclaim) and refused calls are logged at info
-// ("audit", audit.go) with the identity, with or without Auth.
+// stream's settlements need consume on their tokens' queues too, and again
+// while open (authstreams.go): when one of the files is reloaded, and when
+// the stream's JWT or certificate expires, a stream no longer allowed ends
+// with Unauthenticated or PermissionDenied, naming why. Lock and Campaign
+// record the caller's identity in their node; a call by key on another
+// identity's node needs lock.admin or election.admin (coord.go). Changes
+// (queue creation, deletion, purge, redrive, JoinSync, Unlock, Revoke,
+// Resign, Proclaim) and refused calls are logged at info ("audit",
+// audit.go) with the identity, with or without Auth.
 //
 // A Broker is safe for concurrent use.
 package broker

@@ -43,9 +43,10 @@ type options struct {
 	waitReady   bool
 	minBackoff  time.Duration
 	maxBackoff  time.Duration
-	tls         *tls.Config // nil: no TLS (security.go)
-	token       string      // bearer token; needs tls
-	optErr      error       // an option that failed (WithTLSFiles)
+	tls         *tls.Config                           // nil: no TLS (security.go)
+	token       string                                // bearer token; needs tls
+	tokenSource func(context.Context) (string, error) // or this; needs tls
+	optErr      error                                 // an option that failed (WithTLSFiles)
 
 	publishRetries int  // dedup.go
 	autoDedup      bool // WithPublishRetries: generate missing dedup ids

@@ -80,7 +80,10 @@
 //
 // WithTLS or WithTLSFiles dial over TLS (a client certificate for mutual
 // TLS is re-read when its files change); WithToken sends a bearer token
-// with every call, over TLS only.
+// (of the brokers' tokens file, or a JWT) with every call, over TLS only;
+// WithTokenSource sends one that changes, such as a JWT refreshed before
+// it expires. A stream whose token is revoked or expires is ended by the
+// broker with ErrUnauthenticated.
 //
 // # Goroutines
 //

@@ -6,7 +6,9 @@ import (
 	"errors"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/qbroker/qbroker/internal/tlsutil"
 )
@@ -46,17 +48,33 @@ func WithTLSFiles(f TLSFiles) Option {
 }
 
 // WithToken sends token as a bearer token ("authorization: Bearer
-// <token>") with every call. It needs TLS (WithTLS or WithTLSFiles): a
-// token sent in the clear could be replayed by anyone who saw it.
+// <token>") with every call: a token of the brokers' tokens file, or a
+// JWT. It needs TLS (WithTLS or WithTLSFiles): a token sent in the clear
+// could be replayed by anyone who saw it.
 func WithToken(token string) Option {
-	return func(o *options) { o.token = token }
+	return func(o *options) { o.token, o.tokenSource = token, nil }
 }
 
-// bearer is a token as gRPC per-call credentials.
-type bearer string
+// WithTokenSource is WithToken with a token that changes, such as a JWT
+// of an identity provider: source is called for each call and each
+// stream as it opens (it should return a cached token, and a fresh one
+// before that expires). An error fails the call with ErrUnauthenticated.
+// A stream keeps the token it opened with, and the broker ends it
+// (ErrUnauthenticated) when that token expires or is revoked: open it
+// again to go on with the current token. Needs TLS, as WithToken does.
+func WithTokenSource(source func(ctx context.Context) (string, error)) Option {
+	return func(o *options) { o.token, o.tokenSource = "", source }
+}
 
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+// bearer is a token source as gRPC per-call credentials.
+type bearer func(ctx context.Context) (string, error)
+
+func (b bearer) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
+	tok, err := b(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unauthenticated, "token source: %v", err)
+	}
+	return map[string]string{"authorization": "Bearer " + tok}, nil
 }
 
 func (bearer) RequireTransportSecurity() bool { return true }
@@ -67,11 +85,16 @@ func (o *options) securityOptions() ([]grpc.DialOption, error) {
 	if o.tls != nil {
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(o.tls)))
 	}
+	src := o.tokenSource
 	if o.token != "" {
+		tok := o.token
+		src = func(context.Context) (string, error) { return tok, nil }
+	}
+	if src != nil {
 		if o.tls == nil {
 			return nil, errors.New("a bearer token needs TLS (WithTLS or WithTLSFiles)")
 		}
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer(o.token)))
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(src)))
 	}
 	return opts, nil
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/qbroker/qbroker/broker"
 	qbroker "github.com/qbroker/qbroker/clients/go"
@@ -24,6 +25,7 @@ type securityOptions struct {
 	clientCA          string
 	requireClientCert bool
 	rules, tokens     string
+	jwt               jwtOptions
 	metricsTLS        bool
 	insecure          bool
 }
@@ -35,6 +37,7 @@ func (s *securityOptions) define(fs *flag.FlagSet, e *envDefaults) {
 	fs.BoolVar(&s.requireClientCert, "tls-require-client-cert", e.bool("TLS_REQUIRE_CLIENT_CERT", false), "refuse connections without a client certificate signed by --tls-client-ca (mutual TLS) ($QBROKER_TLS_REQUIRE_CLIENT_CERT)")
 	fs.StringVar(&s.rules, "auth-rules", env("AUTH_RULES", ""), "turn authentication on: every call needs a client certificate or a bearer token, and this rules file says what each identity may do; all else is denied ($QBROKER_AUTH_RULES)")
 	fs.StringVar(&s.tokens, "auth-tokens", env("AUTH_TOKENS", ""), "bearer tokens file: '<identity> sha256:<hex>' lines, made by 'qbroker token' ($QBROKER_AUTH_TOKENS)")
+	s.jwt.define(fs, e)
 	fs.BoolVar(&s.metricsTLS, "metrics-tls", e.bool("METRICS_TLS", false), "serve --metrics-listen (metrics, health, pprof) over HTTPS with the gRPC certificate and client CA ($QBROKER_METRICS_TLS)")
 	fs.BoolVar(&s.insecure, "insecure", e.bool("INSECURE", false), "allow listening beyond loopback without TLS and authentication, and ZooKeeper nodes open to anyone without --zk-auth-file (a warning is logged at every start) ($QBROKER_INSECURE)")
 }
@@ -54,9 +57,10 @@ func (s *securityOptions) validate(listen, metricsListen string) []error {
 	if s.tokens != "" && s.rules == "" {
 		errs = append(errs, errors.New("--auth-tokens needs --auth-rules (with authentication on, what no rule allows is denied)"))
 	}
-	if s.rules != "" && s.tokens == "" && s.clientCA == "" {
-		errs = append(errs, errors.New("--auth-rules needs --auth-tokens or --tls-client-ca: otherwise no caller could authenticate"))
+	if s.rules != "" && s.tokens == "" && s.jwt.jwks == "" && s.clientCA == "" {
+		errs = append(errs, errors.New("--auth-rules needs --auth-tokens, --jwt-jwks or --tls-client-ca: otherwise no caller could authenticate"))
 	}
+	errs = append(errs, s.jwt.validate(s.rules)...)
 	if s.rules != "" && s.tlsCert == "" {
 		errs = append(errs, errors.New("--auth-rules needs --tls-cert and --tls-key: tokens and identities are worthless in the clear"))
 	}
@@ -73,6 +77,51 @@ func (s *securityOptions) validate(listen, metricsListen string) []error {
 		errs = append(errs, fmt.Errorf("--metrics-listen %s is not a loopback address: serving it needs --metrics-tls (or --insecure)", metricsListen))
 	}
 	return errs
+}
+
+// jwtOptions are serve's JSON Web Token flags.
+type jwtOptions struct {
+	jwks, issuer, audience string
+	algorithms, claim      string
+	leeway                 time.Duration
+}
+
+func (j *jwtOptions) define(fs *flag.FlagSet, e *envDefaults) {
+	fs.StringVar(&j.jwks, "jwt-jwks", env("JWT_JWKS", ""), "accept JWT bearer tokens signed by the keys of this JWKS file (re-read when it changes); needs --auth-rules, --jwt-issuer and --jwt-audience ($QBROKER_JWT_JWKS)")
+	fs.StringVar(&j.issuer, "jwt-issuer", env("JWT_ISSUER", ""), "the iss every JWT must carry ($QBROKER_JWT_ISSUER)")
+	fs.StringVar(&j.audience, "jwt-audience", env("JWT_AUDIENCE", ""), "a value every JWT's aud must hold ($QBROKER_JWT_AUDIENCE)")
+	fs.StringVar(&j.algorithms, "jwt-algorithms", env("JWT_ALGORITHMS", strings.Join(broker.DefaultJWTAlgorithms, ",")), "JWT signing algorithms accepted, comma-separated; never none; HS256/384/512 only when listed, with an oct key in the JWKS file ($QBROKER_JWT_ALGORITHMS)")
+	fs.StringVar(&j.claim, "jwt-identity-claim", env("JWT_IDENTITY_CLAIM", "sub"), "the JWT claim naming the caller, the identity the rules name ($QBROKER_JWT_IDENTITY_CLAIM)")
+	fs.DurationVar(&j.leeway, "jwt-leeway", e.dur("JWT_LEEWAY", broker.DefaultJWTLeeway), "clock skew allowed when checking a JWT's exp, nbf and iat, at most 5m ($QBROKER_JWT_LEEWAY)")
+}
+
+func (j *jwtOptions) validate(rules string) []error {
+	if j.jwks == "" {
+		return nil
+	}
+	var errs []error
+	if rules == "" {
+		errs = append(errs, errors.New("--jwt-jwks needs --auth-rules (with authentication on, what no rule allows is denied)"))
+	}
+	if j.issuer == "" || j.audience == "" {
+		errs = append(errs, errors.New("--jwt-jwks needs --jwt-issuer and --jwt-audience: tokens the same provider issues for other services must not pass"))
+	}
+	return errs
+}
+
+// config is the broker's JWTConfig; off without --jwt-jwks.
+func (j *jwtOptions) config() broker.JWTConfig {
+	if j.jwks == "" {
+		return broker.JWTConfig{}
+	}
+	var algs []string
+	for _, a := range strings.Split(j.algorithms, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			algs = append(algs, a)
+		}
+	}
+	return broker.JWTConfig{JWKSFile: j.jwks, Issuer: j.issuer, Audience: j.audience, Algorithms: algs,
+		IdentityClaim: j.claim, Leeway: j.leeway}
 }
 
 // isLoopback reports whether a listen address host:port stays on this
@@ -104,7 +153,7 @@ func (s *securityOptions) auth(log *slog.Logger) (*broker.Auth, error) {
 	if s.rules == "" {
 		return nil, nil
 	}
-	return broker.NewAuth(broker.AuthConfig{RulesFile: s.rules, TokensFile: s.tokens, Logger: log})
+	return broker.NewAuth(broker.AuthConfig{RulesFile: s.rules, TokensFile: s.tokens, JWT: s.jwt.config(), Logger: log})
 }
 
 // logExposure warns, at every start, about what is served unprotected.

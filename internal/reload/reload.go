@@ -27,11 +27,18 @@ type Value[T any] struct {
 	interval time.Duration
 	log      *slog.Logger
 
-	cur     atomic.Pointer[T]
+	cur     atomic.Pointer[version[T]]
 	checked atomic.Int64 // unix nanoseconds of the last look at the files
 
 	mu     sync.Mutex // held by the one caller checking the files
 	stamps []stamp    // of the files the current value (or the last failure) was built from
+}
+
+// version is a value and its generation: the number of values built
+// until it, 1 for New's.
+type version[T any] struct {
+	v   T
+	gen uint64
 }
 
 // stamp identifies one version of a file.
@@ -68,7 +75,7 @@ func New[T any](build func() (T, error), interval time.Duration, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	v.cur.Store(&t)
+	v.cur.Store(&version[T]{v: t, gen: 1})
 	v.checked.Store(time.Now().UnixNano())
 	return v, nil
 }
@@ -84,13 +91,25 @@ func (v *Value[T]) look() []stamp {
 // Get returns the current value, rebuilding it first when the interval
 // has passed since the last look and a file changed.
 func (v *Value[T]) Get() T {
+	t, _ := v.GetVersion()
+	return t
+}
+
+// GetVersion is Get, with the value's generation (see Generation).
+func (v *Value[T]) GetVersion() (T, uint64) {
 	now := time.Now().UnixNano()
 	if now-v.checked.Load() >= int64(v.interval) && v.mu.TryLock() {
 		v.refresh(now)
 		v.mu.Unlock()
 	}
-	return *v.cur.Load()
+	c := v.cur.Load()
+	return c.v, c.gen
 }
+
+// Generation counts the values built so far (1 after New): it grows with
+// every reload that succeeded, so a caller that remembers it learns that
+// the value changed. It does not look at the files; Get does.
+func (v *Value[T]) Generation() uint64 { return v.cur.Load().gen }
 
 // refresh rebuilds the value if a file changed; the caller holds mu.
 func (v *Value[T]) refresh(now int64) {
@@ -111,6 +130,6 @@ func (v *Value[T]) refresh(now int64) {
 		v.log.Warn("reload failed: keeping the previous version", "files", v.paths, "err", err)
 		return
 	}
-	v.cur.Store(&t)
+	v.cur.Store(&version[T]{v: t, gen: v.cur.Load().gen + 1}) // under mu: the only writer
 	v.log.Info("reloaded", "files", v.paths)
 }

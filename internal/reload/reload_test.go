@@ -48,8 +48,16 @@ func TestValueFollowsFile(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	gen := func(want uint64) {
+		t.Helper()
+		if got := v.Generation(); got != want {
+			t.Fatalf("Generation: got %d, want %d", got, want)
+		}
+	}
+	gen(1)
 	write("two, longer")
 	waitFor("two, longer")
+	gen(2)
 	write("bad!")
 	// The bad version is read (its stamp recorded) and refused: the value
 	// stays; then a good version replaces it.
@@ -68,8 +76,10 @@ func TestValueFollowsFile(t *testing.T) {
 	if got := v.Get(); got != "two, longer" {
 		t.Fatalf("after a bad version: got %q, want the previous value", got)
 	}
+	gen(2)
 	write("three")
 	waitFor("three")
+	gen(3)
 	if err := os.Remove(p); err != nil {
 		t.Fatal(err)
 	}
