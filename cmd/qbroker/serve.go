@@ -423,11 +423,12 @@ func (o *serveOptions) startBroker(ctx context.Context, log *slog.Logger, reg pr
 // metricsServer is the HTTP server of --metrics-listen (over TLS with
 // --metrics-tls).
 func (o *serveOptions) metricsServer(reg *prometheus.Registry, b *broker.Broker, log *slog.Logger, tlsCfg *tls.Config) (*http.Server, error) {
-	h, err := o.metricsHandler(reg, b, log)
+	h, closeHandler, err := o.metricsHandler(reg, b, log)
 	if err != nil {
 		return nil, err
 	}
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second} // serves the listener bound at start
+	hs.RegisterOnShutdown(closeHandler)
 	if o.security.metricsTLS {
 		hs.TLSConfig = tlsCfg.Clone()
 	}
@@ -493,24 +494,27 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 // metricsHandler serves /metrics from reg, /healthz from b, with
 // --console the web console at /console/ (and / leads there) and, with
 // --pprof, the Go profiles at /debug/pprof/; with authentication on,
-// /metrics and the profiles need an identity (see httpAuth).
-func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker, log *slog.Logger) (http.Handler, error) {
+// /metrics and the profiles need an identity (see httpAuth). The returned
+// func stops what the handler runs (the console's rate sampler).
+func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker, log *slog.Logger) (http.Handler, func(), error) {
 	mux := http.NewServeMux()
+	closeHandler := func() {}
 	auth := httpAuth{b: b}
 	mux.Handle("/metrics", auth.metrics(reg))
 	mux.Handle("/healthz", b.HealthHandler())
 	if o.console {
 		c, err := console.New(console.Config{Broker: b, Gatherer: reg, Logger: log, Hosts: o.consoleHosts.names, Listen: o.metricsListen})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		closeHandler = c.Close
 		mux.Handle(console.Prefix, c.Handler())
 		mux.Handle("GET /{$}", http.RedirectHandler(console.Prefix, http.StatusFound))
 	}
 	if o.pprof {
 		auth.pprof(mux)
 	}
-	return mux, nil
+	return mux, closeHandler, nil
 }
 
 // budgetBytes turns --zk-data-budget (MiB, 0 none) into

@@ -24,8 +24,8 @@
 // too. Purge and delete also need the queue's name typed into the form.
 //
 // The rates of the queues page are sampled by a goroutine while the pages
-// are viewed (rates.go); Close stops it, and so does the Shutdown of an
-// http.Server that served the console.
+// are viewed (rates.go); it stops on its own a while after the last view,
+// and Close stops it.
 //
 // A Console is safe for concurrent use.
 package console
@@ -46,7 +46,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,9 +93,6 @@ type Console struct {
 	hosts hosts
 	key   []byte // per-process random key of the form tokens
 	rates *rates // nil without a Gatherer
-
-	mu      sync.Mutex
-	servers map[*http.Server]bool // those whose Shutdown stops the rates' sampler
 }
 
 // sessionCookie carries the browser session's random id, whose HMAC is
@@ -119,8 +115,7 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, log: cfg.Logger, pages: map[string]*template.Template{}, hosts: hs, key: make([]byte, 32),
-		servers: map[*http.Server]bool{}}
+	c := &Console{cfg: cfg, log: cfg.Logger, pages: map[string]*template.Template{}, hosts: hs, key: make([]byte, 32)}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -143,30 +138,11 @@ func New(cfg Config) (*Console, error) {
 
 // Close stops the sampling of rates and waits for it. A console whose
 // pages nobody views stops sampling on its own (rateIdle after the last
-// view), and so does one whose http.Server shuts down.
+// view).
 func (c *Console) Close() {
 	if c.rates != nil {
 		c.rates.close()
 	}
-}
-
-// ownedBy makes every http.Server that serves h stop the rates'
-// sampler on its Shutdown.
-func (c *Console) ownedBy(h http.Handler) http.Handler {
-	if c.rates == nil {
-		return h
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if srv, ok := r.Context().Value(http.ServerContextKey).(*http.Server); ok {
-			c.mu.Lock()
-			if !c.servers[srv] {
-				c.servers[srv] = true
-				srv.RegisterOnShutdown(c.rates.halt)
-			}
-			c.mu.Unlock()
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 // Handler serves the console under Prefix.
@@ -182,7 +158,7 @@ func (c *Console) Handler() http.Handler {
 	mux.HandleFunc("POST "+Prefix+"queues/{name}/purge", c.action(c.purge))
 	mux.HandleFunc("POST "+Prefix+"queues/{name}/delete", c.action(c.deleteQueue))
 	mux.HandleFunc("GET "+Prefix+"brokers", c.brokersPage)
-	return c.ownedBy(secureHeaders(c.hosts.check(mux)))
+	return secureHeaders(c.hosts.check(mux))
 }
 
 // secureHeaders keeps the pages out of caches and frames, and lets them
