@@ -74,21 +74,22 @@ func TestBatchLimitStatesOverhead(t *testing.T) {
 	}
 }
 
-// Bad limit and duration settings fail New with the value named.
+// Bad limit and duration settings fail New with the value named, and the
+// setting by its flag.
 func TestConfigValidation(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		mod  func(*broker.Config)
 		want string
 	}{
-		{"negative sweep", func(c *broker.Config) { c.SweepInterval = -time.Second }, "SweepInterval -1s"},
-		{"negative session timeout", func(c *broker.Config) { c.SessionTimeout = -time.Second }, "SessionTimeout -1s"},
-		{"negative visibility", func(c *broker.Config) { c.DefaultVisibility = -time.Second }, "DefaultVisibility -1s"},
-		{"visibility too long", func(c *broker.Config) { c.DefaultVisibility = 13 * time.Hour }, "DefaultVisibility 13h0m0s"},
-		{"negative stats interval", func(c *broker.Config) { c.StatsInterval = -time.Second }, "StatsInterval -1s"},
+		{"negative sweep", func(c *broker.Config) { c.SweepInterval = -time.Second }, "sweep interval (--sweep-interval) -1s"},
+		{"negative session timeout", func(c *broker.Config) { c.SessionTimeout = -time.Second }, "session timeout (--session-timeout) -1s"},
+		{"negative visibility", func(c *broker.Config) { c.DefaultVisibility = -time.Second }, "default visibility timeout (--visibility-timeout) -1s"},
+		{"visibility too long", func(c *broker.Config) { c.DefaultVisibility = 13 * time.Hour }, "default visibility timeout 13h0m0s out of range [100ms, 12h0m0s] (--visibility-timeout)"},
+		{"negative stats interval", func(c *broker.Config) { c.StatsInterval = -time.Second }, "stats interval -1s"},
 		{"negative payload", func(c *broker.Config) { c.MaxPayload = -1 }, "max payload -1"},
 		{"payload too large", func(c *broker.Config) { c.MaxPayload = zkqueue.HardMaxPayload + 1 }, strconv.Itoa(zkqueue.HardMaxPayload + 1)},
-		{"batch below payload", func(c *broker.Config) { c.MaxPayload = 4096; c.MaxBatchBytes = 1024 }, "MaxBatchBytes 1024 < MaxPayload 4096"},
+		{"batch below payload", func(c *broker.Config) { c.MaxPayload = 4096; c.MaxBatchBytes = 1024 }, "--max-batch-bytes 1024 < --max-payload 4096"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t)}

@@ -140,6 +140,12 @@ func (cf *clientFlags) dial(ctx context.Context) (*qbroker.Client, error) {
 	if cf.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: want a positive duration", cf.timeout)
 	}
+	if cf.sec.tokenFile != "" || os.Getenv("QBROKER_TOKEN") != "" {
+		if !cf.sec.tls && cf.sec.ca == "" && cf.sec.cert == "" {
+			// Said here in flags: the client library's error names its options.
+			return nil, usagef("a bearer token (--token-file or $QBROKER_TOKEN) needs TLS: give --tls-ca (or --tls); a token sent in the clear could be replayed by anyone who saw it")
+		}
+	}
 	opts, err := cf.sec.options()
 	if err != nil {
 		return nil, err
