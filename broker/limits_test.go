@@ -3,6 +3,8 @@ package broker_test
 import (
 	"bytes"
 	"context"
+	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -112,5 +114,32 @@ func TestConfigValidation(t *testing.T) {
 	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "q"})
 	if _, err := b.client.Publish(context.Background(), &pb.PublishRequest{Queue: "q", Messages: []*pb.OutMessage{{Payload: make([]byte, 1000<<10)}}}); err != nil {
 		t.Fatalf("publish of 1000 KiB with MaxPayload 1000 KiB: %v", err)
+	}
+}
+
+// The per-message batch overhead the API and the README state is the one
+// the broker counts for a queue under the default root.
+func TestBatchOverheadDocumented(t *testing.T) {
+	const name = "q"
+	q, err := zkqueue.New(zktest.Conn(t), "/qbroker/queues/"+name+"/items", zkqueue.WithPublisher("broker-1"), zkqueue.WithoutCreate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strconv.Itoa(q.MessageOverhead() - len(name))
+	for _, doc := range []struct{ file, pattern string }{
+		{"../api/queue.proto", `overhead of (\d+) bytes plus the queue name's length`},
+		{"../README.md", `counts its payload plus (\d+) bytes plus its queue name's length`},
+		{"../api/queuepb/queue.pb.go", `overhead of (\d+) bytes plus the queue name's length`},
+	} {
+		text, err := os.ReadFile(doc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(doc.pattern).FindStringSubmatch(strings.Join(strings.Fields(strings.ReplaceAll(string(text), "//", "")), " "))
+		if m == nil {
+			t.Errorf("%s does not state the per-message overhead (%s)", doc.file, doc.pattern)
+		} else if m[1] != want {
+			t.Errorf("%s states a per-message overhead of %s bytes, the broker counts %s", doc.file, m[1], want)
+		}
 	}
 }
