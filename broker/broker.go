@@ -429,6 +429,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	}
 	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
 	b.zkmem = newZKMemory(cfg.ZooKeeper, cfg.ZKDataBudget, b.log, b.metrics.zkData.Set)
+	b.metrics.zkBudget.Set(float64(max(cfg.ZKDataBudget, 0)))
 	b.wg.Add(5)
 	go func() { defer b.wg.Done(); b.keeper.Run(b.ctx) }()
 	go func() { defer b.wg.Done(); b.zkmem.run(b.ctx) }()
