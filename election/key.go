@@ -7,6 +7,8 @@ import (
 	"path"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/errfmt"
 )
 
 // ErrNoCandidate: ProclaimKey or ResignKey named a candidate node that is
@@ -35,24 +37,24 @@ func ProclaimKey(ctx context.Context, conn *zk.Conn, key string, value []byte) e
 	children, _, err := conn.Children(dir)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
-		return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+		return errfmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
 	case err != nil:
-		return fmt.Errorf("election: proclaim: children %s: %w", dir, err)
+		return errfmt.Errorf("election: proclaim: children %s: %w", dir, err)
 	}
 	first := lowest(children)
 	if first != name {
 		for _, c := range children {
 			if c == name {
-				return fmt.Errorf("election: proclaim %s: %w", key, ErrNotLeader)
+				return errfmt.Errorf("election: proclaim %s: %w", key, ErrNotLeader)
 			}
 		}
-		return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+		return errfmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
 	}
 	if _, err := conn.Set(key, value, -1); err != nil {
 		if errors.Is(err, zk.ErrNoNode) {
-			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+			return errfmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
 		}
-		return fmt.Errorf("election: proclaim %s: %w", key, err)
+		return errfmt.Errorf("election: proclaim %s: %w", key, err)
 	}
 	return nil
 }
@@ -71,9 +73,9 @@ func ResignKey(ctx context.Context, conn *zk.Conn, key string) error {
 	}
 	if err := conn.Delete(key, -1); err != nil {
 		if errors.Is(err, zk.ErrNoNode) {
-			return fmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
+			return errfmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
 		}
-		return fmt.Errorf("election: resign %s: %w", key, err)
+		return errfmt.Errorf("election: resign %s: %w", key, err)
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"path"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/errfmt"
 )
 
 // Holder describes a holder of a lock.
@@ -53,13 +55,13 @@ func Holders(ctx context.Context, conn *zk.Conn, p string) ([]Holder, error) {
 		children, _, err := conn.Children(p)
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
-			return nil, fmt.Errorf("lock: %s: %w", p, ErrNotHeld)
+			return nil, errfmt.Errorf("lock: %s: %w", p, ErrNotHeld)
 		case err != nil:
-			return nil, fmt.Errorf("lock: children %s: %w", p, err)
+			return nil, errfmt.Errorf("lock: children %s: %w", p, err)
 		}
 		nodes := holders(parseAll(children))
 		if len(nodes) == 0 {
-			return nil, fmt.Errorf("lock: %s: %w", p, ErrNotHeld)
+			return nil, errfmt.Errorf("lock: %s: %w", p, ErrNotHeld)
 		}
 		out, err := readHolders(conn, p, nodes)
 		if errors.Is(err, zk.ErrNoNode) {
@@ -78,7 +80,7 @@ func readHolders(conn *zk.Conn, p string, nodes []node) ([]Holder, error) {
 		key := p + "/" + n.name
 		data, st, err := conn.Get(key)
 		if err != nil {
-			return nil, fmt.Errorf("lock: get %s: %w", key, err)
+			return nil, errfmt.Errorf("lock: get %s: %w", key, err)
 		}
 		out = append(out, Holder{Key: key, Value: data, Token: st.Czxid, Revoked: st.Version > 0,
 			Shared: !n.exclusive(), version: st.Version})
@@ -110,7 +112,7 @@ func Revoke(ctx context.Context, conn *zk.Conn, p string) (Holder, error) {
 			case errors.Is(err, zk.ErrNoNode):
 				// Released meanwhile.
 			default:
-				return Holder{}, fmt.Errorf("lock: revoke %s: %w", h.Key, err)
+				return Holder{}, errfmt.Errorf("lock: revoke %s: %w", h.Key, err)
 			}
 		}
 		if asked {
@@ -138,19 +140,19 @@ func UnlockKey(ctx context.Context, conn *zk.Conn, key string, token int64) erro
 	}
 	ok, st, err := conn.Exists(key)
 	if err != nil {
-		return fmt.Errorf("lock: exists %s: %w", key, err)
+		return errfmt.Errorf("lock: exists %s: %w", key, err)
 	}
 	if !ok || st.Czxid != token {
-		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+		return errfmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
 	}
 	// Node names are never reused (the nonce, the sequence): the node
 	// checked is the one deleted.
 	err = conn.Delete(key, -1)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
-		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+		return errfmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
 	case err != nil:
-		return fmt.Errorf("lock: unlock %s: %w", key, err)
+		return errfmt.Errorf("lock: unlock %s: %w", key, err)
 	}
 	return nil
 }

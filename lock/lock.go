@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -99,7 +100,7 @@ func newLocker(conn *zk.Conn, p string, opts []Option) (*locker, error) {
 	}
 	if o.create {
 		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
-			return nil, fmt.Errorf("lock: %w", err)
+			return nil, errfmt.Errorf("lock: %w", err)
 		}
 	}
 	return &locker{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), value: o.value, log: o.logger.With("lock", p), done: make(chan struct{})}, nil
