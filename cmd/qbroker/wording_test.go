@@ -64,3 +64,18 @@ func TestClientTokenNeedsTLSNamesFlags(t *testing.T) {
 		t.Errorf("got %T, want a usage error (exit status 2)", err)
 	}
 }
+
+// A client command's refusal by the broker names no RPC or Go symbol.
+func TestJoinRefusalNamesNoSymbol(t *testing.T) {
+	c := cli{t: t, addr: startBroker(t)}
+	c.ok("", "create", "fifo")
+	_, _, err := c.run("", "join", "fifo", "m1")
+	if err == nil {
+		t.Fatal("join of a FIFO queue: no error")
+	}
+	// The status code the broker answered ends the message, as documented.
+	msg := strings.TrimSuffix(err.Error(), " (FailedPrecondition)")
+	if !strings.Contains(msg, "SYNC queue") || len(goSymbols(msg)) > 0 {
+		t.Fatalf("join of a FIFO queue: got %v, want a refusal saying it needs a SYNC queue, no Go symbol (found %v)", err, goSymbols(msg))
+	}
+}
