@@ -39,16 +39,16 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	case kind != kindSync && members != 0:
 		return nil, b.fail(invalidf("sync_members is only for SYNC queues"))
 	}
-	vis, err := clampDuration(req.GetVisibilityTimeout().AsDuration(), b.cfg.DefaultVisibility, minVisibility, maxVisibility)
+	vis, err := clampDuration("visibility_timeout", req.GetVisibilityTimeout().AsDuration(), b.cfg.DefaultVisibility, minVisibility, maxVisibility)
 	if err != nil {
 		return nil, b.fail(err)
 	}
 	// The default window is stored as 0, so queues created before
 	// windows were configurable keep their configuration (Create compares
 	// it).
-	dedup, err := clampDuration(req.GetDedupWindow().AsDuration(), zkqueue.DefaultDedupWindow, zkqueue.MinDedupWindow, zkqueue.MaxDedupWindow)
+	dedup, err := clampDuration("dedup_window", req.GetDedupWindow().AsDuration(), zkqueue.DefaultDedupWindow, zkqueue.MinDedupWindow, zkqueue.MaxDedupWindow)
 	if err != nil {
-		return nil, b.fail(invalidf("dedup_window: %v", err))
+		return nil, b.fail(err)
 	}
 	if dedup == zkqueue.DefaultDedupWindow {
 		dedup = 0

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -184,7 +185,7 @@ func (c *Config) setIdentity() error {
 		c.Root = "/qbroker"
 	}
 	if c.Root[0] != '/' || path.Clean(c.Root) != c.Root || c.Root == "/" {
-		return fmt.Errorf("broker: bad root %q: want an absolute path such as /qbroker", c.Root)
+		return fmt.Errorf("broker: bad root %q (--root): want an absolute path such as /qbroker", c.Root)
 	}
 	if c.ID == "" {
 		host, _ := os.Hostname()
@@ -192,13 +193,14 @@ func (c *Config) setIdentity() error {
 		_, _ = rand.Read(b[:])
 		c.ID = host + "-" + hex.EncodeToString(b[:])
 	}
-	if err := validName("broker id", c.ID); err != nil {
+	if err := validName("broker id (--id)", c.ID); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
 	return nil
 }
 
-// durationDefault names a duration field and its default.
+// durationDefault is a duration setting, named as a user of qbroker serve
+// knows it (its flag), and its default.
 type durationDefault struct {
 	name string
 	d    *time.Duration
@@ -224,24 +226,24 @@ func setDurations(ds ...durationDefault) error {
 // ZooKeeper: session and lease timings, queue depth and count, sessions.
 func (c *Config) setStoreDefaults() error {
 	if err := setDurations(
-		durationDefault{"SessionTimeout", &c.SessionTimeout, 10 * time.Second},
-		durationDefault{"DefaultVisibility", &c.DefaultVisibility, 30 * time.Second},
-		durationDefault{"SweepInterval", &c.SweepInterval, time.Second},
-		durationDefault{"StatsInterval", &c.StatsInterval, 10 * time.Second},
+		durationDefault{"session timeout (--session-timeout)", &c.SessionTimeout, 10 * time.Second},
+		durationDefault{"default visibility timeout (--visibility-timeout)", &c.DefaultVisibility, 30 * time.Second},
+		durationDefault{"sweep interval (--sweep-interval)", &c.SweepInterval, time.Second},
+		durationDefault{"stats interval", &c.StatsInterval, 10 * time.Second},
 	); err != nil {
 		return err
 	}
 	if c.DefaultVisibility < minVisibility || c.DefaultVisibility > maxVisibility {
-		return fmt.Errorf("broker: DefaultVisibility %v out of range [%v, %v]", c.DefaultVisibility, minVisibility, maxVisibility)
+		return fmt.Errorf("broker: default visibility timeout %v out of range [%v, %v] (--visibility-timeout)", c.DefaultVisibility, minVisibility, maxVisibility)
 	}
 	if c.MaxDepth < 0 {
-		return fmt.Errorf("broker: MaxDepth %d: want 0 (none) or more", c.MaxDepth)
+		return fmt.Errorf("broker: max depth %d: want 0 (none) or more (--max-depth)", c.MaxDepth)
 	}
 	if c.MaxDelay == 0 {
 		c.MaxDelay = DefaultMaxDelay
 	}
 	if c.MaxDelay < 0 || c.MaxDelay > HardMaxDelay {
-		return fmt.Errorf("broker: MaxDelay %v out of range (0, %v]", c.MaxDelay, HardMaxDelay)
+		return fmt.Errorf("broker: max delay %v out of range (0, %v] (--max-delay)", c.MaxDelay, HardMaxDelay)
 	}
 	if c.ZKDataBudget == 0 {
 		c.ZKDataBudget = DefaultZKDataBudget
@@ -250,19 +252,19 @@ func (c *Config) setStoreDefaults() error {
 		c.MaxQueues = 10_000
 	}
 	if c.MaxQueues < 1 || c.MaxQueues > maxMaxQueues {
-		return fmt.Errorf("broker: MaxQueues %d out of range [1, %d]", c.MaxQueues, maxMaxQueues)
+		return fmt.Errorf("broker: max queues %d out of range [1, %d] (--max-queues)", c.MaxQueues, maxMaxQueues)
 	}
 	if c.SegmentSize == 0 {
 		c.SegmentSize = zkqueue.DefaultSegmentSize
 	}
 	if c.SegmentSize < 2 || c.SegmentSize > zkqueue.MaxSegmentSize {
-		return fmt.Errorf("broker: SegmentSize %d out of range [2, %d]", c.SegmentSize, zkqueue.MaxSegmentSize)
+		return fmt.Errorf("broker: segment size %d out of range [2, %d] (--segment-size)", c.SegmentSize, zkqueue.MaxSegmentSize)
 	}
 	if c.ZKSessions == 0 {
 		c.ZKSessions = 5
 	}
 	if c.ZKSessions < 1 || c.ZKSessions > 16 {
-		return fmt.Errorf("broker: ZKSessions %d out of range [1, 16]", c.ZKSessions)
+		return fmt.Errorf("broker: ZooKeeper sessions %d out of range [1, 16] (--zk-sessions)", c.ZKSessions)
 	}
 	return nil
 }
@@ -277,9 +279,9 @@ func (c *Config) setStreamDefaults() error {
 		c.MaxStreams = 10000
 	}
 	durErr := setDurations(
-		durationDefault{"FirstMessageTimeout", &c.FirstMessageTimeout, 10 * time.Second},
-		durationDefault{"HandshakeTimeout", &c.HandshakeTimeout, 10 * time.Second},
-		durationDefault{"MaxConnectionIdle", &c.MaxConnectionIdle, 5 * time.Minute},
+		durationDefault{"stream first message timeout (--stream-first-message-timeout)", &c.FirstMessageTimeout, 10 * time.Second},
+		durationDefault{"handshake timeout (--handshake-timeout)", &c.HandshakeTimeout, 10 * time.Second},
+		durationDefault{"max connection idle (--max-connection-idle)", &c.MaxConnectionIdle, 5 * time.Minute},
 	)
 	if c.MaxStreamsPerConn == 0 {
 		c.MaxStreamsPerConn = 1000
@@ -304,12 +306,12 @@ func (c *Config) setStreamDefaults() error {
 		val  int
 		min  int
 	}{
-		{"MaxStreams", c.MaxStreams, 1},
-		{"MaxStreamsPerConn", c.MaxStreamsPerConn, 1},
-		{"MaxStreamsPerIdentity", c.MaxStreamsPerIdentity, 1},
-		{"MaxConnsPerIdentity", c.MaxConnsPerIdentity, 1},
-		{"MaxConns", c.MaxConns, 1},
-		{"MaxConnsPerIP", c.MaxConnsPerIP, 0},
+		{"max streams (--max-streams)", c.MaxStreams, 1},
+		{"max streams per connection (--max-streams-per-conn)", c.MaxStreamsPerConn, 1},
+		{"max streams per identity (--max-streams-per-identity)", c.MaxStreamsPerIdentity, 1},
+		{"max connections per identity (--max-conns-per-identity)", c.MaxConnsPerIdentity, 1},
+		{"max connections (--max-conns)", c.MaxConns, 1},
+		{"max connections per IP (--max-conns-per-ip)", c.MaxConnsPerIP, 0},
 	} {
 		if v.val < v.min {
 			return fmt.Errorf("broker: %s %d out of range: want at least %d", v.name, v.val, v.min)
@@ -326,11 +328,12 @@ func (c *Config) setPublishLimits() error {
 	}
 	lim := zkqueue.Limits{MaxPayload: c.MaxPayload, MaxBatchBytes: c.MaxBatchBytes, MaxBatchCount: c.MaxBatchCount}
 	if err := lim.Validate(); err != nil {
-		return fmt.Errorf("broker: %w", err)
+		// The limits' own words, named by the flags that set them.
+		return fmt.Errorf("broker: %s (--max-payload, --max-batch-bytes, --max-batch-count)", strings.TrimPrefix(err.Error(), "zkqueue: "))
 	}
 	c.MaxPayload, c.MaxBatchBytes, c.MaxBatchCount = lim.MaxPayload, lim.MaxBatchBytes, lim.MaxBatchCount
 	if c.MaxBatchBytes < c.MaxPayload {
-		return fmt.Errorf("broker: MaxBatchBytes %d < MaxPayload %d: a batch could not hold one message of the largest payload", c.MaxBatchBytes, c.MaxPayload)
+		return fmt.Errorf("broker: --max-batch-bytes %d < --max-payload %d: a batch could not hold one message of the largest payload", c.MaxBatchBytes, c.MaxPayload)
 	}
 	return nil
 }
@@ -452,6 +455,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	}
 	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
 	b.zkmem = newZKMemory(cfg.ZooKeeper, cfg.ZKDataBudget, b.log, b.metrics.zkData.Set)
+	b.metrics.zkBudget.Set(float64(max(cfg.ZKDataBudget, 0)))
 	b.wg.Add(5)
 	go func() { defer b.wg.Done(); b.keeper.Run(b.ctx) }()
 	go func() { defer b.wg.Done(); b.zkmem.run(b.ctx) }()

@@ -352,8 +352,8 @@ func TestMaxQueues(t *testing.T) {
 
 	for _, n := range []int{-1, 20_001} {
 		_, err := broker.New(ctx, broker.Config{ZooKeeper: []string{zktest.Addr(t)}, MaxQueues: n})
-		if err == nil || !strings.Contains(err.Error(), "MaxQueues") {
-			t.Errorf("MaxQueues %d: got %v, want an error naming MaxQueues", n, err)
+		if err == nil || !strings.Contains(err.Error(), "--max-queues") {
+			t.Errorf("MaxQueues %d: got %v, want an error naming --max-queues", n, err)
 		}
 	}
 }

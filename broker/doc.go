@@ -94,11 +94,14 @@
 //	qbroker_messages_dead_lettered_total{queue}    counter
 //	qbroker_claim_conflicts_total{queue}           counter: claims lost to another consumer
 //	qbroker_bad_message_nodes_total{queue}         counter: message nodes whose data does not decode, never delivered
+//	qbroker_messages_expired_total{queue}          counter: removed by the queue's message TTL
 //	qbroker_deliveries_expired_unsent_total{queue} counter: at-least-once claims given back unsent
 //	qbroker_message_queue_seconds{queue}           histogram: publish to delivery
 //	qbroker_zk_request_duration_seconds{op,result} histogram
 //	qbroker_zk_session_state                       gauge: 1 with a session
 //	qbroker_zk_reconnects_total                    counter
+//	qbroker_zk_data_bytes                          gauge: ZooKeeper's data as the data budget counts it; -1 while unknown
+//	qbroker_zk_data_budget_bytes                   gauge: the data budget (ZKDataBudget); 0 when none
 //	qbroker_queue_depth{queue}                     gauge, refreshed every StatsInterval
 //	qbroker_queue_in_flight{queue}                 gauge
 //	qbroker_queue_dead{queue}                      gauge: dead letters

@@ -36,6 +36,10 @@ const (
 	reasonNoSubscribe = "no_subscribe"
 )
 
+// streamRefusals are every reason of qbroker_streams_refused_total: each
+// has a series from the start.
+var streamRefusals = []string{reasonMaxStreams, reasonNoSubscribe}
+
 func (b *Broker) refuseStream(reason string) {
 	b.metrics.streamsRefused.WithLabelValues(reason).Inc()
 	msg := "stream refused: broker stream limit reached"

@@ -3,6 +3,8 @@ package broker_test
 import (
 	"bytes"
 	"context"
+	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -74,21 +76,22 @@ func TestBatchLimitStatesOverhead(t *testing.T) {
 	}
 }
 
-// Bad limit and duration settings fail New with the value named.
+// Bad limit and duration settings fail New with the value named, and the
+// setting by its flag.
 func TestConfigValidation(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		mod  func(*broker.Config)
 		want string
 	}{
-		{"negative sweep", func(c *broker.Config) { c.SweepInterval = -time.Second }, "SweepInterval -1s"},
-		{"negative session timeout", func(c *broker.Config) { c.SessionTimeout = -time.Second }, "SessionTimeout -1s"},
-		{"negative visibility", func(c *broker.Config) { c.DefaultVisibility = -time.Second }, "DefaultVisibility -1s"},
-		{"visibility too long", func(c *broker.Config) { c.DefaultVisibility = 13 * time.Hour }, "DefaultVisibility 13h0m0s"},
-		{"negative stats interval", func(c *broker.Config) { c.StatsInterval = -time.Second }, "StatsInterval -1s"},
+		{"negative sweep", func(c *broker.Config) { c.SweepInterval = -time.Second }, "sweep interval (--sweep-interval) -1s"},
+		{"negative session timeout", func(c *broker.Config) { c.SessionTimeout = -time.Second }, "session timeout (--session-timeout) -1s"},
+		{"negative visibility", func(c *broker.Config) { c.DefaultVisibility = -time.Second }, "default visibility timeout (--visibility-timeout) -1s"},
+		{"visibility too long", func(c *broker.Config) { c.DefaultVisibility = 13 * time.Hour }, "default visibility timeout 13h0m0s out of range [100ms, 12h0m0s] (--visibility-timeout)"},
+		{"negative stats interval", func(c *broker.Config) { c.StatsInterval = -time.Second }, "stats interval -1s"},
 		{"negative payload", func(c *broker.Config) { c.MaxPayload = -1 }, "max payload -1"},
 		{"payload too large", func(c *broker.Config) { c.MaxPayload = zkqueue.HardMaxPayload + 1 }, strconv.Itoa(zkqueue.HardMaxPayload + 1)},
-		{"batch below payload", func(c *broker.Config) { c.MaxPayload = 4096; c.MaxBatchBytes = 1024 }, "MaxBatchBytes 1024 < MaxPayload 4096"},
+		{"batch below payload", func(c *broker.Config) { c.MaxPayload = 4096; c.MaxBatchBytes = 1024 }, "--max-batch-bytes 1024 < --max-payload 4096"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := broker.Config{ZooKeeper: []string{zktest.Addr(t)}, Root: zktest.Root(t)}
@@ -111,5 +114,32 @@ func TestConfigValidation(t *testing.T) {
 	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "q"})
 	if _, err := b.client.Publish(context.Background(), &pb.PublishRequest{Queue: "q", Messages: []*pb.OutMessage{{Payload: make([]byte, 1000<<10)}}}); err != nil {
 		t.Fatalf("publish of 1000 KiB with MaxPayload 1000 KiB: %v", err)
+	}
+}
+
+// The per-message batch overhead the API and the README state is the one
+// the broker counts for a queue under the default root.
+func TestBatchOverheadDocumented(t *testing.T) {
+	const name = "q"
+	q, err := zkqueue.New(zktest.Conn(t), "/qbroker/queues/"+name+"/items", zkqueue.WithPublisher("broker-1"), zkqueue.WithoutCreate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strconv.Itoa(q.MessageOverhead() - len(name))
+	for _, doc := range []struct{ file, pattern string }{
+		{"../api/queue.proto", `overhead of (\d+) bytes plus the queue name's length`},
+		{"../README.md", `counts its payload plus (\d+) bytes plus its queue name's length`},
+		{"../api/queuepb/queue.pb.go", `overhead of (\d+) bytes plus the queue name's length`},
+	} {
+		text, err := os.ReadFile(doc.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(doc.pattern).FindStringSubmatch(strings.Join(strings.Fields(strings.ReplaceAll(string(text), "//", "")), " "))
+		if m == nil {
+			t.Errorf("%s does not state the per-message overhead (%s)", doc.file, doc.pattern)
+		} else if m[1] != want {
+			t.Errorf("%s states a per-message overhead of %s bytes, the broker counts %s", doc.file, m[1], want)
+		}
 	}
 }

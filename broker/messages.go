@@ -81,14 +81,14 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p, DedupID: m.GetDedupId(),
 			Attributes: zkqueue.Attributes{ContentType: m.GetContentType(), Headers: m.GetHeaders()}}
 		if err := zkqueue.CheckDedupID(drafts[i].DedupID); drafts[i].DedupID != "" && err != nil {
-			return nil, b.fail(invalidf("message %d: dedup_id %q: %v", i, printable(drafts[i].DedupID), err))
+			return nil, b.fail(invalidf("message %d: dedup_id %s", i, detail(err, zkqueue.ErrBadDedupID)))
 		}
 		if g := m.GetGroup(); g != "" {
 			if q.meta.Kind == kindSync {
 				return nil, b.fail(wrongKind(q, "message groups need a FIFO or PRIORITY queue"))
 			}
 			if err := zkqueue.CheckGroup(g); err != nil {
-				return nil, b.fail(invalidf("message %d: group %q: %v", i, printable(g), err))
+				return nil, b.fail(invalidf("message %d: group %s", i, detail(err, zkqueue.ErrBadGroup)))
 			}
 			// A delayed message joins the queue through the delayed
 			// parent and an expired one is removed without its group
@@ -151,7 +151,7 @@ func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Durat
 	case pb.DeliveryMode_DELIVERY_MODE_UNSPECIFIED, pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE:
 		return delivery{}, nil
 	case pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE:
-		ttl, err := clampDuration(vis, q.meta.Visibility, minVisibility, maxVisibility)
+		ttl, err := clampDuration("visibility_timeout", vis, q.meta.Visibility, minVisibility, maxVisibility)
 		return delivery{ack: true, ttl: ttl}, err
 	}
 	return delivery{}, invalidf("unknown delivery mode %d", mode)
@@ -335,7 +335,7 @@ func (b *Broker) ExtendLease(ctx context.Context, req *pb.ExtendLeaseRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	ttl, err := clampDuration(req.GetVisibilityTimeout().AsDuration(), q.meta.Visibility, minVisibility, maxVisibility)
+	ttl, err := clampDuration("visibility_timeout", req.GetVisibilityTimeout().AsDuration(), q.meta.Visibility, minVisibility, maxVisibility)
 	if err != nil {
 		return nil, b.fail(err)
 	}

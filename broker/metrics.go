@@ -11,6 +11,7 @@ import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -35,6 +36,7 @@ type metrics struct {
 	sessionState prometheus.Gauge
 	reconnects   prometheus.Counter
 	zkData       prometheus.Gauge
+	zkBudget     prometheus.Gauge
 	depth        *prometheus.GaugeVec
 	inFlight     *prometheus.GaugeVec
 	dead         *prometheus.GaugeVec
@@ -92,6 +94,8 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 			Help: "ZooKeeper sessions (re)established after the first."}),
 		zkData: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_zk_data_bytes",
 			Help: "ZooKeeper's data as the data budget counts it (approximate data size plus a charge per znode, the largest of the ensemble's servers); -1 while unknown."}),
+		zkBudget: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_zk_data_budget_bytes",
+			Help: "The ZooKeeper data budget (--zk-data-budget): publishes are refused before qbroker_zk_data_bytes would pass it; 0 when there is none."}),
 		depth:     gv("qbroker_queue_depth", "Ready messages (refreshed periodically for queues this broker serves)."),
 		inFlight:  gv("qbroker_queue_in_flight", "Leased (unacknowledged) messages."),
 		dead:      gv("qbroker_queue_dead", "Dead letters."),
@@ -121,6 +125,15 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Elections led by this broker's Campaign streams."})
 	m.expiredUnsent = qv("qbroker_deliveries_expired_unsent_total",
 		"At-least-once deliveries claimed but given back unsent: their lease had (nearly) run out, or the ZooKeeper session was lost, before they could be sent.")
+	// Refusals have series from the start, at 0, so that a rate over
+	// them shows the first refusal (a series appearing at 1 has no
+	// earlier sample to count from).
+	for _, r := range streamRefusals {
+		m.streamsRefused.WithLabelValues(r)
+	}
+	for _, r := range connlimit.Reasons {
+		m.connsRefused.WithLabelValues(string(r))
+	}
 	if reg == nil {
 		return m
 	}
@@ -132,7 +145,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Always 1; the labels describe the build.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.delivered, m.acked, m.nacked, m.redelivered,
-		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.depth, m.inFlight, m.dead,
+		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.zkBudget, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
 		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired} {
 		reg.MustRegister(c)

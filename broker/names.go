@@ -162,13 +162,14 @@ func loadTokenKey(conn *zk.Conn, root string, acl []zk.ACL) ([]byte, error) {
 	return key, nil
 }
 
-// clampDuration returns d within [lo, hi], or def when d is zero.
-func clampDuration(d, def, lo, hi time.Duration) (time.Duration, error) {
+// clampDuration returns d, the request's field name, within [lo, hi], or
+// def when d is zero.
+func clampDuration(name string, d, def, lo, hi time.Duration) (time.Duration, error) {
 	if d == 0 {
 		return def, nil
 	}
 	if d < lo || d > hi {
-		return 0, invalidf("duration %v out of range [%v, %v]", d, lo, hi)
+		return 0, invalidf("%s %v out of range [%v, %v]", name, d, lo, hi)
 	}
 	return d, nil
 }

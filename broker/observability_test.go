@@ -315,3 +315,35 @@ func covers(seen, want map[string]int) bool {
 	}
 	return true
 }
+
+// A fresh broker exports every refusal reason at 0, so that a rate over
+// them sees the first refusal, and its ZooKeeper data budget beside the
+// data it counts.
+func TestMetricsFromStart(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	newBroker(t, zktest.Root(t), func(c *broker.Config) {
+		c.Registerer = reg
+		c.ZKDataBudget = 64 << 20
+	})
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		byName[f.GetName()] = f
+	}
+	for name, reasons := range map[string][]string{
+		"qbroker_streams_refused_total":     {"max_streams", "no_subscribe"},
+		"qbroker_connections_refused_total": {"max_conns", "per_ip", "evicted_unproven", "handshake_timeout"},
+	} {
+		for _, r := range reasons {
+			if got := value(byName, name, map[string]string{"reason": r}); got != 0 {
+				t.Errorf("%s{reason=%q} = %v before any refusal, want a series at 0", name, r, got)
+			}
+		}
+	}
+	if got := value(byName, "qbroker_zk_data_budget_bytes", nil); got != 64<<20 {
+		t.Errorf("qbroker_zk_data_budget_bytes = %v, want the configured 64 MiB", got)
+	}
+}

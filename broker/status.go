@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -32,6 +33,12 @@ var (
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errInvalid, fmt.Sprintf(format, args...))
+}
+
+// detail is what err, which wraps sentinel, says beyond it: for a message
+// of the broker's own that names what sentinel names.
+func detail(err, sentinel error) string {
+	return strings.TrimPrefix(err.Error(), sentinel.Error()+": ")
 }
 
 // toStatus is the one place where errors become gRPC statuses. Clients see

@@ -85,7 +85,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 		return b.fail(err)
 	}
 	if q.sync == nil {
-		return b.fail(wrongKind(q, "JoinSync needs a SYNC queue"))
+		return b.fail(wrongKind(q, "only a SYNC queue has members to join"))
 	}
 	m, err := q.sync.sq.JoinAsync(ctx, req.GetMemberId())
 	if err != nil {

@@ -96,7 +96,7 @@ func (b *Broker) checkRootACL(ctx context.Context) error {
 	if !b.cfg.ZKMigrateACL {
 		if open {
 			return fmt.Errorf("broker: ZooKeeper root %s is writable by anyone (world:anyone), created without authentication; "+
-				"start one broker once with --zk-migrate-acl (Config.ZKMigrateACL) to give the existing tree the brokers' ACL", root)
+				"start one broker once with --zk-migrate-acl to give the existing tree the brokers' ACL", root)
 		}
 		return fmt.Errorf("broker: ZooKeeper root %s does not grant the broker's identity all permissions (its ACL: %v); "+
 			"start with the credential that created it", root, cur)

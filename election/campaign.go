@@ -3,7 +3,6 @@ package election
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path"
 	"slices"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -61,7 +61,7 @@ func (e *Election) Campaign(ctx context.Context, value []byte) error {
 		e.unsure = e.unsure || zkutil.IsUnavailable(err)
 		e.idle()
 		e.mu.Unlock()
-		return fmt.Errorf("election: campaign: create in %s: %w", e.path, err)
+		return errfmt.Errorf("election: campaign: create in %s: %w", e.path, err)
 	}
 	e.mu.Lock()
 	e.key = key
@@ -108,10 +108,10 @@ func (e *Election) wait(ctx context.Context, key string) error {
 		}
 		children, _, err := e.conn.Children(e.path)
 		if err != nil {
-			return fmt.Errorf("election: campaign: children %s: %w", e.path, err)
+			return errfmt.Errorf("election: campaign: children %s: %w", e.path, err)
 		}
 		if !slices.Contains(children, me) {
-			return fmt.Errorf("election: campaign: %s: %w", key, ErrNodeLost)
+			return errfmt.Errorf("election: campaign: %s: %w", key, ErrNodeLost)
 		}
 		if first {
 			// Orphans of an earlier campaign are older than our node;
@@ -131,7 +131,7 @@ func (e *Election) wait(ctx context.Context, key string) error {
 		p := e.path + "/" + pred
 		exists, _, w, err := e.conn.ExistsW(p)
 		if err != nil {
-			return fmt.Errorf("election: campaign: exists %s: %w", p, err)
+			return errfmt.Errorf("election: campaign: exists %s: %w", p, err)
 		}
 		if !exists {
 			continue
@@ -167,7 +167,7 @@ func (e *Election) dropOrphans(children []string, me string) ([]string, error) {
 		p := e.path + "/" + c
 		ok, st, err := e.conn.Exists(p)
 		if err != nil {
-			return nil, fmt.Errorf("election: campaign: exists %s: %w", p, err)
+			return nil, errfmt.Errorf("election: campaign: exists %s: %w", p, err)
 		}
 		if !ok {
 			continue
@@ -186,7 +186,7 @@ func (e *Election) dropOrphans(children []string, me string) ([]string, error) {
 func (e *Election) deleteOrphan(p string) error {
 	e.log.Info("removing an orphaned candidate node of this session", "znode", p)
 	if err := e.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-		return fmt.Errorf("election: campaign: delete orphan %s: %w", p, err)
+		return errfmt.Errorf("election: campaign: delete orphan %s: %w", p, err)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -117,7 +118,7 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Election, error) {
 	}
 	if o.createParents {
 		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
-			return nil, fmt.Errorf("election: %w", err)
+			return nil, errfmt.Errorf("election: %w", err)
 		}
 	}
 	return &Election{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), log: o.logger.With("election", p), owner: o.owner,
@@ -179,7 +180,7 @@ func (e *Election) Resign(ctx context.Context) error {
 	}
 	for _, n := range nodes {
 		if err := e.conn.Delete(n, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return fmt.Errorf("election: resign: delete %s: %w", n, err)
+			return errfmt.Errorf("election: resign: delete %s: %w", n, err)
 		}
 		e.mu.Lock()
 		e.stale = slices.DeleteFunc(e.stale, func(s string) bool { return s == n })
@@ -213,10 +214,10 @@ func (e *Election) Proclaim(ctx context.Context, value []byte) error {
 	st, err := e.conn.Set(t.key, zkutil.EncodeOwned(e.owner, value), version)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
-		return fmt.Errorf("election: proclaim %s: %w", t.key, ErrNotLeader)
+		return errfmt.Errorf("election: proclaim %s: %w", t.key, ErrNotLeader)
 	case err != nil:
 		// ErrBadVersion: another client wrote our node.
-		return fmt.Errorf("election: proclaim %s: %w", t.key, err)
+		return errfmt.Errorf("election: proclaim %s: %w", t.key, err)
 	}
 	e.mu.Lock()
 	t.version = st.Version
@@ -270,7 +271,7 @@ func (e *Election) sweepUnsure() error {
 	defer campaigning.CompareAndDelete(k, e)
 	children, _, err := e.conn.Children(e.path)
 	if err != nil {
-		return fmt.Errorf("election: close: children %s: %w", e.path, err)
+		return errfmt.Errorf("election: close: children %s: %w", e.path, err)
 	}
 	if _, err := e.dropOrphans(children, ""); err != nil {
 		return err
@@ -312,10 +313,10 @@ func (e *Election) idle() {
 func (e *Election) lead(key string) error {
 	ok, st, w, err := e.conn.ExistsW(key)
 	if err != nil {
-		return fmt.Errorf("election: campaign: exists %s: %w", key, err)
+		return errfmt.Errorf("election: campaign: exists %s: %w", key, err)
 	}
 	if !ok || st.EphemeralOwner != e.conn.SessionID() {
-		return fmt.Errorf("election: campaign: %s: %w", key, ErrNodeLost)
+		return errfmt.Errorf("election: campaign: %s: %w", key, ErrNodeLost)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -43,26 +44,26 @@ func ProclaimKey(ctx context.Context, conn *zk.Conn, key string, value []byte, o
 		children, _, err := conn.Children(dir)
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
-			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+			return errfmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
 		case err != nil:
-			return fmt.Errorf("election: proclaim: children %s: %w", dir, err)
+			return errfmt.Errorf("election: proclaim: children %s: %w", dir, err)
 		}
 		if !slices.Contains(children, name) {
-			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+			return errfmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
 		}
 		data, st, err := conn.Get(key)
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
-			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+			return errfmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
 		case err != nil:
-			return fmt.Errorf("election: proclaim: get %s: %w", key, err)
+			return errfmt.Errorf("election: proclaim: get %s: %w", key, err)
 		}
 		owner, _ := zkutil.DecodeOwned(data)
 		if !o.mayTouch(owner) {
-			return fmt.Errorf("election: proclaim %s: %w", key, ErrNotOwner)
+			return errfmt.Errorf("election: proclaim %s: %w", key, ErrNotOwner)
 		}
 		if lowest(children) != name {
-			return fmt.Errorf("election: proclaim %s: %w", key, ErrNotLeader)
+			return errfmt.Errorf("election: proclaim %s: %w", key, ErrNotLeader)
 		}
 		_, err = conn.Set(key, zkutil.EncodeOwned(owner, value), st.Version)
 		switch {
@@ -71,9 +72,9 @@ func ProclaimKey(ctx context.Context, conn *zk.Conn, key string, value []byte, o
 		case errors.Is(err, zk.ErrBadVersion):
 			continue // another proclaim came between: read the owner again
 		case errors.Is(err, zk.ErrNoNode):
-			return fmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
+			return errfmt.Errorf("election: proclaim %s: %w", key, ErrNoCandidate)
 		default:
-			return fmt.Errorf("election: proclaim %s: %w", key, err)
+			return errfmt.Errorf("election: proclaim %s: %w", key, err)
 		}
 	}
 }
@@ -98,12 +99,12 @@ func ResignKey(ctx context.Context, conn *zk.Conn, key string, opts ...KeyOption
 			data, st, err := conn.Get(key)
 			switch {
 			case errors.Is(err, zk.ErrNoNode):
-				return fmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
+				return errfmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
 			case err != nil:
-				return fmt.Errorf("election: resign: get %s: %w", key, err)
+				return errfmt.Errorf("election: resign: get %s: %w", key, err)
 			}
 			if owner, _ := zkutil.DecodeOwned(data); !o.mayTouch(owner) {
-				return fmt.Errorf("election: resign %s: %w", key, ErrNotOwner)
+				return errfmt.Errorf("election: resign %s: %w", key, ErrNotOwner)
 			}
 			version = st.Version // the node whose owner was checked
 		}
@@ -114,9 +115,9 @@ func ResignKey(ctx context.Context, conn *zk.Conn, key string, opts ...KeyOption
 		case errors.Is(err, zk.ErrBadVersion):
 			continue // a Proclaim came between: check again
 		case errors.Is(err, zk.ErrNoNode):
-			return fmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
+			return errfmt.Errorf("election: resign %s: %w", key, ErrNoCandidate)
 		default:
-			return fmt.Errorf("election: resign %s: %w", key, err)
+			return errfmt.Errorf("election: resign %s: %w", key, err)
 		}
 	}
 }

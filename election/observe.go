@@ -3,11 +3,11 @@ package election
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -24,7 +24,7 @@ func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
 		case errors.Is(err, zk.ErrNoNode):
 			return LeaderInfo{}, ErrNoLeader
 		case err != nil:
-			return LeaderInfo{}, fmt.Errorf("election: leader: children %s: %w", e.path, err)
+			return LeaderInfo{}, errfmt.Errorf("election: leader: children %s: %w", e.path, err)
 		}
 		first := lowest(children)
 		if first == "" {
@@ -36,7 +36,7 @@ func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
 		case errors.Is(err, zk.ErrNoNode):
 			continue // it just resigned: look again
 		case err != nil:
-			return LeaderInfo{}, fmt.Errorf("election: leader: get %s: %w", key, err)
+			return LeaderInfo{}, errfmt.Errorf("election: leader: get %s: %w", key, err)
 		}
 		return leaderInfo(key, data, st), nil
 	}
@@ -111,7 +111,7 @@ func (e *Election) leaderW() (LeaderInfo, <-chan zk.Event, error) {
 		if errors.Is(err, zk.ErrNoNode) {
 			ok, _, w, err := e.conn.ExistsW(e.path)
 			if err != nil {
-				return LeaderInfo{}, nil, fmt.Errorf("election: observe: exists %s: %w", e.path, err)
+				return LeaderInfo{}, nil, errfmt.Errorf("election: observe: exists %s: %w", e.path, err)
 			}
 			if ok {
 				continue // created meanwhile
@@ -119,7 +119,7 @@ func (e *Election) leaderW() (LeaderInfo, <-chan zk.Event, error) {
 			return LeaderInfo{}, w, nil
 		}
 		if err != nil {
-			return LeaderInfo{}, nil, fmt.Errorf("election: observe: children %s: %w", e.path, err)
+			return LeaderInfo{}, nil, errfmt.Errorf("election: observe: children %s: %w", e.path, err)
 		}
 		first := lowest(children)
 		if first == "" {
@@ -129,7 +129,7 @@ func (e *Election) leaderW() (LeaderInfo, <-chan zk.Event, error) {
 				continue
 			}
 			if err != nil {
-				return LeaderInfo{}, nil, fmt.Errorf("election: observe: children %s: %w", e.path, err)
+				return LeaderInfo{}, nil, errfmt.Errorf("election: observe: children %s: %w", e.path, err)
 			}
 			if lowest(children) != "" {
 				continue // one arrived meanwhile
@@ -142,7 +142,7 @@ func (e *Election) leaderW() (LeaderInfo, <-chan zk.Event, error) {
 			continue
 		}
 		if err != nil {
-			return LeaderInfo{}, nil, fmt.Errorf("election: observe: get %s: %w", key, err)
+			return LeaderInfo{}, nil, errfmt.Errorf("election: observe: get %s: %w", key, err)
 		}
 		return leaderInfo(key, data, st), w, nil
 	}

@@ -3,13 +3,13 @@ package lock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path"
 	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -79,7 +79,7 @@ func (l *locker) create(kind, nonce string) (string, error) {
 	if err == nil {
 		return key, nil
 	}
-	err = fmt.Errorf("lock: create in %s: %w", l.path, err)
+	err = errfmt.Errorf("lock: create in %s: %w", l.path, err)
 	if !zkutil.IsUnavailable(err) {
 		return "", err
 	}
@@ -104,7 +104,7 @@ const maxRecreate = 8
 func (l *locker) list() ([]node, error) {
 	children, _, err := l.conn.Children(l.path)
 	if err != nil {
-		return nil, fmt.Errorf("lock: children %s: %w", l.path, err)
+		return nil, errfmt.Errorf("lock: children %s: %w", l.path, err)
 	}
 	return parseAll(children), nil
 }
@@ -157,7 +157,7 @@ func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error)
 			// is gone too, which the next list shows) or the connection
 			// closed.
 			if errors.Is(ev.Err, zk.ErrClosing) {
-				return nil, fmt.Errorf("lock: waiting in %s: %w", l.path, ev.Err)
+				return nil, errfmt.Errorf("lock: waiting in %s: %w", l.path, ev.Err)
 			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -183,12 +183,12 @@ func (l *locker) check(me node, try bool) (w <-chan zk.Event, holds bool, err er
 		return nil, true, nil
 	}
 	if try {
-		return nil, false, fmt.Errorf("lock: trylock %s: %w", l.path, ErrLocked)
+		return nil, false, errfmt.Errorf("lock: trylock %s: %w", l.path, ErrLocked)
 	}
 	p := l.path + "/" + b.name
 	ok, _, w, err := l.conn.ExistsW(p)
 	if err != nil {
-		return nil, false, fmt.Errorf("lock: exists %s: %w", p, err)
+		return nil, false, errfmt.Errorf("lock: exists %s: %w", p, err)
 	}
 	if !ok {
 		return nil, false, nil
@@ -225,7 +225,7 @@ func (l *locker) watchOwn(key string) watched {
 	ok, st, w, err := l.conn.ExistsW(key)
 	switch {
 	case err != nil:
-		return watched{err: fmt.Errorf("lock: exists %s: %w", key, err)}
+		return watched{err: errfmt.Errorf("lock: exists %s: %w", key, err)}
 	case !ok:
 		return watched{err: errVanished}
 	}
@@ -321,7 +321,7 @@ func (l *locker) reapOnce(nonce string) (done bool, err error) {
 	}
 	p := l.path + "/" + n.name
 	if err := l.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-		return false, fmt.Errorf("lock: delete %s: %w (%w)", p, err, errAnswered)
+		return false, errfmt.Errorf("lock: delete %s: %w (%w)", p, err, errAnswered)
 	}
 	l.log.Info("removed a node left behind by a failed call", "znode", p)
 	return true, nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -58,13 +59,13 @@ func Holders(ctx context.Context, conn *zk.Conn, p string) ([]Holder, error) {
 		children, _, err := conn.Children(p)
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
-			return nil, fmt.Errorf("lock: %s: %w", p, ErrNotHeld)
+			return nil, errfmt.Errorf("lock: %s: %w", p, ErrNotHeld)
 		case err != nil:
-			return nil, fmt.Errorf("lock: children %s: %w", p, err)
+			return nil, errfmt.Errorf("lock: children %s: %w", p, err)
 		}
 		nodes := holders(parseAll(children))
 		if len(nodes) == 0 {
-			return nil, fmt.Errorf("lock: %s: %w", p, ErrNotHeld)
+			return nil, errfmt.Errorf("lock: %s: %w", p, ErrNotHeld)
 		}
 		out, err := readHolders(conn, p, nodes)
 		if errors.Is(err, zk.ErrNoNode) {
@@ -83,7 +84,7 @@ func readHolders(conn *zk.Conn, p string, nodes []node) ([]Holder, error) {
 		key := p + "/" + n.name
 		data, st, err := conn.Get(key)
 		if err != nil {
-			return nil, fmt.Errorf("lock: get %s: %w", key, err)
+			return nil, errfmt.Errorf("lock: get %s: %w", key, err)
 		}
 		owner, value := zkutil.DecodeOwned(data)
 		out = append(out, Holder{Key: key, Value: value, Owner: owner, Token: st.Czxid, Revoked: st.Version > 0,
@@ -126,7 +127,7 @@ func Revoke(ctx context.Context, conn *zk.Conn, p string, opts ...KeyOption) (Ho
 			case errors.Is(err, zk.ErrNoNode):
 				// Released meanwhile.
 			default:
-				return Holder{}, fmt.Errorf("lock: revoke %s: %w", h.Key, err)
+				return Holder{}, errfmt.Errorf("lock: revoke %s: %w", h.Key, err)
 			}
 		}
 		if asked {
@@ -157,23 +158,23 @@ func UnlockKey(ctx context.Context, conn *zk.Conn, key string, token int64, opts
 	data, st, err := conn.Get(key)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
-		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+		return errfmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
 	case err != nil:
-		return fmt.Errorf("lock: get %s: %w", key, err)
+		return errfmt.Errorf("lock: get %s: %w", key, err)
 	case st.Czxid != token:
-		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+		return errfmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
 	}
 	if owner, _ := zkutil.DecodeOwned(data); !o.mayTouch(owner) {
-		return fmt.Errorf("lock: unlock %s: %w", key, ErrNotOwner)
+		return errfmt.Errorf("lock: unlock %s: %w", key, ErrNotOwner)
 	}
 	// Node names are never reused (the nonce, the sequence): the node
 	// checked is the one deleted.
 	err = conn.Delete(key, -1)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
-		return fmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
+		return errfmt.Errorf("lock: unlock %s token %d: %w", key, token, ErrNotHeld)
 	case err != nil:
-		return fmt.Errorf("lock: unlock %s: %w", key, err)
+		return errfmt.Errorf("lock: unlock %s: %w", key, err)
 	}
 	return nil
 }

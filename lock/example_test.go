@@ -90,7 +90,7 @@ func Example() {
 	fmt.Println("worker-b holds, greater token:", gb.Token() > ga.Token())
 	_ = gb.Unlock(ctx)
 	// Output:
-	// worker-b: lock: trylock /qbroker-example/lock: lock: locked by another holder
+	// worker-b: lock: trylock /qbroker-example/lock: locked by another holder
 	// asked to release: worker-a
 	// worker-a: revoked, unlocking
 	// worker-b holds, greater token: true

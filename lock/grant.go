@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -102,7 +103,7 @@ func (g *Grant) Unlock(ctx context.Context) error {
 	err := g.conn.Delete(g.key, -1)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		g.kick()
-		return fmt.Errorf("lock: unlock %s: %w", g.key, err)
+		return errfmt.Errorf("lock: unlock %s: %w", g.key, err)
 	}
 	g.end(nil, "unlocked")
 	select {

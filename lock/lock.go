@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -103,7 +104,7 @@ func newLocker(conn *zk.Conn, p string, opts []Option) (*locker, error) {
 	}
 	if o.create {
 		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
-			return nil, fmt.Errorf("lock: %w", err)
+			return nil, errfmt.Errorf("lock: %w", err)
 		}
 	}
 	data := zkutil.EncodeOwned(o.owner, o.value)

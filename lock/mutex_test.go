@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,6 +213,8 @@ func TestUnlockKey(t *testing.T) {
 	}
 	if err := lock.UnlockKey(ctx, conn, g.Key(), g.Token()+1); !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("UnlockKey with another token: got %v, want ErrNotHeld", err)
+	} else if strings.Count(err.Error(), "lock: ") != 1 {
+		t.Fatalf("UnlockKey with another token: got %q, want the package named once", err)
 	}
 	for _, key := range []string{root, root + "/x", "rel", root + "/lock-0000000001"} {
 		if err := lock.UnlockKey(ctx, conn, key, g.Token()); !errors.Is(err, lock.ErrInvalid) {

@@ -3,11 +3,11 @@ package syncqueue
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path"
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
@@ -29,7 +29,7 @@ func NewBarrier(conn *zk.Conn, path string, opts ...Option) (*Barrier, error) {
 		return nil, errors.New("syncqueue: nil zk conn")
 	}
 	if err := checkPath(path); err != nil {
-		return nil, fmt.Errorf("syncqueue: %w", err)
+		return nil, errfmt.Errorf("syncqueue: %w", err)
 	}
 	return &Barrier{conn: conn, acl: zkqueue.ACLOf(opts...), path: path}, nil
 }
@@ -41,7 +41,7 @@ func (b *Barrier) wrap(op string, err error) error {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return fmt.Errorf("syncqueue: barrier %s %s: %w", op, b.path, err)
+	return errfmt.Errorf("syncqueue: barrier %s %s: %w", op, b.path, err)
 }
 
 // Set raises the barrier: it creates the (persistent) barrier node and its

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
@@ -69,16 +70,16 @@ func NewDoubleBarrier(conn *zk.Conn, path string, n int, id string, opts ...Opti
 		return nil, errors.New("syncqueue: nil zk conn")
 	}
 	if err := checkPath(path); err != nil {
-		return nil, fmt.Errorf("syncqueue: %w", err)
+		return nil, errfmt.Errorf("syncqueue: %w", err)
 	}
 	if n < 1 {
-		return nil, fmt.Errorf("syncqueue: double barrier of %d participants", n)
+		return nil, errfmt.Errorf("syncqueue: double barrier of %d participants", n)
 	}
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
 	if err := zkutil.EnsurePath(conn, path, zkqueue.ACLOf(opts...)); err != nil {
-		return nil, fmt.Errorf("syncqueue: %w", err)
+		return nil, errfmt.Errorf("syncqueue: %w", err)
 	}
 	return &DoubleBarrier{conn: conn, acl: zkqueue.ACLOf(opts...), path: path, n: n, id: id}, nil
 }
@@ -90,7 +91,7 @@ func (b *DoubleBarrier) wrap(op string, err error) error {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return fmt.Errorf("syncqueue: double barrier %s %s as %s: %w", op, b.path, b.id, err)
+	return errfmt.Errorf("syncqueue: double barrier %s %s as %s: %w", op, b.path, b.id, err)
 }
 
 func (b *DoubleBarrier) readyPath() string { return b.path + "/ready" }

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/go-zookeeper/zk"
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
@@ -86,10 +87,10 @@ type Queue struct {
 // same members.
 func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error) {
 	if members < 1 || members > MaxMembers {
-		return nil, fmt.Errorf("syncqueue: members %d out of range [1, %d]", members, MaxMembers)
+		return nil, errfmt.Errorf("syncqueue: members %d out of range [1, %d]", members, MaxMembers)
 	}
 	if err := checkPath(path); err != nil {
-		return nil, fmt.Errorf("syncqueue: %w", err)
+		return nil, errfmt.Errorf("syncqueue: %w", err)
 	}
 	items, err := zkqueue.New(conn, path+"/items", opts...)
 	if err != nil {
@@ -99,7 +100,7 @@ func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error
 	// WithoutCreate, which then left items/ alone too.
 	if zkqueue.Creates(opts...) {
 		if err := zkutil.EnsurePath(conn, path+"/members", zkqueue.ACLOf(opts...)); err != nil {
-			return nil, fmt.Errorf("syncqueue: %w", err)
+			return nil, errfmt.Errorf("syncqueue: %w", err)
 		}
 	}
 	return &Queue{Queue: items, conn: conn, acl: zkqueue.ACLOf(opts...), path: path, members: members}, nil
@@ -121,7 +122,7 @@ func (q *Queue) wrap(op string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return fmt.Errorf("syncqueue: %s %s: %w", op, q.path, err)
+	return errfmt.Errorf("syncqueue: %s %s: %w", op, q.path, err)
 }
 
 // openState reports whether the queue is open, from a cached read that is

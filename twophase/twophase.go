@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -125,10 +126,10 @@ func Begin(ctx context.Context, conn *zk.Conn, txPath string, participants []str
 	rec := txRecord{Participants: participants, Deadline: time.Now().Add(timeout).UnixMilli()}
 	data, err := json.Marshal(rec)
 	if err != nil {
-		return nil, fmt.Errorf("twophase: begin %s: %w", txPath, err)
+		return nil, errfmt.Errorf("twophase: begin %s: %w", txPath, err)
 	}
 	if err := zkutil.EnsurePath(conn, path.Dir(txPath), o.acl); err != nil {
-		return nil, fmt.Errorf("twophase: begin %s: %w", txPath, err)
+		return nil, errfmt.Errorf("twophase: begin %s: %w", txPath, err)
 	}
 	acl := o.acl
 	ops := []any{&zk.CreateRequest{Path: txPath, Data: data, Acl: acl}}
@@ -137,9 +138,9 @@ func Begin(ctx context.Context, conn *zk.Conn, txPath string, participants []str
 	}
 	if err := zkutil.MultiError(conn.Multi(ops...)); err != nil {
 		if errors.Is(err, zk.ErrNodeExists) {
-			return nil, fmt.Errorf("twophase: begin %s: %w", txPath, ErrExists)
+			return nil, errfmt.Errorf("twophase: begin %s: %w", txPath, ErrExists)
 		}
-		return nil, fmt.Errorf("twophase: begin %s: %w", txPath, err)
+		return nil, errfmt.Errorf("twophase: begin %s: %w", txPath, err)
 	}
 	return start(conn, txPath, "", rec, o), nil
 }
@@ -200,7 +201,7 @@ func Join(ctx context.Context, conn *zk.Conn, txPath, name string, opts ...Optio
 			return start(conn, txPath, name, rec, applyOptions(opts)), nil
 		}
 	}
-	return nil, fmt.Errorf("twophase: join %s as %q: %w", txPath, name, ErrNotParticipant)
+	return nil, errfmt.Errorf("twophase: join %s as %q: %w", txPath, name, ErrNotParticipant)
 }
 
 // Watch opens the transaction at txPath without taking part: the Tx
@@ -226,13 +227,13 @@ func readRecord(ctx context.Context, conn *zk.Conn, txPath string) (txRecord, er
 	}
 	data, _, err := conn.Get(txPath)
 	if errors.Is(err, zk.ErrNoNode) {
-		return rec, fmt.Errorf("twophase: %s: %w", txPath, ErrNoTransaction)
+		return rec, errfmt.Errorf("twophase: %s: %w", txPath, ErrNoTransaction)
 	}
 	if err != nil {
-		return rec, fmt.Errorf("twophase: get %s: %w", txPath, err)
+		return rec, errfmt.Errorf("twophase: get %s: %w", txPath, err)
 	}
 	if err := json.Unmarshal(data, &rec); err != nil || len(rec.Participants) == 0 || rec.Deadline == 0 {
-		return rec, fmt.Errorf("twophase: %s: not a transaction record: %w", txPath, ErrNoTransaction)
+		return rec, errfmt.Errorf("twophase: %s: not a transaction record: %w", txPath, ErrNoTransaction)
 	}
 	return rec, nil
 }
@@ -255,7 +256,7 @@ func Outcome(ctx context.Context, conn *zk.Conn, txPath string) (Decision, error
 		if _, err := readRecord(ctx, conn, txPath); err != nil {
 			return Decision{}, err
 		}
-		return Decision{}, fmt.Errorf("twophase: outcome %s: %w", txPath, ErrUndecided)
+		return Decision{}, errfmt.Errorf("twophase: outcome %s: %w", txPath, ErrUndecided)
 	}
 	return d, err
 }
@@ -266,11 +267,11 @@ func readDecision(conn *zk.Conn, txPath string) (Decision, error) {
 	p := path.Join(txPath, decisionName)
 	data, _, err := conn.Get(p)
 	if err != nil {
-		return Decision{}, fmt.Errorf("twophase: get %s: %w", p, err)
+		return Decision{}, errfmt.Errorf("twophase: get %s: %w", p, err)
 	}
 	var d Decision
 	if err := json.Unmarshal(data, &d); err != nil {
-		return Decision{}, fmt.Errorf("twophase: decision %s: %w: %v", p, ErrCorrupt, err)
+		return Decision{}, errfmt.Errorf("twophase: decision %s: %w: %v", p, ErrCorrupt, err)
 	}
 	return d, nil
 }
@@ -293,7 +294,7 @@ func Delete(ctx context.Context, conn *zk.Conn, txPath string) error {
 		return err
 	}
 	if err := zkutil.DeleteTree(ctx, conn, txPath, nil); err != nil {
-		return fmt.Errorf("twophase: delete %s: %w", txPath, err)
+		return errfmt.Errorf("twophase: delete %s: %w", txPath, err)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -118,7 +119,7 @@ func (t *Tx) Vote(ctx context.Context, v Vote) error {
 		return fmt.Errorf("%w: vote %v", ErrInvalid, v)
 	}
 	if t.name == "" {
-		return fmt.Errorf("twophase: vote on %s: %w", t.path, ErrNotParticipant)
+		return errfmt.Errorf("twophase: vote on %s: %w", t.path, ErrNotParticipant)
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -129,22 +130,22 @@ func (t *Tx) Vote(ctx context.Context, v Vote) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, zk.ErrNoNode):
-		return fmt.Errorf("twophase: vote %s: %w", vp, ErrNoTransaction)
+		return errfmt.Errorf("twophase: vote %s: %w", vp, ErrNoTransaction)
 	case !errors.Is(err, zk.ErrBadVersion):
-		return fmt.Errorf("twophase: vote %s: %w", vp, err)
+		return errfmt.Errorf("twophase: vote %s: %w", vp, err)
 	}
 	data, _, err := t.conn.Get(vp)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
-		return fmt.Errorf("twophase: vote %s: %w", vp, ErrNoTransaction)
+		return errfmt.Errorf("twophase: vote %s: %w", vp, ErrNoTransaction)
 	case err != nil:
-		return fmt.Errorf("twophase: vote %s: %w", vp, err)
+		return errfmt.Errorf("twophase: vote %s: %w", vp, err)
 	case string(data) == v.String():
 		return nil
 	case string(data) == voteTimeout:
-		return fmt.Errorf("twophase: vote %s: %w", vp, ErrLate)
+		return errfmt.Errorf("twophase: vote %s: %w", vp, ErrLate)
 	}
-	return fmt.Errorf("twophase: vote %s: %w (recorded %q)", vp, ErrVoted, data)
+	return errfmt.Errorf("twophase: vote %s: %w (recorded %q)", vp, ErrVoted, data)
 }
 
 // castVote writes the vote; an abort also creates the decision, unless one
@@ -177,13 +178,13 @@ func (t *Tx) Abort(ctx context.Context, reason string) (Decision, error) {
 	err := t.decide(Decision{Committed: false, Reason: reason, By: t.by()})
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
-		return Decision{}, fmt.Errorf("twophase: abort %s: %w", t.path, ErrNoTransaction)
+		return Decision{}, errfmt.Errorf("twophase: abort %s: %w", t.path, ErrNoTransaction)
 	case err != nil && !errors.Is(err, zk.ErrNodeExists):
-		return Decision{}, fmt.Errorf("twophase: abort %s: %w", t.path, err)
+		return Decision{}, errfmt.Errorf("twophase: abort %s: %w", t.path, err)
 	}
 	d, err := readDecision(t.conn, t.path)
 	if errors.Is(err, zk.ErrNoNode) {
-		return Decision{}, fmt.Errorf("twophase: abort %s: %w", t.path, ErrNoTransaction)
+		return Decision{}, errfmt.Errorf("twophase: abort %s: %w", t.path, ErrNoTransaction)
 	}
 	return d, err
 }

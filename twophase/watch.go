@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -79,7 +80,7 @@ func (t *Tx) run() {
 			return
 		}
 		if errors.Is(ev.Err, zk.ErrClosing) {
-			t.err = fmt.Errorf("twophase: watch %s: %w", t.path, ev.Err)
+			t.err = errfmt.Errorf("twophase: watch %s: %w", t.path, ev.Err)
 			return
 		}
 	}
@@ -93,7 +94,7 @@ func (t *Tx) step(s *watchState) (*Decision, bool, error) {
 		p := path.Join(t.path, decisionName)
 		ok, _, w, err := t.conn.ExistsW(p)
 		if err != nil {
-			return nil, false, fmt.Errorf("twophase: exists %s: %w", p, err)
+			return nil, false, errfmt.Errorf("twophase: exists %s: %w", p, err)
 		}
 		s.decW = w
 		if ok {
@@ -119,9 +120,9 @@ func (t *Tx) step(s *watchState) (*Decision, bool, error) {
 	case errors.Is(err, zk.ErrBadVersion):
 		return nil, true, nil // a vote was cast since the read
 	case errors.Is(err, zk.ErrNoNode):
-		return nil, false, fmt.Errorf("twophase: decide %s: %w", t.path, ErrNoTransaction)
+		return nil, false, errfmt.Errorf("twophase: decide %s: %w", t.path, ErrNoTransaction)
 	}
-	return nil, false, fmt.Errorf("twophase: decide %s: %w", t.path, err)
+	return nil, false, errfmt.Errorf("twophase: decide %s: %w", t.path, err)
 }
 
 // readDecided reads the decision known to exist.
@@ -129,7 +130,7 @@ func (t *Tx) readDecided() (*Decision, bool, error) {
 	d, err := readDecision(t.conn, t.path)
 	if errors.Is(err, zk.ErrNoNode) {
 		// Only Delete removes a decision, with the whole transaction.
-		return nil, false, fmt.Errorf("twophase: %s: %w", t.path, ErrNoTransaction)
+		return nil, false, errfmt.Errorf("twophase: %s: %w", t.path, ErrNoTransaction)
 	}
 	if err != nil {
 		return nil, false, err
@@ -149,9 +150,9 @@ func (t *Tx) readVotes(s *watchState) ([]string, error) {
 		data, _, err := t.conn.Get(vp)
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
-			return nil, fmt.Errorf("twophase: %s: %w", vp, ErrNoTransaction)
+			return nil, errfmt.Errorf("twophase: %s: %w", vp, ErrNoTransaction)
 		case err != nil:
-			return nil, fmt.Errorf("twophase: get %s: %w", vp, err)
+			return nil, errfmt.Errorf("twophase: get %s: %w", vp, err)
 		case len(data) == 0:
 			missing = append(missing, p)
 		default:
@@ -216,9 +217,9 @@ func (t *Tx) watchVote(s *watchState, p string) (bool, error) {
 	data, _, w, err := t.conn.GetW(vp)
 	switch {
 	case errors.Is(err, zk.ErrNoNode):
-		return false, fmt.Errorf("twophase: %s: %w", vp, ErrNoTransaction)
+		return false, errfmt.Errorf("twophase: %s: %w", vp, ErrNoTransaction)
 	case err != nil:
-		return false, fmt.Errorf("twophase: get %s: %w", vp, err)
+		return false, errfmt.Errorf("twophase: get %s: %w", vp, err)
 	}
 	s.voteW, s.voteOn = w, p
 	if len(data) > 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -176,8 +177,21 @@ func (s *Queue) wrap(op string, err error) error {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return fmt.Errorf("zkqueue: %s %s: %w", op, s.path, err)
+	return &opError{op: op, path: s.path, err: err}
 }
+
+// opError is an error of a Queue operation: "zkqueue: <op> <path>: " and
+// the cause, whose own "zkqueue: " prefix (a sentinel's) is not repeated.
+type opError struct {
+	op, path string
+	err      error
+}
+
+func (e *opError) Error() string {
+	return "zkqueue: " + e.op + " " + e.path + ": " + strings.TrimPrefix(e.err.Error(), "zkqueue: ")
+}
+
+func (e *opError) Unwrap() error { return e.err }
 
 // publish creates one checked message node and returns its name.
 func (s *Queue) publish(ctx context.Context, d Draft) (string, error) {

@@ -172,6 +172,8 @@ func TestFIFOOrderAndPeek(t *testing.T) {
 	q := newQueue(t, zktest.Conn(t), zktest.Root(t)+"/a/b/q")
 	if _, err := q.TryDequeue(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Fatalf("TryDequeue on empty queue: got %v, want ErrEmpty", err)
+	} else if n := strings.Count(err.Error(), "zkqueue:"); n != 1 || !strings.Contains(err.Error(), "dequeue") {
+		t.Fatalf("TryDequeue on empty queue: got %q, want the operation named and the package prefix once", err)
 	}
 	if _, err := q.Peek(ctx); !errors.Is(err, zkqueue.ErrEmpty) {
 		t.Fatalf("Peek on empty queue: got %v, want ErrEmpty", err)

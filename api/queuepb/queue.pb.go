@@ -1128,7 +1128,7 @@ func (x *OutMessage) GetGroup() string {
 // at most the payload limit (default 512 KiB, configurable up to 1032192
 // bytes); a batch at most the count limit (default 1000) and the byte limit
 // (default 900 KiB), where each message counts its payload plus a
-// per-message overhead of 157 bytes plus the queue name's length (its header,
+// per-message overhead of 207 bytes plus the queue name's length (its header,
 // node path and op framing in the batch's one ZooKeeper transaction, under
 // the default root /qbroker). Over a limit: InvalidArgument, naming it
 // ("N bytes including X bytes of per-message overhead > limit"). A request

@@ -47,7 +47,7 @@ func (k *QueueKind) UnmarshalText(b []byte) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("qbroker: unknown queue kind %q (want fifo, priority or sync): %w", b, ErrInvalidArgument)
+	return errorf("qbroker: unknown queue kind %q (want fifo, priority or sync): %w", b, ErrInvalidArgument)
 }
 
 func (k QueueKind) toPB() (pb.QueueKind, error) {
@@ -59,7 +59,7 @@ func (k QueueKind) toPB() (pb.QueueKind, error) {
 	case KindSync:
 		return pb.QueueKind_QUEUE_KIND_SYNC, nil
 	}
-	return 0, fmt.Errorf("qbroker: unknown queue kind %d: %w", int(k), ErrInvalidArgument)
+	return 0, errorf("qbroker: unknown queue kind %d: %w", int(k), ErrInvalidArgument)
 }
 
 func kindFromPB(k pb.QueueKind) QueueKind {
@@ -184,7 +184,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		return QueueInfo{}, err
 	}
 	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 || o.MaxDepth < 0 || o.MaxBytes < 0 || o.DedupWindow < 0 || o.MessageTTL < 0 {
-		return QueueInfo{}, fmt.Errorf("qbroker: create %s: negative option: %w", name, ErrInvalidArgument)
+		return QueueInfo{}, errorf("qbroker: create %s: negative option: %w", name, ErrInvalidArgument)
 	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
@@ -202,7 +202,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		ExpireToDeadLetter: o.ExpireToDeadLetter,
 	})
 	if err != nil {
-		return QueueInfo{}, fmt.Errorf("qbroker: create queue %s: %w", name, convErr(err))
+		return QueueInfo{}, errorf("qbroker: create queue %s: %w", name, convErr(err))
 	}
 	return infoFromPB(q), nil
 }
@@ -213,7 +213,7 @@ func (c *Client) GetQueue(ctx context.Context, name string) (QueueInfo, error) {
 	defer cancel()
 	q, err := c.rpc.GetQueue(ctx, &pb.GetQueueRequest{Name: name})
 	if err != nil {
-		return QueueInfo{}, fmt.Errorf("qbroker: get queue %s: %w", name, convErr(err))
+		return QueueInfo{}, errorf("qbroker: get queue %s: %w", name, convErr(err))
 	}
 	return infoFromPB(q), nil
 }
@@ -233,7 +233,7 @@ func (c *Client) ListQueues(ctx context.Context, prefix string) ([]QueueInfo, er
 			if prefix != "" {
 				op += " " + prefix
 			}
-			return nil, fmt.Errorf("qbroker: %s: %w", op, convErr(err))
+			return nil, errorf("qbroker: %s: %w", op, convErr(err))
 		}
 		for _, q := range resp.GetQueues() {
 			out = append(out, infoFromPB(q))
@@ -256,7 +256,7 @@ func (c *Client) DeleteQueue(ctx context.Context, name string) error {
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	if _, err := c.rpc.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: name}); err != nil {
-		return fmt.Errorf("qbroker: delete queue %s: %w", name, convErr(err))
+		return errorf("qbroker: delete queue %s: %w", name, convErr(err))
 	}
 	return nil
 }
@@ -268,7 +268,7 @@ func (c *Client) Purge(ctx context.Context, name string) (int, error) {
 	defer cancel()
 	resp, err := c.rpc.Purge(ctx, &pb.PurgeRequest{Name: name})
 	if err != nil {
-		return 0, fmt.Errorf("qbroker: purge %s: %w", name, convErr(err))
+		return 0, errorf("qbroker: purge %s: %w", name, convErr(err))
 	}
 	return int(resp.GetPurged()), nil
 }
@@ -279,7 +279,7 @@ func (c *Client) Stats(ctx context.Context, name string) (Stats, error) {
 	defer cancel()
 	s, err := c.rpc.Stats(ctx, &pb.StatsRequest{Name: name})
 	if err != nil {
-		return Stats{}, fmt.Errorf("qbroker: stats %s: %w", name, convErr(err))
+		return Stats{}, errorf("qbroker: stats %s: %w", name, convErr(err))
 	}
 	return Stats{
 		Name:       s.GetName(),
@@ -304,7 +304,7 @@ const deadPage = 1000
 // Errors: ErrNotFound, ErrInvalidArgument.
 func (c *Client) DeadLetters(ctx context.Context, queue string, limit int) ([]*Message, error) {
 	if limit < 0 {
-		return nil, fmt.Errorf("qbroker: dead letters of %s: negative limit: %w", queue, ErrInvalidArgument)
+		return nil, errorf("qbroker: dead letters of %s: negative limit: %w", queue, ErrInvalidArgument)
 	}
 	if limit == 0 {
 		limit = 100
@@ -332,13 +332,13 @@ func (c *Client) DeadLetters(ctx context.Context, queue string, limit int) ([]*M
 // out of range, malformed token).
 func (c *Client) DeadLettersPage(ctx context.Context, queue, pageToken string, limit int) (ms []*Message, next string, err error) {
 	if limit < 0 {
-		return nil, "", fmt.Errorf("qbroker: dead letters of %s: negative limit: %w", queue, ErrInvalidArgument)
+		return nil, "", errorf("qbroker: dead letters of %s: negative limit: %w", queue, ErrInvalidArgument)
 	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	resp, err := c.rpc.ListDeadLetters(ctx, &pb.ListDeadLettersRequest{Queue: queue, Limit: uint32(limit), PageToken: pageToken})
 	if err != nil {
-		return nil, "", fmt.Errorf("qbroker: dead letters of %s: %w", queue, convErr(err))
+		return nil, "", errorf("qbroker: dead letters of %s: %w", queue, convErr(err))
 	}
 	return c.messages(resp.GetMessages(), nil, 0), resp.GetNextPageToken(), nil
 }
@@ -354,13 +354,13 @@ func (c *Client) DeadLettersPage(ctx context.Context, queue, pageToken string, l
 // (limit out of range, malformed token).
 func (c *Client) Browse(ctx context.Context, queue, pageToken string, limit int) (ms []*Message, next string, err error) {
 	if limit < 0 {
-		return nil, "", fmt.Errorf("qbroker: browse %s: negative limit: %w", queue, ErrInvalidArgument)
+		return nil, "", errorf("qbroker: browse %s: negative limit: %w", queue, ErrInvalidArgument)
 	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	resp, err := c.rpc.Browse(ctx, &pb.BrowseRequest{Queue: queue, Limit: uint32(limit), PageToken: pageToken})
 	if err != nil {
-		return nil, "", fmt.Errorf("qbroker: browse %s: %w", queue, convErr(err))
+		return nil, "", errorf("qbroker: browse %s: %w", queue, convErr(err))
 	}
 	return c.messages(resp.GetMessages(), nil, 0), resp.GetNextPageToken(), nil
 }
@@ -373,7 +373,7 @@ func (c *Client) Redrive(ctx context.Context, queue string, ids ...string) (int,
 	defer cancel()
 	resp, err := c.rpc.Redrive(ctx, &pb.RedriveRequest{Queue: queue, Ids: ids})
 	if err != nil {
-		return 0, fmt.Errorf("qbroker: redrive %s: %w", queue, convErr(err))
+		return 0, errorf("qbroker: redrive %s: %w", queue, convErr(err))
 	}
 	return int(resp.GetRedriven()), nil
 }

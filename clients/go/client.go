@@ -140,17 +140,17 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		opt(&o)
 	}
 	if len(o.addrs) == 0 {
-		return nil, fmt.Errorf("qbroker: dial: no broker address: %w", ErrInvalidArgument)
+		return nil, errorf("qbroker: dial: no broker address: %w", ErrInvalidArgument)
 	}
 	if o.optErr != nil {
-		return nil, fmt.Errorf("qbroker: dial: %w: %w", o.optErr, ErrInvalidArgument)
+		return nil, errorf("qbroker: dial: %w: %w", o.optErr, ErrInvalidArgument)
 	}
 	sec, err := o.securityOptions()
 	if err != nil {
-		return nil, fmt.Errorf("qbroker: dial: %w: %w", err, ErrInvalidArgument)
+		return nil, errorf("qbroker: dial: %w: %w", err, ErrInvalidArgument)
 	}
 	if o.minBackoff <= 0 || o.maxBackoff < o.minBackoff {
-		return nil, fmt.Errorf("qbroker: dial: bad reconnect backoff %v..%v: %w", o.minBackoff, o.maxBackoff, ErrInvalidArgument)
+		return nil, errorf("qbroker: dial: bad reconnect backoff %v..%v: %w", o.minBackoff, o.maxBackoff, ErrInvalidArgument)
 	}
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -170,7 +170,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	default:
 		for _, a := range o.addrs {
 			if strings.Contains(a, "://") {
-				return nil, fmt.Errorf("qbroker: dial: target URI %q cannot be combined with other addresses: %w", a, ErrInvalidArgument)
+				return nil, errorf("qbroker: dial: target URI %q cannot be combined with other addresses: %w", a, ErrInvalidArgument)
 			}
 		}
 		// A static resolver of our own, registered for this channel only.
@@ -184,7 +184,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	dialOpts = append(dialOpts, o.dialOpts...)
 	conn, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("qbroker: dial %s: %w", strings.Join(o.addrs, ","), err)
+		return nil, errorf("qbroker: dial %s: %w", strings.Join(o.addrs, ","), err)
 	}
 	c := &Client{conn: conn, rpc: pb.NewQueueClient(conn), health: healthpb.NewHealthClient(conn), elect: pb.NewElectionClient(conn),
 		locks: pb.NewLockClient(conn), opts: o}
@@ -206,10 +206,10 @@ func (c *Client) waitReady(ctx context.Context) error {
 			return nil
 		}
 		if s == connectivity.Shutdown {
-			return fmt.Errorf("qbroker: dial: %w", ErrClosed)
+			return errorf("qbroker: dial: %w", ErrClosed)
 		}
 		if !c.conn.WaitForStateChange(ctx, s) {
-			return fmt.Errorf("qbroker: dial %s: no broker ready (%w): %w", strings.Join(c.opts.addrs, ","), ErrUnavailable, ctx.Err())
+			return errorf("qbroker: dial %s: no broker ready (%w): %w", strings.Join(c.opts.addrs, ","), ErrUnavailable, ctx.Err())
 		}
 	}
 }
@@ -229,10 +229,10 @@ func (c *Client) Ping(ctx context.Context) error {
 	defer cancel()
 	r, err := c.health.Check(ctx, &healthpb.HealthCheckRequest{})
 	if err != nil {
-		return fmt.Errorf("qbroker: ping: %w", convErr(err))
+		return errorf("qbroker: ping: %w", convErr(err))
 	}
 	if s := r.GetStatus(); s != healthpb.HealthCheckResponse_SERVING {
-		return fmt.Errorf("qbroker: ping: broker reports %s: %w", s, ErrUnavailable)
+		return errorf("qbroker: ping: broker reports %s: %w", s, ErrUnavailable)
 	}
 	return nil
 }

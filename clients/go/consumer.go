@@ -3,7 +3,6 @@ package qbroker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"math/rand/v2"
 	"sync"
@@ -100,7 +99,7 @@ func (c *Client) Consume(ctx context.Context, queue string, opts ConsumeOptions)
 		return nil, err
 	}
 	if opts.Prefetch < 0 || opts.Prefetch > maxPrefetch || opts.Max < 0 || opts.Visibility < 0 || opts.ExhaustedTimeout < 0 {
-		return nil, fmt.Errorf("qbroker: consume %s: prefetch %d not in [0, %d], or negative option: %w",
+		return nil, errorf("qbroker: consume %s: prefetch %d not in [0, %d], or negative option: %w",
 			queue, opts.Prefetch, maxPrefetch, ErrInvalidArgument)
 	}
 	if opts.Prefetch == 0 {
@@ -113,7 +112,7 @@ func (c *Client) Consume(ctx context.Context, queue string, opts ConsumeOptions)
 	_, err = c.rpc.GetQueue(qctx, &pb.GetQueueRequest{Name: queue})
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("qbroker: consume %s: %w", queue, convErr(err))
+		return nil, errorf("qbroker: consume %s: %w", queue, convErr(err))
 	}
 	k := &Consumer{
 		c:       c,
@@ -144,7 +143,7 @@ func (k *Consumer) Next(ctx context.Context) (*Message, error) {
 		if err := k.Err(); err != nil {
 			return nil, err
 		}
-		return nil, fmt.Errorf("qbroker: consume %s: %w", k.queue, ErrClosed)
+		return nil, errorf("qbroker: consume %s: %w", k.queue, ErrClosed)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -225,7 +224,7 @@ func (k *Consumer) run(ctx context.Context) {
 	}
 	l.endStream()
 	if err != nil {
-		err = fmt.Errorf("qbroker: consume %s: %w", k.queue, err)
+		err = errorf("qbroker: consume %s: %w", k.queue, err)
 	}
 	k.mu.Lock()
 	k.err = err

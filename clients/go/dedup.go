@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"time"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
@@ -61,7 +60,7 @@ func (c *Client) PublishReceipts(ctx context.Context, queue string, msgs []OutMe
 	all := len(msgs) > 0
 	for i, m := range msgs {
 		if m.Priority < 0 {
-			return nil, fmt.Errorf("qbroker: publish to %s: negative priority %d: %w", queue, m.Priority, ErrInvalidArgument)
+			return nil, errorf("qbroker: publish to %s: negative priority %d: %w", queue, m.Priority, ErrInvalidArgument)
 		}
 		if m.DedupID == "" && c.opts.autoDedup {
 			m.DedupID = newDedupID()
@@ -70,7 +69,7 @@ func (c *Client) PublishReceipts(ctx context.Context, queue string, msgs []OutMe
 		// Protocol buffers cannot carry invalid UTF-8 in a string: say so
 		// here rather than fail to encode the request.
 		if err := checkUTF8(m); err != nil {
-			return nil, fmt.Errorf("qbroker: publish to %s: message %d: %w", queue, i, err)
+			return nil, errorf("qbroker: publish to %s: message %d: %w", queue, i, err)
 		}
 		req.Messages[i] = &pb.OutMessage{Payload: m.Payload, Priority: uint32(m.Priority), DedupId: m.DedupID,
 			Headers: m.Headers, ContentType: m.ContentType, Group: m.Group}
@@ -93,14 +92,14 @@ func (c *Client) PublishReceipts(ctx context.Context, queue string, msgs []OutMe
 		}
 		err = convErr(err)
 		if attempt >= retries || !retriablePublish(ctx, err) {
-			return nil, fmt.Errorf("qbroker: publish to %s: %w", queue, err)
+			return nil, errorf("qbroker: publish to %s: %w", queue, err)
 		}
 		t := time.NewTimer(bo.next())
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("qbroker: publish to %s: %w (retrying after: %w)", queue, ctx.Err(), err)
+			return nil, errorf("qbroker: publish to %s: %w (retrying after: %w)", queue, ctx.Err(), err)
 		}
 	}
 }
@@ -121,7 +120,7 @@ func retriablePublish(ctx context.Context, err error) bool {
 func receipts(queue string, resp *pb.PublishResponse, n int) ([]Receipt, error) {
 	ids, dups := resp.GetIds(), resp.GetDuplicates()
 	if len(ids) != n || len(dups) != 0 && len(dups) != n {
-		return nil, fmt.Errorf("qbroker: publish to %s: %d ids and %d duplicate flags for %d messages: %w", queue, len(ids), len(dups), n, ErrInternal)
+		return nil, errorf("qbroker: publish to %s: %d ids and %d duplicate flags for %d messages: %w", queue, len(ids), len(dups), n, ErrInternal)
 	}
 	out := make([]Receipt, n)
 	for i, id := range ids {

@@ -57,7 +57,7 @@ func (c *Client) Campaign(ctx context.Context, name string, value []byte) (*Lead
 	}
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("qbroker: campaign %s: %w", name, convErr(err))
+		return nil, errorf("qbroker: campaign %s: %w", name, convErr(err))
 	}
 	l := &Leadership{c: c, name: name, key: ev.GetKey(), token: ev.GetToken(), cancel: cancel, done: make(chan struct{})}
 	go l.run(s)
@@ -75,7 +75,7 @@ func (l *Leadership) run(s pb.Election_CampaignClient) {
 		if errors.Is(err, io.EOF) {
 			err = ErrUnavailable // the broker ended the stream without a reason
 		}
-		l.err = fmt.Errorf("qbroker: leadership of %s: %w: %w", l.name, ErrLost, convErr(err))
+		l.err = errorf("qbroker: leadership of %s: %w: %w", l.name, ErrLost, convErr(err))
 	}
 	l.mu.Unlock()
 	l.cancel()
@@ -138,7 +138,7 @@ func (c *Client) Proclaim(ctx context.Context, name, key string, value []byte) e
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	if _, err := c.elect.Proclaim(ctx, &pb.ProclaimRequest{Name: name, Key: key, Value: value}); err != nil {
-		return fmt.Errorf("qbroker: proclaim %s %s: %w", name, key, convErr(err))
+		return errorf("qbroker: proclaim %s %s: %w", name, key, convErr(err))
 	}
 	return nil
 }
@@ -151,7 +151,7 @@ func (c *Client) Resign(ctx context.Context, name, key string) error {
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	if _, err := c.elect.Resign(ctx, &pb.ResignRequest{Name: name, Key: key}); err != nil {
-		return fmt.Errorf("qbroker: resign %s %s: %w", name, key, convErr(err))
+		return errorf("qbroker: resign %s %s: %w", name, key, convErr(err))
 	}
 	return nil
 }
@@ -163,7 +163,7 @@ func (c *Client) Leader(ctx context.Context, name string) (Leader, error) {
 	defer cancel()
 	l, err := c.elect.Leader(ctx, &pb.LeaderRequest{Name: name})
 	if err != nil {
-		return Leader{}, fmt.Errorf("qbroker: leader of %s: %w", name, convErr(err))
+		return Leader{}, errorf("qbroker: leader of %s: %w", name, convErr(err))
 	}
 	return Leader{Key: l.GetKey(), Value: l.GetValue(), Token: l.GetToken()}, nil
 }
@@ -192,5 +192,5 @@ func (c *Client) Observe(ctx context.Context, name string, fn func(Leader) error
 	if errors.Is(err, io.EOF) {
 		err = ErrUnavailable
 	}
-	return fmt.Errorf("qbroker: observe %s: %w", name, convErr(err))
+	return errorf("qbroker: observe %s: %w", name, convErr(err))
 }

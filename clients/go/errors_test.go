@@ -88,3 +88,22 @@ func TestServiceConfigParses(t *testing.T) {
 	}
 	c.Close()
 }
+
+// An error of this package names the package once, however many of its
+// errors it wraps, and still matches each of them.
+func TestErrorfSaysPrefixOnce(t *testing.T) {
+	err := errorf("qbroker: create %s: negative option: %w", "q", ErrInvalidArgument)
+	if got, want := err.Error(), "qbroker: create q: negative option: invalid argument"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("errors.Is(%v, ErrInvalidArgument): false", err)
+	}
+	err = errorf("qbroker: lock %s: %w: %w", "l", ErrClosed, convErr(status.Error(codes.Aborted, "lost")))
+	if got, want := err.Error(), "qbroker: lock l: closed: lost (Aborted)"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if !errors.Is(err, ErrClosed) || !errors.Is(err, ErrAborted) || status.Code(err) != codes.Aborted {
+		t.Errorf("%v: want it to match ErrClosed, ErrAborted and code Aborted", err)
+	}
+}

@@ -3,6 +3,7 @@ package qbroker_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,4 +105,13 @@ func refusals(reg *prometheus.Registry) float64 {
 		return n
 	}
 	return 0
+}
+
+// A refusal the client makes itself says "qbroker:" once.
+func TestClientRefusalSaysPrefixOnce(t *testing.T) {
+	_, c := setup(t)
+	_, err := c.CreateQueue(testCtx(t), "q", qbroker.QueueOptions{MaxDeliveries: -1})
+	if !errors.Is(err, qbroker.ErrInvalidArgument) || strings.Count(err.Error(), "qbroker:") != 1 {
+		t.Fatalf("CreateQueue with a negative option: got %v, want ErrInvalidArgument saying qbroker: once", err)
+	}
 }

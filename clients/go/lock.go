@@ -72,7 +72,7 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lo
 	}
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("qbroker: lock %s: %w", name, convErr(err))
+		return nil, errorf("qbroker: lock %s: %w", name, convErr(err))
 	}
 	l := &Lock{name: name, key: ev.GetKey(), token: ev.GetToken(), stream: s, cancel: cancel,
 		lost: make(chan struct{}), revoked: make(chan struct{})}
@@ -127,7 +127,7 @@ func (l *Lock) run() {
 		if errors.Is(err, io.EOF) {
 			err = ErrUnavailable // the broker ended the stream without a reason
 		}
-		l.err = fmt.Errorf("qbroker: lock %s: %w: %w", l.name, ErrLost, convErr(err))
+		l.err = errorf("qbroker: lock %s: %w: %w", l.name, ErrLost, convErr(err))
 	}
 	l.mu.Unlock()
 	l.cancel()
@@ -195,7 +195,7 @@ func (c *Client) UnlockKey(ctx context.Context, name, key string, token int64) e
 	defer cancel()
 	_, err := c.locks.Unlock(ctx, &pb.UnlockRequest{Name: name, Key: key, Token: token})
 	if err != nil {
-		return fmt.Errorf("qbroker: unlock %s %s: %w", name, key, convErr(err))
+		return errorf("qbroker: unlock %s %s: %w", name, key, convErr(err))
 	}
 	return nil
 }
@@ -215,7 +215,7 @@ func (c *Client) Revoke(ctx context.Context, name string) (LockHolder, error) {
 	defer cancel()
 	r, err := c.locks.Revoke(ctx, &pb.RevokeRequest{Name: name})
 	if err != nil {
-		return LockHolder{}, fmt.Errorf("qbroker: revoke %s: %w", name, convErr(err))
+		return LockHolder{}, errorf("qbroker: revoke %s: %w", name, convErr(err))
 	}
 	h := r.GetHolder()
 	return LockHolder{Key: h.GetKey(), Value: h.GetValue(), Token: h.GetToken()}, nil

@@ -47,7 +47,7 @@ func (m *DeliveryMode) UnmarshalText(b []byte) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("qbroker: unknown delivery mode %q (want at-most-once or at-least-once): %w", b, ErrInvalidArgument)
+	return errorf("qbroker: unknown delivery mode %q (want at-most-once or at-least-once): %w", b, ErrInvalidArgument)
 }
 
 func (m DeliveryMode) toPB() (pb.DeliveryMode, error) {
@@ -57,7 +57,7 @@ func (m DeliveryMode) toPB() (pb.DeliveryMode, error) {
 	case AtLeastOnce:
 		return pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE, nil
 	}
-	return 0, fmt.Errorf("qbroker: unknown delivery mode %d: %w", int(m), ErrInvalidArgument)
+	return 0, errorf("qbroker: unknown delivery mode %d: %w", int(m), ErrInvalidArgument)
 }
 
 // maxNackDelay is the broker's bound on a nack's delay.
@@ -151,10 +151,10 @@ func (m *Message) settle(ctx context.Context, nack bool, delay time.Duration) er
 		op = "nack"
 	}
 	if m.token == "" {
-		return fmt.Errorf("qbroker: %s %s/%s: %w", op, m.Queue, m.ID, ErrNoLease)
+		return errorf("qbroker: %s %s/%s: %w", op, m.Queue, m.ID, ErrNoLease)
 	}
 	if delay < 0 || delay > maxNackDelay {
-		return fmt.Errorf("qbroker: nack %s/%s: delay %v out of range [0, %v]: %w", m.Queue, m.ID, delay, maxNackDelay, ErrInvalidArgument)
+		return errorf("qbroker: nack %s/%s: delay %v out of range [0, %v]: %w", m.Queue, m.ID, delay, maxNackDelay, ErrInvalidArgument)
 	}
 	if m.consumer != nil && m.settled.CompareAndSwap(false, true) {
 		sent, err := m.consumer.settle(ctx, m, nack, delay)
@@ -175,7 +175,7 @@ func (m *Message) settle(ctx context.Context, nack bool, delay time.Duration) er
 		_, err = m.client.rpc.Ack(ctx, &pb.AckRequest{AckToken: m.token})
 	}
 	if err != nil {
-		return fmt.Errorf("qbroker: %s %s/%s: %w", op, m.Queue, m.ID, convErr(err))
+		return errorf("qbroker: %s %s/%s: %w", op, m.Queue, m.ID, convErr(err))
 	}
 	return nil
 }
@@ -186,16 +186,16 @@ func (m *Message) settle(ctx context.Context, nack bool, delay time.Duration) er
 // ErrInvalidArgument (d out of the broker's range).
 func (m *Message) Extend(ctx context.Context, d time.Duration) (time.Time, error) {
 	if m.token == "" {
-		return time.Time{}, fmt.Errorf("qbroker: extend %s/%s: %w", m.Queue, m.ID, ErrNoLease)
+		return time.Time{}, errorf("qbroker: extend %s/%s: %w", m.Queue, m.ID, ErrNoLease)
 	}
 	if d < 0 {
-		return time.Time{}, fmt.Errorf("qbroker: extend %s/%s: negative lease %v: %w", m.Queue, m.ID, d, ErrInvalidArgument)
+		return time.Time{}, errorf("qbroker: extend %s/%s: negative lease %v: %w", m.Queue, m.ID, d, ErrInvalidArgument)
 	}
 	ctx, cancel := m.client.callCtx(ctx, 0)
 	defer cancel()
 	resp, err := m.client.rpc.ExtendLease(ctx, &pb.ExtendLeaseRequest{AckToken: m.token, VisibilityTimeout: durationOrNil(d)})
 	if err != nil {
-		return time.Time{}, fmt.Errorf("qbroker: extend %s/%s: %w", m.Queue, m.ID, convErr(err))
+		return time.Time{}, errorf("qbroker: extend %s/%s: %w", m.Queue, m.ID, convErr(err))
 	}
 	return resp.GetLeaseDeadline().AsTime(), nil
 }
@@ -352,7 +352,7 @@ func (c *Client) Receive(ctx context.Context, queue string, o ReceiveOptions) ([
 		return nil, err
 	}
 	if o.Max < 0 || o.Wait < 0 || o.Visibility < 0 {
-		return nil, fmt.Errorf("qbroker: receive from %s: negative option: %w", queue, ErrInvalidArgument)
+		return nil, errorf("qbroker: receive from %s: negative option: %w", queue, ErrInvalidArgument)
 	}
 	ctx, cancel := c.callCtx(ctx, o.Wait)
 	defer cancel()
@@ -364,7 +364,7 @@ func (c *Client) Receive(ctx context.Context, queue string, o ReceiveOptions) ([
 		VisibilityTimeout: durationOrNil(o.Visibility),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("qbroker: receive from %s: %w", queue, convErr(err))
+		return nil, errorf("qbroker: receive from %s: %w", queue, convErr(err))
 	}
 	ms := c.messages(resp.GetMessages(), nil, 0)
 	now := time.Now()

@@ -77,7 +77,7 @@ func (c *Client) JoinSync(ctx context.Context, queue, memberID string) (*Members
 	}
 	if err != nil {
 		cancel(ErrClosed)
-		return nil, fmt.Errorf("qbroker: join sync %s as %s: %w", queue, memberID, convErr(err))
+		return nil, errorf("qbroker: join sync %s as %s: %w", queue, memberID, convErr(err))
 	}
 	m := &Membership{
 		queue:  queue,
@@ -147,7 +147,7 @@ func (m *Membership) run(ctx context.Context, s pb.Queue_JoinSyncClient) {
 		}
 	}
 	if err != nil {
-		err = fmt.Errorf("qbroker: sync membership in %s: %w", m.queue, err)
+		err = errorf("qbroker: sync membership in %s: %w", m.queue, err)
 	}
 	m.mu.Lock()
 	m.err = err
@@ -187,7 +187,7 @@ func (m *Membership) WaitOpen(ctx context.Context) error {
 		if err := m.Err(); err != nil {
 			return err
 		}
-		return fmt.Errorf("qbroker: sync membership in %s: %w", m.queue, ErrClosed)
+		return errorf("qbroker: sync membership in %s: %w", m.queue, ErrClosed)
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -10,11 +10,18 @@ them): Unavailable and Aborted are retried with backoff, the rest end the
 program with the code and the broker's message on stderr (exit status 2 for
 InvalidArgument, a bad request; 1 otherwise).
 
+With --tls-ca (or --tls, trusting the system's CAs) it dials over TLS,
+with --tls-cert and --tls-key presenting a client certificate (mutual TLS),
+and with --token-file (or $QBROKER_TOKEN) it sends a bearer token with every
+call, as the qbroker command's flags of the same names do. A token needs
+TLS: sent in the clear it could be replayed by anyone who saw it.
+
 It uses the stubs generated from api/queue.proto (queue_pb2.py,
 queue_pb2_grpc.py, beside this file; `make python` rebuilds them).
 """
 
 import argparse
+import os
 import queue
 import sys
 import time
@@ -99,8 +106,46 @@ def consume(stub, name, count, timeout):
     return got
 
 
+def read_file(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise UsageError(f"{what}: {err}") from err
+
+
+class UsageError(Exception):
+    """A bad command line: exit status 2."""
+
+
+def open_channel(args):
+    """Returns a channel to args.addr: over TLS when a TLS flag is given,
+    carrying the bearer token when one is."""
+    token = os.environ.get("QBROKER_TOKEN", "")
+    if args.token_file:
+        token = read_file(args.token_file, "--token-file").decode().strip()
+    use_tls = args.tls or args.tls_ca or args.tls_cert
+    if token and not use_tls:
+        raise UsageError("a bearer token (--token-file or $QBROKER_TOKEN) needs TLS: give --tls-ca (or --tls)")
+    if not use_tls:
+        return grpc.insecure_channel(args.addr)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=read_file(args.tls_ca, "--tls-ca") if args.tls_ca else None,
+        private_key=read_file(args.tls_key, "--tls-key") if args.tls_key else None,
+        certificate_chain=read_file(args.tls_cert, "--tls-cert") if args.tls_cert else None)
+    if token:
+        # "authorization: Bearer <token>" with every call.
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    options = []
+    if args.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", args.tls_server_name))
+    return grpc.secure_channel(args.addr, creds, options=options)
+
+
 def run(args):
-    channel = grpc.insecure_channel(args.addr)
+    channel = open_channel(args)
     try:
         stub = pb_grpc.QueueStub(channel)
         try:
@@ -131,11 +176,19 @@ def main():
     p.add_argument("--count", type=int, default=10, help="messages to publish and consume (1..1000)")
     p.add_argument("--prefix", default="hello", help="payloads are PREFIX-0, PREFIX-1, ...")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per call and for the stream")
+    p.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs (implied by --tls-ca)")
+    p.add_argument("--tls-ca", help="use TLS, trusting these PEM CA certificates")
+    p.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS, with --tls-key")
+    p.add_argument("--tls-key", help="the client certificate's key (PEM)")
+    p.add_argument("--tls-server-name", help="name the broker's certificate must carry; default the host dialled")
+    p.add_argument("--token-file", help="file holding a bearer token (or set $QBROKER_TOKEN); needs TLS")
     args = p.parse_args()
     if not 1 <= args.count <= 1000:
         p.error("--count must be 1..1000")
     try:
         run(args)
+    except UsageError as err:
+        p.error(str(err))
     except grpc.RpcError as err:
         log(f"{err.code().name}: {err.details()}")
         return 2 if err.code() == grpc.StatusCode.INVALID_ARGUMENT else 1

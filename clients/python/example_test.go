@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +160,19 @@ func TestPythonExample(t *testing.T) {
 	}
 	if len(acked) != count {
 		t.Fatalf("got %d acked lines, want %d", len(acked), count)
+	}
+	// The README shows ids of the form the broker gives.
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	digits := regexp.MustCompile(`[0-9]`)
+	shape := func(id string) string { return digits.ReplaceAllString(id, "0") }
+	got := shape(strings.Fields(out[strings.Index(out, "acked "):])[1])
+	for _, line := range strings.Split(string(readme), "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "acked" && shape(f[1]) != got {
+			t.Errorf("README.md shows message id %s, the broker gives ids like %s", f[1], strings.Fields(out[strings.Index(out, "acked "):])[1])
+		}
 	}
 	for i, p := range acked {
 		if want := fmt.Sprintf("py-%d", i); p != want {

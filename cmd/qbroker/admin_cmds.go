@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -47,20 +46,11 @@ input, unless --yes (or -f) is given, as a script must.`, std)
 	}
 	defer c.Close()
 	if !yes {
-		var what []string
-		for _, n := range names {
-			st, err := c.Stats(ctx, n)
-			if err != nil {
-				return err
-			}
-			what = append(what, fmt.Sprintf("%s (%d ready, %d in flight, %d dead letters)", n, st.Ready, st.InFlight, st.Dead))
-		}
-		fmt.Fprintf(std.err, "delete %s? [y/N] ", strings.Join(what, ", "))
-		answer, _ := bufio.NewReader(std.in).ReadString('\n')
-		switch strings.ToLower(strings.TrimSpace(answer)) {
-		case "y", "yes":
-		default:
-			return errors.New("not confirmed: nothing deleted (--yes deletes without asking)")
+		err := confirm(ctx, std, c, "delete", names, func(n string, st qbroker.Stats) string {
+			return fmt.Sprintf("%s (%d ready, %d in flight, %d dead letters)", n, st.Ready, st.InFlight, st.Dead)
+		})
+		if err != nil {
+			return err
 		}
 	}
 	for _, n := range names {
@@ -71,6 +61,30 @@ input, unless --yes (or -f) is given, as a script must.`, std)
 	}
 	return nil
 }
+
+// confirm asks on standard input whether to verb the queues, describing
+// each from its stats; anything but y or yes (an empty or closed standard
+// input too, as in a script) is a refusal, an error naming --yes.
+func confirm(ctx context.Context, std stdio, c *qbroker.Client, verb string, names []string, describe func(string, qbroker.Stats) string) error {
+	var what []string
+	for _, n := range names {
+		st, err := c.Stats(ctx, n)
+		if err != nil {
+			return err
+		}
+		what = append(what, describe(n, st))
+	}
+	fmt.Fprintf(std.err, "%s %s? [y/N] ", verb, strings.Join(what, ", "))
+	answer, _ := bufio.NewReader(std.in).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return nil
+	}
+	return fmt.Errorf("not confirmed: nothing %s (--yes %ss without asking)", pastTense(verb), verb)
+}
+
+// pastTense is "deleted" for "delete", "purged" for "purge".
+func pastTense(verb string) string { return strings.TrimSuffix(verb, "e") + "ed" }
 
 func runJoin(ctx context.Context, std stdio, args []string) error {
 	fs, cf := newFlagSet("join", "[flags] queue member-id", `
@@ -98,14 +112,22 @@ the queue stays open when members leave.`, std)
 		return ignoreCanceled(err)
 	}
 	defer m.Leave()
+	// A line per change: the group's progress and its opening come as
+	// separate events with the same counts.
+	var last qbroker.SyncEvent
+	printed, opened := false, false
 	for {
 		select {
 		case ev, ok := <-m.Events():
 			if !ok {
 				return ignoreCanceled(m.Err())
 			}
-			fmt.Fprintf(std.out, "joined %d/%d\n", ev.Joined, ev.Required)
-			if ev.State == qbroker.SyncOpen {
+			if !printed || ev.Joined != last.Joined || ev.Required != last.Required {
+				fmt.Fprintf(std.out, "joined %d/%d\n", ev.Joined, ev.Required)
+				last, printed = ev, true
+			}
+			if ev.State == qbroker.SyncOpen && !opened {
+				opened = true
 				fmt.Fprintln(std.out, "open")
 				if *untilOpen {
 					return nil

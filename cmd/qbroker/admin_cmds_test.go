@@ -88,11 +88,16 @@ func TestJoinCommand(t *testing.T) {
 		t.Fatalf("join with a member id in use: got %v, want ErrAlreadyExists", err)
 	}
 	// The second member completes the group and leaves once it is open.
+	// One line per change: the group completing and the queue opening
+	// are separate events of the same counts, printed once.
 	out := c.ok("", "join", "--until-open", "g", "m2")
-	if !strings.HasSuffix(out, "joined 2/2\nopen\n") {
-		t.Fatalf("join --until-open: got %q, want it to end with joined 2/2 and open", out)
+	if out != "joined 2/2\nopen\n" {
+		t.Fatalf("join --until-open: got %q, want joined 2/2 and open, once each", out)
 	}
 	waitOutput(t, holder, "open\n")
+	if got := holder.String(); got != "joined 1/2\njoined 2/2\nopen\n" {
+		t.Fatalf("first member: got %q, want joined 1/2, joined 2/2 and open, once each", got)
+	}
 	if got := payloads(t, c.ok("", "consume", "-n", "1", "g"), "1"); len(got) != 1 || got[0] != "go" {
 		t.Fatalf("consume of the opened queue: got %v, want go", got)
 	}
@@ -108,6 +113,30 @@ func TestJoinCommand(t *testing.T) {
 	}
 	if out := c.ok("", "stats", "g"); !strings.Contains(out, "0/2 open") {
 		t.Fatalf("stats after the members left: %q, want 0/2 open", out)
+	}
+}
+
+// purge asks for confirmation as delete does: without --yes, anything but
+// yes on standard input (none, as in a script) purges nothing.
+func TestPurgeConfirms(t *testing.T) {
+	c := cli{t: t, addr: startBroker(t)}
+	c.ok("", "create", "q")
+	c.ok("", "publish", "q", "a", "b")
+	for _, answer := range []string{"", "n\n"} {
+		out, errOut, err := c.run(answer, "purge", "q")
+		if err == nil || out != "" || !strings.Contains(errOut, "purge q (2 ready messages)? [y/N]") || !strings.Contains(err.Error(), "--yes") {
+			t.Fatalf("purge answered %q: got %v, stdout %q, stderr %q; want the question, a refusal naming --yes and nothing purged", answer, err, out, errOut)
+		}
+	}
+	if f := strings.Fields(lines(c.ok("", "stats", "q"))[1]); f[1] != "2" {
+		t.Fatalf("stats after refused purges: %v, want 2 ready", f)
+	}
+	if out := c.ok("yes\n", "purge", "q"); out != "q: purged 2\n" {
+		t.Fatalf("purge answered yes: got %q", out)
+	}
+	c.ok("", "publish", "q", "c")
+	if out := c.ok("", "purge", "-f", "q"); out != "q: purged 1\n" {
+		t.Fatalf("purge -f: got %q", out)
 	}
 }
 

@@ -145,6 +145,12 @@ func (cf *clientFlags) dial(ctx context.Context) (*qbroker.Client, error) {
 	if cf.timeout <= 0 {
 		return nil, fmt.Errorf("--timeout %v: want a positive duration", cf.timeout)
 	}
+	if cf.sec.tokenFile != "" || os.Getenv("QBROKER_TOKEN") != "" {
+		if !cf.sec.tls && cf.sec.ca == "" && cf.sec.cert == "" {
+			// Said here in flags: the client library's error names its options.
+			return nil, usagef("a bearer token (--token-file or $QBROKER_TOKEN) needs TLS: give --tls-ca (or --tls); a token sent in the clear could be replayed by anyone who saw it")
+		}
+	}
 	opts, err := cf.sec.options()
 	if err != nil {
 		return nil, err
@@ -174,7 +180,7 @@ Lists the queues with their configuration, sorted by name.`, std)
 
 func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tKIND\tMEMBERS\tVISIBILITY\tMAX-DELIVERIES\tDEAD-LETTER\tMAX-DEPTH\tMAX-BYTES\tCREATED")
+	fmt.Fprintln(tw, "NAME\tKIND\tMEMBERS\tVISIBILITY\tMAX-DELIVERIES\tDEAD-LETTER\tMAX-DEPTH\tMAX-BYTES\tTTL\tDEDUP-WINDOW\tCREATED")
 	for _, q := range qs {
 		members := "-"
 		if q.Kind == qbroker.KindSync {
@@ -184,11 +190,25 @@ func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 		if q.MaxDeliveries > 0 {
 			maxDel = strconv.Itoa(q.MaxDeliveries)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\t%s\t%s\n", q.Name, q.Kind, members, q.VisibilityTimeout, maxDel,
-			q.DeadLetter, quota(q.MaxDepth), quota(q.MaxBytes), q.CreatedAt.Local().Format(time.DateTime))
+		ttl := "-"
+		if q.MessageTTL > 0 {
+			ttl = q.MessageTTL.String()
+			if q.ExpireToDeadLetter {
+				ttl += "+dead-letter" // expired messages become dead letters
+			}
+		}
+		dedup := q.DedupWindow
+		if dedup == 0 {
+			dedup = defaultDedupWindow
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\t%s\t%s\t%v\t%s\n", q.Name, q.Kind, members, q.VisibilityTimeout, maxDel,
+			q.DeadLetter, quota(q.MaxDepth), quota(q.MaxBytes), ttl, dedup, q.CreatedAt.Local().Format(time.DateTime))
 	}
 	tw.Flush()
 }
+
+// defaultDedupWindow is the window of a queue created without one.
+const defaultDedupWindow = 5 * time.Minute
 
 // quota prints a quota, "-" when there is none.
 func quota[T int | int64](n T) string {
@@ -215,8 +235,13 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 	fs.IntVar(&o.MaxDepth, "max-depth", 0, "quota: most ready messages; publishing beyond fails; 0 means none")
 	fs.Int64Var(&o.MaxBytes, "max-bytes", 0, "quota: most bytes of message data the queue holds; publishing beyond fails; 0 means none")
 	fs.DurationVar(&o.DedupWindow, "dedup-window", 0, "how long publishes' dedup ids are remembered (1s..1h); 0 means 5m")
+	fs.DurationVar(&o.MessageTTL, "message-ttl", 0, "ready messages older than this (1s..336h) are removed instead of delivered; 0 means never")
+	fs.BoolVar(&o.ExpireToDeadLetter, "expire-to-dead-letter", false, "keep messages past --message-ttl as dead letters instead of dropping them")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
+		return err
+	}
+	if err := checkCreateFlags(o); err != nil {
 		return err
 	}
 	c, err := cf.dial(ctx)
@@ -233,6 +258,27 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 		qs = append(qs, q)
 	}
 	printQueues(std.out, qs)
+	return nil
+}
+
+// checkCreateFlags refuses what the broker would refuse anyway, naming
+// the flag rather than the API field.
+func checkCreateFlags(o qbroker.QueueOptions) error {
+	for _, f := range []struct {
+		name string
+		neg  bool
+	}{
+		{"--members", o.SyncMembers < 0}, {"--visibility", o.VisibilityTimeout < 0},
+		{"--max-deliveries", o.MaxDeliveries < 0}, {"--max-depth", o.MaxDepth < 0},
+		{"--max-bytes", o.MaxBytes < 0}, {"--dedup-window", o.DedupWindow < 0}, {"--message-ttl", o.MessageTTL < 0},
+	} {
+		if f.neg {
+			return usagef("%s: want 0 or more", f.name)
+		}
+	}
+	if o.ExpireToDeadLetter && o.MessageTTL == 0 {
+		return usagef("--expire-to-dead-letter needs --message-ttl")
+	}
 	return nil
 }
 
@@ -367,6 +413,9 @@ unless --no-ack. Then it is redelivered: streaming, when the command ends
 (the stream's leases are released), or before if its lease (--visibility)
 runs out first; with --wait, only once its lease runs out, even long after
 the command ended (a poll's leases outlive it).
+The broker streams at most --prefetch messages not yet acked, so
+streaming with --no-ack needs -n (1..1000) and --prefetch defaults to it
+(a smaller --prefetch is refused: the stream would stop there).
 At most once, stopping with Ctrl-C loses the messages already delivered
 but not printed: up to --prefetch streaming, up to one poll's (at most
 100) with --wait; -n never loses any.`, std)
@@ -383,7 +432,12 @@ but not printed: up to --prefetch streaming, up to one poll's (at most
 	}
 	queue := pos[0]
 	if *n < 0 {
-		return fmt.Errorf("-n %d: want 0 or more", *n)
+		return usagef("-n %d: want 0 or more", *n)
+	}
+	if mode == qbroker.AtLeastOnce && *noAck && *wait == 0 {
+		if err := noAckPrefetch(fs, *n, prefetch); err != nil {
+			return err
+		}
 	}
 	c, err := cf.dial(ctx)
 	if err != nil {
@@ -422,6 +476,28 @@ but not printed: up to --prefetch streaming, up to one poll's (at most
 			return k.Close()
 		}
 	}
+}
+
+// maxPrefetch is the broker's bound on a stream's credit.
+const maxPrefetch = 1000
+
+// noAckPrefetch sizes the prefetch of a streaming at-least-once consume
+// that does not ack. The broker sends a stream at most its prefetch of
+// unsettled messages, and an unacked message stays unsettled until the
+// command ends: the stream would stop after --prefetch messages. So -n is
+// required, and the prefetch defaults to it.
+func noAckPrefetch(fs *flag.FlagSet, n int, prefetch *int) error {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "prefetch" })
+	switch {
+	case n == 0 || n > maxPrefetch:
+		return usagef("--no-ack at least once needs -n (1..%d) when streaming: an unacked message holds its --prefetch place until the command ends; use --wait to read more without acking", maxPrefetch)
+	case !set:
+		*prefetch = n
+	case *prefetch < n:
+		return usagef("--no-ack with --prefetch %d would stop after %d of -n %d messages (an unacked message holds its place until the command ends): give --prefetch %d, or leave --prefetch out", *prefetch, *prefetch, n, n)
+	}
+	return nil
 }
 
 // receiveLoop long-polls until n messages (0: no limit) or a poll that
@@ -491,20 +567,19 @@ members joined and whether the queue is open.`, std)
 			names = append(names, q.Name)
 		}
 	}
-	tw := tabwriter.NewWriter(std.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tREADY\tIN-FLIGHT\tDEAD\tOLDEST\tCONSUMERS\tSYNC")
+	// Every row is fetched before any is printed: on an error the
+	// command prints nothing but the error.
+	var rows []string
 	for _, n := range names {
 		st, err := c.Stats(ctx, n)
 		if errors.Is(err, qbroker.ErrNotFound) && listed {
 			continue // deleted since listed
 		}
 		if err != nil {
-			tw.Flush()
 			return err
 		}
 		q, err := c.GetQueue(ctx, n)
 		if err != nil && !errors.Is(err, qbroker.ErrNotFound) {
-			tw.Flush()
 			return err
 		}
 		sync := "-"
@@ -514,8 +589,13 @@ members joined and whether the queue is open.`, std)
 				sync += " open"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%v\t%d\t%s\n", st.Name, st.Ready, st.InFlight, st.Dead,
-			st.OldestAge.Round(time.Millisecond), st.Consumers, sync)
+		rows = append(rows, fmt.Sprintf("%s\t%d\t%d\t%d\t%v\t%d\t%s\n", st.Name, st.Ready, st.InFlight, st.Dead,
+			st.OldestAge.Round(time.Millisecond), st.Consumers, sync))
+	}
+	tw := tabwriter.NewWriter(std.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tREADY\tIN-FLIGHT\tDEAD\tOLDEST\tCONSUMERS\tSYNC")
+	for _, r := range rows {
+		fmt.Fprint(tw, r)
 	}
 	return tw.Flush()
 }
@@ -523,7 +603,12 @@ members joined and whether the queue is open.`, std)
 func runPurge(ctx context.Context, std stdio, args []string) error {
 	fs, cf := newFlagSet("purge", "[flags] queue...", `
 Deletes the ready messages of queues and prints how many per queue.
-In-flight messages and dead letters stay.`, std)
+In-flight messages and dead letters stay. It shows how many messages each
+queue holds and asks for confirmation on standard input, unless --yes (or
+-f) is given, as a script must.`, std)
+	var yes bool
+	fs.BoolVar(&yes, "yes", false, "purge without asking")
+	fs.BoolVar(&yes, "f", false, "same as --yes")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
@@ -533,6 +618,14 @@ In-flight messages and dead letters stay.`, std)
 		return err
 	}
 	defer c.Close()
+	if !yes {
+		err := confirm(ctx, std, c, "purge", names, func(n string, st qbroker.Stats) string {
+			return fmt.Sprintf("%s (%d ready messages)", n, st.Ready)
+		})
+		if err != nil {
+			return err
+		}
+	}
 	for _, n := range names {
 		k, err := c.Purge(ctx, n)
 		if err != nil {

@@ -161,7 +161,7 @@ func TestClientCommands(t *testing.T) {
 		t.Errorf("dlq --redrive: got %q", out)
 	}
 	c.ok("", "publish", "flaky", "x", "y")
-	if out := c.ok("", "purge", "flaky"); out != "flaky: purged 3\n" {
+	if out := c.ok("", "purge", "--yes", "flaky"); out != "flaky: purged 3\n" {
 		t.Errorf("purge: got %q, want 3 purged", out)
 	}
 }
@@ -172,6 +172,11 @@ func TestClientCommandErrors(t *testing.T) {
 		if _, _, err := c.run("", args...); !errors.Is(err, qbroker.ErrNotFound) {
 			t.Errorf("%v: got %v, want ErrNotFound", args, err)
 		}
+	}
+	// stats prints its table only when it has every row.
+	c.ok("", "create", "there")
+	if out, _, err := c.run("", "stats", "there", "nope"); !errors.Is(err, qbroker.ErrNotFound) || out != "" {
+		t.Errorf("stats of a missing queue: got %v, stdout %q; want ErrNotFound and nothing printed", err, out)
 	}
 	if _, _, err := c.run("", "create", "--kind", "lifo", "q"); err == nil || !strings.Contains(err.Error(), "lifo") {
 		t.Errorf("create --kind lifo: got %v, want an error naming lifo", err)

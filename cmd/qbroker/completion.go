@@ -7,6 +7,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
 )
 
 // Shell completion: `qbroker completion bash|zsh|fish` prints a script
@@ -24,8 +26,21 @@ func init() {
 // done nothing. completion sets it to list the flags.
 var describing func(*flag.FlagSet)
 
-// completionFlag is one flag of a command.
-type completionFlag struct{ name, usage string }
+// completionFlag is one flag of a command; values, when set, are the
+// only values it takes.
+type completionFlag struct {
+	name, usage string
+	values      []string
+}
+
+// flagValues are the values of the flags that take one of a few words,
+// by flag name (a name means the same in every command that has it).
+var flagValues = map[string][]string{
+	"mode":       {qbroker.AtMostOnce.String(), qbroker.AtLeastOnce.String()},
+	"kind":       {qbroker.KindFIFO.String(), qbroker.KindPriority.String(), qbroker.KindSync.String()},
+	"log-format": {"text", "json"},
+	"log-level":  {"debug", "info", "warn", "error"},
+}
 
 // commandFlags returns each command's flags, by command name.
 func commandFlags() map[string][]completionFlag {
@@ -35,7 +50,7 @@ func commandFlags() map[string][]completionFlag {
 		describing = func(fs *flag.FlagSet) {
 			fs.VisitAll(func(f *flag.Flag) {
 				usage, _, _ := strings.Cut(f.Usage, "\n")
-				flags = append(flags, completionFlag{f.Name, usage})
+				flags = append(flags, completionFlag{f.Name, usage, flagValues[f.Name]})
 			})
 		}
 		_ = c.run(nil)
@@ -114,11 +129,13 @@ _qbroker() {
 		COMPREPLY=($(compgen -W "help %[1]s" -- "$cur"))
 		return
 	fi
+	case ${COMP_WORDS[COMP_CWORD-1]} in
+%[2]s	esac
 	local flags=
 	case ${COMP_WORDS[1]} in
 	help) [ "$COMP_CWORD" -eq 2 ] && COMPREPLY=($(compgen -W "%[1]s" -- "$cur")); return ;;
 	completion) [ "$COMP_CWORD" -eq 2 ] && COMPREPLY=($(compgen -W "bash zsh fish" -- "$cur")); return ;;
-`, strings.Join(names, " "))
+`, strings.Join(names, " "), bashValueCases(flags))
 	for _, n := range names {
 		if n != "completion" && len(flags[n]) > 0 {
 			fmt.Fprintf(w, "\t%s) flags=%q ;;\n", n, flagWords(flags[n]))
@@ -132,6 +149,33 @@ _qbroker() {
 }
 complete -F _qbroker qbroker
 `)
+}
+
+// valueFlags returns the flags that take one of a few words, with their
+// words, sorted by name.
+func valueFlags(flags map[string][]completionFlag) []completionFlag {
+	seen := map[string]bool{}
+	var out []completionFlag
+	for _, fl := range flags {
+		for _, f := range fl {
+			if len(f.values) > 0 && !seen[f.name] {
+				seen[f.name] = true
+				out = append(out, f)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// bashValueCases are the case arms completing the value of the flag
+// before the cursor (--mode or -mode).
+func bashValueCases(flags map[string][]completionFlag) string {
+	var b strings.Builder
+	for _, f := range valueFlags(flags) {
+		fmt.Fprintf(&b, "\t--%[1]s|-%[1]s) COMPREPLY=($(compgen -W %[2]q -- \"$cur\")); return ;;\n", f.name, strings.Join(f.values, " "))
+	}
+	return b.String()
 }
 
 // zshEntry quotes a _describe entry, "name:description" (a colon in the
@@ -148,7 +192,11 @@ func zshCompletion(w io.Writer, names []string, flags map[string][]completionFla
 	}
 	fmt.Fprint(w, "\t\t'help:show a command'\\''s help'\n\t)\n\tif (( CURRENT == 2 )); then\n\t\t_describe command cmds\n\t\treturn\n\tfi\n\tcase $words[2] in\n")
 	fmt.Fprint(w, "\thelp) (( CURRENT == 3 )) && _describe command cmds; return ;;\n")
-	fmt.Fprint(w, "\tcompletion) (( CURRENT == 3 )) && compadd bash zsh fish; return ;;\n")
+	fmt.Fprint(w, "\tcompletion) (( CURRENT == 3 )) && compadd bash zsh fish; return ;;\n\tesac\n\tcase $words[CURRENT-1] in\n")
+	for _, f := range valueFlags(flags) {
+		fmt.Fprintf(w, "\t--%[1]s|-%[1]s) compadd %[2]s; return ;;\n", f.name, strings.Join(f.values, " "))
+	}
+	fmt.Fprint(w, "\tesac\n\tcase $words[2] in\n")
 	for _, n := range names {
 		if n == "completion" || len(flags[n]) == 0 {
 			continue
@@ -193,6 +241,9 @@ func fishCompletion(w io.Writer, names []string, flags map[string][]completionFl
 			opt := "-l " + f.name
 			if len(f.name) == 1 {
 				opt = "-o " + f.name
+			}
+			if len(f.values) > 0 {
+				opt += " -x -a " + fishQuote(strings.Join(f.values, " "))
 			}
 			fmt.Fprintf(w, "complete -c qbroker -n '__fish_seen_subcommand_from %s' %s -d %s\n", n, opt, fishQuote(f.usage))
 		}

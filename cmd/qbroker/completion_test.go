@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,36 @@ func TestCompletionScriptsText(t *testing.T) {
 	}
 }
 
+// Every completed flag value is one its flag accepts, in every command
+// that has the flag; every flag of values exists.
+func TestCompletionFlagValues(t *testing.T) {
+	found := map[string]bool{}
+	for name, c := range commands {
+		describing = func(fs *flag.FlagSet) {
+			fs.VisitAll(func(f *flag.Flag) {
+				for _, v := range flagValues[f.Name] {
+					found[f.Name] = true
+					if err := f.Value.Set(v); err != nil {
+						t.Errorf("%s --%s %s: %v", name, f.Name, v, err)
+					}
+				}
+			})
+		}
+		_ = c.run(nil)
+		describing = nil
+	}
+	for name := range flagValues {
+		if !found[name] {
+			t.Errorf("flag values for --%s, which no command has", name)
+		}
+	}
+	for _, f := range commandFlags()["consume"] {
+		if f.name == "mode" && len(f.values) != 2 {
+			t.Errorf("consume --mode: values %v, want the two delivery modes", f.values)
+		}
+	}
+}
+
 // The bash script completes commands, help topics, shells and flags.
 func TestCompletionBash(t *testing.T) {
 	bash, err := exec.LookPath("bash")
@@ -72,6 +103,12 @@ func TestCompletionBash(t *testing.T) {
 		{"qbroker publish --content", "--content-type"},
 		{"qbroker peek -", "--addr -n --timeout --tls --tls-ca --tls-cert --tls-key --tls-server-name --token-file --help"},
 		{"qbroker delete q --y", "--yes"},
+		{"qbroker consume --mode ", "at-most-once at-least-once"},
+		{"qbroker consume q -mode at-l", "at-least-once"},
+		{"qbroker create q --kind ", "fifo priority sync"},
+		{"qbroker create --kind p", "priority"},
+		{"qbroker serve --log-format ", "text json"},
+		{"qbroker dev --log-level w", "warn"},
 	} {
 		words := strings.Split(tc.words, " ")
 		quoted := make([]string, len(words))

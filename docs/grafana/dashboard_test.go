@@ -362,6 +362,16 @@ func TestDashboardMetricsExist(t *testing.T) {
 			}
 		}
 	}
+	// What an operator must see, each on a panel: the one warning before
+	// ZooKeeper's memory runs out (data against its budget), and messages
+	// that leave a queue without being consumed or never enter it.
+	for _, m := range []string{"qbroker_zk_data_bytes", "qbroker_zk_data_budget_bytes", "qbroker_messages_expired_total",
+		"qbroker_messages_duplicate_total", "qbroker_bad_message_nodes_total",
+		"qbroker_streams_refused_total", "qbroker_connections_refused_total"} {
+		if !used[m] {
+			t.Errorf("no panel shows %s", m)
+		}
+	}
 	var names []string
 	for m := range used {
 		names = append(names, m)

@@ -43,6 +43,9 @@ const (
 	ReasonHandshake Reason = "handshake_timeout"
 )
 
+// Reasons are all the reasons, for metrics that show each from the start.
+var Reasons = []Reason{ReasonMaxConns, ReasonPerIP, ReasonEvicted, ReasonHandshake}
+
 // prefaceLen is the length of the HTTP/2 client connection preface
 // ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").
 const prefaceLen = 24
