@@ -110,7 +110,7 @@ func Revoke(ctx context.Context, conn *zk.Conn, p string, opts ...KeyOption) (Ho
 		}
 		for _, h := range hs {
 			if !o.mayTouch(h.Owner) {
-				return Holder{}, fmt.Errorf("lock: revoke %s: %w", p, ErrNotOwner)
+				return Holder{}, errfmt.Errorf("lock: revoke %s: %w", p, ErrNotOwner)
 			}
 		}
 		asked := false
