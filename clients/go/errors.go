@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/qbroker/qbroker/internal/errfmt"
 )
 
 // Sentinel errors. Errors returned by the broker are *Error values that
@@ -113,20 +114,4 @@ func convErr(err error) error {
 // error of this package (a sentinel such as ErrInvalidArgument) keeps its
 // meaning for errors.Is, but its own "qbroker: " is not repeated in the
 // text ("qbroker: create q: negative option: invalid argument").
-func errorf(format string, args ...any) error {
-	err := fmt.Errorf(format, args...)
-	msg := err.Error()
-	if rest, ok := strings.CutPrefix(msg, "qbroker: "); ok {
-		msg = "qbroker: " + strings.ReplaceAll(rest, ": qbroker: ", ": ")
-	}
-	return &prefixed{msg: msg, err: err}
-}
-
-// prefixed is an errorf error: its text, and what it wraps.
-type prefixed struct {
-	msg string
-	err error
-}
-
-func (e *prefixed) Error() string { return e.msg }
-func (e *prefixed) Unwrap() error { return e.err }
+var errorf = errfmt.Errorf
