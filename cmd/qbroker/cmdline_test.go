@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -135,6 +136,41 @@ func freeAddr(t *testing.T) string {
 	return addr
 }
 
+// startServe runs qbroker serve with args (flags as a user types them)
+// until the test ends, then stops it and fails the test if serve failed
+// or did not stop within 30s. stop stops it earlier, with the same checks;
+// calling it again does nothing.
+func startServe(t *testing.T, args ...string) (stop func()) {
+	t.Helper()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	o := serveFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, o) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-served:
+				if err != nil {
+					t.Errorf("serve: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("serve did not stop 30s after its context")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
 // qbroker serve fails at once on a port in use, before it connects to
 // ZooKeeper (here nothing listens on the ZooKeeper address, which would
 // hold a start for its 30s), for either of its two ports.
@@ -175,20 +211,9 @@ func TestServePortInUse(t *testing.T) {
 // 0), and with --max-payload near the bound, without --max-batch-bytes,
 // accepts a publish of that size.
 func TestServe(t *testing.T) {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	o := serveFlags(fs)
 	addr, metrics := freeAddr(t), freeAddr(t)
-	if err := fs.Parse([]string{"--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
-		"--metrics-listen", metrics, "--max-payload", "1024000", "--log-level", "error", "--insecure"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, o) }()
+	stop := startServe(t, "--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
+		"--metrics-listen", metrics, "--max-payload", "1024000", "--log-level", "error", "--insecure")
 
 	var body string
 	deadline := time.Now().Add(30 * time.Second)
@@ -231,13 +256,5 @@ func TestServe(t *testing.T) {
 		t.Errorf("consumed %d messages, want the one of %d bytes", len(got), len(payload))
 	}
 
-	cancel()
-	select {
-	case err := <-served:
-		if err != nil {
-			t.Fatalf("serve: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop 30s after its context")
-	}
+	stop()
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"io"
 	"net"
@@ -20,7 +19,7 @@ func TestConsoleHostFlag(t *testing.T) {
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		o := serveFlags(fs)
-		if err := parseFlags(fs, args); err != nil {
+		if err := parseFlags(fs, append([]string{"--insecure"}, args...)); err != nil {
 			return o, err
 		}
 		return o, o.validate()
@@ -49,20 +48,9 @@ func TestConsoleHostFlag(t *testing.T) {
 // --console-host, and refuses any other Host with 421, saying which flag
 // adds a name.
 func TestServeConsoleHosts(t *testing.T) {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	o := serveFlags(fs)
 	addr, metrics := freeAddr(t), freeAddr(t)
-	if err := fs.Parse([]string{"--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
-		"--metrics-listen", metrics, "--console-host", "queues.example.com", "--log-level", "error"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, o) }()
+	stop := startServe(t, "--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
+		"--metrics-listen", metrics, "--console-host", "queues.example.com", "--log-level", "error", "--insecure")
 
 	get := func(host string) (int, string) {
 		t.Helper()
@@ -98,13 +86,5 @@ func TestServeConsoleHosts(t *testing.T) {
 		t.Errorf("Host rebind.attacker.example: %d, want 421 naming the flag and the names\n%s", code, body)
 	}
 
-	cancel()
-	select {
-	case err := <-served:
-		if err != nil {
-			t.Fatalf("serve: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop 30s after its context")
-	}
+	stop()
 }

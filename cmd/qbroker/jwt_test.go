@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,32 +55,11 @@ func TestServeJWT(t *testing.T) {
 	expired := write("old.jwt", sign(time.Now().Add(-time.Hour))+"\n")
 	ca := filepath.Join(dir, tlsutil.CAFile)
 
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	o := serveFlags(fs)
 	addr := freeAddr(t)
-	if err := fs.Parse([]string{"--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr, "--log-level", "error",
+	startServe(t, "--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr, "--log-level", "error",
 		"--tls-cert", filepath.Join(dir, tlsutil.ServerCertFile), "--tls-key", filepath.Join(dir, tlsutil.ServerKeyFile),
 		"--auth-rules", write("rules", "alice all alice.*\n"), "--jwt-jwks", write("jwks.json", string(jwks)),
-		"--jwt-issuer", "https://idp.example", "--jwt-audience", "qbroker", "--jwt-identity-claim", "preferred_username"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, o) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-served:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop 30s after its context")
-		}
-	}()
+		"--jwt-issuer", "https://idp.example", "--jwt-audience", "qbroker", "--jwt-identity-claim", "preferred_username")
 
 	c := cli{t: t, addr: addr}
 	alice := []string{"--tls-ca", ca, "--token-file", good}

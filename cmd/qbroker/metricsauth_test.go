@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
-	"flag"
 	"io"
 	"net/http"
 	"os"
@@ -44,33 +42,12 @@ func TestMetricsListenerAuthentication(t *testing.T) {
 		tokens.WriteString(line + "\n")
 	}
 	ca := filepath.Join(dir, tlsutil.CAFile)
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	o := serveFlags(fs)
 	addr, metrics := freeAddr(t), freeAddr(t)
-	if err := fs.Parse([]string{"--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
+	startServe(t, "--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
 		"--metrics-listen", metrics, "--log-level", "error", "--zk-auth-file", write("zk-auth", "qbroker:secret\n"),
 		"--tls-cert", filepath.Join(dir, tlsutil.ServerCertFile), "--tls-key", filepath.Join(dir, tlsutil.ServerKeyFile),
 		"--tls-client-ca", ca, "--auth-rules", write("rules", "ops all *\nscraper view orders.*\napp-1 publish,consume orders.*\n"),
-		"--auth-tokens", write("tokens", tokens.String()), "--metrics-tls", "--pprof"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, o) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-served:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop 30s after its context")
-		}
-	}()
+		"--auth-tokens", write("tokens", tokens.String()), "--metrics-tls", "--pprof")
 	c := cli{t: t, addr: addr}
 	admin := []string{"--tls-ca", ca, "--token-file", write("ops.token", tok["ops"]+"\n")}
 	zktest.WaitFor(t, 30*time.Second, "the broker to serve", func() bool {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"flag"
 	"io"
@@ -96,32 +95,11 @@ func TestServeSecured(t *testing.T) {
 	zkAuth := write("zk-auth", "qbroker:secret\n")
 	ca := filepath.Join(dir, tlsutil.CAFile)
 
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	o := serveFlags(fs)
 	addr, metrics := freeAddr(t), freeAddr(t)
-	if err := fs.Parse([]string{"--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
+	startServe(t, "--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr,
 		"--metrics-listen", metrics, "--log-level", "error", "--zk-auth-file", zkAuth,
 		"--tls-cert", filepath.Join(dir, tlsutil.ServerCertFile), "--tls-key", filepath.Join(dir, tlsutil.ServerKeyFile),
-		"--tls-client-ca", ca, "--auth-rules", rules, "--auth-tokens", tokens, "--metrics-tls"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := o.validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, o) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-served:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop 30s after its context")
-		}
-	}()
+		"--tls-client-ca", ca, "--auth-rules", rules, "--auth-tokens", tokens, "--metrics-tls")
 
 	c := cli{t: t, addr: addr}
 	admin := []string{"--tls-ca", ca, "--token-file", tokenFile}
