@@ -81,6 +81,23 @@ orders-app  publish,consume,create  orders.*
 // admin and worker.
 func newSecureBroker(t *testing.T, requireCert bool) *secureEnv {
 	t.Helper()
+	return startAuthBroker(t, testRules, []string{"admin", "worker"}, requireCert)
+}
+
+// newAuthBroker starts a broker with TLS and authentication by the rules
+// given, a token for each of identities, and the AuthConfig changes of
+// mods (a JWKS file, ...).
+func newAuthBroker(t *testing.T, rules string, identities []string, mods ...func(*broker.AuthConfig)) *secureEnv {
+	t.Helper()
+	return startAuthBroker(t, rules, identities, false, mods...)
+}
+
+// startAuthBroker starts a broker with TLS (client certificates verified
+// when given; required with requireCert) and authentication by rules, a
+// token for each of identities, the AuthConfig changes of mods, and its
+// log in e.log.
+func startAuthBroker(t *testing.T, rules string, identities []string, requireCert bool, mods ...func(*broker.AuthConfig)) *secureEnv {
+	t.Helper()
 	e := &secureEnv{dir: t.TempDir(), tokens: map[string]string{}}
 	var err error
 	if e.ca, err = tlsutil.NewCA("test CA", time.Hour); err != nil {
@@ -91,7 +108,7 @@ func newSecureBroker(t *testing.T, requireCert bool) *secureEnv {
 	e.issueServer(t, "server-1")
 	writeFile(t, e.files.ca, string(e.ca.PEM))
 	var lines []string
-	for _, name := range []string{"admin", "worker"} {
+	for _, name := range identities {
 		tok, line, err := broker.MintToken(name)
 		if err != nil {
 			t.Fatal(err)
@@ -100,15 +117,17 @@ func newSecureBroker(t *testing.T, requireCert bool) *secureEnv {
 		lines = append(lines, line)
 	}
 	writeFile(t, e.files.tokens, strings.Join(lines, "\n")+"\n")
-	writeFile(t, e.files.rules, testRules)
-
+	writeFile(t, e.files.rules, rules)
 	srvTLS, err := tlsutil.Server(tlsutil.ServerConfig{CertFile: e.files.cert, KeyFile: e.files.key,
 		ClientCAFile: e.files.ca, RequireClientCert: requireCert})
 	if err != nil {
 		t.Fatal(err)
 	}
-	auth, err := broker.NewAuth(broker.AuthConfig{RulesFile: e.files.rules, TokensFile: e.files.tokens,
-		Logger: slog.New(slog.NewTextHandler(&e.log, nil))})
+	ac := broker.AuthConfig{RulesFile: e.files.rules, TokensFile: e.files.tokens, Logger: slog.New(slog.NewTextHandler(&e.log, nil))}
+	for _, m := range mods {
+		m(&ac)
+	}
+	auth, err := broker.NewAuth(ac)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,9 +3,7 @@ package broker_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,58 +11,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
-	"github.com/qbroker/qbroker/broker"
-	"github.com/qbroker/qbroker/internal/brokertest"
-	"github.com/qbroker/qbroker/internal/tlsutil"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
-
-// newAuthBroker starts a broker with TLS and authentication by the rules
-// given, a token for each of identities, and the AuthConfig changes of
-// mods (a JWKS file, ...).
-func newAuthBroker(t *testing.T, rules string, identities []string, mods ...func(*broker.AuthConfig)) *secureEnv {
-	t.Helper()
-	e := &secureEnv{dir: t.TempDir(), tokens: map[string]string{}}
-	var err error
-	if e.ca, err = tlsutil.NewCA("test CA", time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	e.files.cert, e.files.key = filepath.Join(e.dir, "server.pem"), filepath.Join(e.dir, "server-key.pem")
-	e.files.ca, e.files.tokens, e.files.rules = filepath.Join(e.dir, "ca.pem"), filepath.Join(e.dir, "tokens"), filepath.Join(e.dir, "rules")
-	e.issueServer(t, "server-1")
-	writeFile(t, e.files.ca, string(e.ca.PEM))
-	var lines []string
-	for _, name := range identities {
-		tok, line, err := broker.MintToken(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.tokens[name] = tok
-		lines = append(lines, line)
-	}
-	writeFile(t, e.files.tokens, strings.Join(lines, "\n")+"\n")
-	writeFile(t, e.files.rules, rules)
-	srvTLS, err := tlsutil.Server(tlsutil.ServerConfig{CertFile: e.files.cert, KeyFile: e.files.key, ClientCAFile: e.files.ca})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ac := broker.AuthConfig{RulesFile: e.files.rules, TokensFile: e.files.tokens, Logger: slog.New(slog.NewTextHandler(&e.log, nil))}
-	for _, m := range mods {
-		m(&ac)
-	}
-	auth, err := broker.NewAuth(ac)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.tb = launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t),
-		brokertest.Options{ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS))}},
-		func(c *broker.Config) { c.Auth, c.Logger = auth, slog.New(slog.NewTextHandler(&e.log, nil)) })
-	return e
-}
 
 // dropTokenLine rewrites the tokens file without identity's lines.
 func (e *secureEnv) dropTokenLine(t *testing.T, identity string) {

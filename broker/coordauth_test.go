@@ -1,8 +1,6 @@
 package broker_test
 
 import (
-	"log/slog"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -10,12 +8,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
-	"github.com/qbroker/qbroker/internal/brokertest"
-	"github.com/qbroker/qbroker/internal/tlsutil"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -32,39 +27,7 @@ watcher     election.observe  sched
 // the identities of coordRules and its log in e.log.
 func newCoordBroker(t *testing.T) *secureEnv {
 	t.Helper()
-	e := &secureEnv{dir: t.TempDir(), tokens: map[string]string{}}
-	var err error
-	if e.ca, err = tlsutil.NewCA("test CA", time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	e.files.cert, e.files.key = filepath.Join(e.dir, "server.pem"), filepath.Join(e.dir, "server-key.pem")
-	e.files.ca, e.files.tokens, e.files.rules = filepath.Join(e.dir, "ca.pem"), filepath.Join(e.dir, "tokens"), filepath.Join(e.dir, "rules")
-	e.issueServer(t, "server-1")
-	writeFile(t, e.files.ca, string(e.ca.PEM))
-	var lines []string
-	for _, name := range []string{"admin", "alice", "bob", "carol", "dave", "watcher"} {
-		tok, line, err := broker.MintToken(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.tokens[name] = tok
-		lines = append(lines, line)
-	}
-	writeFile(t, e.files.tokens, strings.Join(lines, "\n")+"\n")
-	writeFile(t, e.files.rules, coordRules)
-	srvTLS, err := tlsutil.Server(tlsutil.ServerConfig{CertFile: e.files.cert, KeyFile: e.files.key, ClientCAFile: e.files.ca})
-	if err != nil {
-		t.Fatal(err)
-	}
-	auth, err := broker.NewAuth(broker.AuthConfig{RulesFile: e.files.rules, TokensFile: e.files.tokens,
-		Logger: slog.New(slog.NewTextHandler(&e.log, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.tb = launchBroker(t, []string{zktest.Addr(t)}, zktest.Root(t),
-		brokertest.Options{ServerOptions: []grpc.ServerOption{grpc.Creds(credentials.NewTLS(srvTLS))}},
-		func(c *broker.Config) { c.Auth, c.Logger = auth, slog.New(slog.NewTextHandler(&e.log, nil)) })
-	return e
+	return newAuthBroker(t, coordRules, []string{"admin", "alice", "bob", "carol", "dave", "watcher"})
 }
 
 func (e *secureEnv) conn(t *testing.T, identity string) *grpc.ClientConn {
