@@ -84,7 +84,7 @@ func startQbrokerProcess(t *testing.T, root string, args ...string) (*exec.Cmd, 
 	addr := lis.Addr().String()
 	lis.Close()
 	cmd := exec.Command(buildQbroker(t), append([]string{"serve", "--zk", zktest.Addr(t), "--root", root,
-		"--listen", addr, "--metrics-listen", "", "--log-level", "warn"}, args...)...)
+		"--listen", addr, "--metrics-listen", "", "--log-level", "warn", "--insecure"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {

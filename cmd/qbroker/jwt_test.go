@@ -56,7 +56,7 @@ func TestServeJWT(t *testing.T) {
 	ca := filepath.Join(dir, tlsutil.CAFile)
 
 	addr := freeAddr(t)
-	startServe(t, "--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr, "--log-level", "error",
+	startServe(t, "--zk", zktest.Addr(t), "--root", zktest.Root(t), "--listen", addr, "--log-level", "error", "--insecure",
 		"--tls-cert", filepath.Join(dir, tlsutil.ServerCertFile), "--tls-key", filepath.Join(dir, tlsutil.ServerKeyFile),
 		"--auth-rules", write("rules", "alice all alice.*\n"), "--jwt-jwks", write("jwks.json", string(jwks)),
 		"--jwt-issuer", "https://idp.example", "--jwt-audience", "qbroker", "--jwt-identity-claim", "preferred_username")

@@ -40,7 +40,7 @@ func TestServeErrorsNameFlags(t *testing.T) {
 		{[]string{"--root", "relative"}, "--root"},
 		{[]string{"--id", "a/b"}, "--id"},
 	} {
-		args := append([]string{"serve", "--zk", noZK, "--metrics-listen", ""}, tc.args...)
+		args := append([]string{"serve", "--zk", noZK, "--metrics-listen", "", "--insecure"}, tc.args...)
 		_, errOut, status := exitRun(t, bin, nil, args...)
 		if status == 0 || !strings.Contains(errOut, tc.flag) || len(goSymbols(errOut)) > 0 {
 			t.Errorf("qbroker %s: status %d, stderr %q; want an error naming %s and no Go symbol (found %v)",
