@@ -117,7 +117,7 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-// The per-message batch overhead the API and the README state is the one
+// The per-message batch overhead the API and docs/operations.md state is the one
 // the broker counts for a queue under the default root.
 func TestBatchOverheadDocumented(t *testing.T) {
 	const name = "q"
@@ -128,7 +128,7 @@ func TestBatchOverheadDocumented(t *testing.T) {
 	want := strconv.Itoa(q.MessageOverhead() - len(name))
 	for _, doc := range []struct{ file, pattern string }{
 		{"../api/queue.proto", `overhead of (\d+) bytes plus the queue name's length`},
-		{"../README.md", `counts its payload plus (\d+) bytes plus its queue name's length`},
+		{"../docs/operations.md", `counts its payload plus (\d+) bytes plus its queue name's length`},
 		{"../api/queuepb/queue.pb.go", `overhead of (\d+) bytes plus the queue name's length`},
 	} {
 		text, err := os.ReadFile(doc.file)

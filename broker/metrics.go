@@ -15,8 +15,8 @@ import (
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
-// metrics are the broker's Prometheus series (listed in doc.go and the
-// README). Queue-labelled series are bounded by labels: beyond its cap,
+// metrics are the broker's Prometheus series (listed in doc.go and
+// docs/operations.md). Queue-labelled series are bounded by labels: beyond its cap,
 // queues share the label "_other".
 type metrics struct {
 	labels *queueLabels

@@ -23,8 +23,8 @@ import (
 // hold the same tree; the largest errs on the safe side), plus what this
 // broker admitted since it last read them.
 //
-// The charges are measured on ZooKeeper 3.8 (OpenJDK 17, SerialGC; README,
-// Limits): 1,000,000 messages of 100 B in one parent took 480 MB of live
+// The charges are measured on ZooKeeper 3.8 (OpenJDK 17, SerialGC;
+// docs/operations.md, Limits): 1,000,000 messages of 100 B in one parent took 480 MB of live
 // heap for an approximate data size of 122 MB, 358 B more per node; and a
 // flood of 500 KiB messages through a broker exhausted a heap of 128 MiB
 // with 28 MB of data (a server holds copies of recent requests' data

@@ -58,7 +58,7 @@
 //     (prefetch 32) with a 64 KiB window stops reading while the broker's
 //     sends of 60 KiB messages wait on flow control, longer than the 1s
 //     visibility timeout, while another consumer reads. When it reads on
-//     it drops deliveries past their lease deadline (what the README asks
+//     it drops deliveries past their lease deadline (what docs/design.md asks
 //     of clients other than the Go client); only those in transit when it
 //     stopped (at most 4) may arrive that late.
 //   - zk-leader-kill (both modes; full): the ensemble's leader is

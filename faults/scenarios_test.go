@@ -89,7 +89,7 @@ func TestPauseBroker(t *testing.T) {
 // control holds the broker's sends, longer than the visibility timeout,
 // while another consumer reads at once. The messages the slow stream had
 // claimed are redelivered to the other consumer. The slow reader is a raw
-// gRPC client that does what the README asks of clients other than the
+// gRPC client that does what docs/design.md asks of clients other than the
 // Go client: it drops a delivery that arrives past its lease deadline.
 // Only what was already in transit when it stopped reading may arrive
 // that late: a 64 KiB stream window on the wire and about as much queued
@@ -150,7 +150,7 @@ func TestSlowReader(t *testing.T) {
 }
 
 // slowReader is a raw gRPC Consume stream, read only when the test says,
-// that does what the README asks of clients other than the Go client: it
+// that does what docs/design.md asks of clients other than the Go client: it
 // drops a delivery that arrives past its lease deadline.
 type slowReader struct {
 	stream pb.Queue_ConsumeClient

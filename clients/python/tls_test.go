@@ -18,7 +18,7 @@ import (
 )
 
 // The example runs against a broker with TLS and authentication on, as the
-// README's security section sets one up: --tls-ca and --token-file, or
+// security guide (docs/security.md) sets one up: --tls-ca and --token-file, or
 // --tls-ca with a client certificate. Without credentials the broker
 // refuses it (UNAUTHENTICATED), and a token without TLS is refused before
 // any call.

@@ -103,7 +103,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "negative duration in env", env: []string{"QBROKER_SHUTDOWN_TIMEOUT=-5s"}, args: []string{"serve", "--zk", noZK}, status: 2, stderr: "--shutdown-timeout (or $QBROKER_SHUTDOWN_TIMEOUT) -5s"},
 		{name: "batch below payload", args: []string{"serve", "--zk", noZK, "--max-payload", "4096", "--max-batch-bytes", "1024"}, status: 2, stderr: "--max-batch-bytes 1024 < --max-payload 4096"},
 		{name: "bad log level of dev", args: []string{"dev", "--log-level", "loud"}, status: 2, stderr: "--log-level"},
-		{name: "open ZooKeeper tree", args: []string{"serve", "--zk", noZK}, status: 2, stderr: "give --zk-auth-file with a digest credential user:password (mode 0600; see README, Security), or --insecure"},
+		{name: "open ZooKeeper tree", args: []string{"serve", "--zk", noZK}, status: 2, stderr: "give --zk-auth-file with a digest credential user:password (mode 0600; see docs/security.md), or --insecure"},
 		{name: "payload over the bound", args: []string{"serve", "--zk", noZK, "--max-payload", "2000000"}, status: 2, stderr: "--max-payload (or $QBROKER_MAX_PAYLOAD) 2000000: at most 1032192"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -41,7 +41,7 @@ func (o *zkAuthOptions) validate(root string, insecure bool) error {
 	}
 	if o.file == "" && !o.generated && !insecure {
 		return fmt.Errorf("without --zk-auth-file every node under ZooKeeper root %s would be writable by anyone who can reach ZooKeeper "+
-			"(read payloads, delete or inject messages, delete queues): give --zk-auth-file with a digest credential user:password (mode 0600; see README, Security), "+
+			"(read payloads, delete or inject messages, delete queues): give --zk-auth-file with a digest credential user:password (mode 0600; see docs/security.md), "+
 			"or --insecure to run with open nodes", root)
 	}
 	return nil

@@ -1,8 +1,8 @@
 // Package grafana_test checks the Grafana dashboard qbroker.json against
 // the metrics a real broker registers, so that the dashboard cannot
 // silently drift from the broker: every metric and label a panel or
-// template variable queries must exist, and the README must list every
-// panel.
+// template variable queries must exist, and docs/operations.md must list
+// every panel.
 package grafana_test
 
 import (
@@ -382,7 +382,8 @@ func TestDashboardMetricsExist(t *testing.T) {
 
 // TestDashboardShape checks what Grafana needs to import the dashboard
 // anywhere (a Prometheus data source variable every panel uses, unique
-// panel ids), and that the README lists its rows and panels as they are.
+// panel ids), and that docs/operations.md lists its rows and panels as
+// they are.
 func TestDashboardShape(t *testing.T) {
 	d := loadDashboard(t)
 	hasDS := false
@@ -395,7 +396,7 @@ func TestDashboardShape(t *testing.T) {
 		t.Error(`no "datasource" variable of type datasource for prometheus`)
 	}
 	ids := map[int]string{}
-	var rows []string // "Row: panel; panel", as the README lists them
+	var rows []string // "Row: panel; panel", as docs/operations.md lists them
 	for _, p := range allPanels(d.Panels) {
 		if prev, dup := ids[p.ID]; dup {
 			t.Errorf("panels %q and %q share id %d", prev, p.Title, p.ID)
@@ -421,23 +422,23 @@ func TestDashboardShape(t *testing.T) {
 			t.Errorf("panel %q has no query", p.Title)
 		}
 	}
-	if listed := readmeRows(t); !slices.Equal(listed, rows) {
-		t.Errorf("README lists the dashboard as\n%s\nwant\n%s", strings.Join(listed, "\n"), strings.Join(rows, "\n"))
+	if listed := guideRows(t); !slices.Equal(listed, rows) {
+		t.Errorf("docs/operations.md lists the dashboard as\n%s\nwant\n%s", strings.Join(listed, "\n"), strings.Join(rows, "\n"))
 	}
 }
 
-// readmeRows returns the README's list of the dashboard's rows, "- **Row**:
+// guideRows returns docs/operations.md's list of the dashboard's rows, "- **Row**:
 // panel; panel" items after the line naming docs/grafana/qbroker.json, with
 // wrapped lines joined.
-func readmeRows(t *testing.T) []string {
+func guideRows(t *testing.T) []string {
 	t.Helper()
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile("../operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, after, ok := strings.Cut(string(raw), "`docs/grafana/qbroker.json`")
 	if !ok {
-		t.Fatal("README does not name docs/grafana/qbroker.json")
+		t.Fatal("docs/operations.md does not name docs/grafana/qbroker.json")
 	}
 	var rows []string
 	started := false

@@ -17,7 +17,7 @@ import (
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
-// The measurements behind the brokers' data budget (README, Limits). They
+// The measurements behind the brokers' data budget (docs/operations.md, Limits). They
 // take minutes and need jcmd (a JDK), so they run only when asked:
 //
 //	go test ./internal/zkserver -run 'TestHeap' -v -zk-heap -zk-heap-messages 1000000

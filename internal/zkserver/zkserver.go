@@ -59,8 +59,8 @@ const DefaultHeapMB = 1024
 
 // DataBudget returns the broker data budget (bytes, broker.Config's
 // ZKDataBudget) that a server with a heap of heapMB MiB holds safely: a
-// quarter of the heap. Measured on ZooKeeper 3.8 with OpenJDK 17 (README,
-// Limits): a flood of 500 KiB messages through a broker exhausted a heap
+// quarter of the heap. Measured on ZooKeeper 3.8 with OpenJDK 17
+// (docs/operations.md, Limits): a flood of 500 KiB messages through a broker exhausted a heap
 // of 128 MiB at a budget estimate of about 56 MiB (44%); 1,000,000
 // messages of 100 B (an estimate of 628 MB) took 480 MB of heap.
 func DataBudget(heapMB int) int64 { return int64(heapMB) << 20 / 4 }

@@ -23,14 +23,15 @@ import (
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
-// The README's commands are run as written, so that they cannot drift
-// from what the broker accepts: only the addresses they name are
-// replaced by free ones.
+// The commands of the guides (docs/operations.md, docs/security.md) are
+// run as written, so that they cannot drift from what the broker accepts:
+// only the addresses they name are replaced by free ones.
 
-// readmeBlock returns the README's ```sh block that contains marker.
-func readmeBlock(t *testing.T, marker string) string {
+// docBlock returns the ```sh block of doc (a path from the repository's
+// root) that contains marker.
+func docBlock(t *testing.T, doc, marker string) string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile(filepath.Join("../..", doc))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,18 +43,18 @@ func readmeBlock(t *testing.T, marker string) string {
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("README.md: %d sh blocks contain %q, want 1", len(found), marker)
+		t.Fatalf("%s: %d sh blocks contain %q, want 1", doc, len(found), marker)
 	}
 	return found[0]
 }
 
-// replaceAddrs replaces the README's addresses (old, new pairs), each of
+// replaceAddrs replaces a block's addresses (old, new pairs), each of
 // which must occur in s.
 func replaceAddrs(t *testing.T, s string, pairs ...string) string {
 	t.Helper()
 	for i := 0; i < len(pairs); i += 2 {
 		if !strings.Contains(s, pairs[i]) {
-			t.Fatalf("README block lacks %s:\n%s", pairs[i], s)
+			t.Fatalf("the block lacks %s:\n%s", pairs[i], s)
 		}
 	}
 	return strings.NewReplacer(pairs...).Replace(s)
@@ -87,9 +88,9 @@ func shellLines(block string) []shellLine {
 	return out
 }
 
-// readmeEnv is the environment the README's commands run in: the
+// guideEnv is the environment the guides' commands run in: the
 // process's without QBROKER_* variables, with dir first in PATH.
-func readmeEnv(dir string, extra ...string) []string {
+func guideEnv(dir string, extra ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "QBROKER_") && !strings.HasPrefix(kv, "PATH=") {
@@ -119,7 +120,7 @@ func startScript(t *testing.T, dir, script string, env []string) *syncBuffer {
 		case <-time.After(30 * time.Second):
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
-			t.Errorf("the README's commands did not stop 30s after SIGTERM:\n%s", out.String())
+			t.Errorf("the guide's commands did not stop 30s after SIGTERM:\n%s", out.String())
 		}
 	})
 	return &out
@@ -146,11 +147,11 @@ func port(t *testing.T, addr string) string {
 	return p
 }
 
-// The README's production command starts a broker, given the files it
+// The production command of docs/operations.md starts a broker, given the files it
 // names (certificate, rules, tokens), against a real ZooKeeper; clients
 // reach it with TLS and a token; the ZooKeeper nodes it creates are
 // closed to a ZooKeeper client without its credential.
-func TestREADMEProductionCommand(t *testing.T) {
+func TestGuideProductionCommand(t *testing.T) {
 	zktest.Server(t) // skips without ZooKeeper, as the package's tests do
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -175,10 +176,10 @@ func TestREADMEProductionCommand(t *testing.T) {
 		}
 	}
 	listen := port(t, freeAddr(t))
-	script := replaceAddrs(t, readmeBlock(t, "qbroker serve --zk zk1:2181,zk2:2181,zk3:2181 --zk-auth-file zk-auth --listen 0.0.0.0:7070"),
+	script := replaceAddrs(t, docBlock(t, "docs/operations.md", "qbroker serve --zk zk1:2181,zk2:2181,zk3:2181 --zk-auth-file zk-auth --listen 0.0.0.0:7070"),
 		"zk1:2181,zk2:2181,zk3:2181", zks.Addr(), "0.0.0.0:7070", "0.0.0.0:"+listen)
 	// The default metrics address, not in the command, is moved off 9090.
-	out := startScript(t, dir, script, readmeEnv(filepath.Join(dir, "bin"), "QBROKER_METRICS_LISTEN="+freeAddr(t)))
+	out := startScript(t, dir, script, guideEnv(filepath.Join(dir, "bin"), "QBROKER_METRICS_LISTEN="+freeAddr(t)))
 
 	c, err := qbroker.Dial(ctx, "127.0.0.1:"+listen, qbroker.WithTLSFiles(qbroker.TLSFiles{CAFile: filepath.Join(dir, tlsutil.CAFile)}),
 		qbroker.WithToken(tok), qbroker.WithCallTimeout(5*time.Second))
@@ -186,7 +187,7 @@ func TestREADMEProductionCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	zktest.WaitFor(t, 90*time.Second, "the README's production broker to serve", func() bool {
+	zktest.WaitFor(t, 90*time.Second, "the production command's broker to serve", func() bool {
 		_, err := c.ListQueues(ctx, "")
 		return err == nil
 	})
@@ -205,20 +206,20 @@ func TestREADMEProductionCommand(t *testing.T) {
 	}
 }
 
-// expectedCode is the gRPC code a README line's comment says it fails
+// expectedCode is the gRPC code a guide's line's comment says it fails
 // with, as "(PermissionDenied)"; "" for a line that succeeds.
 var expectedCode = regexp.MustCompile(`\((PermissionDenied|Unauthenticated|Unavailable)\)`)
 
-// The README's complete Security example runs as written, beside a broker
+// The complete example of docs/security.md runs as written, beside a broker
 // on make run's ports: the commands before the broker's start, then,
 // once it serves, each command, which must succeed or fail as its comment
 // says. `make build` is the build of bin/qbroker the test does.
-func TestREADMESecurityExample(t *testing.T) {
+func TestGuideSecurityExample(t *testing.T) {
 	zktest.Server(t)
 	dir := t.TempDir()
 	buildInto(t, filepath.Join(dir, "bin"))
 	grpcAddr, metricsAddr := freeAddr(t), freeAddr(t)
-	block := replaceAddrs(t, readmeBlock(t, "./bin/qbroker certs --dir sec"),
+	block := replaceAddrs(t, docBlock(t, "docs/security.md", "./bin/qbroker certs --dir sec"),
 		"127.0.0.1:7071", grpcAddr, "127.0.0.1:9091", metricsAddr)
 	lines := shellLines(block)
 	if lines[0].code != "make build" {
@@ -239,12 +240,12 @@ func TestREADMESecurityExample(t *testing.T) {
 	for _, l := range lines[:bg+1] {
 		start = append(start, l.raw)
 	}
-	env := readmeEnv(filepath.Join(dir, "bin"))
+	env := guideEnv(filepath.Join(dir, "bin"))
 	out := startScript(t, dir, strings.Join(start, "\n")+"\nwait\n", env)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	zktest.WaitFor(t, 120*time.Second, "the README's secured dev broker to serve", func() bool {
+	zktest.WaitFor(t, 120*time.Second, "the security example's dev broker to serve", func() bool {
 		c, err := qbroker.Dial(ctx, grpcAddr, qbroker.WithTLSFiles(qbroker.TLSFiles{CAFile: filepath.Join(dir, "sec", tlsutil.CAFile)}),
 			qbroker.WithCallTimeout(2*time.Second))
 		if err != nil {
