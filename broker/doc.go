@@ -118,6 +118,10 @@
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //
+// qbroker serve also registers the NATS event bridge's metrics, listed in
+// internal/natsbridge, with or without a NATS server. docs/operations.md
+// describes them all.
+//
 // A queue's counters appear at 0 when the broker first loads the queue,
 // so rate and increase count its first event. The queue label takes at most Config.MaxQueueLabels distinct values;
 // further queues share the label "_other".
