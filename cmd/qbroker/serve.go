@@ -178,7 +178,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.StringVar(&o.metricsListen, "metrics-listen", env("METRICS_LISTEN", "127.0.0.1:9090"), "HTTP address for /metrics; empty disables ($QBROKER_METRICS_LISTEN)")
 	fs.StringVar(&o.id, "id", env("ID", ""), "broker id; default <hostname>-<random> ($QBROKER_ID)")
 	fs.IntVar(&o.maxPayload, "max-payload", e.int("MAX_PAYLOAD", 512<<10), fmt.Sprintf("largest message payload in bytes, at most %d ($QBROKER_MAX_PAYLOAD)", zkqueue.HardMaxPayload))
-	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", e.int("MAX_BATCH_BYTES", 0), "largest publish batch in bytes: the payloads plus about 160 bytes per message (its header and node path); 0 means 921600, or --max-payload when larger ($QBROKER_MAX_BATCH_BYTES)")
+	fs.IntVar(&o.maxBatchBytes, "max-batch-bytes", e.int("MAX_BATCH_BYTES", 0), "largest publish batch in bytes: the payloads plus 207 bytes and the queue name per message (its header and node path); 0 means 921600, or --max-payload when larger ($QBROKER_MAX_BATCH_BYTES)")
 	fs.IntVar(&o.maxBatchCount, "max-batch-count", e.int("MAX_BATCH_COUNT", 1000), "most messages in a publish batch ($QBROKER_MAX_BATCH_COUNT)")
 	fs.IntVar(&o.maxDepth, "max-depth", e.int("MAX_DEPTH", 0), "most ready messages per queue, for every queue; publishing beyond fails with ResourceExhausted; 0: none but the queue's own max_depth ($QBROKER_MAX_DEPTH)")
 	fs.DurationVar(&o.maxDelay, "max-delay", e.dur("MAX_DELAY", broker.DefaultMaxDelay), fmt.Sprintf("longest delivery delay of a published message, at most %v ($QBROKER_MAX_DELAY)", broker.HardMaxDelay))
