@@ -50,8 +50,12 @@ func TestOutsideModule(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	goflags, err := exec.CommandContext(ctx, goBin, "env", "GOFLAGS").Output()
+	if err != nil {
+		t.Fatalf("go env GOFLAGS: %v", err)
+	}
 	env := append(os.Environ(), "GOWORK=off", "GOTOOLCHAIN=local",
-		"GOFLAGS="+strings.TrimSpace(os.Getenv("GOFLAGS")+" -mod=mod"), zktest.ExampleEnv+"="+addr)
+		"GOFLAGS="+strings.TrimSpace(strings.TrimSpace(string(goflags))+" -mod=mod"), zktest.ExampleEnv+"="+addr)
 	run := func(name string, args ...string) string {
 		t.Helper()
 		cmd := exec.CommandContext(ctx, name, args...)
