@@ -22,3 +22,8 @@ func SetGroupListedHook(q *Queue, f func(g string, w <-chan zk.Event)) {
 	q.groups.listed = f
 	q.mu.Unlock()
 }
+
+// WithoutMultiRead makes q read as it does over a client that has no
+// multiRead (the released go-zookeeper): a getData per node. Call it
+// before q is used.
+func WithoutMultiRead(q *Queue) { q.reads.off.Store(true) }

@@ -75,6 +75,8 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 	if len(s.readers) == 0 {
 		s.readers = []observed{s.zk}
 	}
+	// Readers are sessions of one client type: all have multiRead or none.
+	s.reads.off.Store(!hasMultiRead(conn))
 	return s, nil
 }
 

@@ -20,7 +20,8 @@ import (
 // and those of separate consumers taking one message each) read together:
 // a read that finds fewer than maxReadsInFlight requests of its Queue in
 // flight sends itself with the reads queued meanwhile, up to maxReadBatch,
-// as one request (a multiRead when more than one; ZooKeeper 3.6 or later);
+// as one request (a multiRead when more than one, given ZooKeeper 3.6 or
+// later and a client that has multiRead, multiReader);
 // otherwise it queues, and whichever waiting read finds a request slot
 // free sends the oldest queued ones. As with the group commit, a lone read
 // goes at once and only reads that would have waited anyway share a
@@ -69,7 +70,7 @@ type readResult struct {
 
 // readGroup queues a Queue's reads for group read.
 type readGroup struct {
-	off      atomic.Bool // the server refused multiRead
+	off      atomic.Bool // no multiRead: the client has none, or the server refused it
 	mu       sync.Mutex
 	queued   []*readCall
 	inFlight int
@@ -238,8 +239,9 @@ func (s *Queue) readCalls(calls []*readCall) {
 }
 
 // readBatch reads paths (at most maxReadBatch) with one request: a
-// getData for one, else a multiRead, or a getData each where the server
-// refuses multiRead. A failure is each path's readResult error.
+// getData for one, else a multiRead, or a getData each where the client
+// has no multiRead or the server refuses it. A failure is each path's
+// readResult error.
 func (s *Queue) readBatch(paths []string) []readResult {
 	if len(paths) > 1 && !s.reads.off.Load() {
 		rs, err := s.multiGet(paths)
@@ -254,10 +256,18 @@ func (s *Queue) readBatch(paths []string) []readResult {
 			return out
 		}
 	}
+	// One getData each, all in flight at once: the session pipelines
+	// them, so the batch still costs one round trip of waiting.
 	out := make([]readResult, len(paths))
-	for i, p := range paths {
-		out[i] = s.get(p)
+	if len(paths) == 1 {
+		out[0] = s.get(paths[0])
+		return out
 	}
+	var wg sync.WaitGroup
+	for i, p := range paths {
+		wg.Go(func() { out[i] = s.get(p) })
+	}
+	wg.Wait()
 	return out
 }
 
@@ -314,10 +324,46 @@ func (s *Queue) readPaths(paths []string) ([]readResult, error) {
 	return out, nil
 }
 
+// multiReader is a client that reads many nodes in one request
+// (ZooKeeper's multiRead): the go-zookeeper that this module's go.mod puts
+// in place of the release (third_party/go-zookeeper, Conn.MultiGet). The
+// release has no such method, and a replace in go.mod applies only to this
+// module, so the engine builds against the release and asks the
+// connection at run time (hasMultiRead): a program built with the release
+// reads one getData per node, one built with the patched client (qbroker's
+// own, or any module that replaces go-zookeeper with it) reads in
+// multiRead requests. The signature names only types the release has too:
+// the patched client's zk.ReadResponse is an alias of readResponse's
+// struct type.
+type multiReader interface {
+	MultiGet(paths ...string) ([]readResponse, error)
+}
+
+// readResponse is the answer to one read of a multiRead.
+type readResponse = struct {
+	Data  []byte
+	Stat  *zk.Stat
+	Error error
+}
+
+// errNoMultiRead is returned by observed.MultiGet where the client has no
+// multiRead; Queues check hasMultiRead first.
+var errNoMultiRead = errors.New("zkqueue: the ZooKeeper client has no multiRead")
+
+// hasMultiRead reports whether conn reads in multiRead requests.
+func hasMultiRead(conn *zk.Conn) bool {
+	_, ok := any(conn).(multiReader)
+	return ok
+}
+
 // MultiGet is the observed multiRead ("multiread" to the Observer).
-func (o observed) MultiGet(paths ...string) ([]zk.ReadResponse, error) {
+func (o observed) MultiGet(paths ...string) ([]readResponse, error) {
+	m, ok := any(o.conn).(multiReader)
+	if !ok {
+		return nil, errNoMultiRead
+	}
 	start := time.Now()
-	rs, err := o.conn.MultiGet(paths...)
+	rs, err := m.MultiGet(paths...)
 	o.done("multiread", start, err)
 	return rs, err
 }

@@ -22,12 +22,23 @@ import (
 func TestClaimRoundsReadInMultiRead(t *testing.T) {
 	for _, leased := range []bool{false, true} {
 		t.Run(fmt.Sprintf("leased=%v", leased), func(t *testing.T) {
-			testClaimRoundsReadInMultiRead(t, leased)
+			testClaimRounds(t, leased, true)
 		})
 	}
 }
 
-func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
+// Over a client without multiRead (the released go-zookeeper), the same
+// claim rounds read a getData per message and deliver the same: each
+// message once, a message claimed elsewhere by the other claimer only.
+func TestClaimRoundsWithoutMultiRead(t *testing.T) {
+	for _, leased := range []bool{false, true} {
+		t.Run(fmt.Sprintf("leased=%v", leased), func(t *testing.T) {
+			testClaimRounds(t, leased, false)
+		})
+	}
+}
+
+func testClaimRounds(t *testing.T, leased, multiRead bool) {
 	ctx := context.Background()
 	root := zktest.Root(t)
 	const n, segment = 200, 60
@@ -45,8 +56,9 @@ func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
 		}
 	}
 
-	// The first multiRead is answered; before the round's claims run,
-	// another session takes one of the messages it read.
+	// The first multiRead (without multiRead: the first getData) is
+	// answered; before the round's claims run, another session takes one
+	// of the messages read.
 	other := zktest.Conn(t)
 	var gets, multiReads atomic.Int64
 	var stolen atomic.Value
@@ -55,6 +67,9 @@ func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
 		switch {
 		case op == "get" && err == nil:
 			gets.Add(1)
+			if !multiRead {
+				once.Do(func() { stolen.Store(stealOne(t, other, root+"/items")) })
+			}
 		case op == "multiread" && err == nil:
 			multiReads.Add(1)
 			once.Do(func() { stolen.Store(stealOne(t, other, root+"/items")) })
@@ -63,6 +78,9 @@ func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
 	consumer, err := zkqueue.New(zktest.Conn(t), root+"/items", zkqueue.WithSegmentSize(segment), zkqueue.WithObserver(observe))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !multiRead {
+		zkqueue.WithoutMultiRead(consumer)
 	}
 	take := func() ([]zkqueue.Message, error) {
 		return consumer.Take(ctx, 40, zkqueue.Room{}, false)
@@ -96,7 +114,7 @@ func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
 	}
 	steal, _ := stolen.Load().(string)
 	if steal == "" {
-		t.Fatal("no multiRead was made")
+		t.Fatal("no read was made")
 	}
 	for i := range n {
 		want := 1
@@ -106,6 +124,13 @@ func testClaimRoundsReadInMultiRead(t *testing.T, leased bool) {
 		if c := got[fmt.Sprintf("m%03d", i)]; c != want {
 			t.Errorf("m%03d delivered %d times, want %d", i, c, want)
 		}
+	}
+	if !multiRead {
+		if mr := multiReads.Load(); mr != 0 {
+			t.Errorf("%d multiRead requests without multiRead", mr)
+		}
+		t.Logf("%d messages: %d getData requests", n, gets.Load())
+		return
 	}
 	// Rounds of at most 40 candidates over segments of 60 (a round never
 	// spans segments): 7 rounds. In each, the first reads find a request
@@ -206,7 +231,13 @@ func TestClaimRoundOfLargestMessages(t *testing.T) {
 // Consumers taking one message at a time from one Queue share read
 // requests too: their concurrent reads queue behind the requests in
 // flight and go together.
-func TestSingleTakesShareReads(t *testing.T) {
+func TestSingleTakesShareReads(t *testing.T) { testSingleTakes(t, true) }
+
+// Without multiRead, consumers taking one message at a time read a
+// getData each, and each message is delivered once.
+func TestSingleTakesWithoutMultiRead(t *testing.T) { testSingleTakes(t, false) }
+
+func testSingleTakes(t *testing.T, multiRead bool) {
 	ctx := context.Background()
 	root := zktest.Root(t)
 	producer, err := zkqueue.New(zktest.Conn(t), root+"/items")
@@ -223,14 +254,20 @@ func TestSingleTakesShareReads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var requests atomic.Int64
+	var requests, multiReads atomic.Int64
 	consumer, err := zkqueue.New(zktest.Conn(t), root+"/items", zkqueue.WithObserver(func(op string, _ time.Duration, err error) {
 		if op == "get" || op == "multiread" {
 			requests.Add(1)
 		}
+		if op == "multiread" {
+			multiReads.Add(1)
+		}
 	}))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !multiRead {
+		zkqueue.WithoutMultiRead(consumer)
 	}
 	var mu sync.Mutex
 	got := map[string]int{}
@@ -255,6 +292,13 @@ func TestSingleTakesShareReads(t *testing.T) {
 		if c := got[fmt.Sprintf("m%04d", i)]; c != 1 {
 			t.Fatalf("m%04d delivered %d times", i, c)
 		}
+	}
+	if !multiRead {
+		if mr := multiReads.Load(); mr != 0 {
+			t.Errorf("%d multiRead requests without multiRead", mr)
+		}
+		t.Logf("%d getData requests for %d messages", requests.Load(), n)
+		return
 	}
 	if r := requests.Load(); r > n*3/4 {
 		t.Errorf("%d read requests for %d messages taken one at a time by %d consumers", r, n, consumers)

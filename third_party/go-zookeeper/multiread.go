@@ -6,8 +6,12 @@ import "reflect"
 // one request, each answered on its own.
 const opMultiRead = 22
 
-// ReadResponse is the answer to one read of MultiGet.
-type ReadResponse struct {
+// ReadResponse is the answer to one read of MultiGet. It is an alias of
+// an unnamed struct type, not a type of its own, so that code built
+// against the released go-zookeeper, which has no ReadResponse, can still
+// spell MultiGet's signature with the types that release has, and find the
+// method with a type assertion where this client is in use.
+type ReadResponse = struct {
 	Data  []byte
 	Stat  *Stat
 	Error error
