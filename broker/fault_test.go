@@ -98,6 +98,21 @@ func runLoad(ctx context.Context, c pb.QueueClient, queue string, stop <-chan st
 	return l
 }
 
+// publishedCount returns how many publishes have succeeded so far.
+func (l *load) publishedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.published)
+}
+
+// runFor waits until n more publishes have succeeded: the load is
+// running, however slow the machine.
+func (l *load) runFor(t *testing.T, n int) {
+	t.Helper()
+	want := l.publishedCount() + n
+	zktest.WaitFor(t, time.Minute, fmt.Sprintf("%d messages published", want), func() bool { return l.publishedCount() >= want })
+}
+
 // check drains what is left and checks that every published message was
 // delivered at least once.
 func (l *load) check(t *testing.T, c pb.QueueClient, queue string) {
@@ -154,7 +169,7 @@ func TestZooKeeperRestartMidLoad(t *testing.T) {
 
 	stop := make(chan struct{})
 	l := runLoad(ctx, b.client, "q", stop)
-	time.Sleep(time.Second)
+	l.runFor(t, 30)
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +179,7 @@ func TestZooKeeperRestartMidLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHealth(t, b, healthpb.HealthCheckResponse_SERVING, 30*time.Second)
-	time.Sleep(time.Second)
+	l.runFor(t, 30)
 	close(stop)
 	l.check(t, b.client, "q")
 }
@@ -186,7 +201,7 @@ func TestSessionExpiry(t *testing.T) {
 	defer cancel()
 	stop := make(chan struct{})
 	l := runLoad(ctx, b.client, "q", stop)
-	time.Sleep(time.Second)
+	l.runFor(t, 30)
 	proxy.Cut()
 	waitHealth(t, b, healthpb.HealthCheckResponse_NOT_SERVING, 10*time.Second)
 	// Wait until the server has expired the session: the ephemeral
@@ -214,7 +229,7 @@ func TestSessionExpiry(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	time.Sleep(time.Second)
+	l.runFor(t, 30)
 	close(stop)
 	l.check(t, b.client, "q")
 }
