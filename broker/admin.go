@@ -229,7 +229,7 @@ func (b *Broker) Stats(ctx context.Context, req *pb.StatsRequest) (*pb.QueueStat
 	if err != nil {
 		return nil, b.fail(b.gone(q, err))
 	}
-	expired, err := b.expiredCount(q)
+	expired, err := q.items.ExpiredCount(ctx)
 	if err != nil {
 		return nil, b.fail(b.gone(q, err))
 	}

@@ -526,7 +526,7 @@ func (b *Broker) prepareRoot(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
-	key, err := loadTokenKey(b.conn, b.cfg.Root, secretACL(b.acl))
+	key, err := zkutil.LoadSecret(b.conn, b.cfg.Root, tokenKeyNode, b.acl, macLen)
 	if err != nil {
 		return fmt.Errorf("broker: token key: %w", err)
 	}

@@ -3,17 +3,13 @@ package broker
 import (
 	"bytes"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"fmt"
 	"hash"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
@@ -140,27 +136,11 @@ func parseToken(tok string) (ackToken, error) {
 	return t, nil
 }
 
-// tokenKeyNode holds the key that signs ack tokens: random bytes written
-// by the first broker to start under a root, read by every broker.
+// tokenKeyNode is the name of the root's child that holds the key signing
+// ack tokens (zkutil.LoadSecret): random bytes written by the first broker
+// to start under a root, read by every broker, never by anyone else
+// (zkutil.PrivateACL).
 const tokenKeyNode = "token-key"
-
-// loadTokenKey creates the root's token key when it has none and returns
-// it.
-func loadTokenKey(conn *zk.Conn, root string, acl []zk.ACL) ([]byte, error) {
-	p := root + "/" + tokenKeyNode
-	key, err := zkutil.LoadOrCreate(conn, p, acl, func() ([]byte, error) {
-		key := make([]byte, 32)
-		_, err := rand.Read(key)
-		return key, err
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(key) < macLen {
-		return nil, fmt.Errorf("%s holds %d bytes, want at least %d", p, len(key), macLen)
-	}
-	return key, nil
-}
 
 // clampDuration returns d, the request's field name, within [lo, hi], or
 // def when d is zero.

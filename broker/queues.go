@@ -164,7 +164,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
 		zkqueue.WithACL(b.acl),
 		zkqueue.WithDedup(p+"/dedup", meta.Dedup()),
-		zkqueue.WithExpiry(b.expiry(p, label, meta)),
+		zkqueue.WithExpiry(b.expiry(name, label, meta)),
 		zkqueue.WithGroups(p + "/groups"),
 	}
 	if meta.Kind == kindPriority {

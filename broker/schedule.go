@@ -101,28 +101,15 @@ func (b *Broker) startSchedulers(q *queue) {
 	}
 }
 
-// expiry returns the engine's expiry settings for a queue at p with spec
-// meta, counting into the broker's metric.
-func (b *Broker) expiry(p, label string, meta zkqueue.Spec) zkqueue.Expiry {
-	if meta.MessageTTL <= 0 {
-		return zkqueue.Expiry{}
-	}
-	c := b.metrics.expired.WithLabelValues(label)
-	e := zkqueue.Expiry{TTL: meta.MessageTTL, Counter: p + "/expired", Hook: func(n int) { c.Add(float64(n)) }}
-	if meta.ExpireToDeadLetter {
-		e.Dead = p + "/dead"
+// expiry returns the engine's expiry settings for the queue name with
+// spec meta (zkqueue.Catalog.Expiry), counting into the broker's metric.
+func (b *Broker) expiry(name, label string, meta zkqueue.Spec) zkqueue.Expiry {
+	e := b.catalog.Expiry(name, meta)
+	if e.TTL > 0 {
+		c := b.metrics.expired.WithLabelValues(label)
+		e.Hook = func(n int) { c.Add(float64(n)) }
 	}
 	return e
-}
-
-// expiredCount returns the number of messages q's TTL removed: the
-// version of its counter node (0 when it has none).
-func (b *Broker) expiredCount(q *queue) (int, error) {
-	ok, stat, err := b.conn.Exists(q.path + "/expired")
-	if err != nil || !ok {
-		return 0, err
-	}
-	return int(stat.Version), nil
 }
 
 // dueTimes returns each message's due time (zero: at once) from its delay

@@ -73,33 +73,28 @@ const migrateTimeout = 10 * time.Minute
 
 // checkRootACL makes sure, when authentication is configured, that the
 // root is not writable by anyone and grants the broker's identity every
-// permission: a missing root is created so later (EnsurePath); an open
-// one is refused, or, with ZKMigrateACL, given zkACL with the whole tree
-// below it (a migration also rewrites a root the identity cannot
-// administer only if ZooKeeper lets it). The check needs the session.
+// permission (zkutil.CheckRootACL): a missing root is created so later
+// (EnsurePath); an open one is refused, or, with ZKMigrateACL, given zkACL
+// with the whole tree below it, the token key keeping its private ACL (a
+// migration also rewrites a root the identity cannot administer only if
+// ZooKeeper lets it). The check needs the session.
 func (b *Broker) checkRootACL(ctx context.Context) error {
-	if len(b.acl) == 0 {
-		return nil
-	}
 	root := b.cfg.Root
-	cur, _, err := b.conn.GetACL(root)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("broker: get acl %s: %w", root, err)
-	}
-	open := zkutil.WorldWritable(cur)
-	if !open && grants(cur, b.acl[0]) {
+	err := zkutil.CheckRootACL(b.conn, root, b.acl)
+	var bad *zkutil.ACLError
+	if !errors.As(err, &bad) {
+		if err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
 		return nil
 	}
 	if !b.cfg.ZKMigrateACL {
-		if open {
+		if bad.Open {
 			return fmt.Errorf("broker: ZooKeeper root %s is writable by anyone (world:anyone), created without authentication; "+
 				"start one broker once with --zk-migrate-acl to give the existing tree the brokers' ACL", root)
 		}
 		return fmt.Errorf("broker: ZooKeeper root %s does not grant the broker's identity all permissions (its ACL: %v); "+
-			"start with the credential that created it", root, cur)
+			"start with the credential that created it", root, bad.ACL)
 	}
 	ctx, cancel := context.WithTimeout(ctx, migrateTimeout)
 	defer cancel()
@@ -108,35 +103,10 @@ func (b *Broker) checkRootACL(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker: migrate the ACL of %s (%d nodes changed, run again to finish): %w", root, n, err)
 	}
-	key := root + "/" + tokenKeyNode
-	if _, err := b.conn.SetACL(key, secretACL(b.acl), -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-		return fmt.Errorf("broker: set acl %s: %w", key, err)
+	if err := zkutil.SetPrivateACL(b.conn, root, tokenKeyNode, b.acl); err != nil {
+		return fmt.Errorf("broker: %w", err)
 	}
 	b.log.Warn("migrated the ZooKeeper ACL of the broker's tree", "znode", root, "nodes", n,
 		"took", time.Since(start).Round(time.Millisecond))
 	return nil
-}
-
-// grants reports whether acl gives id's identity (scheme and id) every
-// permission id has.
-func grants(acl []zk.ACL, id zk.ACL) bool {
-	for _, a := range acl {
-		if a.Scheme == id.Scheme && a.ID == id.ID && a.Perms&id.Perms == id.Perms {
-			return true
-		}
-	}
-	return false
-}
-
-// secretACL is acl without its world-read entry: the token key signs ack
-// tokens, and whoever reads it can forge them, so ZKWorldRead does not
-// extend to it.
-func secretACL(acl []zk.ACL) []zk.ACL {
-	var out []zk.ACL
-	for _, a := range acl {
-		if a.Scheme != "world" {
-			out = append(out, a)
-		}
-	}
-	return out
 }

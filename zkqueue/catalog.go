@@ -123,6 +123,22 @@ func (c *Catalog) badSpec(name string, err error) {
 // leases/, dead/, consumers/ and members/.
 func (c *Catalog) Path(name string) string { return c.path + "/" + name }
 
+// Expiry returns the expiry settings (WithExpiry) of the queue name with
+// spec s: its TTL, its expired counter and, when s.ExpireToDeadLetter, its
+// dead letters' parent; the zero Expiry (never expire) without a TTL. The
+// caller may set Hook.
+func (c *Catalog) Expiry(name string, s Spec) Expiry {
+	if s.MessageTTL <= 0 {
+		return Expiry{}
+	}
+	p := c.Path(name)
+	e := Expiry{TTL: s.MessageTTL, Counter: p + "/expired"}
+	if s.ExpireToDeadLetter {
+		e.Dead = p + "/dead"
+	}
+	return e
+}
+
 // checkName accepts a queue name that is one path element
 // (zkutil.CheckName: [A-Za-z0-9._-]{1,200}, not "." or "..").
 func checkName(name string) error {

@@ -146,6 +146,28 @@ func (s *Queue) expire(ctx context.Context, n Name, data []byte, version int32) 
 	return nil
 }
 
+// ExpiredCount returns the number of messages the queue's TTL removed,
+// counted by every process: the version of its counter node
+// (Expiry.Counter); 0 without a counter or when the node is missing (a
+// queue of an older layout).
+func (s *Queue) ExpiredCount(ctx context.Context) (int, error) {
+	p := s.opt.expiry.Counter
+	if p == "" {
+		return 0, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	ok, stat, err := s.zk.Exists(p)
+	if err != nil {
+		return 0, fmt.Errorf("exists %s: %w", p, err)
+	}
+	if !ok {
+		return 0, nil
+	}
+	return int(stat.Version), nil
+}
+
 // expireClaimed is a claim's end when it read an expired message: the
 // message is removed, and the claim reports errExpired (or the lost race).
 func (s *Queue) expireClaimed(ctx context.Context, n Name, data []byte, version int32) error {

@@ -166,3 +166,55 @@ func TestSpecMessageTTL(t *testing.T) {
 		}
 	}
 }
+
+// A queue opened with its catalog's expiry settings counts and
+// dead-letters its expired messages where the catalog laid them out, and
+// ExpiredCount reads the count any process sees; a queue without a TTL
+// gets none and counts 0.
+func TestCatalogExpiry(t *testing.T) {
+	ctx := context.Background()
+	conn := zktest.Conn(t)
+	c := newCatalog(t, conn, zkqueue.CatalogConfig{})
+	const ttl = time.Second
+	s := fifo(time.Minute)
+	s.MessageTTL, s.ExpireToDeadLetter = ttl, true
+	mustCreate(t, c, "ttl", s)
+	if e := c.Expiry("plain", fifo(time.Minute)); e.TTL != 0 || e.Counter != "" || e.Dead != "" {
+		t.Fatalf("Expiry without a TTL: %+v, want none", e)
+	}
+	e := c.Expiry("ttl", s)
+	if e.TTL != ttl || e.Counter == "" || e.Dead == "" {
+		t.Fatalf("Expiry: %+v, want the TTL, a counter and a dead letters' parent", e)
+	}
+	p := c.Path("ttl")
+	items := newQueue(t, conn, p+"/items", zkqueue.WithoutCreate(), zkqueue.WithExpiry(e))
+	other := newQueue(t, zktest.Conn(t), p+"/items", zkqueue.WithoutCreate(), zkqueue.WithExpiry(e))
+	leases, err := zkqueue.NewLeases(items, p+"/leases", p+"/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := items.Publish(ctx, []byte("old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zktest.WaitFor(t, 30*time.Second, "the message to expire", func() bool {
+		n, _, err := items.ExpireHeads(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	for _, q := range []*zkqueue.Queue{items, other} {
+		if n, err := q.ExpiredCount(ctx); err != nil || n != 1 {
+			t.Fatalf("ExpiredCount: %d, %v; want 1", n, err)
+		}
+	}
+	dead, err := leases.DeadLetters(ctx, 10)
+	if err != nil || len(dead) != 1 || dead[0].ID != id {
+		t.Fatalf("dead letters: %v, %v; want the expired message", dead, err)
+	}
+	plain := newQueue(t, conn, zktest.Root(t)+"/plain")
+	if n, err := plain.ExpiredCount(ctx); err != nil || n != 0 {
+		t.Fatalf("ExpiredCount without a TTL: %d, %v; want 0", n, err)
+	}
+}

@@ -2,6 +2,7 @@ package zkutil
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -163,4 +164,98 @@ func SetTreeACL(ctx context.Context, conn *zk.Conn, p string, acl []zk.ACL) (int
 		return n, fmt.Errorf("set acl %s: %w", p, err)
 	}
 	return n + 1, nil
+}
+
+// PrivateACL is acl without its world entries: the ACL of a node whose
+// data is a secret (a signing key), which a world-read ACL must not
+// extend to.
+func PrivateACL(acl []zk.ACL) []zk.ACL {
+	var out []zk.ACL
+	for _, a := range acl {
+		if a.Scheme != "world" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// ACLError is the ACL of a tree's root that does not keep others out:
+// writable by anyone (Open), or not granting the identity every
+// permission it should have.
+type ACLError struct {
+	Path string
+	ACL  []zk.ACL // the root's
+	Open bool
+}
+
+func (e *ACLError) Error() string {
+	if e.Open {
+		return fmt.Sprintf("%s is writable by anyone (world:anyone)", e.Path)
+	}
+	return fmt.Sprintf("%s does not grant the identity all permissions (its ACL: %v)", e.Path, e.ACL)
+}
+
+// CheckRootACL checks that the node root, when it exists, is closed to
+// others: not writable by anyone, and granting the identity of acl[0]
+// (scheme and id) every permission acl[0] has. It returns nil when so, or
+// when root does not exist or acl is empty (nodes open to anyone), an
+// *ACLError when not.
+func CheckRootACL(conn *zk.Conn, root string, acl []zk.ACL) error {
+	if len(acl) == 0 {
+		return nil
+	}
+	cur, _, err := conn.GetACL(root)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get acl %s: %w", root, err)
+	}
+	open := WorldWritable(cur)
+	if !open && grants(cur, acl[0]) {
+		return nil
+	}
+	return &ACLError{Path: root, ACL: cur, Open: open}
+}
+
+// grants reports whether acl gives id's identity (scheme and id) every
+// permission id has.
+func grants(acl []zk.ACL, id zk.ACL) bool {
+	for _, a := range acl {
+		if a.Scheme == id.Scheme && a.ID == id.ID && a.Perms&id.Perms == id.Perms {
+			return true
+		}
+	}
+	return false
+}
+
+// SetPrivateACL sets PrivateACL(acl) on the node name under parent, if it
+// exists: after SetTreeACL, a secret's node is given back the ACL that
+// keeps its data from readers of the rest of the tree.
+func SetPrivateACL(conn *zk.Conn, parent, name string, acl []zk.ACL) error {
+	p := path.Join(parent, name)
+	if _, err := conn.SetACL(p, PrivateACL(acl), -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return fmt.Errorf("set acl %s: %w", p, err)
+	}
+	return nil
+}
+
+// LoadSecret returns the data of the node name under parent, a secret of
+// random bytes shared by every process using parent: the first caller
+// creates it (32 bytes, with PrivateACL(acl)). A secret shorter than min
+// bytes is refused.
+func LoadSecret(conn *zk.Conn, parent, name string, acl []zk.ACL, min int) ([]byte, error) {
+	p := path.Join(parent, name)
+	key, err := LoadOrCreate(conn, p, PrivateACL(acl), func() ([]byte, error) {
+		key := make([]byte, max(32, min))
+		_, err := rand.Read(key)
+		return key, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(key) < min {
+		return nil, fmt.Errorf("%s holds %d bytes, want at least %d", p, len(key), min)
+	}
+	return key, nil
 }
