@@ -103,47 +103,6 @@ func keyPath(dir, key, prefix string) (string, error) {
 	return dir + "/" + key, nil
 }
 
-// outbox sends a coordination stream's messages on a goroutine of its
-// own, for the reason stream.go gives: a Send held up by flow control
-// returns only once the stream ends, which gRPC does right after the
-// handler returns, so the handler must be free to return. The goroutine is
-// counted by the broker's WaitGroup and ends once closed and its last Send
-// came back.
-type outbox[T any] struct {
-	in  chan T
-	out chan error
-}
-
-func newOutbox[T any](b *Broker, send func(T) error) *outbox[T] {
-	o := &outbox[T]{in: make(chan T), out: make(chan error, 1)}
-	b.wg.Add(1) // within the stream's own count, so never from zero
-	go func() {
-		defer b.wg.Done()
-		for m := range o.in {
-			o.out <- send(m)
-		}
-	}()
-	return o
-}
-
-// send sends m and waits for the transport to take it, or for ctx.
-func (o *outbox[T]) send(ctx context.Context, m T) error {
-	select {
-	case o.in <- m:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case err := <-o.out:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// close lets the goroutine end once its Send under way, if any, returns.
-func (o *outbox[T]) close() { close(o.in) }
-
 // turns lets one stream at a time campaign in an election on this broker:
 // the election recipe allows one candidate per session and election (a
 // campaign takes the session's other candidate nodes for orphans), and

@@ -105,6 +105,8 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 	}()
 	b.emit(events.SyncJoined, q, zkqueue.Message{}, req.GetMemberId())
 
+	out := newOutbox(b, stream.Send)
+	defer out.close()
 	var last syncqueue.Status
 	for {
 		st, err := m.Progress(ctx, last)
@@ -119,8 +121,11 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 		if st.Open {
 			ev.State = pb.SyncEvent_STATE_OPEN
 		}
-		if err := stream.Send(ev); err != nil {
-			return nil
+		if err := out.send(ctx, ev); err != nil {
+			if ctx.Err() != nil {
+				return b.streamEnd()
+			}
+			return nil // the client is gone
 		}
 		if st.Open {
 			b.emit(events.SyncOpened, q, zkqueue.Message{}, "")
