@@ -8,9 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/qbroker/qbroker/internal/events"
 )
 
@@ -59,13 +56,6 @@ func (b *Broker) ownOnly(ctx context.Context, adminAction, name string) (bool, I
 	}
 	id, _ := IdentityFrom(ctx)
 	return !b.cfg.Auth.rules.Get().Allowed(id.Name, adminAction, name), id
-}
-
-// notOwned is the refusal of a call by key on another identity's node:
-// it names the action that would allow it, and nothing of the node.
-func notOwned(id Identity, adminAction, kind, name string) error {
-	return status.Errorf(codes.PermissionDenied, "%s may not %s %s %q (it is another identity's)",
-		id.Name, adminAction, kind, printable(name))
 }
 
 // maxCoordValue bounds a campaign's or a lock holder's value: it is node

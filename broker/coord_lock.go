@@ -148,11 +148,8 @@ func (s lockServer) Unlock(ctx context.Context, req *pb.UnlockRequest) (*pb.Unlo
 		opts = append(opts, lock.IfOwner(id.Name))
 	}
 	err = lock.UnlockKey(ctx, b.conn, key, req.GetToken(), opts...)
-	if errors.Is(err, lock.ErrNotOwner) {
-		return nil, notOwned(id, ActLockAdmin, "lock", req.GetName())
-	}
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(ofCaller(id, ActLockAdmin, "lock", req.GetName(), err))
 	}
 	return &pb.UnlockResponse{}, nil
 }
@@ -173,11 +170,8 @@ func (s lockServer) Revoke(ctx context.Context, req *pb.RevokeRequest) (*pb.Revo
 		opts = append(opts, lock.IfOwner(id.Name))
 	}
 	h, err := lock.Revoke(ctx, b.conn, p, opts...)
-	if errors.Is(err, lock.ErrNotOwner) {
-		return nil, notOwned(id, ActLockAdmin, "lock", req.GetName())
-	}
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(ofCaller(id, ActLockAdmin, "lock", req.GetName(), err))
 	}
 	b.metrics.lockRevocations.Inc()
 	return &pb.RevokeResponse{Holder: &pb.LockHolder{Key: path.Base(h.Key), Value: h.Value, Token: h.Token}}, nil

@@ -50,10 +50,10 @@ func toStatus(err error) error {
 	if err == nil {
 		return nil
 	}
+	err = inWords(err)
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	err = inWords(err)
 	code := codeOf(err)
 	msg := err.Error()
 	if code == codes.Internal {
@@ -145,15 +145,50 @@ func ofMember(q *queue, member string, err error) error {
 	return &engineErr{err: err, q: q, msg: -1, member: member}
 }
 
+// callerErr is an error of a lock or election recipe with the caller and
+// the name it concerns: a call by key on another identity's node is
+// PermissionDenied, naming the action that would allow it (notOwned).
+type callerErr struct {
+	err                error
+	id                 Identity
+	action, kind, name string
+}
+
+func (e *callerErr) Error() string { return e.err.Error() }
+func (e *callerErr) Unwrap() error { return e.err }
+
+// ofCaller marks err as the answer of the recipe to id's call by key on
+// the lock or election (kind) name, which adminAction would allow on any
+// identity's node.
+func ofCaller(id Identity, adminAction, kind, name string, err error) error {
+	return &callerErr{err: err, id: id, action: adminAction, kind: kind, name: name}
+}
+
+// notOwned is the refusal of a call by key on another identity's node:
+// it names the action that would allow it, and nothing of the node.
+func notOwned(id Identity, adminAction, kind, name string) error {
+	return status.Errorf(codes.PermissionDenied, "%s may not %s %s %q (it is another identity's)",
+		id.Name, adminAction, kind, printable(name))
+}
+
 // inWords says an engine's refusal the way the broker says its own: it
 // names the queue, message or member, and the option the client set,
 // never a ZooKeeper path or a package prefix. Other errors are as they
 // are.
 func inWords(err error) error {
+	if c := (*callerErr)(nil); errors.As(err, &c) {
+		if errors.Is(c.err, lock.ErrNotOwner) || errors.Is(c.err, election.ErrNotOwner) {
+			return notOwned(c.id, c.action, c.kind, c.name)
+		}
+		return c.err
+	}
 	var e *engineErr
 	if !errors.As(err, &e) {
-		if errors.Is(err, zkqueue.ErrTooManyDelayed) {
+		switch {
+		case errors.Is(err, zkqueue.ErrTooManyDelayed):
 			return fmt.Errorf("%w: %v", errLimit, err)
+		case errors.Is(err, zkqueue.ErrTooManyQueues):
+			return fmt.Errorf("%w (--max-queues)", err)
 		}
 		return err
 	}
