@@ -2,8 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sort"
 	"time"
 
@@ -69,9 +67,6 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	}
 	s.MessageTTL, s.ExpireToDeadLetter = ttl, req.GetExpireToDeadLetter()
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
-	if errors.Is(err, zkqueue.ErrTooManyQueues) {
-		err = fmt.Errorf("%w (--max-queues)", err)
-	}
 	if err != nil {
 		return nil, b.fail(err)
 	}

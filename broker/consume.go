@@ -96,7 +96,7 @@ func (c *consumeState) drain() []string {
 // its work in one errgroup it waits for: the receiving side (credit and
 // settlements), settleWorkers applying the settlements, and the delivery
 // loop. Then it releases the leases left unsettled. Only the receiver's
-// and the sender's goroutines, waiting in gRPC's Recv and Send, may
+// and the outbox's goroutines, waiting in gRPC's Recv and Send, may
 // outlive the handler (see stream.go).
 func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	ctx, end, err := b.openStream(stream.Context())
@@ -104,10 +104,10 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 		return err
 	}
 	defer end()
-	rx := b.newReceiver(stream)
+	rx := newReceiver(b, ctx, stream.Recv, nil)
 	defer rx.close()
 
-	first, err := b.firstRequest(ctx, rx)
+	first, err := firstRequest(ctx, b, rx, "subscribe request")
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
@@ -167,14 +167,14 @@ func (b *Broker) subscribe(ctx context.Context, first *pb.ConsumeRequest) (subsc
 // serveConsume runs a subscribed stream until the client leaves or
 // half-closes, the broker shuts down or a delivery fails, and returns the
 // stream's status once all of its goroutines but the receiver's and the
-// sender's have ended.
+// outbox's have ended.
 //
 // Settlements are applied by settleWorkers goroutines, concurrently, so
 // that one slow ack does not hold up the stream's others or its credit.
 // They run under the stream's context, not the group's: the settlements a
 // client sent before it half-closed are all applied before the stream
 // ends and its unsettled leases are released.
-func (b *Broker) serveConsume(ctx context.Context, stream pb.Queue_ConsumeServer, rx *receiver, sub subscription, st *consumeState) error {
+func (b *Broker) serveConsume(ctx context.Context, stream pb.Queue_ConsumeServer, rx *receiver[*pb.ConsumeRequest], sub subscription, st *consumeState) error {
 	g, gctx := errgroup.WithContext(ctx)
 	settles := make(chan *pb.Settle, 4*settleWorkers)
 	for range settleWorkers {
@@ -200,7 +200,7 @@ func (b *Broker) serveConsume(ctx context.Context, stream pb.Queue_ConsumeServer
 // receiveRequests adds the credit of a stream's requests and hands their
 // settlements to the settle workers, until the client half-closes or
 // leaves (errStreamDone) or ctx ends.
-func (b *Broker) receiveRequests(ctx context.Context, rx *receiver, st *consumeState, settles chan<- *pb.Settle) error {
+func (b *Broker) receiveRequests(ctx context.Context, rx *receiver[*pb.ConsumeRequest], st *consumeState, settles chan<- *pb.Settle) error {
 	for {
 		select {
 		case req, ok := <-rx.reqs:
@@ -229,11 +229,11 @@ func (b *Broker) receiveRequests(ctx context.Context, rx *receiver, st *consumeS
 // previous one was sent, and each is checked just before its send: a
 // delivery whose lease ran out (or nearly) meanwhile is given back
 // unsent. A send held up by flow control (a client that stopped reading)
-// must not outlast its lease either: it runs on the stream's sender, and
+// must not outlast its lease either: it runs on the stream's outbox, and
 // if the lease gets within sendMargin of its deadline first, the stream
 // ends, which abandons the send before the message reaches the transport.
 func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub subscription, st *consumeState) error {
-	snd := b.newSender(stream)
+	snd := newOutbox(b, stream.Send)
 	defer snd.close()
 	for {
 		credit, err := st.takeCredit(ctx, maxClaimBatch)
@@ -262,7 +262,7 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 // sendBatch sends the claimed deliveries cs, in order, giving back the
 // ones whose lease ran out before their turn. The leases of the ones it
 // could not send stay held, for releaseHeld.
-func (b *Broker) sendBatch(ctx context.Context, snd *sender, sub subscription, st *consumeState, cs []claimed) error {
+func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub subscription, st *consumeState, cs []claimed) error {
 	q, d := sub.q, sub.d
 	for i, c := range cs {
 		if !b.sendable(d, c) {
@@ -271,7 +271,7 @@ func (b *Broker) sendBatch(ctx context.Context, snd *sender, sub subscription, s
 			st.addCredit(1)
 			continue
 		}
-		switch err := snd.send(ctx, c, d); {
+		switch err := sendDelivery(ctx, snd, c, d); {
 		case err == nil:
 			b.delivered(q, d, c)
 		case errors.Is(err, errStalled):
@@ -291,6 +291,19 @@ func (b *Broker) sendBatch(ctx context.Context, snd *sender, sub subscription, s
 		}
 	}
 	return nil
+}
+
+// sendDelivery hands c to the stream's outbox. At least once it gives up
+// with errStalled when the lease gets within sendMargin of its deadline
+// first.
+func sendDelivery(ctx context.Context, snd *outbox[*pb.Delivery], c claimed, d delivery) error {
+	var stall <-chan time.Time
+	if d.ack {
+		t := time.NewTimer(time.Until(c.expires) - sendMargin(d.ttl))
+		defer t.Stop()
+		stall = t.C
+	}
+	return snd.sendBy(ctx, &pb.Delivery{Message: c.msg}, stall)
 }
 
 // tokenLease returns the lease name of an ack token (see ackToken) for

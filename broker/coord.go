@@ -8,9 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/qbroker/qbroker/internal/events"
 )
 
@@ -61,13 +58,6 @@ func (b *Broker) ownOnly(ctx context.Context, adminAction, name string) (bool, I
 	return !b.cfg.Auth.rules.Get().Allowed(id.Name, adminAction, name), id
 }
 
-// notOwned is the refusal of a call by key on another identity's node:
-// it names the action that would allow it, and nothing of the node.
-func notOwned(id Identity, adminAction, kind, name string) error {
-	return status.Errorf(codes.PermissionDenied, "%s may not %s %s %q (it is another identity's)",
-		id.Name, adminAction, kind, printable(name))
-}
-
 // maxCoordValue bounds a campaign's or a lock holder's value: it is node
 // data that every Leader, Observe and Revoke reads.
 const maxCoordValue = 64 << 10
@@ -102,47 +92,6 @@ func keyPath(dir, key, prefix string) (string, error) {
 	}
 	return dir + "/" + key, nil
 }
-
-// outbox sends a coordination stream's messages on a goroutine of its
-// own, for the reason stream.go gives: a Send held up by flow control
-// returns only once the stream ends, which gRPC does right after the
-// handler returns, so the handler must be free to return. The goroutine is
-// counted by the broker's WaitGroup and ends once closed and its last Send
-// came back.
-type outbox[T any] struct {
-	in  chan T
-	out chan error
-}
-
-func newOutbox[T any](b *Broker, send func(T) error) *outbox[T] {
-	o := &outbox[T]{in: make(chan T), out: make(chan error, 1)}
-	b.wg.Add(1) // within the stream's own count, so never from zero
-	go func() {
-		defer b.wg.Done()
-		for m := range o.in {
-			o.out <- send(m)
-		}
-	}()
-	return o
-}
-
-// send sends m and waits for the transport to take it, or for ctx.
-func (o *outbox[T]) send(ctx context.Context, m T) error {
-	select {
-	case o.in <- m:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case err := <-o.out:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// close lets the goroutine end once its Send under way, if any, returns.
-func (o *outbox[T]) close() { close(o.in) }
 
 // turns lets one stream at a time campaign in an election on this broker:
 // the election recipe allows one candidate per session and election (a

@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"path"
 	"time"
 
@@ -126,11 +125,8 @@ func (s electionServer) Proclaim(ctx context.Context, req *pb.ProclaimRequest) (
 	}
 	opts, id := b.electionKeyOpts(ctx, req.GetName())
 	err = election.ProclaimKey(ctx, b.conn, key, req.GetValue(), opts...)
-	if errors.Is(err, election.ErrNotOwner) {
-		return nil, notOwned(id, ActElectionAdmin, "election", req.GetName())
-	}
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(ofCaller(id, ActElectionAdmin, "election", req.GetName(), err))
 	}
 	return &pb.ProclaimResponse{}, nil
 }
@@ -144,11 +140,8 @@ func (s electionServer) Resign(ctx context.Context, req *pb.ResignRequest) (*pb.
 	}
 	opts, id := b.electionKeyOpts(ctx, req.GetName())
 	err = election.ResignKey(ctx, b.conn, key, opts...)
-	if errors.Is(err, election.ErrNotOwner) {
-		return nil, notOwned(id, ActElectionAdmin, "election", req.GetName())
-	}
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(ofCaller(id, ActElectionAdmin, "election", req.GetName(), err))
 	}
 	return &pb.ResignResponse{}, nil
 }

@@ -30,63 +30,6 @@ func (b *Broker) lockPathOf(name string) (string, error) {
 	return b.locksPath() + "/" + name, nil
 }
 
-// lockReceiver reads a Lock stream's requests on a goroutine of its own
-// (see stream.go): the first request, then nothing but the client's wish
-// to release. released ends when the client sends unlock, half-closes or
-// leaves, or the stream's context ends. The goroutine ends then, or once
-// its Recv fails after the handler returned.
-type lockReceiver struct {
-	first    chan *pb.LockRequest // the first request; closed without one, err set
-	err      error
-	released context.Context
-}
-
-func (b *Broker) newLockReceiver(ctx context.Context, stream pb.Lock_LockServer) *lockReceiver {
-	released, release := context.WithCancel(ctx)
-	r := &lockReceiver{first: make(chan *pb.LockRequest, 1), released: released}
-	b.wg.Add(1) // within the stream's own count, so never from zero
-	go func() {
-		defer b.wg.Done()
-		defer release()
-		req, err := stream.Recv()
-		if err != nil {
-			r.err = err
-			close(r.first)
-			return
-		}
-		r.first <- req
-		for !req.GetUnlock() {
-			if req, err = stream.Recv(); err != nil {
-				return
-			}
-		}
-	}()
-	return r
-}
-
-// firstRequest waits up to FirstMessageTimeout for the request naming the
-// lock, as Consume does for its subscription. io.EOF: the client left
-// before (or the broker is closing and the stream ends quietly).
-func (b *Broker) firstLockRequest(ctx context.Context, rx *lockReceiver) (*pb.LockRequest, error) {
-	t := time.NewTimer(b.cfg.FirstMessageTimeout)
-	defer t.Stop()
-	select {
-	case req, ok := <-rx.first:
-		if !ok {
-			return nil, io.EOF
-		}
-		return req, nil
-	case <-t.C:
-		b.refuseStream(reasonNoSubscribe)
-		return nil, b.fail(invalidf("no lock request within %v", b.cfg.FirstMessageTimeout))
-	case <-ctx.Done():
-		if err := b.streamEnd(); err != nil {
-			return nil, err
-		}
-		return nil, io.EOF
-	}
-}
-
 // Lock implements pb.LockServer. The contender is a node of the broker's
 // primary session (a Mutex per stream; one session may run many). The
 // lock is held until the client releases it or leaves, the broker shuts
@@ -98,14 +41,18 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 		return err
 	}
 	defer end()
-	rx := b.newLockReceiver(ctx, stream)
-	first, err := b.firstLockRequest(ctx, rx)
-	if errors.Is(err, io.EOF) {
+	// The receiver's ended is the lock's release: the client sent
+	// unlock, half-closed or left, or the stream's context ended.
+	rx := newReceiver(b, ctx, stream.Recv, (*pb.LockRequest).GetUnlock)
+	defer rx.close()
+	first, err := firstRequest(ctx, b, rx, "lock request")
+	if errors.Is(err, io.EOF) || err != nil && rx.failed() {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
+	rx.close() // after the first request, only the release matters
 	p, err := b.lockPathOf(first.GetName())
 	if err == nil {
 		err = checkValue(first.GetValue())
@@ -127,9 +74,9 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 	}
 	defer m.Close()
 	start := time.Now()
-	g, err := m.Lock(rx.released)
+	g, err := m.Lock(rx.ended)
 	if err != nil {
-		if rx.released.Err() != nil {
+		if rx.ended.Err() != nil {
 			return b.streamEnd() // released or gone while waiting
 		}
 		return b.fail(err)
@@ -141,7 +88,7 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 // holdLock tells the client of its grant and of revocation requests
 // until the client releases it (released), the stream ends, or the grant
 // is lost (LOST, then Aborted). It unlocks in every case.
-func (b *Broker) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *lockReceiver, name string, g *lock.Grant) error {
+func (b *Broker) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *receiver[*pb.LockRequest], name string, g *lock.Grant) error {
 	key, token := path.Base(g.Key()), g.Token()
 	b.metrics.locksHeld.Inc()
 	b.emitCoord(events.LockGranted, name, "", key, token)
@@ -175,7 +122,7 @@ func (b *Broker) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *lo
 			if err := event(pb.LockEvent_TYPE_REVOKE_REQUESTED); err != nil {
 				return b.streamEnd()
 			}
-		case <-rx.released.Done():
+		case <-rx.ended.Done():
 			return b.streamEnd()
 		}
 	}
@@ -201,11 +148,8 @@ func (s lockServer) Unlock(ctx context.Context, req *pb.UnlockRequest) (*pb.Unlo
 		opts = append(opts, lock.IfOwner(id.Name))
 	}
 	err = lock.UnlockKey(ctx, b.conn, key, req.GetToken(), opts...)
-	if errors.Is(err, lock.ErrNotOwner) {
-		return nil, notOwned(id, ActLockAdmin, "lock", req.GetName())
-	}
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(ofCaller(id, ActLockAdmin, "lock", req.GetName(), err))
 	}
 	return &pb.UnlockResponse{}, nil
 }
@@ -226,11 +170,8 @@ func (s lockServer) Revoke(ctx context.Context, req *pb.RevokeRequest) (*pb.Revo
 		opts = append(opts, lock.IfOwner(id.Name))
 	}
 	h, err := lock.Revoke(ctx, b.conn, p, opts...)
-	if errors.Is(err, lock.ErrNotOwner) {
-		return nil, notOwned(id, ActLockAdmin, "lock", req.GetName())
-	}
 	if err != nil {
-		return nil, b.fail(err)
+		return nil, b.fail(ofCaller(id, ActLockAdmin, "lock", req.GetName(), err))
 	}
 	b.metrics.lockRevocations.Inc()
 	return &pb.RevokeResponse{Holder: &pb.LockHolder{Key: path.Base(h.Key), Value: h.Value, Token: h.Token}}, nil

@@ -70,16 +70,23 @@
 // half-closed are all applied before the stream ends and releases its
 // unsettled leases.
 //
-// A Consume stream's goroutines end before its handler returns, except
-// the two that wait in gRPC's Recv and Send, which gRPC ends right after
-// the handler returns; the Broker's Shutdown waits for those as well.
+// A stream's goroutines end before its handler returns, except the two
+// that wait in gRPC's Recv and Send (stream.go's receiver and outbox, which
+// every streaming RPC reads and sends through), which gRPC ends right
+// after the handler returns; the Broker's Shutdown waits for those as
+// well.
 //
 // # Errors
 //
 // One function, toStatus, maps errors to gRPC codes: InvalidArgument,
 // NotFound, AlreadyExists, FailedPrecondition, ResourceExhausted,
-// Unavailable, Aborted, Canceled, DeadlineExceeded; anything else is
-// Internal with a generic message, the details going to the log.
+// Unavailable, Aborted, Canceled, DeadlineExceeded, PermissionDenied;
+// anything else is Internal with a generic message, the details going to
+// the log. It also says the engines' refusals (a message CheckDraft
+// refuses, a sync member, a lock or election node of another identity)
+// in the broker's words, naming the message, member or name, never a
+// ZooKeeper path. A published message is checked once, by the engine's
+// CheckDraft; the broker adds only the rules of its queue kinds.
 //
 // # Metrics
 //

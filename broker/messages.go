@@ -71,41 +71,10 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	}
 	drafts := make([]zkqueue.Draft, len(msgs))
 	for i, m := range msgs {
-		p := int(m.GetPriority())
-		switch {
-		case q.meta.Kind != kindPriority && p != 0:
-			return nil, b.fail(wrongKind(q, "a priority needs a PRIORITY queue"))
-		case p > zkqueue.MaxPriority:
-			return nil, b.fail(invalidPriority(p))
-		}
-		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: p, DedupID: m.GetDedupId(),
-			Attributes: zkqueue.Attributes{ContentType: m.GetContentType(), Headers: m.GetHeaders()}}
-		if err := zkqueue.CheckDedupID(drafts[i].DedupID); drafts[i].DedupID != "" && err != nil {
-			return nil, b.fail(invalidf("message %d: dedup_id %s", i, detail(err, zkqueue.ErrBadDedupID)))
-		}
-		if g := m.GetGroup(); g != "" {
-			if q.meta.Kind == kindSync {
-				return nil, b.fail(wrongKind(q, "message groups need a FIFO or PRIORITY queue"))
-			}
-			if err := zkqueue.CheckGroup(g); err != nil {
-				return nil, b.fail(invalidf("message %d: group %s", i, detail(err, zkqueue.ErrBadGroup)))
-			}
-			// A delayed message joins the queue through the delayed
-			// parent and an expired one is removed without its group
-			// entry: neither keeps a group's order, so neither mixes
-			// with groups. Each refusal names both options.
-			if due := dueOption(m); due != "" {
-				return nil, b.fail(invalidf("message %d: group and %s cannot be combined: a delayed message would join the queue outside its group's order", i, due))
-			}
-			if q.meta.MessageTTL > 0 {
-				return nil, b.fail(wrongKind(q, fmt.Sprintf("message %d: a group needs a queue without message_ttl: an expired message would leave its group's entry behind", i)))
-			}
-			drafts[i].Group = g
-		}
-		// Checked before admit charges the quotas with it: a message
-		// refused for its size or attributes changes nothing.
-		if err := q.items.CheckDraft(drafts[i]); err != nil {
-			return nil, b.fail(fmt.Errorf("message %d: %w", i, err))
+		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: int(m.GetPriority()), DedupID: m.GetDedupId(),
+			Attributes: zkqueue.Attributes{ContentType: m.GetContentType(), Headers: m.GetHeaders(), Group: m.GetGroup()}}
+		if err := b.checkMessage(q, i, m, drafts[i]); err != nil {
+			return nil, b.fail(err)
 		}
 	}
 	due, delayed, err := b.dueTimes(msgs)
@@ -138,6 +107,36 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 			Attributes: drafts[i].Attributes}, "")
 	}
 	return &pb.PublishResponse{Ids: ids}, nil
+}
+
+// checkMessage checks message i of a publish to q, d its draft, before
+// admit charges the quotas with it: a refused message changes nothing.
+// The message itself is the engine's to check (CheckDraft: priority,
+// dedup id, group, attributes, size); the broker adds only what the
+// engine does not know (queue kinds, and how a group mixes with the
+// delay and TTL options); toStatus says the engine's refusals in the
+// broker's words.
+func (b *Broker) checkMessage(q *queue, i int, m *pb.OutMessage, d zkqueue.Draft) error {
+	if d.Group != "" && q.meta.Kind == kindSync {
+		return wrongKind(q, "message groups need a FIFO or PRIORITY queue")
+	}
+	if err := q.items.CheckDraft(d); err != nil {
+		return ofMessage(q, i, err)
+	}
+	if d.Group == "" {
+		return nil
+	}
+	// A delayed message joins the queue through the delayed parent and
+	// an expired one is removed without its group entry: neither keeps a
+	// group's order, so neither mixes with groups. Each refusal names
+	// both options.
+	if due := dueOption(m); due != "" {
+		return invalidf("message %d: group and %s cannot be combined: a delayed message would join the queue outside its group's order", i, due)
+	}
+	if q.meta.MessageTTL > 0 {
+		return wrongKind(q, fmt.Sprintf("message %d: a group needs a queue without message_ttl: an expired message would leave its group's entry behind", i))
+	}
+	return nil
 }
 
 // delivery settings of one consume or receive call.

@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -173,7 +172,7 @@ func (b *Broker) publishDue(ctx context.Context, q *queue, drafts []zkqueue.Draf
 
 // withDelayedParent runs publish, a publish through q's delayed parent; a
 // queue created before delayed delivery gets its parent first, then
-// publish runs again. Too many delayed messages is a limit.
+// publish runs again.
 func (b *Broker) withDelayedParent(ctx context.Context, q *queue, publish func() error) error {
 	err := publish()
 	if errors.Is(err, zk.ErrNoNode) {
@@ -181,9 +180,6 @@ func (b *Broker) withDelayedParent(ctx context.Context, q *queue, publish func()
 			return rerr
 		}
 		err = publish()
-	}
-	if errors.Is(err, zkqueue.ErrTooManyDelayed) {
-		return fmt.Errorf("%w: %v", errLimit, err)
 	}
 	return err
 }

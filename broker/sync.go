@@ -54,20 +54,6 @@ func (g *syncGate) state(ctx context.Context) (joined int, open bool, err error)
 	return joined, open, err
 }
 
-// syncErr maps syncqueue's refusals of member to broker errors. Their
-// messages name the queue and member, never a ZooKeeper path.
-func syncErr(err error, q *queue, member string) error {
-	switch {
-	case errors.Is(err, syncqueue.ErrDuplicateMember):
-		return fmt.Errorf("member %s %w queue %s", member, errMemberExists, q.name)
-	case errors.Is(err, syncqueue.ErrGroupFull):
-		return fmt.Errorf("%w: queue %s admits no more members (it is open, or its group completed without %s)", errSyncGroup, q.name, member)
-	case errors.Is(err, syncqueue.ErrBadID):
-		return invalidf("member id %q", printable(member))
-	}
-	return err
-}
-
 // JoinSync implements pb.QueueServer. The membership lasts while the
 // stream is open: closing it (or the broker's shutdown, or the broker's
 // session ending) frees the place, if the group has not opened yet.
@@ -89,7 +75,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 	}
 	m, err := q.sync.sq.JoinAsync(ctx, req.GetMemberId())
 	if err != nil {
-		err = b.fail(syncErr(err, q, req.GetMemberId()))
+		err = b.fail(ofMember(q, req.GetMemberId(), err))
 	}
 	id, _ := IdentityFrom(ctx)
 	b.audit(ctx, pb.Queue_JoinSync_FullMethodName, req, id, err)
@@ -105,6 +91,8 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 	}()
 	b.emit(events.SyncJoined, q, zkqueue.Message{}, req.GetMemberId())
 
+	out := newOutbox(b, stream.Send)
+	defer out.close()
 	var last syncqueue.Status
 	for {
 		st, err := m.Progress(ctx, last)
@@ -112,15 +100,18 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 			if ctx.Err() != nil {
 				return b.streamEnd()
 			}
-			return b.fail(syncErr(err, q, req.GetMemberId()))
+			return b.fail(ofMember(q, req.GetMemberId(), err))
 		}
 		last = st
 		ev := &pb.SyncEvent{State: pb.SyncEvent_STATE_JOINED, Joined: uint32(st.Joined), Required: uint32(st.Members)}
 		if st.Open {
 			ev.State = pb.SyncEvent_STATE_OPEN
 		}
-		if err := stream.Send(ev); err != nil {
-			return nil
+		if err := out.send(ctx, ev); err != nil {
+			if ctx.Err() != nil {
+				return b.streamEnd()
+			}
+			return nil // the client is gone
 		}
 		if st.Open {
 			b.emit(events.SyncOpened, q, zkqueue.Message{}, "")
