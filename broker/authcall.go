@@ -26,10 +26,9 @@ type methodAuth struct {
 	// public methods need no credentials (health checks).
 	public bool
 	// needs lists the permissions one request message needs; nil: an
-	// authenticated identity is enough.
+	// authenticated identity is enough (ListQueues then answers only the
+	// queues the caller may view: admin.go's viewFilter).
 	needs func(msg any) []access
-	// listing: the answer keeps only the queues the caller may view.
-	listing bool
 }
 
 func onQueue(action string, name func(msg any) string) func(any) []access {
@@ -60,7 +59,7 @@ func onCoord(action string, name func(msg any) string) func(any) []access {
 var methodAuths = map[string]methodAuth{
 	pb.Queue_CreateQueue_FullMethodName: {needs: onQueue(ActCreate, func(m any) string { return m.(*pb.CreateQueueRequest).GetName() })},
 	pb.Queue_GetQueue_FullMethodName:    {needs: onQueue(ActView, func(m any) string { return m.(*pb.GetQueueRequest).GetName() })},
-	pb.Queue_ListQueues_FullMethodName:  {listing: true},
+	pb.Queue_ListQueues_FullMethodName:  {},
 	pb.Queue_DeleteQueue_FullMethodName: {needs: onQueue(ActDelete, func(m any) string { return m.(*pb.DeleteQueueRequest).GetName() })},
 	pb.Queue_Purge_FullMethodName:       {needs: onQueue(ActPurge, func(m any) string { return m.(*pb.PurgeRequest).GetName() })},
 	pb.Queue_Stats_FullMethodName:       {needs: onQueue(ActView, func(m any) string { return m.(*pb.StatsRequest).GetName() })},
@@ -165,8 +164,8 @@ func (b *Broker) check(ctx context.Context, id Identity, ma methodAuth, method s
 	return nil
 }
 
-// authUnary authenticates and authorizes unary calls, filters listings
-// and writes the audit log.
+// authUnary authenticates and authorizes unary calls and writes the
+// audit log.
 func (b *Broker) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	ctx, id, ma, err := b.authorize(ctx, info.FullMethod)
 	if err != nil {
@@ -178,18 +177,6 @@ func (b *Broker) authUnary(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, err
 	}
 	resp, err := h(ctx, req)
-	if ma.listing && b.cfg.Auth != nil {
-		if l, ok := resp.(*pb.ListQueuesResponse); ok {
-			rules := b.cfg.Auth.rules.Get()
-			kept := l.Queues[:0]
-			for _, q := range l.Queues {
-				if rules.Allowed(id.Name, ActView, q.GetName()) {
-					kept = append(kept, q)
-				}
-			}
-			l.Queues = kept
-		}
-	}
 	b.audit(ctx, info.FullMethod, req, id, err)
 	return resp, err
 }

@@ -72,7 +72,7 @@ func (b *Broker) Allowed(id Identity, action, name string) bool {
 
 // Invoke calls the Queue service's unary method (its full name, such as
 // queuepb.Queue_Purge_FullMethodName) with req, in process, through the
-// same authentication, authorization, listing filter, audit and call log
+// same authentication, authorization, audit and call log
 // as a gRPC call, on behalf of the caller ctx describes (CallerContext).
 // Errors are gRPC statuses.
 func (b *Broker) Invoke(ctx context.Context, method string, req proto.Message) (proto.Message, error) {
