@@ -41,6 +41,13 @@ type BaselineResult struct {
 	// and its average use in cores.
 	ZooKeeperCPUSecPer1k float64 `json:"zookeeper_cpu_seconds_per_1k,omitempty"`
 	ZooKeeperCores       float64 `json:"zookeeper_cpu_cores,omitempty"`
+	// JetStream only: the ack style (ack, double-ack, or none at most
+	// once), the durable's MaxAckPending, and the nats-server process's
+	// CPU per 1,000 messages and average use in cores over the measure.
+	Ack               string  `json:"ack,omitempty"`
+	MaxAckPending     int     `json:"max_ack_pending,omitempty"`
+	ServerCPUSecPer1k float64 `json:"server_cpu_seconds_per_1k,omitempty"`
+	ServerCores       float64 `json:"server_cpu_cores,omitempty"`
 }
 
 // finish derives the rates from the messages counted over elapsed, and

@@ -3,13 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -17,51 +17,111 @@ import (
 )
 
 // The jetstream baselines run the workload against what a user would pick
-// instead of qbroker: a NATS JetStream work queue (file storage) on an
-// in-process nats-server on this machine. "jetstream" keeps the server's
-// default durability (it syncs its files every 2 minutes); "jetstream-sync"
-// syncs every write, as ZooKeeper does every commit, so the two compare at
-// equal durability.
+// instead of qbroker: a NATS JetStream work queue (file storage) on a
+// nats-server run as its users run it, its own process on this machine.
+// "jetstream" keeps the server's default durability (it syncs its files
+// every 2 minutes); "jetstream-sync" sets `sync_interval: always`, so
+// every write is fsynced, as ZooKeeper does every commit, and the two
+// compare at equal durability.
+//
+// At least once, each runs twice, once per ack style: plain Ack (the
+// consumer does not wait for the server; its result keeps the baseline's
+// name) and DoubleAck (the consumer waits until the server confirms the
+// ack; the result's name ends in -doubleack).
 const (
 	baselineJetStream     = "jetstream"
 	baselineJetStreamSync = "jetstream-sync"
+	doubleAckSuffix       = "-doubleack"
 )
 
-// runJetStream runs cfg's producers and consumers against a JetStream
-// work queue: producers publish cfg.Batch messages a call (async publish,
-// then waiting for every ack); consumers fetch up to cfg.Prefetch
-// messages at a time and ack each one (at-least-once), or take them
-// without acks (at-most-once). With a backlog it publishes first and
-// measures the drain, else it runs for cfg.BaselineDuration and counts
-// what was delivered.
-func runJetStream(ctx context.Context, cfg *Config, syncAlways bool, progress io.Writer) (BaselineResult, error) {
+// JetStream ack styles, as reported.
+const (
+	jsAckPlain  = "ack"        // Ack: sent, not confirmed
+	jsAckDouble = "double-ack" // DoubleAck: the server confirms it
+	jsAckNone   = "none"       // at most once: AckNone
+)
+
+// jsDefaultMaxAckPending is the server's default MaxAckPending of a
+// consumer.
+const jsDefaultMaxAckPending = 1000
+
+// jsMaxAckPending is the MaxAckPending a user would give the consumers'
+// durable: the server's default (0 here), unless the consumers together
+// may hold more (consumers × prefetch), then that.
+func jsMaxAckPending(consumers, prefetch int) int {
+	if n := consumers * prefetch; n > jsDefaultMaxAckPending {
+		return n
+	}
+	return 0
+}
+
+// jsFetchWait bounds a Fetch that finds fewer messages than it asked
+// for; it only matters once the queue is empty.
+const jsFetchWait = time.Second
+
+// runJetStream runs the JetStream baseline name (syncAlways for
+// jetstream-sync) on a nats-server started from bin: once at most once,
+// twice at least once (plain Ack, then DoubleAck), each on a fresh server.
+func runJetStream(ctx context.Context, cfg *Config, bin string, syncAlways bool, progress io.Writer) ([]BaselineResult, error) {
 	name := baselineJetStream
 	if syncAlways {
 		name = baselineJetStreamSync
 	}
-	res := BaselineResult{Name: name, Sessions: cfg.Producers + cfg.Consumers, Goroutines: cfg.Producers + cfg.Consumers}
+	styles := []string{jsAckNone}
+	if cfg.Mode == qbroker.AtLeastOnce {
+		styles = []string{jsAckPlain, jsAckDouble}
+	}
+	var out []BaselineResult
+	for _, ack := range styles {
+		n := name
+		if ack == jsAckDouble {
+			n += doubleAckSuffix
+		}
+		r, err := runJetStreamOnce(ctx, cfg, bin, n, syncAlways, ack, progress)
+		if err != nil {
+			return out, fmt.Errorf("%s: %w", n, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// runJetStreamOnce starts a nats-server in a temporary directory, runs
+// the workload against it with the ack style ack and stops it. Every
+// producer and every consumer has its own NATS connection. Producers
+// publish cfg.Batch messages a call (one: Publish, waiting for its ack;
+// more: PublishAsync, then waiting for every ack); consumers share one
+// durable pull consumer (explicit acks, MaxAckPending as jsMaxAckPending
+// says) and Fetch up to cfg.Prefetch messages at a time. With a backlog it
+// publishes first and measures the drain, else it publishes for
+// cfg.BaselineDuration. Either way the measure ends when every published
+// message is delivered (acked) and the stream is empty, that is when the
+// server has applied every ack; the server's CPU is read over the same
+// span.
+func runJetStreamOnce(ctx context.Context, cfg *Config, bin, name string, syncAlways bool, ack string, progress io.Writer) (BaselineResult, error) {
+	conns := cfg.Producers + cfg.Consumers
+	res := BaselineResult{Name: name, Sessions: conns, Goroutines: conns, Ack: ack,
+		MaxAckPending: jsMaxAckPending(cfg.Consumers, cfg.Prefetch)}
+	if res.MaxAckPending == 0 && ack != jsAckNone {
+		res.MaxAckPending = jsDefaultMaxAckPending
+	}
 	dir, err := os.MkdirTemp("", "qbroker-loadtest-jetstream-")
 	if err != nil {
 		return res, err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-		JetStream: true, StoreDir: dir, SyncAlways: syncAlways})
+	srv, err := startNATS(ctx, bin, dir, syncAlways)
 	if err != nil {
 		return res, err
 	}
-	go ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return res, errors.New("nats-server not ready")
-	}
-	js, closeJS, err := jetStreamQueue(ctx, ns.ClientURL(), cfg)
+	defer srv.stop()
+	q, err := newJSQueue(ctx, srv.url, cfg, ack)
 	if err != nil {
 		return res, err
 	}
-	defer closeJS()
+	defer q.close()
 	start := time.Now()
-	n, errs, err := jetStreamWorkload(ctx, js, cfg, func(delivered *atomic.Int64) (stop func()) {
+	n, errs, err := q.run(ctx, cfg, srv, func(delivered *atomic.Int64) (stop func()) {
 		tctx, cancel := context.WithCancel(ctx)
 		done := baselineTicker(tctx, progress, name, start, delivered, "delivered")
 		return func() { cancel(); <-done }
@@ -69,109 +129,217 @@ func runJetStream(ctx context.Context, cfg *Config, syncAlways bool, progress io
 	if err != nil {
 		return res, err
 	}
+	if srv.exited() {
+		return res, fmt.Errorf("nats-server exited during the run:\n%s", tail(srv.logPath))
+	}
+	if n.left > 0 {
+		return res, fmt.Errorf("%d of %d published messages still in the stream after %v", n.left, n.published, cfg.DrainTimeout)
+	}
 	res.Messages, res.Errors = n.delivered, errs
-	res.finish(n.elapsed(start), cpuSample{}, cpuSample{}, false)
+	res.finish(n.end.Sub(n.measureStart), cpuSample{}, cpuSample{}, false)
+	res.setServerCPU(n.cpu0, n.cpu1, n.cpuOK)
 	return res, nil
 }
 
-// jetStreamQueue connects to url and creates the work-queue stream and
-// its shared pull consumer.
-func jetStreamQueue(ctx context.Context, url string, cfg *Config) (jetstream.Consumer, func(), error) {
-	nc, err := nats.Connect(url)
-	if err != nil {
-		return nil, nil, err
+// setServerCPU sets the baseline server's CPU per 1,000 messages and its
+// average use in cores from two samples (when both were taken).
+func (r *BaselineResult) setServerCPU(cpu0, cpu1 time.Duration, ok bool) {
+	if !ok || r.Messages == 0 || r.Seconds <= 0 {
+		return
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOADTEST", Subjects: []string{"loadtest"},
-		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage}); err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	ack := jetstream.AckExplicitPolicy
-	if cfg.Mode != qbroker.AtLeastOnce {
-		ack = jetstream.AckNonePolicy
-	}
-	c, err := js.CreateOrUpdateConsumer(ctx, "LOADTEST", jetstream.ConsumerConfig{Durable: "workers", AckPolicy: ack,
-		MaxAckPending: -1, AckWait: 30 * time.Second})
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return &jsQueue{Consumer: c, js: js}, nc.Close, nil
+	d := (cpu1 - cpu0).Seconds()
+	r.ServerCPUSecPer1k = d / float64(r.Messages) * 1000
+	r.ServerCores = d / r.Seconds
 }
 
-// jsQueue is the consumer with the context it publishes through.
+// jsQueue is the work-queue stream with its durable consumer, and every
+// connection the run opened: the admin's, one per producer and one per
+// consumer.
 type jsQueue struct {
-	jetstream.Consumer
-	js jetstream.JetStream
+	url   string
+	ack   string
+	admin *nats.Conn
+	js    jetstream.JetStream // the admin's
+	mu    sync.Mutex
+	conns []*nats.Conn
+}
+
+const (
+	jsStream   = "LOADTEST"
+	jsSubject  = "loadtest"
+	jsConsumer = "workers"
+)
+
+// newJSQueue connects to url and creates the stream and the consumers'
+// durable.
+func newJSQueue(ctx context.Context, url string, cfg *Config, ack string) (*jsQueue, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return nil, err
+	}
+	q := &jsQueue{url: url, ack: ack, admin: nc}
+	if q.js, err = jetstream.New(nc); err != nil {
+		q.close()
+		return nil, err
+	}
+	if _, err := q.js.CreateStream(ctx, jetstream.StreamConfig{Name: jsStream, Subjects: []string{jsSubject},
+		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage}); err != nil {
+		q.close()
+		return nil, err
+	}
+	cc := jetstream.ConsumerConfig{Durable: jsConsumer, AckPolicy: jetstream.AckExplicitPolicy,
+		MaxAckPending: jsMaxAckPending(cfg.Consumers, cfg.Prefetch), AckWait: 30 * time.Second}
+	if ack == jsAckNone {
+		cc.AckPolicy, cc.MaxAckPending = jetstream.AckNonePolicy, 0
+	}
+	if _, err := q.js.CreateOrUpdateConsumer(ctx, jsStream, cc); err != nil {
+		q.close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// connect opens a worker's own connection.
+func (q *jsQueue) connect() (jetstream.JetStream, error) {
+	nc, err := nats.Connect(q.url)
+	if err != nil {
+		return nil, err
+	}
+	q.mu.Lock()
+	q.conns = append(q.conns, nc)
+	q.mu.Unlock()
+	return jetstream.New(nc)
+}
+
+// close closes every connection.
+func (q *jsQueue) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, nc := range q.conns {
+		nc.Close()
+	}
+	q.conns = nil
+	q.admin.Close()
+}
+
+// left returns how many messages the stream holds.
+func (q *jsQueue) left(ctx context.Context) (uint64, error) {
+	s, err := q.js.Stream(ctx, jsStream)
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Msgs, nil
 }
 
 // jsCounts is what a jetstream run counted.
 type jsCounts struct {
-	delivered  int64
-	drainStart time.Time // with a backlog
-	end        time.Time
+	published, delivered int64
+	left                 uint64    // messages still in the stream at the end
+	measureStart         time.Time // the drain's start with a backlog, else the run's
+	end                  time.Time // every message delivered and the stream empty, or the drain gave up
+	cpu0, cpu1           time.Duration
+	cpuOK                bool
 }
 
-// elapsed is the measured time: the drain with a backlog, else the run.
-func (n jsCounts) elapsed(start time.Time) time.Duration {
-	if !n.drainStart.IsZero() {
-		return n.end.Sub(n.drainStart)
-	}
-	return n.end.Sub(start)
-}
-
-// jetStreamWorkload runs the producers and consumers (see runJetStream)
-// and returns what was delivered and how many calls failed; ticker
-// reports progress until the func it returns is called.
-func jetStreamWorkload(ctx context.Context, c jetstream.Consumer, cfg *Config, ticker func(*atomic.Int64) func()) (jsCounts, int64, error) {
-	q := c.(*jsQueue)
+// run runs the producers and consumers (see runJetStreamOnce) and returns
+// what it counted and how many calls failed; ticker reports progress
+// until the func it returns is called.
+func (q *jsQueue) run(ctx context.Context, cfg *Config, srv *natsProc, ticker func(*atomic.Int64) func()) (jsCounts, int64, error) {
 	payload := encodePayload(nil, cfg.Payload, msgKey{}, time.Now())
 	var delivered, errs atomic.Int64
 	defer ticker(&delivered)()
+	producers := make([]jetstream.JetStream, cfg.Producers)
+	consumers := make([]jetstream.Consumer, cfg.Consumers)
+	for i := range producers {
+		js, err := q.connect()
+		if err != nil {
+			return jsCounts{}, 0, err
+		}
+		producers[i] = js
+	}
+	for i := range consumers {
+		js, err := q.connect()
+		if err != nil {
+			return jsCounts{}, 0, err
+		}
+		if consumers[i], err = js.Consumer(ctx, jsStream, jsConsumer); err != nil {
+			return jsCounts{}, 0, err
+		}
+	}
 	var out jsCounts
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	var backlog int64
+	sampleCPU := func() (time.Duration, bool) {
+		d, err := srv.cpu()
+		return d, err == nil
+	}
+	out.measureStart = time.Now()
+	var ok0 bool
 	if cfg.Backlog > 0 {
-		if backlog = jsPublishN(runCtx, q.js, cfg, payload, int64(cfg.Backlog), &errs); ctx.Err() != nil {
+		if out.published = jsPublishN(runCtx, producers, cfg, payload, int64(cfg.Backlog), &errs); ctx.Err() != nil {
 			return out, errs.Load(), ctx.Err()
 		}
-		out.drainStart = time.Now()
+		out.measureStart = time.Now()
 	}
+	out.cpu0, ok0 = sampleCPU()
 	var wg sync.WaitGroup
-	for range cfg.Consumers {
+	for _, c := range consumers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			jsConsume(runCtx, q, cfg, &delivered, &errs)
+			jsConsume(runCtx, c, cfg, q.ack, &delivered, &errs)
 		}()
 	}
-	if cfg.Backlog > 0 {
-		waitCount(runCtx, &delivered, backlog, cfg.DrainTimeout)
-	} else {
+	if cfg.Backlog == 0 {
 		pctx, pstop := context.WithTimeout(runCtx, cfg.BaselineDuration)
-		_ = jsPublishN(pctx, q.js, cfg, payload, 0, &errs)
+		out.published = jsPublishN(pctx, producers, cfg, payload, 0, &errs)
 		pstop()
 	}
+	out.left = q.waitDone(runCtx, &delivered, out.published, cfg.DrainTimeout)
 	out.end = time.Now()
+	var ok1 bool
+	out.cpu1, ok1 = sampleCPU()
+	out.cpuOK = ok0 && ok1
 	out.delivered = delivered.Load()
 	stop()
 	wg.Wait()
 	return out, errs.Load(), ctx.Err()
 }
 
-// jsPublishN publishes with cfg.Producers goroutines, cfg.Batch messages
-// a call, n messages in all (0: until ctx ends), and returns how many were
-// acknowledged by the server.
-func jsPublishN(ctx context.Context, js jetstream.JetStream, cfg *Config, payload []byte, n int64, errs *atomic.Int64) int64 {
+// waitDone waits until n messages are delivered (acked) and the stream is
+// empty, ctx ends or timeout passes, and returns how many messages the
+// stream still holds (0 when done).
+func (q *jsQueue) waitDone(ctx context.Context, delivered *atomic.Int64, n int64, timeout time.Duration) uint64 {
+	deadline := time.Now().Add(timeout)
+	for {
+		if delivered.Load() >= n {
+			left, err := q.left(ctx)
+			if err == nil && left == 0 {
+				return 0
+			}
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			left, err := q.left(context.WithoutCancel(ctx))
+			if err != nil || left == 0 {
+				left = uint64(max(n-delivered.Load(), 1))
+			}
+			return left
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// jsPublishN publishes with one goroutine per producer (each on its own
+// connection), cfg.Batch messages a call, n messages in all (0: until ctx
+// ends), and returns how many the server acknowledged.
+func jsPublishN(ctx context.Context, producers []jetstream.JetStream, cfg *Config, payload []byte, n int64, errs *atomic.Int64) int64 {
 	var taken, published atomic.Int64
 	var wg sync.WaitGroup
-	for range cfg.Producers {
+	for _, js := range producers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -201,12 +369,12 @@ func jsPublishN(ctx context.Context, js jetstream.JetStream, cfg *Config, payloa
 // jsPublishBatch publishes k messages and waits for all their acks.
 func jsPublishBatch(ctx context.Context, js jetstream.JetStream, payload []byte, k int) error {
 	if k == 1 {
-		_, err := js.Publish(ctx, "loadtest", payload)
+		_, err := js.Publish(ctx, jsSubject, payload)
 		return err
 	}
 	futures := make([]jetstream.PubAckFuture, 0, k)
 	for range k {
-		f, err := js.PublishAsync("loadtest", payload)
+		f, err := js.PublishAsync(jsSubject, payload)
 		if err != nil {
 			return err
 		}
@@ -225,30 +393,33 @@ func jsPublishBatch(ctx context.Context, js jetstream.JetStream, payload []byte,
 }
 
 // jsConsume fetches up to cfg.Prefetch messages at a time until ctx ends,
-// acking each in at-least-once mode, and counts them.
-func jsConsume(ctx context.Context, q *jsQueue, cfg *Config, delivered, errs *atomic.Int64) {
+// acks each in the style ack, and counts them.
+func jsConsume(ctx context.Context, c jetstream.Consumer, cfg *Config, ack string, delivered, errs *atomic.Int64) {
 	for ctx.Err() == nil {
-		batch, err := q.Fetch(cfg.Prefetch, jetstream.FetchMaxWait(200*time.Millisecond))
+		batch, err := c.Fetch(cfg.Prefetch, jetstream.FetchMaxWait(jsFetchWait))
 		if err != nil {
-			errs.Add(1)
+			if ctx.Err() == nil {
+				errs.Add(1)
+			}
 			continue
 		}
 		for m := range batch.Messages() {
-			if cfg.Mode == qbroker.AtLeastOnce {
-				if err := m.Ack(); err != nil {
+			switch ack {
+			case jsAckPlain:
+				err = m.Ack()
+			case jsAckDouble:
+				err = m.DoubleAck(ctx)
+			}
+			if err != nil {
+				if ctx.Err() == nil {
 					errs.Add(1)
-					continue
 				}
+				continue
 			}
 			delivered.Add(1)
 		}
-	}
-}
-
-// waitCount waits until c reaches n, ctx ends or timeout passes.
-func waitCount(ctx context.Context, c *atomic.Int64, n int64, timeout time.Duration) {
-	deadline := time.Now().Add(timeout)
-	for c.Load() < n && ctx.Err() == nil && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+			errs.Add(1)
+		}
 	}
 }

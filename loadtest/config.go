@@ -53,6 +53,11 @@ type Config struct {
 	RateOfRaw float64       `json:"rate_of_raw,omitempty"`
 	Warmup    time.Duration `json:"-"`
 	Prefetch  int           `json:"prefetch"`
+	// ConfirmAcks: at least once, consumers take messages with Receive
+	// and ack each with the Ack call, which returns once the ack is
+	// committed, instead of acking on a Consume stream (sent, not
+	// confirmed).
+	ConfirmAcks bool `json:"confirm_acks,omitempty"`
 	// Probe times a ping and a bare create beside the producers
 	// (probe.go).
 	Probe bool   `json:"probe,omitempty"`
@@ -65,6 +70,7 @@ type Config struct {
 	RawSessions      int           `json:"raw_sessions"`
 	RawGoroutines    int           `json:"raw_goroutines_per_session"`
 	NaivePrefill     int           `json:"naive_prefill"`
+	NATSServerBin    string        `json:"-"`
 
 	// Bounds and outputs.
 	Timeout      time.Duration `json:"-"`
@@ -162,13 +168,15 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.DurationVar(&c.Warmup, "warmup", 0, "run the same workload this long first (checked, not measured), so JIT and caches are warm; with --backlog, whole backlogs on a queue of their own")
 	fs.BoolVar(&c.Probe, "probe", false, "while the producers publish, time a round trip to a broker (ping) and a bare ZooKeeper create on a session of its own, one of each every 2ms: the hops of a publish on the machine as loaded (needs ZooKeeper: --spawn-brokers or --zk)")
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
+	fs.BoolVar(&c.ConfirmAcks, "confirm-acks", false, "at least once: consumers take up to --prefetch (at most 100) messages with Receive and ack each with the Ack call, which returns once the ack is committed, instead of acking on a Consume stream")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
 	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
-	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw, naive, create (latency of one bare create per call, one session per producer), jetstream (NATS JetStream work queue, default sync), jetstream-sync (fsync every write), or none (default raw,naive when ZooKeeper is known)")
+	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw, naive, create (latency of one bare create per call, one session per producer), jetstream (NATS JetStream work queue on a nats-server process, default sync), jetstream-sync (sync_interval: always); at least once each runs with Ack and with DoubleAck, or none (default raw,naive when ZooKeeper is known)")
 	fs.DurationVar(&c.BaselineDuration, "baseline-duration", 10*time.Second, "bound of each baseline")
 	fs.IntVar(&c.RawSessions, "raw-sessions", 24, "raw baseline: ZooKeeper sessions")
 	fs.IntVar(&c.RawGoroutines, "raw-goroutines", 16, "raw baseline: goroutines per session")
 	fs.IntVar(&c.NaivePrefill, "naive-prefill", 2000, "naive baseline: messages in the queue when its consumers start")
+	fs.StringVar(&c.NATSServerBin, "nats-server-bin", "", "nats-server binary for the jetstream baselines (default: go build "+natsServerModule+", the version go.mod requires)")
 	fs.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "hard bound of the whole run")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long consumers may take to finish after producers stop")
 	fs.StringVar(&c.JSONPath, "json", "", "write the JSON report to this file")
@@ -303,6 +311,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--warmup %v < 0", c.Warmup)
 	case c.Prefetch < 1 || c.Prefetch > 1000:
 		return fmt.Errorf("--prefetch %d not in [1, 1000]", c.Prefetch)
+	case c.ConfirmAcks && (c.Mode != qbroker.AtLeastOnce || c.Prefetch > maxReceive):
+		return fmt.Errorf("--confirm-acks needs --mode at-least-once and --prefetch at most %d (a Receive call's limit)", maxReceive)
 	case c.Order != orderStrict && c.Order != orderReport:
 		return fmt.Errorf("--order %q: want strict or report", c.Order)
 	case c.Timeout <= 0 || c.DrainTimeout <= 0:

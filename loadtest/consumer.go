@@ -20,9 +20,18 @@ type consumer struct {
 	hist   *hdrhistogram.Histogram // end-to-end latency; read once run returned
 }
 
+// maxReceive is the most messages one Receive call returns.
+const maxReceive = 100
+
+// receiveWait bounds a Receive that finds the queue empty.
+const receiveWait = time.Second
+
 // run consumes until stop is closed or ctx ends; it returns the error
 // that ended the stream otherwise (or failed to open it).
 func (c *consumer) run(ctx context.Context, stop <-chan struct{}) error {
+	if c.cfg.ConfirmAcks {
+		return c.receive(ctx, stop)
+	}
 	cons, err := c.client.Consume(ctx, c.cfg.Queue, qbroker.ConsumeOptions{Mode: c.cfg.Mode, Prefetch: c.cfg.Prefetch})
 	if err != nil {
 		c.errs.add("consume", err)
@@ -46,6 +55,41 @@ func (c *consumer) run(ctx context.Context, stop <-chan struct{}) error {
 			return nil
 		}
 	}
+}
+
+// receive takes up to cfg.Prefetch messages a call with Receive (at
+// least once) and handles them one by one: their acks are Ack calls,
+// each returning once committed. It runs until stop is closed or ctx
+// ends; a failed Receive is counted and tried again.
+func (c *consumer) receive(ctx context.Context, stop <-chan struct{}) error {
+	rctx, cancel := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	defer func() {
+		cancel()
+		<-watched
+	}()
+	go func() {
+		defer close(watched)
+		select {
+		case <-stop:
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	for rctx.Err() == nil {
+		ms, err := c.client.Receive(rctx, c.cfg.Queue, qbroker.ReceiveOptions{Max: c.cfg.Prefetch, Wait: receiveWait, Mode: qbroker.AtLeastOnce})
+		if err != nil {
+			if rctx.Err() == nil {
+				c.errs.add("receive", err)
+				sleepUntil(rctx, time.Now().Add(10*time.Millisecond))
+			}
+			continue
+		}
+		for _, m := range ms {
+			c.handle(rctx, m)
+		}
+	}
+	return nil
 }
 
 func (c *consumer) handle(ctx context.Context, m *qbroker.Message) {

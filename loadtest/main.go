@@ -229,12 +229,22 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 		}
 	}
 	cpu0, cpuOK := topo.cpu()
+	zxid0, zxidErr := readZxid(topo.ZooKeeper)
 	w, err := runWorkload(ctx, cfg, pool, progress, hooks)
 	if err != nil {
 		return reportInput{}, nil, err
 	}
 	cpu1, cpu1OK := topo.cpu()
 	in := reportInput{Config: *cfg, Topology: topo, Workload: w}
+	if topo.ZooKeeper != "" {
+		zxid1, err := readZxid(topo.ZooKeeper)
+		// An external ZooKeeper may not allow srvr: then no figure.
+		if err = errors.Join(zxidErr, err); err != nil && topo.Spawned {
+			failures = append(failures, fmt.Sprintf("ZooKeeper transactions: %v", err))
+		} else if err == nil {
+			in.Zxids = &[2]int64{zxid0, zxid1}
+		}
+	}
 	if scraped {
 		// Bounded by its own timeout: wanted after an interrupt too.
 		if after, err = scrapeAll(context.WithoutCancel(ctx), topo.Metrics, cfg.Queue, token); err != nil {
@@ -256,6 +266,7 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.Writer) ([]BaselineResult, []string) {
 	var out []BaselineResult
 	var failures []string
+	natsBin := cfg.NATSServerBin
 	for _, name := range cfg.Baselines {
 		if ctx.Err() != nil {
 			break
@@ -270,7 +281,24 @@ func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.
 		case baselineCreate:
 			b, err = runCreate(ctx, cfg, topo.ZooKeeper, topo, progress)
 		default:
-			b, err = runJetStream(ctx, cfg, name == baselineJetStreamSync, progress)
+			if natsBin == "" {
+				dir, derr := os.MkdirTemp("", "qbroker-loadtest-nats-")
+				if derr != nil {
+					failures = append(failures, fmt.Sprintf("baseline %s: %v", name, derr))
+					continue
+				}
+				defer os.RemoveAll(dir)
+				if natsBin, err = buildNATSServer(ctx, dir); err != nil {
+					failures = append(failures, fmt.Sprintf("baseline %s: %v", name, err))
+					continue
+				}
+			}
+			bs, err := runJetStream(ctx, cfg, natsBin, name == baselineJetStreamSync, progress)
+			out = append(out, bs...)
+			if err != nil {
+				failures = append(failures, fmt.Sprintf("baseline %v", err))
+			}
+			continue
 		}
 		if err != nil {
 			failures = append(failures, fmt.Sprintf("baseline %s: %v", name, err))

@@ -36,11 +36,14 @@ type Report struct {
 	Latency      Latencies  `json:"latency"`
 	// Probe: with --probe, the hops of a publish timed alone while
 	// the producers published (probe.go).
-	Probe     *LoadProbe       `json:"probe,omitempty"`
-	Check     Verdict          `json:"check"`
-	Errors    ErrorStats       `json:"errors"`
-	Conflicts *ConflictStats   `json:"conflicts,omitempty"`
-	CPU       *CPUStats        `json:"cpu,omitempty"`
+	Probe     *LoadProbe     `json:"probe,omitempty"`
+	Check     Verdict        `json:"check"`
+	Errors    ErrorStats     `json:"errors"`
+	Conflicts *ConflictStats `json:"conflicts,omitempty"`
+	CPU       *CPUStats      `json:"cpu,omitempty"`
+	// ZooKeeper: its transactions over the run (from its zxid), when
+	// ZooKeeper is known and no leader election came in between.
+	ZooKeeper *ZKTxnStats      `json:"zookeeper,omitempty"`
 	Baselines []BaselineResult `json:"baselines,omitempty"`
 	// Ratios: qbroker's delivered/s divided by each baseline's rate.
 	Ratios map[string]float64 `json:"ratios,omitempty"`
@@ -125,6 +128,7 @@ type reportInput struct {
 	Workload  *workloadResult
 	Counters  *brokerCounters // broker counters' delta; nil when not scraped
 	CPU       *cpuSample      // spawned processes' CPU delta; nil when unknown
+	Zxids     *[2]int64       // ZooKeeper's last zxid before and after; nil when unknown
 	Baselines []BaselineResult
 	Deep      *DeepReport // with a backlog
 	Probe     *LoadProbe  // with --probe
@@ -178,6 +182,11 @@ func buildReport(in reportInput) *Report {
 	}
 	if in.CPU != nil && r.Seconds > 0 {
 		r.CPU = cpuStats(*in.CPU, r.Seconds, delivered)
+	}
+	if z := in.Zxids; z != nil {
+		if st, ok := zkTxnStats(z[0], z[1], delivered, r.Seconds); ok {
+			r.ZooKeeper = &st
+		}
 	}
 	for _, b := range in.Baselines {
 		if b.PerSec > 0 {
@@ -286,8 +295,13 @@ func writeSummary(out io.Writer, r *Report) {
 		}
 	}
 	if r.CPU != nil {
-		fmt.Fprintf(&b, "cpu          brokers %.2fs (%.2f cores) = %.3fs per 1k msgs; ZooKeeper %.2fs (%.2f cores) = %.3fs per 1k msgs; load test %.2f cores\n",
-			r.CPU.BrokerSeconds, r.CPU.BrokerCores, r.CPU.BrokerPer1k, r.CPU.ZooKeeperSeconds, r.CPU.ZooKeeperCores, r.CPU.ZooKeeperPer1k, r.CPU.LoadtestCores)
+		fmt.Fprintf(&b, "cpu          brokers %.2fs (%.2f cores) = %.3fs per 1k msgs; ZooKeeper %.2fs (%.2f cores) = %.3fs per 1k msgs; servers together %.3fs per 1k msgs; load test %.2f cores\n",
+			r.CPU.BrokerSeconds, r.CPU.BrokerCores, r.CPU.BrokerPer1k, r.CPU.ZooKeeperSeconds, r.CPU.ZooKeeperCores, r.CPU.ZooKeeperPer1k,
+			r.CPU.BrokerPer1k+r.CPU.ZooKeeperPer1k, r.CPU.LoadtestCores)
+	}
+	if z := r.ZooKeeper; z != nil {
+		fmt.Fprintf(&b, "zk txns      %d transactions = %.2f per message, %.0f/s: the zxid counter of a leader (2^32) lasts %.1f days at this rate\n",
+			z.Transactions, z.PerDelivered, z.PerSec, z.DaysPerEpoch)
 	}
 	fmt.Fprintf(&b, "errors       %d", r.Errors.Total)
 	if r.Errors.Total > 0 {
@@ -332,6 +346,13 @@ func writeRun(b *strings.Builder, r *Report) {
 	} else {
 		b.WriteString(", closed loop")
 	}
+	if c.Mode == qbroker.AtLeastOnce {
+		if c.ConfirmAcks {
+			b.WriteString(", confirmed acks (Receive, then an Ack call per message)")
+		} else {
+			b.WriteString(", acks on the Consume stream (not confirmed)")
+		}
+	}
 	if c.NackRate > 0 {
 		fmt.Fprintf(b, ", nack rate %.2f", c.NackRate)
 	}
@@ -357,22 +378,37 @@ func writeBaselines(b *strings.Builder, r *Report) {
 		case baselineCreate:
 			fmt.Fprintf(b, "baseline     bare ZooKeeper create, one a call: %.0f/s (%d sessions); create p50 %s, p99 %s; qbroker publish call p50 %s, p99 %s",
 				bl.PerSec, bl.Sessions, ms(bl.Latency.P50MS), ms(bl.Latency.P99MS), ms(r.Latency.Publish.P50MS), ms(r.Latency.Publish.P99MS))
-		case baselineJetStream, baselineJetStreamSync:
-			sync := "files synced every 2 minutes (the default)"
-			if bl.Name == baselineJetStreamSync {
-				sync = "every write synced"
-			}
-			fmt.Fprintf(b, "baseline     %s: NATS JetStream work queue, same workload, %s: %.0f msg/s",
-				bl.Name, sync, bl.PerSec)
+		default:
+			fmt.Fprintf(b, "baseline     %s: %s: %.0f msg/s", bl.Name, jetStreamLabel(bl), bl.PerSec)
 		}
 		if bl.ZooKeeperCPUSecPer1k > 0 {
 			fmt.Fprintf(b, "; ZooKeeper %.3fs per 1k", bl.ZooKeeperCPUSecPer1k)
+		}
+		if bl.ServerCPUSecPer1k > 0 {
+			fmt.Fprintf(b, "; nats-server %.3fs per 1k (%.2f cores)", bl.ServerCPUSecPer1k, bl.ServerCores)
 		}
 		if ratio, ok := r.Ratios["vs_"+bl.Name]; ok {
 			fmt.Fprintf(b, "; qbroker = %.2fx", ratio)
 		}
 		b.WriteString("\n")
 	}
+}
+
+// jetStreamLabel describes a JetStream baseline's set-up for the
+// summary.
+func jetStreamLabel(bl BaselineResult) string {
+	sync := "files synced every 2 minutes (the default)"
+	if strings.HasPrefix(bl.Name, baselineJetStreamSync) {
+		sync = "sync_interval: always"
+	}
+	ack := "no acks (AckNone)"
+	switch bl.Ack {
+	case jsAckPlain:
+		ack = fmt.Sprintf("Ack, not waited for (MaxAckPending %d)", bl.MaxAckPending)
+	case jsAckDouble:
+		ack = fmt.Sprintf("DoubleAck, each waited for (MaxAckPending %d)", bl.MaxAckPending)
+	}
+	return fmt.Sprintf("NATS JetStream work queue on a nats-server process, %s, a connection per worker, %s", sync, ack)
 }
 
 func writeLatency(b *strings.Builder, name string, s LatencySummary) {

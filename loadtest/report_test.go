@@ -220,3 +220,53 @@ func TestRenderHTML(t *testing.T) {
 		}
 	}
 }
+
+func TestParseZxid(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"standalone", "Zookeeper version: 3.8.4-9316c2a7a97e1666d8f4593f34dd6fc36ecc436c, built on 2024-02-12 22:16 UTC\nLatency min/avg/max: 0/0.6/21\nReceived: 9\nSent: 8\nConnections: 1\nOutstanding: 0\nZxid: 0x1000004a2\nMode: standalone\nNode count: 5", 0x1000004a2, true},
+		{"no zxid", "This ZooKeeper instance is not currently serving requests", 0, false},
+		{"bad hex", "Zxid: 0xzz", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseZxid(tt.in)
+			if (err == nil) != tt.ok || got != tt.want {
+				t.Errorf("got %#x, %v; want %#x, ok %v", got, err, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
+func TestZKTxnStats(t *testing.T) {
+	const epoch = int64(3) << 32
+	tests := []struct {
+		name             string
+		z0, z1           int64
+		delivered        int64
+		seconds          float64
+		ok               bool
+		txns             int64
+		perMsg, perSec   float64
+		daysPerEpochNear float64
+	}{
+		{"same epoch", epoch + 100, epoch + 100 + 50_000, 20_000, 10, true, 50_000, 2.5, 5_000, 9.942},
+		{"election in between", epoch + 100, epoch + (1 << 32) + 5, 20_000, 10, false, 0, 0, 0, 0},
+		{"nothing delivered", epoch, epoch + 10, 0, 1, true, 10, 0, 10, 4_971.03},
+		{"no time", epoch, epoch + 10, 5, 0, false, 0, 0, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, ok := zkTxnStats(tt.z0, tt.z1, tt.delivered, tt.seconds)
+			if ok != tt.ok || s.Transactions != tt.txns || s.PerDelivered != tt.perMsg || s.PerSec != tt.perSec ||
+				math.Abs(s.DaysPerEpoch-tt.daysPerEpochNear) > tt.daysPerEpochNear*1e-3 {
+				t.Errorf("got %+v, %v; want %d txns, %v per message, %v/s, %v days per epoch, ok %v",
+					s, ok, tt.txns, tt.perMsg, tt.perSec, tt.daysPerEpochNear, tt.ok)
+			}
+		})
+	}
+}
