@@ -41,8 +41,8 @@ type BaselineResult struct {
 	// and its average use in cores.
 	ZooKeeperCPUSecPer1k float64 `json:"zookeeper_cpu_seconds_per_1k,omitempty"`
 	ZooKeeperCores       float64 `json:"zookeeper_cpu_cores,omitempty"`
-	// JetStream only: the ack style (ack, double-ack, or none at most
-	// once), the durable's MaxAckPending, and the nats-server process's
+	// JetStream only: the ack style (ack or double-ack), the durable's
+	// MaxAckPending, and the nats-server process's
 	// CPU per 1,000 messages and average use in cores over the measure.
 	Ack               string  `json:"ack,omitempty"`
 	MaxAckPending     int     `json:"max_ack_pending,omitempty"`

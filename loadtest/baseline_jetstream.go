@@ -27,7 +27,9 @@ import (
 // At least once, each runs twice, once per ack style: plain Ack (the
 // consumer does not wait for the server; its result keeps the baseline's
 // name) and DoubleAck (the consumer waits until the server confirms the
-// ack; the result's name ends in -doubleack).
+// ack; the result's name ends in -doubleack). At most once it runs with
+// plain Ack only: a pull consumer of a work queue must ack explicitly,
+// and a message acked as soon as it arrives is delivered at most once.
 const (
 	baselineJetStream     = "jetstream"
 	baselineJetStreamSync = "jetstream-sync"
@@ -38,7 +40,6 @@ const (
 const (
 	jsAckPlain  = "ack"        // Ack: sent, not confirmed
 	jsAckDouble = "double-ack" // DoubleAck: the server confirms it
-	jsAckNone   = "none"       // at most once: AckNone
 )
 
 // jsDefaultMaxAckPending is the server's default MaxAckPending of a
@@ -60,14 +61,15 @@ func jsMaxAckPending(consumers, prefetch int) int {
 const jsFetchWait = time.Second
 
 // runJetStream runs the JetStream baseline name (syncAlways for
-// jetstream-sync) on a nats-server started from bin: once at most once,
-// twice at least once (plain Ack, then DoubleAck), each on a fresh server.
+// jetstream-sync) on a nats-server started from bin: once at most once
+// (plain Ack), twice at least once (plain Ack, then DoubleAck), each on a
+// fresh server.
 func runJetStream(ctx context.Context, cfg *Config, bin string, syncAlways bool, progress io.Writer) ([]BaselineResult, error) {
 	name := baselineJetStream
 	if syncAlways {
 		name = baselineJetStreamSync
 	}
-	styles := []string{jsAckNone}
+	styles := []string{jsAckPlain}
 	if cfg.Mode == qbroker.AtLeastOnce {
 		styles = []string{jsAckPlain, jsAckDouble}
 	}
@@ -102,7 +104,7 @@ func runJetStreamOnce(ctx context.Context, cfg *Config, bin, name string, syncAl
 	conns := cfg.Producers + cfg.Consumers
 	res := BaselineResult{Name: name, Sessions: conns, Goroutines: conns, Ack: ack,
 		MaxAckPending: jsMaxAckPending(cfg.Consumers, cfg.Prefetch)}
-	if res.MaxAckPending == 0 && ack != jsAckNone {
+	if res.MaxAckPending == 0 {
 		res.MaxAckPending = jsDefaultMaxAckPending
 	}
 	dir, err := os.MkdirTemp("", "qbroker-loadtest-jetstream-")
@@ -189,9 +191,6 @@ func newJSQueue(ctx context.Context, url string, cfg *Config, ack string) (*jsQu
 	}
 	cc := jetstream.ConsumerConfig{Durable: jsConsumer, AckPolicy: jetstream.AckExplicitPolicy,
 		MaxAckPending: jsMaxAckPending(cfg.Consumers, cfg.Prefetch), AckWait: 30 * time.Second}
-	if ack == jsAckNone {
-		cc.AckPolicy, cc.MaxAckPending = jetstream.AckNonePolicy, 0
-	}
 	if _, err := q.js.CreateOrUpdateConsumer(ctx, jsStream, cc); err != nil {
 		q.close()
 		return nil, err

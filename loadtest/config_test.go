@@ -153,6 +153,17 @@ var validFlags = []parseFlagsCase{
 			}
 		},
 	},
+	{
+		name: "confirmed acks and a nats-server binary",
+		args: []string{"--spawn-brokers", "1", "--mode", "at-least-once", "--confirm-acks", "--prefetch", "100",
+			"--baselines", "jetstream-sync,jetstream", "--nats-server-bin", "/opt/nats-server"},
+		check: func(t *testing.T, c Config) {
+			if !c.ConfirmAcks || c.Prefetch != 100 || c.NATSServerBin != "/opt/nats-server" ||
+				!reflect.DeepEqual(c.Baselines, []string{"jetstream-sync", "jetstream"}) {
+				t.Errorf("got confirm-acks %v, prefetch %d, nats-server-bin %q, baselines %v", c.ConfirmAcks, c.Prefetch, c.NATSServerBin, c.Baselines)
+			}
+		},
+	},
 }
 
 // badFlags are command lines refused with a usage error.
@@ -182,6 +193,8 @@ var badFlags = []parseFlagsCase{
 	{name: "backlog and rate", args: []string{"--spawn-brokers", "1", "--backlog", "10", "--rate", "100"}, wantErr: "--backlog excludes"},
 	{name: "negative backlog", args: []string{"--spawn-brokers", "1", "--backlog", "-1"}, wantErr: "--backlog must not be negative"},
 	{name: "shallow comparison without a backlog", args: []string{"--spawn-brokers", "1", "--compare-shallow"}, wantErr: "--compare-shallow needs --backlog"},
+	{name: "confirmed acks at most once", args: []string{"--spawn-brokers", "1", "--confirm-acks"}, wantErr: "--confirm-acks needs --mode at-least-once"},
+	{name: "confirmed acks beyond a Receive", args: []string{"--spawn-brokers", "1", "--mode", "at-least-once", "--confirm-acks", "--prefetch", "101"}, wantErr: "--prefetch at most 100"},
 	{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
 }
 

@@ -100,12 +100,27 @@
 //     beside qbroker's publish call latency;
 //   - jetstream, jetstream-sync (only when asked for): the workload itself
 //     (producers, batch, consumers, prefetch, mode, backlog) on a NATS
-//     JetStream work queue with file storage, on an in-process nats-server
-//     storing in a temporary directory on the same disk: with JetStream's
-//     default durability (files synced every 2 minutes), and syncing every
-//     write, as ZooKeeper does every commit.
+//     JetStream work queue with file storage, run as its users run it: a
+//     nats-server process (built with go build from the version go.mod
+//     requires, or --nats-server-bin) started on a free loopback port and
+//     storing in a temporary directory on the same disk, with JetStream's
+//     default durability (files synced every 2 minutes) or with
+//     `sync_interval: always` (every write fsynced, as ZooKeeper does every
+//     commit). Every producer and every consumer has its own connection;
+//     consumers share a durable pull consumer with explicit acks and the
+//     default MaxAckPending (consumers × prefetch when that is more) and
+//     Fetch --prefetch messages at a time. At least once each runs twice,
+//     on a fresh server: with plain Ack (not waited for) and with
+//     DoubleAck (each waited for; the result is named <baseline>-doubleack).
+//     A run ends when every message is acked and the stream is empty, so
+//     every ack is applied; the server's CPU per message over that span is
+//     reported beside its rate.
 //
-// qbroker's delivered/s is reported as a ratio of each.
+// qbroker's delivered/s is reported as a ratio of each. Its acks travel on
+// the Consume stream and are not confirmed; --confirm-acks makes consumers
+// take messages with Receive (up to --prefetch, at most 100, a call) and
+// ack each with the Ack call, which returns once the ack is committed:
+// the counterpart of DoubleAck.
 //
 // # Report
 //
@@ -118,8 +133,11 @@
 // qbroker_messages_delivered_total of the queue, scraped from every
 // broker before and after), errors by gRPC code and by call, the
 // baselines and ratios, CPU seconds per 1,000 messages of the brokers and
-// of ZooKeeper (spawned topologies only, from /proc/<pid>/stat), and a
-// per-second timeline; --html FILE with the same as one self-contained
+// of ZooKeeper (spawned topologies only, from /proc/<pid>/stat), ZooKeeper's
+// transactions over the run per message delivered and how long a leader's
+// zxid counter (2^32 transactions, then an election) lasts at their rate
+// (from the zxid srvr reports before and after; when ZooKeeper is known
+// and answers srvr), and a per-second timeline; --html FILE with the same as one self-contained
 // page of SVG charts (throughput over time, latency histograms and CDF,
 // baseline comparison).
 package main

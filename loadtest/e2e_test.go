@@ -61,9 +61,11 @@ func TestEndToEnd(t *testing.T) {
 		warmup    time.Duration // checked, not reported
 		backlog   bool          // the 3000 messages published before the consumers start, then a shallow run of them (warmup: whole backlogs on a queue of its own)
 		probe     bool          // --probe
+		confirm   bool          // --confirm-acks
 	}{
 		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive, baselineCreate}, rateOfRaw: 0.2},
 		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond, probe: true},
+		{name: "confirmed-acks", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 10, confirm: true},
 		{name: "backlog", mode: qbroker.AtLeastOnce, batch: 100, backlog: true, baselines: []string{baselineJetStreamSync}, warmup: 200 * time.Millisecond},
 	}
 	for _, tt := range tests {
@@ -72,7 +74,7 @@ func TestEndToEnd(t *testing.T) {
 				Producers: 4, Consumers: 8, ConnsPerBroker: 1,
 				Messages: 3000, Payload: 100, Batch: tt.batch, Prefetch: 4,
 				Mode: tt.mode, NackRate: tt.nackRate, Queue: "e2e-" + tt.name,
-				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup, Probe: tt.probe,
+				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup, Probe: tt.probe, ConfirmAcks: tt.confirm,
 				// Two brokers may invert a consumer's order legitimately;
 				// loss and duplicates are what this test asserts.
 				Order:     orderReport,
@@ -93,6 +95,9 @@ func TestEndToEnd(t *testing.T) {
 				t.Errorf("summary does not say OK:\n%s", &stdout)
 			}
 			checkReport(t, cfg, tt.baselines)
+			if tt.confirm != strings.Contains(stdout.String(), "confirmed acks (Receive, then an Ack call per message)") {
+				t.Errorf("confirm-acks %v, summary:\n%s", tt.confirm, &stdout)
+			}
 			if tt.probe {
 				checkProbe(t, cfg, topo, stdout.String())
 			}
@@ -141,6 +146,7 @@ type jsonReport struct {
 		BrokerPer1k    float64 `json:"broker_seconds_per_1k"`
 		ZooKeeperPer1k float64 `json:"zookeeper_seconds_per_1k"`
 	} `json:"cpu"`
+	ZooKeeper *ZKTxnStats      `json:"zookeeper"`
 	Baselines []BaselineResult `json:"baselines"`
 	Deep      *DeepReport      `json:"deep"`
 	Probe     *LoadProbe       `json:"probe"`
@@ -214,12 +220,26 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 			t.Errorf("nacks: %d redeliveries, broker %+v", v.Redeliveries, r.Conflicts)
 		}
 	}
-	if len(r.Baselines) != len(baselines) {
-		t.Fatalf("got baselines %+v, want %v", r.Baselines, baselines)
+	if z := r.ZooKeeper; z == nil || z.Transactions <= 0 || z.PerDelivered <= 0 || z.PerSec <= 0 || z.DaysPerEpoch <= 0 {
+		t.Errorf("ZooKeeper transactions: %+v", z)
+	}
+	// At least once, a JetStream baseline gives a result per ack style.
+	var want []string
+	for _, b := range baselines {
+		want = append(want, b)
+		if (b == baselineJetStream || b == baselineJetStreamSync) && cfg.Mode == qbroker.AtLeastOnce {
+			want = append(want, b+doubleAckSuffix)
+		}
+	}
+	if len(r.Baselines) != len(want) {
+		t.Fatalf("got baselines %+v, want %v", r.Baselines, want)
 	}
 	for i, bl := range r.Baselines {
-		if bl.Name != baselines[i] || bl.Messages <= 0 || bl.PerSec <= 0 || r.Ratios["vs_"+bl.Name] <= 0 {
+		if bl.Name != want[i] || bl.Messages <= 0 || bl.PerSec <= 0 || r.Ratios["vs_"+bl.Name] <= 0 {
 			t.Errorf("baseline %+v, ratio %v", bl, r.Ratios["vs_"+bl.Name])
+		}
+		if strings.HasPrefix(bl.Name, baselineJetStream) && (bl.Messages != 3000 || bl.ServerCPUSecPer1k <= 0) {
+			t.Errorf("JetStream baseline: %d messages (want 3000), nats-server %vs per 1k", bl.Messages, bl.ServerCPUSecPer1k)
 		}
 		if bl.Name == baselineCreate && (bl.Latency == nil || bl.Latency.Count == 0 || bl.Latency.P50MS <= 0) {
 			t.Errorf("create baseline without latencies: %+v", bl)

@@ -401,11 +401,8 @@ func jetStreamLabel(bl BaselineResult) string {
 	if strings.HasPrefix(bl.Name, baselineJetStreamSync) {
 		sync = "sync_interval: always"
 	}
-	ack := "no acks (AckNone)"
-	switch bl.Ack {
-	case jsAckPlain:
-		ack = fmt.Sprintf("Ack, not waited for (MaxAckPending %d)", bl.MaxAckPending)
-	case jsAckDouble:
+	ack := fmt.Sprintf("Ack, not waited for (MaxAckPending %d)", bl.MaxAckPending)
+	if bl.Ack == jsAckDouble {
 		ack = fmt.Sprintf("DoubleAck, each waited for (MaxAckPending %d)", bl.MaxAckPending)
 	}
 	return fmt.Sprintf("NATS JetStream work queue on a nats-server process, %s, a connection per worker, %s", sync, ack)

@@ -270,3 +270,34 @@ func TestZKTxnStats(t *testing.T) {
 		})
 	}
 }
+
+func TestJSMaxAckPending(t *testing.T) {
+	tests := []struct {
+		consumers, prefetch, want int
+	}{
+		{16, 1, 0},      // the server's default, 1000, holds them all
+		{64, 1, 0},      //
+		{10, 100, 0},    // exactly 1000
+		{16, 100, 1600}, // more than the default: sized to the consumers
+		{64, 64, 4096},
+	}
+	for _, tt := range tests {
+		if got := jsMaxAckPending(tt.consumers, tt.prefetch); got != tt.want {
+			t.Errorf("jsMaxAckPending(%d, %d): got %d, want %d", tt.consumers, tt.prefetch, got, tt.want)
+		}
+	}
+}
+
+func TestNATSConfig(t *testing.T) {
+	for _, sync := range []bool{false, true} {
+		got := natsConfig(4222, "/tmp/a dir/store", sync)
+		for _, want := range []string{`listen: "127.0.0.1:4222"`, "jetstream {", `store_dir: "/tmp/a dir/store"`} {
+			if !strings.Contains(got, want) {
+				t.Errorf("sync %v: config lacks %q:\n%s", sync, want, got)
+			}
+		}
+		if has := strings.Contains(got, "sync_interval: always"); has != sync {
+			t.Errorf("sync %v: sync_interval: always in the config: %v\n%s", sync, has, got)
+		}
+	}
+}
