@@ -31,7 +31,8 @@ func TestEndToEnd(t *testing.T) {
 		}
 		t.Skip(zkserver.ErrNotInstalled)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Setup's bound; each case has its own below.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
 	bin, err := buildQBroker(ctx, dir, raceEnabled)
@@ -88,6 +89,8 @@ func TestEndToEnd(t *testing.T) {
 				cfg.Backlog, cfg.CompareShallow = cfg.Messages, true
 			}
 			var stdout, stderr bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
 			if code := runOn(ctx, cfg, topo, &stdout, &stderr); code != 0 {
 				t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
 			}
