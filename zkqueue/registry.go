@@ -49,8 +49,8 @@ type RegistryConfig struct {
 	Logger *slog.Logger
 }
 
-// registryPoll is how often Run looks for a new session, a local read of
-// the client's state.
+// registryPoll is how often Run looks whether the session is back, a
+// local read of the client's state.
 const registryPoll = 100 * time.Millisecond
 
 // NewRegistry returns a Registry of the registrations on conn. It makes no
@@ -63,8 +63,8 @@ func NewRegistry(conn *zk.Conn, cfg RegistryConfig) *Registry {
 }
 
 // Wake makes Run reconcile now; a process that sees its session events may
-// call it on every new session, which Run otherwise notices within
-// 100 ms. It never blocks.
+// call it whenever the session is back, which Run otherwise notices
+// within 100 ms. It never blocks.
 func (r *Registry) Wake() { r.keeper.Wake() }
 
 // Run keeps the registrations until ctx ends (see Registry); its caller
@@ -76,20 +76,23 @@ func (r *Registry) Run(ctx context.Context) {
 	defer wg.Wait()
 	t := time.NewTicker(registryPoll)
 	defer t.Stop()
-	var sid int64
+	connected, sid := false, int64(0)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if r.conn.State() != zk.StateHasSession {
-			continue
-		}
-		if now := r.conn.SessionID(); now != sid {
-			sid = now
+		// Back in session, the same or a new one (seen by its id when the
+		// session changed between two looks): what failed meanwhile
+		// (deletes of closed registrations, a new session's creates) is
+		// retried now.
+		now := r.conn.State() == zk.StateHasSession
+		if now && (!connected || r.conn.SessionID() != sid) {
+			sid = r.conn.SessionID()
 			r.keeper.Wake()
 		}
+		connected = now
 	}
 }
 

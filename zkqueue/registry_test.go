@@ -116,3 +116,32 @@ func TestRegistryDeletesItsPreviousProcesssRegistrations(t *testing.T) {
 		t.Fatal("another process's registration was deleted")
 	}
 }
+
+// A registration closed while ZooKeeper is unreachable (shorter than the
+// session timeout: the session lives on) is deleted once it is back.
+func TestRegistrationClosedWhileCutOff(t *testing.T) {
+	ctx := context.Background()
+	proxy := zktest.NewProxy(t, zktest.Addr(t))
+	conn := zktest.ConnTo(t, []string{proxy.Addr()})
+	observer := zktest.Conn(t)
+	dir := zktest.Root(t) + "/q/consumers"
+	g, err := zkqueue.NewConsumerGroup(conn, dir, "p", zkqueue.ConsumerGroupConfig{Registry: runRegistry(t, conn)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := g.Register(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := ownerOf(observer, r.Path())
+	proxy.Cut()
+	zktest.WaitFor(t, 20*time.Second, "the client to lose its connection", func() bool { return conn.State() != zk.StateHasSession })
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Restore()
+	zktest.WaitFor(t, 20*time.Second, "the closed registration deleted", func() bool { return ownerOf(observer, r.Path()) == 0 })
+	if conn.SessionID() != sid {
+		t.Fatalf("the session changed (0x%x, was 0x%x): the cut outlasted it", conn.SessionID(), sid)
+	}
+}
