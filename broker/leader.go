@@ -87,7 +87,7 @@ func (b *Broker) lead(lost <-chan struct{}) error {
 			Interval:       b.cfg.SweepInterval,
 			Ready:          b.hasSession.Load,
 			Committer:      b.batcher,
-			AbandonedAfter: time.Duration(abandonedAfter.Load()),
+			AbandonedAfter: max(time.Duration(abandonedAfter.Load()), time.Nanosecond), // 0 in tests: at once
 			Released:       b.releasedBySweep,
 			Error:          func(err error) { b.log.Debug("sweep", "err", err) },
 		})
