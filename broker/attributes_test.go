@@ -224,7 +224,7 @@ func TestAttributesBounded(t *testing.T) {
 	raw = protowire.AppendTag(raw, 2, protowire.BytesType)
 	raw = protowire.AppendBytes(raw, msg)
 	var resp []byte
-	err := b.conn.Invoke(ctx, pb.Queue_Publish_FullMethodName, raw, &resp, grpc.ForceCodec(rawCodec{}))
+	err := b.grpcConn.Invoke(ctx, pb.Queue_Publish_FullMethodName, raw, &resp, grpc.ForceCodec(rawCodec{}))
 	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "UTF-8") {
 		t.Fatalf("raw non-UTF-8 header: got %v, want gRPC's Internal decoding error", err)
 	}

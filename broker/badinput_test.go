@@ -204,7 +204,7 @@ func badLookupsAndStreams(ctx context.Context, tb *testBroker) []badCall {
 		}, codes.InvalidArgument},
 		{"garbage protobuf", func() error {
 			var out []byte
-			return tb.conn.Invoke(ctx, "/qbroker.v1.Queue/Publish", []byte{0xff, 0xff, 0xff, 0x0f, 0x01}, &out, grpc.ForceCodec(rawCodec{}))
+			return tb.grpcConn.Invoke(ctx, "/qbroker.v1.Queue/Publish", []byte{0xff, 0xff, 0xff, 0x0f, 0x01}, &out, grpc.ForceCodec(rawCodec{}))
 		}, codes.Internal},
 	}
 }

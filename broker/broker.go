@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +24,7 @@ import (
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/layout"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
@@ -184,8 +184,8 @@ func (c *Config) setIdentity() error {
 	if c.Root == "" {
 		c.Root = "/qbroker"
 	}
-	if c.Root[0] != '/' || path.Clean(c.Root) != c.Root || c.Root == "/" {
-		return fmt.Errorf("broker: bad root %q (--root): want an absolute path such as /qbroker", c.Root)
+	if _, err := layout.New(c.Root); err != nil {
+		return fmt.Errorf("broker: %w (--root)", err)
 	}
 	if c.ID == "" {
 		host, _ := os.Hostname()
@@ -376,6 +376,7 @@ type Broker struct {
 	extra   []*zk.Conn         // further sessions, split into writers and readers
 	writers []*zk.Conn         // group-commit sessions
 	readers []*zk.Conn         // claims' read sessions
+	root    layout.Root        // where the root's nodes live
 	catalog *zkqueue.Catalog   // the queues: create, delete, list, metadata
 	batcher *zkqueue.Committer // group commit of all queues' writes
 	recent  *zkqueue.Budget    // all queues' memory of messages published here
@@ -402,7 +403,8 @@ type Broker struct {
 	zkState    atomic.Int32 // the last session state seen (zk.State)
 	leading    atomic.Bool  // leading the election (sweeping while it has a session)
 
-	keeper *zkutil.Keeper // ephemeral nodes kept through session changes (registry.go)
+	keeper   *zkutil.Keeper    // ephemeral nodes kept through session changes (registry.go)
+	registry *zkqueue.Registry // the consumer registrations of all queues (registry.go)
 
 	coord coordState // the Election and Lock services' local state (coord.go)
 
@@ -428,8 +430,10 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
+	root, _ := layout.New(cfg.Root) // checked by setDefaults
 	b := &Broker{
 		cfg:     cfg,
+		root:    root,
 		acl:     acl,
 		log:     cfg.Logger.With("broker", cfg.ID),
 		metrics: newMetrics(cfg.Registerer, cfg.MaxQueueLabels),
@@ -453,11 +457,13 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		b.cancel()
 		return nil, err
 	}
-	b.keeper.Keep(b.brokersPath()+"/"+cfg.ID, []byte(time.Now().UTC().Format(time.RFC3339)))
+	reg, _ := b.root.Broker(cfg.ID) // the id was checked by setDefaults
+	b.keeper.Keep(reg, []byte(time.Now().UTC().Format(time.RFC3339)))
 	b.zkmem = newZKMemory(cfg.ZooKeeper, cfg.ZKDataBudget, b.log, b.metrics.zkData.Set)
 	b.metrics.zkBudget.Set(float64(max(cfg.ZKDataBudget, 0)))
-	b.wg.Add(5)
+	b.wg.Add(6)
 	go func() { defer b.wg.Done(); b.keeper.Run(b.ctx) }()
+	go func() { defer b.wg.Done(); b.registry.Run(b.ctx) }()
 	go func() { defer b.wg.Done(); b.zkmem.run(b.ctx) }()
 	go b.runSessionWatch()
 	go b.runMembership()
@@ -482,6 +488,7 @@ func (b *Broker) openSessions(ctx context.Context) error {
 	}
 	b.conn = conn
 	b.keeper.Bind(conn, b.acl)
+	b.registry = zkqueue.NewRegistry(conn, zkqueue.RegistryConfig{ACL: b.acl, Logger: b.log})
 	for i := 1; i < b.cfg.ZKSessions; i++ {
 		c, err := b.connect(ctx, nil)
 		if err != nil {
@@ -515,18 +522,18 @@ func (b *Broker) prepareRoot(ctx context.Context) error {
 	// The nodes above the root are shared with whoever else uses the
 	// ensemble: those the broker creates are open; the root and all
 	// below it carry the brokers' ACL.
-	for _, p := range []string{path.Dir(b.cfg.Root), b.queuesPath(), b.brokersPath(), b.electionPath(), b.electionsPath(), b.locksPath()} {
+	for _, p := range append([]string{b.root.Parent()}, b.root.Parents()...) {
 		if err := zkutil.EnsurePath(b.conn, p, b.nodeACL(p)); err != nil {
 			return fmt.Errorf("broker: %w", err)
 		}
 	}
 	var err error
-	b.catalog, err = zkqueue.NewCatalog(b.conn, b.queuesPath(), zkqueue.CatalogConfig{
+	b.catalog, err = zkqueue.NewCatalog(b.conn, b.root.Queues(), zkqueue.CatalogConfig{
 		MaxQueues: b.cfg.MaxQueues, Observer: b.observeZK, Logger: b.log, ACL: b.acl})
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
-	key, err := zkutil.LoadSecret(b.conn, b.cfg.Root, tokenKeyNode, b.acl, macLen)
+	key, err := zkutil.LoadSecret(b.conn, b.root.Path(), tokenKeyNode, b.acl, macLen)
 	if err != nil {
 		return fmt.Errorf("broker: token key: %w", err)
 	}
@@ -567,7 +574,8 @@ func (b *Broker) onZKEvent(ev zk.Event) {
 			}
 		}
 		// A new session (after an expiry) has none of the old one's
-		// ephemeral nodes: the keeper creates them again.
+		// ephemeral nodes: the keeper creates them again (and the
+		// registry of the consumers, which notices the session itself).
 		b.keeper.Wake()
 	case zk.StateDisconnected, zk.StateExpired, zk.StateConnecting, zk.StateAuthFailed:
 		if b.hasSession.Swap(false) {
@@ -724,12 +732,6 @@ func (b *Broker) closeConns() {
 		c.Close()
 	}
 }
-
-// Paths.
-func (b *Broker) queuesPath() string           { return b.cfg.Root + "/queues" }
-func (b *Broker) brokersPath() string          { return b.cfg.Root + "/brokers" }
-func (b *Broker) electionPath() string         { return b.cfg.Root + "/election" }
-func (b *Broker) queuePath(name string) string { return b.queuesPath() + "/" + name }
 
 // streamCtx joins a stream's context with the broker's, so Close ends it.
 func (b *Broker) streamCtx(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -118,7 +118,7 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	if err != nil {
 		return b.fail(err)
 	}
-	unregister := b.registerConsumer(sub.q)
+	unregister := b.registerConsumer(ctx, sub.q)
 	defer unregister()
 
 	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1)}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qbroker/qbroker/internal/events"
+	"github.com/qbroker/qbroker/internal/layout"
 )
 
 // The coordination services (Election in coord_election.go, Lock in
@@ -68,9 +69,6 @@ var (
 	errLockLost       = errors.New("lock lost")
 )
 
-func (b *Broker) electionsPath() string { return b.cfg.Root + "/elections" }
-func (b *Broker) locksPath() string     { return b.cfg.Root + "/locks" }
-
 // checkValue refuses a value over maxCoordValue.
 func checkValue(v []byte) error {
 	if len(v) > maxCoordValue {
@@ -90,7 +88,7 @@ func keyPath(dir, key, prefix string) (string, error) {
 	if !strings.HasPrefix(key, prefix) {
 		return "", invalidf("key %q: want %s<sequence>", printable(key), prefix)
 	}
-	return dir + "/" + key, nil
+	return layout.Child(dir, "key", key)
 }
 
 // turns lets one stream at a time campaign in an election on this broker:

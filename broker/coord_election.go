@@ -25,7 +25,7 @@ func (b *Broker) electionPathOf(name string) (string, error) {
 	if err := validName("election name", name); err != nil {
 		return "", err
 	}
-	return b.electionsPath() + "/" + name, nil
+	return b.root.ElectionOf(name)
 }
 
 // lookElection returns an Election under name for calls that only look

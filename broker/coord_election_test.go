@@ -16,7 +16,7 @@ import (
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
-func electionClient(tb *testBroker) pb.ElectionClient { return pb.NewElectionClient(tb.conn) }
+func electionClient(tb *testBroker) pb.ElectionClient { return pb.NewElectionClient(tb.grpcConn) }
 
 // wantCode fails the test unless err has code want.
 func wantCode(t *testing.T, what string, err error, want codes.Code) {

@@ -27,7 +27,7 @@ func (b *Broker) lockPathOf(name string) (string, error) {
 	if err := validName("lock name", name); err != nil {
 		return "", err
 	}
-	return b.locksPath() + "/" + name, nil
+	return b.root.Lock(name)
 }
 
 // Lock implements pb.LockServer. The contender is a node of the broker's

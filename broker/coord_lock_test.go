@@ -136,7 +136,7 @@ func incrementUnderLock(ctx context.Context, c pb.LockClient, zc *zk.Conn, count
 func TestLockRevokeAndUnlockByKey(t *testing.T) {
 	root := zktest.Root(t)
 	b1, b2 := newBroker(t, root), newBroker(t, root)
-	c1, c2 := pb.NewLockClient(b1.conn), pb.NewLockClient(b2.conn)
+	c1, c2 := pb.NewLockClient(b1.grpcConn), pb.NewLockClient(b2.grpcConn)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := c2.Revoke(ctx, &pb.RevokeRequest{Name: "db"})
@@ -190,7 +190,7 @@ func TestLockRevokeAndUnlockByKey(t *testing.T) {
 func TestLockWaiterLeaves(t *testing.T) {
 	root := zktest.Root(t)
 	tb := newBroker(t, root)
-	c := pb.NewLockClient(tb.conn)
+	c := pb.NewLockClient(tb.grpcConn)
 	zc := zktest.Conn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -244,7 +244,7 @@ func TestLockWaiterLeaves(t *testing.T) {
 func TestLockBadInput(t *testing.T) {
 	root := zktest.Root(t)
 	tb := newBroker(t, root)
-	c := pb.NewLockClient(tb.conn)
+	c := pb.NewLockClient(tb.grpcConn)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, name := range []string{"", "..", "a/b", strings.Repeat("x", 201)} {
@@ -296,7 +296,7 @@ func TestKilledBrokerReleasesLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waiter, err := pb.NewLockClient(survivor.conn).Lock(ctx)
+	waiter, err := pb.NewLockClient(survivor.grpcConn).Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ func TestIdleCoordinationNamesReaped(t *testing.T) {
 	conn := zktest.Conn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	locks := pb.NewLockClient(tb.conn)
+	locks := pb.NewLockClient(tb.grpcConn)
 
 	const names = 1000
 	next := make(chan int)
@@ -104,7 +104,7 @@ func TestCoordinationRefusedPastDataBudget(t *testing.T) {
 	tb := startBroker(t, []string{zktest.Addr(t)}, zktest.Root(t), func(c *broker.Config) { c.ZKDataBudget = 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	locks := pb.NewLockClient(tb.conn)
+	locks := pb.NewLockClient(tb.grpcConn)
 	var refused error
 	// Until the broker has read ZooKeeper's data size it admits (the
 	// size is unknown); it reads it at start.

@@ -13,7 +13,7 @@ import (
 // queue's dedup/ node for the queue's window (zkqueue's dedup.go), in the
 // same ZooKeeper transaction as the message, so any broker answers its
 // repeat with the first message's id. The leader deletes the records of
-// past windows, a bucket at a time (sweep.go).
+// past windows, a bucket at a time (zkqueue.Catalog.Maintain).
 
 func withDedupIDs(drafts []zkqueue.Draft) bool {
 	for _, d := range drafts {

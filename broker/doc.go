@@ -28,6 +28,25 @@
 //	/<root>/token-key                          random key signing ack tokens, created by
 //	                                           the first broker, read by all
 //
+// A queue's node also holds delayed/, expired, dedup/ and groups/ (see
+// zkqueue.Catalog). The broker builds no path itself: the root's layout is
+// package internal/layout's, a queue's is zkqueue.Catalog's (Open returns
+// its parts), and the broker makes ZooKeeper requests only through them
+// and the recipes.
+//
+// # Upkeep
+//
+// The elected leader runs zkqueue.Catalog.Maintain while it has a session
+// (leader.go): every SweepInterval it releases expired leases, finishes
+// abandoned deletions and deletes dedup buckets of past windows, visiting
+// only the queues where something changed or a known deadline passed, so
+// idle queues cost it no request; it also reaps idle locks and elections.
+// Every broker runs the jobs of the queues it has open
+// (zkqueue.Handles.Run: the delay mover and the TTL expiry timer) until
+// the queue's handle goes stale or the broker shuts down (schedule.go), and
+// keeps its consumer registrations through session expiry with one
+// zkqueue.Registry (registry.go).
+//
 // # Dispatch
 //
 // A broker holds one zkqueue.Queue per queue, shared by all its local

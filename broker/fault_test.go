@@ -20,7 +20,7 @@ import (
 
 func waitHealth(t *testing.T, tb *testBroker, want healthpb.HealthCheckResponse_ServingStatus, within time.Duration) {
 	t.Helper()
-	hc := healthpb.NewHealthClient(tb.conn)
+	hc := healthpb.NewHealthClient(tb.grpcConn)
 	deadline := time.Now().Add(within)
 	for {
 		r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: pb.Queue_ServiceDesc.ServiceName})

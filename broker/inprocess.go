@@ -119,12 +119,12 @@ type Member struct {
 // (/<root>/brokers/<id>), sorted by id, and marks the one the election
 // names leader.
 func (b *Broker) Members(ctx context.Context) ([]Member, error) {
-	regs, err := zkutil.ChildrenData(b.conn, b.brokersPath())
+	regs, err := zkutil.ChildrenData(b.conn, b.root.Brokers())
 	if err != nil {
 		return nil, b.fail(fmt.Errorf("broker: members: %w", err))
 	}
 	leader := ""
-	el, err := election.New(b.conn, b.electionPath(), election.WithCreateParents(false))
+	el, err := election.New(b.conn, b.root.Election(), election.WithCreateParents(false))
 	if err != nil {
 		return nil, b.fail(err)
 	}

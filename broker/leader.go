@@ -3,11 +3,13 @@ package broker
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/lock"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Membership and leadership.
@@ -17,13 +19,14 @@ import (
 // election under /<root>/election (package election: EPHEMERAL_SEQUENTIAL
 // nodes n-<seq>, the lowest leads, every other broker watches only its
 // predecessor; this session's orphaned nodes are removed). The leader
-// sweeps expired leases, while it has a session. When the session
+// runs the catalog's upkeep (zkqueue.Catalog.Maintain), while it has a
+// session. When the session
 // expires, the election node vanishes and the broker campaigns again with
 // its new session.
 
 func (b *Broker) runMembership() {
 	defer b.wg.Done()
-	el, err := election.New(b.conn, b.electionPath(), election.WithLogger(b.log), election.WithCreateParents(false), election.WithACL(b.acl))
+	el, err := election.New(b.conn, b.root.Election(), election.WithLogger(b.log), election.WithCreateParents(false), election.WithACL(b.acl))
 	if err != nil {
 		b.log.Error("election", "err", err) // not with a root that New accepted
 		return
@@ -60,10 +63,11 @@ func (b *Broker) memberOnce(el *election.Election) error {
 	return b.lead(el.Done())
 }
 
-// lead sweeps expired leases every SweepInterval, and reaps idle locks
-// and elections (reapCoordination), while this broker leads and has a
-// session: without one it cannot know whether it still leads
-// (qbroker_leader is 0 meanwhile).
+// lead runs the catalog's upkeep (zkqueue.Catalog.Maintain: expired
+// leases, abandoned deletions, dedup buckets of past windows) every
+// SweepInterval, and reaps idle locks and elections (reapCoordination),
+// while this broker leads and has a session: without one it cannot know
+// whether it still leads (qbroker_leader is 0 meanwhile).
 func (b *Broker) lead(lost <-chan struct{}) error {
 	b.log.Info("leadership acquired")
 	b.leading.Store(true)
@@ -73,28 +77,55 @@ func (b *Broker) lead(lost <-chan struct{}) error {
 		b.updateLeader()
 		b.log.Info("leadership released")
 	}()
-	reapCtx, stopReap := context.WithCancel(b.ctx)
-	reaped := make(chan struct{})
-	go func() { defer close(reaped); b.reapCoordination(reapCtx) }()
-	defer func() { stopReap(); <-reaped }()
-	t := time.NewTicker(b.cfg.SweepInterval)
-	defer t.Stop()
-	sw := b.newLeaseSweep()
-	for {
-		select {
-		case <-b.ctx.Done():
-			return nil
-		case <-lost:
-			return errors.New("leadership lost")
-		case <-t.C:
-		}
-		if !b.hasSession.Load() {
-			continue
-		}
-		if err := sw.run(); err != nil {
-			b.log.Debug("sweep", "err", err)
-		}
+	ctx, stop := context.WithCancel(b.ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); b.reapCoordination(ctx) }()
+	go func() {
+		defer wg.Done()
+		_ = b.catalog.Maintain(ctx, zkqueue.MaintainConfig{
+			Interval:       b.cfg.SweepInterval,
+			Ready:          b.hasSession.Load,
+			Committer:      b.batcher,
+			AbandonedAfter: max(time.Duration(abandonedAfter.Load()), time.Nanosecond), // 0 in tests: at once
+			Released:       b.releasedBySweep,
+			Error:          func(err error) { b.log.Debug("sweep", "err", err) },
+		})
+	}()
+	defer func() { stop(); wg.Wait() }()
+	select {
+	case <-b.ctx.Done():
+		return nil
+	case <-lost:
+		return errors.New("leadership lost")
 	}
+}
+
+// abandonedAfter is zkqueue.MaintainConfig.AbandonedAfter; a variable for
+// tests.
+var abandonedAfter atomic.Int64
+
+func init() { abandonedAfter.Store(int64(zkqueue.DefaultAbandonedAfter)) }
+
+// releasedBySweep accounts for the leases the leader's sweep released
+// from the queue name (metrics, events). A queue this broker consumes also
+// gets its snapshot dropped, so the requeued messages are seen at once.
+func (b *Broker) releasedBySweep(name string, expired []zkqueue.Expired) {
+	b.queuesMu.Lock()
+	q := b.queues[name]
+	b.queuesMu.Unlock()
+	if q == nil || q.stale() {
+		q = &queue{name: name, label: b.metrics.labels.get(name)}
+	}
+	requeued := false
+	for _, e := range expired {
+		b.released(q, e.Message, e.Outcome)
+		requeued = requeued || e.Outcome == zkqueue.Requeued
+	}
+	if requeued && q.items != nil {
+		q.items.Rescan()
+	}
+	b.log.Debug("released expired leases", "queue", name, "count", len(expired))
 }
 
 // coordReapInterval is how often the leader looks for idle locks and
@@ -109,12 +140,12 @@ func init() { coordReapInterval.Store(int64(30 * time.Second)) }
 // with the recipes' Reapers: otherwise every name ever used would stay in
 // ZooKeeper. A contender that finds its name's node gone makes it again.
 func (b *Broker) reapCoordination(ctx context.Context) {
-	lr, err := lock.NewReaper(b.conn, b.locksPath())
+	lr, err := lock.NewReaper(b.conn, b.root.Locks())
 	if err != nil {
 		b.log.Error("lock reaper", "err", err) // not with a root that New accepted
 		return
 	}
-	er, err := election.NewReaper(b.conn, b.electionsPath())
+	er, err := election.NewReaper(b.conn, b.root.Elections())
 	if err != nil {
 		b.log.Error("election reaper", "err", err)
 		return

@@ -18,12 +18,12 @@ func TestMain(m *testing.M) { zktest.Main(m) }
 
 // testBroker is a broker on a real 127.0.0.1 listener with a client.
 type testBroker struct {
-	s      *brokertest.Server
-	b      *broker.Broker
-	srv    *grpc.Server
-	addr   string
-	conn   *grpc.ClientConn
-	client pb.QueueClient
+	s        *brokertest.Server
+	b        *broker.Broker
+	srv      *grpc.Server
+	addr     string
+	grpcConn *grpc.ClientConn
+	client   pb.QueueClient
 }
 
 func startBroker(t *testing.T, zkAddrs []string, root string, mods ...func(*broker.Config)) *testBroker {
@@ -48,11 +48,11 @@ func launchBroker(t *testing.T, zkAddrs []string, root string, o brokertest.Opti
 	}
 	tb := &testBroker{s: s, b: s.Broker, srv: s.GRPC, addr: s.Addr}
 	t.Cleanup(tb.stop)
-	tb.conn, err = grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	tb.grpcConn, err = grpc.NewClient(tb.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tb.client = pb.NewQueueClient(tb.conn)
+	tb.client = pb.NewQueueClient(tb.grpcConn)
 	return tb
 }
 
@@ -60,8 +60,8 @@ func launchBroker(t *testing.T, zkAddrs []string, root string, o brokertest.Opti
 // client. Only the first call does anything.
 func (tb *testBroker) stop() {
 	tb.s.Stop()
-	if tb.conn != nil {
-		tb.conn.Close()
+	if tb.grpcConn != nil {
+		tb.grpcConn.Close()
 	}
 }
 

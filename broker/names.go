@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/qbroker/qbroker/internal/layout"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
@@ -140,7 +141,7 @@ func parseToken(tok string) (ackToken, error) {
 // ack tokens (zkutil.LoadSecret): random bytes written by the first broker
 // to start under a root, read by every broker, never by anyone else
 // (zkutil.PrivateACL).
-const tokenKeyNode = "token-key"
+const tokenKeyNode = layout.TokenKey
 
 // clampDuration returns d, the request's field name, within [lo, hi], or
 // def when d is zero.

@@ -14,9 +14,10 @@ import (
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
-// The queues live in a zkqueue.Catalog under /<root>/queues (its layout,
-// creation and two-step deletion are there). Handles only read: a handle
-// opened while its queue is being deleted cannot bring parts of it back.
+// The queues live in a zkqueue.Catalog under /<root>/queues: its layout,
+// creation and two-step deletion are there, and it opens a queue's parts
+// (zkqueue.Catalog.Open). Handles only read: a handle opened while its
+// queue is being deleted cannot bring parts of it back.
 
 // queue is this broker's handle on one queue: its metadata and the shared
 // zkqueue.Queue through which all local consumers take messages (the queue's
@@ -24,7 +25,8 @@ import (
 // evicts a handle when the queue is deleted or changed elsewhere.
 type queue struct {
 	name   string
-	path   string
+	h      *zkqueue.Handles // what the catalog opened: the parts below, and the queue's jobs (Run)
+	path   string           // the queue's node (quota.go)
 	meta   zkqueue.Spec
 	label  string // metrics label
 	items  *zkqueue.Queue
@@ -133,57 +135,37 @@ func (b *Broker) spec(name string) (zkqueue.Spec, error) {
 }
 
 func (b *Broker) loadQueue(name string) (*queue, error) {
-	meta, watch, err := b.catalog.Load(name)
-	if err != nil {
-		return nil, err
-	}
-	p := b.catalog.Path(name)
 	label := b.metrics.labels.get(name)
 	b.metrics.initQueue(label)
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
 	bad := b.metrics.badNodes.WithLabelValues(label)
-	q := &queue{name: name, path: p, meta: meta, label: label, gone: watch,
-		policy: meta.Policy()}
-	if q.consumers, err = b.consumerGroup(p); err != nil {
-		return nil, err
-	}
-	opts := []zkqueue.Option{
+	expired := b.metrics.expired.WithLabelValues(label)
+	q := &queue{name: name, label: label}
+	h, err := b.catalog.Open(name, zkqueue.OpenConfig{
+		ProcessID: b.cfg.ID,
+		Registry:  b.registry,
+		Expired:   func(n int) { expired.Add(float64(n)) },
+	},
 		zkqueue.WithLimits(zkqueue.Limits{MaxPayload: b.cfg.MaxPayload, MaxBatchBytes: b.cfg.MaxBatchBytes, MaxBatchCount: b.cfg.MaxBatchCount}),
 		zkqueue.WithConflictHook(conflicts.Inc),
 		zkqueue.WithBadDataHook(func(string) { bad.Inc() }),
-		zkqueue.WithObserver(b.observeZK),
 		zkqueue.WithCommitter(b.batcher),
 		zkqueue.WithSegmentSize(b.cfg.SegmentSize),
 		zkqueue.WithMemory(b.recent),
 		zkqueue.WithReaders(b.readers...),
 		// Every scan is a use: a queue whose consumers wait here is
-		// served here.
+		// served here. q.consumers is set before q is shared.
 		zkqueue.WithOwners(func() zkqueue.Share { q.touch(); return q.consumers.Share() }),
 		zkqueue.WithPublisher(b.cfg.ID),
 		zkqueue.WithLogger(b.log.With("queue", name)),
-		zkqueue.WithoutCreate(), // loading never writes (see the layout above)
-		zkqueue.WithACL(b.acl),
-		zkqueue.WithDedup(p+"/dedup", meta.Dedup()),
-		zkqueue.WithExpiry(b.expiry(name, label, meta)),
-		zkqueue.WithGroups(p + "/groups"),
-	}
-	if meta.Kind == kindPriority {
-		opts = append(opts, zkqueue.WithPriorities())
-	}
-	items, err := zkqueue.New(b.conn, p+"/items", opts...)
+	)
 	if err != nil {
 		return nil, err
 	}
-	leases, err := zkqueue.NewLeases(items, p+"/leases", p+"/dead")
-	if err != nil {
-		return nil, err
-	}
-	q.items, q.leases = items, leases
-	if q.delayed, err = zkqueue.NewScheduled(items, p+"/delayed", 0); err != nil {
-		return nil, err
-	}
-	if meta.Kind == kindSync {
-		if q.sync, err = b.newSyncGate(q); err != nil {
+	q.h, q.path, q.meta, q.gone, q.policy = h, h.Path, h.Spec, h.Watch, h.Spec.Policy()
+	q.items, q.leases, q.delayed, q.consumers = h.Items, h.Leases, h.Delayed, h.Consumers
+	if q.meta.Kind == kindSync {
+		if q.sync, err = b.newSyncGate(h); err != nil {
 			return nil, err
 		}
 	}

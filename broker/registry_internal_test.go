@@ -28,18 +28,33 @@ func newTestBroker(t *testing.T) *Broker {
 // whose answer was lost) is removed when the broker campaigns, so it
 // cannot stall the election: here the broker's leadership ends (another
 // client deletes its node) while an orphan of its session waits in the
-// election; the broker campaigns again behind the orphan and leads.
+// election, ahead of it; the broker campaigns again behind the orphan and
+// leads. The test looks through a session of its own, and makes the
+// orphan on the broker's session with a zkutil.Keeper.
 func TestElectionOrphansRemoved(t *testing.T) {
 	b := newTestBroker(t)
+	observer := zktest.Conn(t)
+	reg, err := b.root.Broker(b.cfg.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	session := func() int64 { // the broker's, as the owner of its registration
+		ok, st, err := observer.Exists(reg)
+		if err != nil || !ok {
+			return 0
+		}
+		return st.EphemeralOwner
+	}
 	own := func() []string { // this session's election nodes
 		t.Helper()
-		children, _, err := b.conn.Children(b.electionPath())
+		children, _, err := observer.Children(b.root.Election())
 		if err != nil {
 			t.Fatal(err)
 		}
+		sid := session()
 		var out []string
 		for _, c := range children {
-			if ok, st, _ := b.conn.Exists(b.electionPath() + "/" + c); ok && st.EphemeralOwner == b.conn.SessionID() {
+			if ok, st, _ := observer.Exists(b.root.Election() + "/" + c); ok && st.EphemeralOwner == sid {
 				out = append(out, c)
 			}
 		}
@@ -47,13 +62,7 @@ func TestElectionOrphansRemoved(t *testing.T) {
 	}
 	waitLeading := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for !b.leading.Load() || !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s (leading %v, nodes %v)", what, b.leading.Load(), own())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		zktest.WaitFor(t, 30*time.Second, what, func() bool { return b.leading.Load() && cond() })
 	}
 	var me string
 	waitLeading("the broker to lead", func() bool {
@@ -63,11 +72,15 @@ func TestElectionOrphansRemoved(t *testing.T) {
 		}
 		return me != ""
 	})
-	orphan, err := b.conn.Create(b.electionPath()+"/n-", []byte(b.cfg.ID), zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
-	if err != nil {
-		t.Fatal(err)
+	// The lowest sequence: the orphan is ahead of every campaign.
+	orphan := b.root.Election() + "/n-0000000000"
+	k := zkutil.NewKeeper(nil)
+	k.Bind(b.conn, nil)
+	k.Keep(orphan, []byte(b.cfg.ID))
+	if ok, st, err := observer.Exists(orphan); err != nil || !ok || st.EphemeralOwner != session() {
+		t.Fatalf("orphan not made on the broker's session (exists %v, err %v)", ok, err)
 	}
-	if err := zktest.Conn(t).Delete(b.electionPath()+"/"+me, -1); err != nil {
+	if err := observer.Delete(b.root.Election()+"/"+me, -1); err != nil {
 		t.Fatal(err)
 	}
 	waitLeading("the broker to lead again, past its orphan", func() bool {

@@ -17,17 +17,11 @@ import (
 //
 // Every broker that has a queue open (a handle: any call on the queue
 // opens it, and it stays open while the queue exists) runs the queue's
-// two schedulers: the mover of due delayed messages (one children watch
-// on delayed/ and one timer for the earliest due time) and, when the
-// queue has a message TTL, the expiry timer of its heads. Running them on
-// every such broker rather than on the leader alone keeps delayed
-// delivery going while the leader changes and costs an idle queue two
-// sleeping goroutines and one watch per broker; several movers of one
-// queue are safe, since a move is a versioned delete of the delayed node
-// in the same transaction as the message's create, and exactly one
-// commits. Both stop when the handle goes stale (the queue is deleted or
-// its metadata changes: the next call opens a new handle with new
-// schedulers) and on Shutdown.
+// jobs (zkqueue.Handles.Run): the mover of due delayed messages and, when
+// the queue has a message TTL, the expiry timer of its heads. They stop
+// when the handle goes stale (the queue is deleted or its metadata
+// changes: the next call opens a new handle, which runs its own) and on
+// Shutdown.
 //
 // A delayed message counts against the queue's quotas from its publish:
 // its data is under the queue's node (max_bytes, the data budget), and
@@ -44,7 +38,7 @@ const (
 	HardMaxDelay    = 7 * 24 * time.Hour
 )
 
-// schedulers owns the queues' scheduler goroutines: started while the
+// schedulers owns the goroutines of the queues' jobs: started while the
 // broker runs, all stopped and waited for by stop.
 type schedulers struct {
 	mu     sync.Mutex
@@ -53,7 +47,7 @@ type schedulers struct {
 }
 
 // run runs f in a goroutine unless stop was called; f must return once
-// its context (derived from the broker's) ends.
+// the broker's context ends.
 func (s *schedulers) run(f func()) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -75,40 +69,13 @@ func (s *schedulers) stop() {
 	s.wg.Wait()
 }
 
-// startSchedulers starts q's delay mover and, with a TTL, its expiry
-// timer; they run until q's handle goes stale or the broker shuts down.
+// startSchedulers runs q's jobs (zkqueue.Handles.Run) until q's handle
+// goes stale or the broker shuts down.
 func (b *Broker) startSchedulers(q *queue) {
-	ctx, cancel := context.WithCancel(b.ctx)
-	if !b.sched.run(func() {
-		defer cancel()
-		select {
-		case <-q.gone:
-		case <-ctx.Done():
-		}
-	}) {
-		cancel()
-		return
-	}
 	log := b.log.With("queue", q.name)
 	b.sched.run(func() {
-		_ = q.delayed.Run(ctx, nil, func(err error) { log.Warn("moving due delayed messages", "err", err) })
+		q.h.Run(b.ctx, func(err error) { log.Warn("queue upkeep", "err", err) })
 	})
-	if q.meta.MessageTTL > 0 {
-		b.sched.run(func() {
-			_ = q.items.RunExpiry(ctx, func(err error) { log.Warn("expiring messages", "err", err) })
-		})
-	}
-}
-
-// expiry returns the engine's expiry settings for the queue name with
-// spec meta (zkqueue.Catalog.Expiry), counting into the broker's metric.
-func (b *Broker) expiry(name, label string, meta zkqueue.Spec) zkqueue.Expiry {
-	e := b.catalog.Expiry(name, meta)
-	if e.TTL > 0 {
-		c := b.metrics.expired.WithLabelValues(label)
-		e.Hook = func(n int) { c.Add(float64(n)) }
-	}
-	return e
 }
 
 // dueTimes returns each message's due time (zero: at once) from its delay

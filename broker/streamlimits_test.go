@@ -319,7 +319,7 @@ func TestHalfOpenConnectionsDoNotStarveClients(t *testing.T) {
 		c.MaxConns = maxConns
 		c.HandshakeTimeout = time.Minute // evictions, not timeouts, are under test
 	})
-	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: "q"}) // tb.conn has proven itself
+	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: "q"}) // tb.grpcConn has proven itself
 
 	// The flood goes on while the new client connects.
 	f := startFlood(t, tb.addr, floodFirst, floodMax)
@@ -423,7 +423,7 @@ func TestConnectionLimits(t *testing.T) {
 		if _, err := tb.client.ListQueues(context.Background(), &pb.ListQueuesRequest{}); err != nil {
 			t.Fatal(err)
 		}
-		cs := rawConns(t, tb.addr, 3, true) // with tb.conn, one past the bound
+		cs := rawConns(t, tb.addr, 3, true) // with tb.grpcConn, one past the bound
 		if !closedByPeer(cs[2], 10*time.Second) {
 			t.Fatal("a connection beyond the per-address bound was not refused")
 		}

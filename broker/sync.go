@@ -24,8 +24,10 @@ type syncGate struct {
 	sq *syncqueue.Queue
 }
 
-func (b *Broker) newSyncGate(q *queue) (*syncGate, error) {
-	sq, err := syncqueue.New(b.conn, q.path, q.meta.SyncMembers, zkqueue.WithoutCreate(), zkqueue.WithACL(b.acl))
+// newSyncGate returns the gate of the sync queue opened as h, over h's
+// messages (no second handle of them).
+func (b *Broker) newSyncGate(h *zkqueue.Handles) (*syncGate, error) {
+	sq, err := syncqueue.Of(b.conn, h, zkqueue.WithACL(b.acl))
 	if err != nil {
 		return nil, err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -43,7 +42,7 @@ func (c *Config) zkACL() ([]zk.ACL, error) {
 // nodeACL is the ACL the broker gives node p: open above the root, acl
 // at the root and below.
 func (b *Broker) nodeACL(p string) []zk.ACL {
-	if p == b.cfg.Root || strings.HasPrefix(p, b.cfg.Root+"/") {
+	if b.root.Contains(p) {
 		return b.acl
 	}
 	return nil
@@ -79,7 +78,7 @@ const migrateTimeout = 10 * time.Minute
 // migration also rewrites a root the identity cannot administer only if
 // ZooKeeper lets it). The check needs the session.
 func (b *Broker) checkRootACL(ctx context.Context) error {
-	root := b.cfg.Root
+	root := b.root.Path()
 	err := zkutil.CheckRootACL(b.conn, root, b.acl)
 	var bad *zkutil.ACLError
 	if !errors.As(err, &bad) {

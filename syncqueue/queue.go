@@ -106,6 +106,23 @@ func New(conn *zk.Conn, path string, members int, opts ...Option) (*Queue, error
 	return &Queue{Queue: items, conn: conn, acl: zkqueue.ACLOf(opts...), path: path, members: members}, nil
 }
 
+// Of returns the synchronizing queue of a KindSync queue of a
+// zkqueue.Catalog over its opened Handles (zkqueue.Catalog.Open): its
+// messages are h.Items, its group h.Spec.SyncMembers, so a process that
+// opened the queue keeps one Queue of its messages. It makes no request
+// and creates nothing (the Catalog created path/members); opts set the
+// ACL of the nodes it creates (zkqueue.WithACL) and nothing else.
+func Of(conn *zk.Conn, h *zkqueue.Handles, opts ...Option) (*Queue, error) {
+	if h.Spec.Kind != zkqueue.KindSync {
+		return nil, errfmt.Errorf("syncqueue: %s is a %s queue", h.Name, h.Spec.Kind)
+	}
+	members := h.Spec.SyncMembers
+	if members < 1 || members > MaxMembers {
+		return nil, errfmt.Errorf("syncqueue: members %d out of range [1, %d]", members, MaxMembers)
+	}
+	return &Queue{Queue: h.Items, conn: conn, acl: zkqueue.ACLOf(opts...), path: h.Path, members: members}, nil
+}
+
 // Path returns the queue's node.
 func (q *Queue) Path() string { return q.path }
 

@@ -94,18 +94,24 @@ func shareOf(ids []string, id string) Share {
 // ConsumerGroupConfig configures a ConsumerGroup. Zero fields take the
 // defaults.
 type ConsumerGroupConfig struct {
-	// Own reports whether this process's registration at path p (its name
-	// carries this process's id) counts. A process that keeps its
-	// registrations itself (through session changes) says which it still
-	// wants, and deletes the others: those of its previous process, whose
-	// session has not expired yet. Default: the registrations made by
-	// Register and not closed.
+	// Registry keeps the registrations Register makes through session
+	// changes (run it: Registry.Run) and tells this process's own from
+	// its previous process's. Default: a Registry of the group's own,
+	// which nothing runs: a registration then lasts until Close or the
+	// end of its session.
+	Registry *Registry
+	// Own, when set, reports instead of the Registry whether this
+	// process's registration at path p (its name carries this process's
+	// id) counts: for a process that keeps its registrations itself.
 	Own func(p string) bool
+	// WithoutCreate: Register does not create the directory (see
+	// WithoutCreate; Catalog.Open sets it).
+	WithoutCreate bool
 	// RankTTL is how long one listing serves Rank (default
 	// DefaultRankTTL).
 	RankTTL time.Duration
-	// ACL of the registrations and of dir when Register creates it (see
-	// WithACL); default open.
+	// ACL of dir when Register creates it, and of the registrations when
+	// the group has a Registry of its own (see WithACL); default open.
 	ACL []zk.ACL
 }
 
@@ -120,9 +126,7 @@ type ConsumerGroup struct {
 	dir  string
 	id   string
 	cfg  ConsumerGroupConfig
-
-	mu   sync.Mutex
-	regs map[string]bool // paths registered by Register, not closed
+	reg  *Registry // cfg.Registry, or the group's own
 
 	rankMu sync.Mutex // held while listing for Share: one listing serves all callers
 	share  Share      // this process's share at read
@@ -145,7 +149,11 @@ func NewConsumerGroup(conn *zk.Conn, dir, processID string, cfg ConsumerGroupCon
 		cfg.RankTTL = DefaultRankTTL
 	}
 	cfg.ACL = zkutil.ACLOr(cfg.ACL)
-	return &ConsumerGroup{conn: conn, dir: dir, id: processID, cfg: cfg, regs: map[string]bool{}}, nil
+	reg := cfg.Registry
+	if reg == nil {
+		reg = NewRegistry(conn, RegistryConfig{ACL: cfg.ACL})
+	}
+	return &ConsumerGroup{conn: conn, dir: dir, id: processID, cfg: cfg, reg: reg}, nil
 }
 
 // NewRegistrationPath returns the path of a new registration of this
@@ -159,48 +167,45 @@ func (g *ConsumerGroup) NewRegistrationPath() string {
 // Registration is one consumer registered by Register.
 type Registration struct {
 	g    *ConsumerGroup
-	path string
+	kept *zkutil.Kept
 }
 
-// Register registers a consumer of this process: a plain EPHEMERAL node,
-// creating the directory when missing. It lasts until Close or the end of
-// the session; a process that must stay registered through session
-// expiries keeps NewRegistrationPath's node itself instead (and sets
-// ConsumerGroupConfig.Own).
+// Register registers a consumer of this process: an EPHEMERAL node named
+// NewRegistrationPath, creating the directory when missing (unless
+// ConsumerGroupConfig.WithoutCreate). It lasts until Close, through
+// session expiries while the group's Registry runs (see Registry). It
+// returns once the node exists or, ZooKeeper being away, once the Registry
+// has it to create. Errors: the context's; zk.ErrNoNode (wrapped) when the
+// directory is missing and the group may not create it (its queue was
+// deleted).
 func (g *ConsumerGroup) Register(ctx context.Context) (*Registration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	p := g.NewRegistrationPath()
-	_, err := g.conn.Create(p, nil, zk.FlagEphemeral, g.cfg.ACL)
-	if errors.Is(err, zk.ErrNoNode) {
+	e, gone := g.reg.keep(p)
+	if gone && !g.cfg.WithoutCreate {
+		g.reg.keeper.Drop(e)
 		if err := zkutil.EnsurePath(g.conn, g.dir, g.cfg.ACL); err != nil {
 			return nil, fmt.Errorf("zkqueue: register: %w", err)
 		}
-		_, err = g.conn.Create(p, nil, zk.FlagEphemeral, g.cfg.ACL)
+		e, gone = g.reg.keep(p)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("zkqueue: register %s: %w", p, err)
+	if gone {
+		g.reg.keeper.Drop(e)
+		return nil, fmt.Errorf("zkqueue: register %s: %w", p, zk.ErrNoNode)
 	}
-	g.mu.Lock()
-	g.regs[p] = true
-	g.mu.Unlock()
-	return &Registration{g: g, path: p}, nil
+	return &Registration{g: g, kept: e}, nil
 }
 
 // Path returns the registration's node.
-func (r *Registration) Path() string { return r.path }
+func (r *Registration) Path() string { return r.kept.Path() }
 
-// Close deletes the registration; it no longer counts even when the
-// delete fails (the node then goes with the session).
+// Close deletes the registration: it no longer counts, and its node is
+// deleted at once when ZooKeeper answers, else by the Registry's Run when
+// it does, or with its session. It returns nil.
 func (r *Registration) Close() error {
-	r.g.mu.Lock()
-	delete(r.g.regs, r.path)
-	r.g.mu.Unlock()
-	err := r.g.conn.Delete(r.path, -1)
-	if err != nil && !errors.Is(err, zk.ErrNoNode) {
-		return fmt.Errorf("zkqueue: unregister %s: %w", r.path, err)
-	}
+	r.g.reg.keeper.Drop(r.kept)
 	return nil
 }
 
@@ -209,9 +214,7 @@ func (g *ConsumerGroup) own(p string) bool {
 	if g.cfg.Own != nil {
 		return g.cfg.Own(p)
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.regs[p]
+	return g.reg.own(p)
 }
 
 // Consumers returns the process id of each live consumer registration, one

@@ -22,8 +22,15 @@
 //	ttl.go       message TTL: expiry at claim and by one timer per queue
 //	commit.go    Committer: group commit of concurrent writes into one Multi
 //	consumers.go ConsumerGroup: the processes consuming a queue, their rank (share)
-//	catalog.go   Catalog: named queues under one parent: create, two-step guarded
-//	             delete, list, load with a watch; spec.go: a queue's stored Spec
+//	registry.go  Registry: a process's consumer registrations, kept through
+//	             session expiry
+//	catalog.go   Catalog: named queues under one parent, and a queue's layout:
+//	             create, two-step guarded delete, list, load with a watch;
+//	             spec.go: a queue's stored Spec
+//	open.go      Catalog.Open: a queue's parts (Handles) at their nodes;
+//	             Handles.Run: the delay mover and TTL expiry of a process
+//	maintain.go  Catalog.Maintain: one process's upkeep of all queues (expired
+//	             leases, abandoned deletions, dedup buckets), watch-driven
 //	names.go     node names and their order; codec.go: message and lease encodings
 //	budget.go    Budget: memory of messages published here, for read-free claims
 //	dedup.go     idempotent publish (WithDedup): dedup records in time buckets,
@@ -71,7 +78,7 @@
 //
 // Every node (messages, segments, leases, dead letters) is created with
 // the ACL of WithACL (CatalogConfig.ACL, ConsumerGroupConfig.ACL,
-// SweeperConfig.ACL), open to anyone by default. With zk.DigestACL of the
+// RegistryConfig.ACL, SweeperConfig.ACL), open to anyone by default. With zk.DigestACL of the
 // processes' identity only they can change the queue.
 //
 // # Producing: the roll
@@ -243,6 +250,17 @@
 // multiRead needs ZooKeeper 3.6 or later; on an older server a Queue falls
 // back to a getData each by itself. examples/outside is such a program.
 //
-// A Queue, Leases, a Committer, a ConsumerGroup and a Catalog are safe for
-// concurrent use.
+// # A process's upkeep
+//
+// A process serving many queues opens each through its Catalog (Open),
+// which knows where every part lives, and runs two kinds of jobs: per
+// open queue, Handles.Run (the delay mover and the TTL expiry timer; any
+// number of processes may run them for one queue), and, in one process
+// at a time (the brokers' leader), Catalog.Maintain (expired leases of
+// every queue, abandoned deletions, dedup buckets of past windows), which
+// makes no request while nothing changes. One Registry per process keeps
+// its consumer registrations through session expiry.
+//
+// A Queue, Leases, a Committer, a ConsumerGroup, a Registry, Handles and a
+// Catalog are safe for concurrent use.
 package zkqueue

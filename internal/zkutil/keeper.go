@@ -63,6 +63,14 @@ type Kept struct {
 // Path returns the node's path.
 func (e *Kept) Path() string { return e.path }
 
+// Gone reports whether the node's parent was found missing: the Keeper
+// does not create it until Drop.
+func (e *Kept) Gone() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.gone
+}
+
 // needsWork reports whether e differs from what is wanted under session
 // sid. e.mu is held.
 func (e *Kept) needsWork(sid int64) bool {
