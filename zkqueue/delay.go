@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -69,6 +70,9 @@ type Scheduled struct {
 	path  string
 	// max bounds the delayed messages held; see DefaultMaxDelayed.
 	max int
+
+	badMu sync.Mutex
+	bad   map[string]bool // delayed nodes that do not decode, logged
 }
 
 // NewScheduled returns the delayed messages of items, kept under p (created
@@ -157,7 +161,7 @@ func (d *Scheduled) publish(ctx context.Context, drafts []Draft, due []time.Time
 		return nil, fmt.Errorf("zkqueue: %d due times for %d messages", len(due), len(drafts))
 	}
 	now := time.Now()
-	if err := s.checkAll(drafts, due, now); err != nil {
+	if err := d.check(drafts, due, now); err != nil {
 		return nil, err
 	}
 	delayed := 0
@@ -176,23 +180,26 @@ func (d *Scheduled) publish(ctx context.Context, drafts []Draft, due []time.Time
 		}
 	}
 	if hasDedup(drafts) {
-		rs, err := s.publishReceipts(ctx, drafts, d, due)
+		rs, err := s.dedup.publishReceipts(ctx, drafts, d, due)
 		return rs, s.wrap("publish delayed", err)
 	}
-	drafts = withGroupTokens(drafts)
-	var pre []any
-	var levels []int
-	var datas [][]byte
-	var attrs []Attributes
+	var r appendReq
+	if anyGrouped(drafts) {
+		drafts = withGroupTokens(drafts)
+		r.attrs = []Attributes{}
+	}
 	for i, dr := range drafts {
 		data := EncodeData(Message{Payload: dr.Payload, Attributes: dr.Attributes, Published: now})
 		if due[i].After(now) {
-			pre = append(pre, d.createOp(due[i], dr.Priority, data))
+			r.pre = append(r.pre, d.createOp(due[i], dr.Priority, data))
 			continue
 		}
-		levels, datas, attrs = append(levels, dr.Priority), append(datas, data), append(attrs, dr.Attributes)
+		r.levels, r.datas = append(r.levels, dr.Priority), append(r.datas, data)
+		if r.attrs != nil {
+			r.attrs = append(r.attrs, dr.Attributes)
+		}
 	}
-	res, paths, err := s.appendGroupedWith(ctx, pre, levels, datas, attrs)
+	res, paths, err := s.prod.commit(ctx, r)
 	if err != nil {
 		return nil, s.wrap("publish delayed", err)
 	}
@@ -215,30 +222,31 @@ func (d *Scheduled) createOp(due time.Time, p int, data []byte) *zk.CreateReques
 	return &zk.CreateRequest{Path: d.path + "/" + delayedName(due, p), Data: data, Acl: d.items.opt.acl, Flags: zk.FlagSequence}
 }
 
-// checkAll checks drafts due at due as Queue.PublishAll does before
+// check checks drafts due at due as Queue.PublishAll does before
 // writing, counting each one's dedup records and group entry, and refuses
 // a grouped draft due after now.
-func (s *Queue) checkAll(drafts []Draft, due []time.Time, now time.Time) error {
+func (d *Scheduled) check(drafts []Draft, due []time.Time, now time.Time) error {
+	q := d.items
 	if len(drafts) == 0 {
 		return ErrEmptyBatch
 	}
-	if len(drafts) > s.opt.limits.MaxBatchCount {
-		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), s.opt.limits.MaxBatchCount)
+	if len(drafts) > q.opt.limits.MaxBatchCount {
+		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), q.opt.limits.MaxBatchCount)
+	}
+	if err := q.checkDrafts(drafts); err != nil {
+		return err
 	}
 	total, overhead := 0, 0
 	for i, dr := range drafts {
-		if err := s.CheckDraft(dr); err != nil {
-			return err
-		}
 		if dr.Group != "" && due[i].After(now) {
-			return fmt.Errorf("%w: a grouped message cannot be delayed", ErrBadGroup)
+			return &DraftError{Index: i, Err: fmt.Errorf("%w: a grouped message cannot be delayed", ErrBadGroup)}
 		}
 		total += dr.Size()
-		overhead += s.MessageOverhead() + s.dedupBytes(dr.DedupID, now, due[i]) + s.groupBytes(dr.Group)
+		overhead += q.MessageOverhead() + q.featureBytes(dr, now, due[i])
 	}
-	if len(drafts) > 1 && total+overhead > s.opt.limits.MaxBatchBytes {
+	if len(drafts) > 1 && total+overhead > q.opt.limits.MaxBatchBytes {
 		return fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
-			ErrBatchTooLarge, len(drafts), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
+			ErrBatchTooLarge, len(drafts), total+overhead, overhead, q.opt.limits.MaxBatchBytes)
 	}
 	return nil
 }
@@ -370,7 +378,7 @@ func (d *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) 
 		}
 		m, err := DecodeData(data)
 		if err != nil {
-			s.markBadDelayed(p)
+			d.markBad(p)
 			continue
 		}
 		m.Deliveries, m.Ready = 0, nd.due
@@ -390,8 +398,7 @@ func (d *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) 
 // commit runs the moves of one batch: all in one transaction, or, when
 // one of the delayed nodes changed (moved elsewhere), one at a time.
 func (d *Scheduled) commit(ctx context.Context, pre []any, levels []int, datas [][]byte) (int, error) {
-	s := d.items
-	res, paths, err := s.appendWith(ctx, pre, levels, datas)
+	res, paths, err := d.items.prod.appendWith(ctx, appendReq{pre: pre, levels: levels, datas: datas})
 	if err == nil {
 		return len(paths), nil
 	}
@@ -415,19 +422,23 @@ func (d *Scheduled) commit(ctx context.Context, pre []any, levels []int, datas [
 	return moved, nil
 }
 
-// markBadDelayed logs, once, a delayed node whose data does not decode:
+// markBad logs, once, a delayed node whose data does not decode:
 // it is never moved; Purge deletes it.
-func (s *Queue) markBadDelayed(p string) {
-	s.mu.Lock()
-	first := !s.bad[p] && len(s.bad) < 1000
+func (d *Scheduled) markBad(p string) {
+	d.badMu.Lock()
+	first := !d.bad[p] && len(d.bad) < 1000
 	if first {
-		s.bad[p] = true
+		if d.bad == nil {
+			d.bad = map[string]bool{}
+		}
+		d.bad[p] = true
 	}
-	s.mu.Unlock()
+	d.badMu.Unlock()
 	if first {
-		s.opt.logger.Warn("skipping delayed message whose data does not decode", "znode", p)
-		if s.opt.badDataHook != nil {
-			s.opt.badDataHook(p)
+		o := d.items.opt
+		o.logger.Warn("skipping delayed message whose data does not decode", "znode", p)
+		if o.badDataHook != nil {
+			o.badDataHook(p)
 		}
 	}
 }

@@ -34,18 +34,18 @@ type segmentCounts struct {
 
 // listCached returns the listing of the parent, listed again only when
 // its watch fired.
-func (s *Queue) listCached() (listing, error) {
-	c := &s.counts
+func (q *Queue) listCached() (listing, error) {
+	c := &q.counts
 	c.listMu.Lock()
 	defer c.listMu.Unlock()
 	if c.watch != nil && !zkutil.Fired(c.watch) {
 		return c.listing, nil
 	}
-	children, _, w, err := s.zk.ChildrenW(s.path)
+	children, _, w, err := q.zk.ChildrenW(q.path)
 	if err != nil {
-		return listing{}, fmt.Errorf("children %s: %w", s.path, err)
+		return listing{}, fmt.Errorf("children %s: %w", q.path, err)
 	}
-	c.listing, c.watch = s.parseListing(children), w
+	c.listing, c.watch = q.parseListing(children), w
 	return c.listing, nil
 }
 
@@ -57,17 +57,17 @@ type listing struct {
 	foreign []string // children that are neither (Purge deletes them)
 }
 
-func (s *Queue) listNow() (listing, error) {
-	children, _, err := s.zk.Children(s.path)
+func (q *Queue) listNow() (listing, error) {
+	children, _, err := q.zk.Children(q.path)
 	if err != nil {
-		return listing{}, fmt.Errorf("children %s: %w", s.path, err)
+		return listing{}, fmt.Errorf("children %s: %w", q.path, err)
 	}
-	return s.parseListing(children), nil
+	return q.parseListing(children), nil
 }
 
-func (s *Queue) parseListing(children []string) listing {
+func (q *Queue) parseListing(children []string) listing {
 	var l listing
-	l.segs, l.legacy, l.foreign = s.classify(children)
+	l.segs, l.legacy, l.foreign = q.disp.chain.classify(children)
 	for _, n := range l.legacy {
 		if sg := (segment{n.Priority, 0}); !slices.Contains(l.segs, sg) {
 			l.segs = append(l.segs, sg)
@@ -78,12 +78,12 @@ func (s *Queue) parseListing(children []string) listing {
 }
 
 // names returns the messages of sg, sorted.
-func (s *Queue) segmentNames(l listing, sg segment) ([]Name, error) {
+func (q *Queue) segmentNames(l listing, sg segment) ([]Name, error) {
 	if sg.k == 0 {
 		return slices.DeleteFunc(slices.Clone(l.legacy), func(n Name) bool { return n.Priority != sg.level }), nil
 	}
-	p := segmentPath(s.path, s.opt.priorities, sg)
-	children, _, err := s.zk.Children(p)
+	p := segmentPath(q.path, q.opt.priorities, sg)
+	children, _, err := q.zk.Children(p)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, nil
 	}
@@ -97,13 +97,13 @@ func (s *Queue) segmentNames(l listing, sg segment) ([]Name, error) {
 // Peek returns the head message without claiming it, or ErrEmpty. It always
 // reads fresh listings: of the parent, then of the segments in order up to
 // the first that holds a message.
-func (s *Queue) Peek(ctx context.Context) (Message, error) {
-	l, err := s.listNow()
+func (q *Queue) Peek(ctx context.Context) (Message, error) {
+	l, err := q.listNow()
 	if err != nil {
 		return Message{}, err
 	}
 	for _, sg := range l.segs {
-		names, err := s.segmentNames(l, sg)
+		names, err := q.segmentNames(l, sg)
 		if err != nil {
 			return Message{}, err
 		}
@@ -111,8 +111,8 @@ func (s *Queue) Peek(ctx context.Context) (Message, error) {
 			if err := ctx.Err(); err != nil {
 				return Message{}, err
 			}
-			p := itemPath(s.path, n)
-			data, _, err := s.zk.Get(p)
+			p := itemPath(q.path, n)
+			data, _, err := q.zk.Get(p)
 			if errors.Is(err, zk.ErrNoNode) {
 				continue
 			}
@@ -135,11 +135,11 @@ func (s *Queue) Peek(ctx context.Context) (Message, error) {
 // and made again only when the segments changed, so a FIFO queue costs
 // one or two Stats per call. Foreign children of segments, if any, are
 // counted too.
-func (s *Queue) Len(ctx context.Context) (int, error) {
+func (q *Queue) Len(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	l, err := s.listCached()
+	l, err := q.listCached()
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0, nil
 	}
@@ -154,29 +154,29 @@ func (s *Queue) Len(ctx context.Context) (int, error) {
 		}
 		seen[sg] = true
 		inner := i > 0 && l.segs[i-1].level == sg.level && i+1 < len(l.segs) && l.segs[i+1].level == sg.level
-		n, err := s.segmentLen(sg, inner)
+		n, err := q.segmentLen(sg, inner)
 		if err != nil {
 			return 0, err
 		}
 		total += n
 	}
-	s.counts.mu.Lock()
-	deleteUnseen(s.counts.n, seen)
-	s.counts.mu.Unlock()
+	q.counts.mu.Lock()
+	deleteUnseen(q.counts.n, seen)
+	q.counts.mu.Unlock()
 	return total, nil
 }
 
 // segmentLen returns the message count of sg, cached when inner (neither
 // head nor tail) and sealed.
-func (s *Queue) segmentLen(sg segment, inner bool) (int, error) {
-	s.counts.mu.Lock()
-	n, ok := s.counts.n[sg]
-	s.counts.mu.Unlock()
+func (q *Queue) segmentLen(sg segment, inner bool) (int, error) {
+	q.counts.mu.Lock()
+	n, ok := q.counts.n[sg]
+	q.counts.mu.Unlock()
 	if ok && inner {
 		return n, nil
 	}
-	p := segmentPath(s.path, s.opt.priorities, sg)
-	found, stat, err := s.zk.Exists(p)
+	p := segmentPath(q.path, q.opt.priorities, sg)
+	found, stat, err := q.zk.Exists(p)
 	if err != nil {
 		return 0, fmt.Errorf("exists %s: %w", p, err)
 	}
@@ -184,9 +184,9 @@ func (s *Queue) segmentLen(sg segment, inner bool) (int, error) {
 		return 0, nil
 	}
 	if inner && segmentSealed(stat) {
-		s.counts.mu.Lock()
-		s.counts.n[sg] = int(stat.NumChildren)
-		s.counts.mu.Unlock()
+		q.counts.mu.Lock()
+		q.counts.n[sg] = int(stat.NumChildren)
+		q.counts.mu.Unlock()
 	}
 	return int(stat.NumChildren), nil
 }
@@ -206,56 +206,57 @@ func deleteUnseen(m map[segment]int, seen map[segment]bool) {
 // messages (foreign names, data that does not decode), never delivered,
 // are deleted and counted too. Messages claimed concurrently are not
 // counted.
-func (s *Queue) Purge(ctx context.Context) (int, error) {
-	l, err := s.listNow()
+func (q *Queue) Purge(ctx context.Context) (int, error) {
+	l, err := q.listNow()
 	if err != nil {
 		return 0, err
 	}
 	deleted := 0
 	for _, sg := range l.segs {
-		raw, err := s.segmentChildren(l, sg)
+		raw, err := q.segmentChildren(l, sg)
 		if err != nil {
 			return deleted, err
 		}
-		raw, n, err := s.purgeGrouped(ctx, raw)
-		deleted += n
-		if err != nil {
-			return deleted, err
+		if q.groups != nil {
+			var n int
+			raw, n, err = q.groups.purge(ctx, raw)
+			deleted += n
+			if err != nil {
+				return deleted, err
+			}
 		}
-		n, err = zkutil.DeleteNodes(ctx, s.conn, raw)
+		n, err := zkutil.DeleteNodes(ctx, q.conn, raw)
 		deleted += n
 		if err != nil {
 			return deleted, err
 		}
 		if sg.k > 0 {
-			s.removeIfDrained(sg)
+			q.removeIfDrained(sg)
 		}
 	}
 	raw := make([]string, len(l.foreign))
 	for i, f := range l.foreign {
-		raw[i] = s.path + "/" + f
+		raw[i] = q.path + "/" + f
 	}
-	n, err := zkutil.DeleteNodes(ctx, s.conn, raw)
-	s.mu.Lock()
-	clear(s.bad)
-	s.mu.Unlock()
+	n, err := zkutil.DeleteNodes(ctx, q.conn, raw)
+	q.disp.bad.forget()
 	return deleted + n, err
 }
 
 // segmentChildren returns the paths of every child of sg: its messages and
 // whatever else is there (sg.k 0: the legacy messages of its level).
-func (s *Queue) segmentChildren(l listing, sg segment) ([]string, error) {
+func (q *Queue) segmentChildren(l listing, sg segment) ([]string, error) {
 	if sg.k == 0 {
 		var raw []string
 		for _, n := range l.legacy {
 			if n.Priority == sg.level {
-				raw = append(raw, s.path+"/"+n.Raw)
+				raw = append(raw, q.path+"/"+n.Raw)
 			}
 		}
 		return raw, nil
 	}
-	p := segmentPath(s.path, s.opt.priorities, sg)
-	children, _, err := s.zk.Children(p)
+	p := segmentPath(q.path, q.opt.priorities, sg)
+	children, _, err := q.zk.Children(p)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, nil
 	}
@@ -271,10 +272,10 @@ func (s *Queue) segmentChildren(l listing, sg segment) ([]string, error) {
 
 // removeIfDrained deletes segment sg if it is sealed and empty. Failures
 // leave it to the consumers.
-func (s *Queue) removeIfDrained(sg segment) {
-	p := segmentPath(s.path, s.opt.priorities, sg)
-	ok, stat, err := s.zk.Exists(p)
+func (q *Queue) removeIfDrained(sg segment) {
+	p := segmentPath(q.path, q.opt.priorities, sg)
+	ok, stat, err := q.zk.Exists(p)
 	if err == nil && ok && segmentSealed(stat) && stat.NumChildren == 0 {
-		_ = s.zk.Delete(p, stat.Version)
+		_ = q.zk.Delete(p, stat.Version)
 	}
 }

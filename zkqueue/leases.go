@@ -171,8 +171,9 @@ func decodeLeaseState(data []byte) (deadline time.Time, itemData []byte, nacked 
 // unleased. It returns zk.ErrNoNode or zk.ErrBadVersion when another
 // consumer won the race.
 func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFunc) (Lease, error) {
+	c := l.items.claims
 	itemPath := itemPath(l.items.path, n)
-	data, version, err := l.items.readItem(ctx, itemPath, n)
+	data, version, err := c.read(ctx, itemPath, n)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -180,23 +181,25 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 	if err != nil {
 		return Lease{}, err
 	}
-	if l.items.expired(m, time.Now()) {
-		return Lease{}, l.items.expireClaimed(ctx, n, data, version)
+	if c.ttl != nil && c.ttl.expired(m, time.Now()) {
+		return Lease{}, c.ttl.expireClaimed(ctx, n, data, version)
 	}
 	var gops []any
 	if m.Group != "" {
-		entry, err := l.items.groupGate(m)
-		if err != nil {
-			l.items.unread(n, data, version)
-			return Lease{}, err
+		entry := "" // claimed without its group
+		if c.groups != nil {
+			if entry, err = c.groups.gate(m); err != nil {
+				c.unread(n, data, version)
+				return Lease{}, err
+			}
 		}
-		m.groupEntry = entry // "" when claimed without its group
+		m.groupEntry = entry
 		if entry != "" {
-			gops = l.items.groupClaimOps(m.Group, entry, true)
+			gops = c.groups.claimOps(m.Group, entry, true)
 		}
 	}
 	if !fit.admits(m.wireSize()) {
-		l.items.unread(n, data, version)
+		c.unread(n, data, version)
 		return Lease{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}
 	deadline := time.Now().Add(ttl)
@@ -225,7 +228,7 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 // always fits); one that does not fit stays at its place, first in line
 // next. Without block it returns ErrEmpty when nothing is there.
 func (l *Leases) Take(ctx context.Context, max int, room Room, ttl time.Duration, block bool) ([]Lease, error) {
-	return takeWithin(ctx, l.items, max, room, block, func(ctx context.Context, n Name, fit fitFunc) (Lease, error) {
+	return takeWithin(ctx, l.items.disp, max, room, block, func(ctx context.Context, n Name, fit fitFunc) (Lease, error) {
 		return l.claim(ctx, n, ttl, fit)
 	})
 }
@@ -526,7 +529,7 @@ func (l *Leases) DeadCount(ctx context.Context) (int, error) {
 	for _, u := range units[1:] {
 		paths = append(paths, u.path)
 	}
-	rs, err := l.items.readPaths(paths)
+	rs, err := l.items.reads.readPaths(paths)
 	if err != nil {
 		return 0, err
 	}
@@ -571,7 +574,7 @@ func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, 
 	if more {
 		paths, names = paths[:limit], names[:limit]
 	}
-	rs, err := l.items.readPaths(paths)
+	rs, err := l.items.reads.readPaths(paths)
 	if err != nil {
 		return nil, "", err
 	}
