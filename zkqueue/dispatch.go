@@ -579,9 +579,17 @@ func take[T any](ctx context.Context, d *dispatcher, block bool, claim claimFunc
 // all were lost, takeN tries again). It returns ErrEmpty when nothing is
 // there and block is false.
 func takeN[T any](ctx context.Context, d *dispatcher, k int, block bool, claim claimFunc[T]) ([]T, error) {
-	return takeWithin(ctx, d, k, Room{}, block, func(ctx context.Context, n Name, _ fitFunc) (T, error) {
+	return takeWithin(ctx, d, takeReq{max: k, block: block}, func(ctx context.Context, n Name, _ fitFunc) (T, error) {
 		return claim(ctx, n)
 	})
+}
+
+// takeReq is what a take asks for: up to max messages within room,
+// waiting for the first with block.
+type takeReq struct {
+	max   int
+	room  Room
+	block bool
 }
 
 // takeWithin is takeN bounded by room as well as by count: claims stop
@@ -589,7 +597,8 @@ func takeN[T any](ctx context.Context, d *dispatcher, k int, block bool, claim c
 // first message always fits). A candidate that does not fit is given back
 // untouched, at its place in the queue, and is the first one handed out
 // next.
-func takeWithin[T any](ctx context.Context, d *dispatcher, k int, room Room, block bool, claim fitClaimFunc[T]) ([]T, error) {
+func takeWithin[T any](ctx context.Context, d *dispatcher, t takeReq, claim fitClaimFunc[T]) ([]T, error) {
+	k, room, block := t.max, t.room, t.block
 	d.recent.taking(+1)
 	defer d.recent.taking(-1)
 	for {

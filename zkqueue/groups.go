@@ -583,27 +583,6 @@ func dropIdleGroup(del func(string, int32) error, dir string, m Message) {
 	_ = del(dir+"/"+m.Group, -1) // NotEmpty: not idle
 }
 
-// groupedLease reports whether lease token was named for a grouped
-// message (newLeaseNameFor): the top bit of its nonce's first byte.
-func groupedLease(token string) bool {
-	i := strings.LastIndex(token, LeaseSep)
-	return i >= 0 && i+1 < len(token) && token[i+1] >= '8'
-}
-
-// newLeaseNameFor names a lease of message m: a grouped message's nonce
-// has its top bit set, a plain one's clear, so AckUnread, which does not
-// read the lease, knows which need their group settled too.
-func newLeaseNameFor(item string, m Message) string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	if m.Group != "" && isEntryName(m.groupEntry) {
-		b[0] |= 0x80
-	} else {
-		b[0] &^= 0x80
-	}
-	return item + LeaseSep + hex.EncodeToString(b[:])
-}
-
 // purge deletes the grouped messages among paths (message nodes),
 // each with its entry in one transaction, and returns the other paths and
 // the number deleted. It reads the messages only when the queue has

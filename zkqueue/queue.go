@@ -404,7 +404,7 @@ func (c *core) multi(ctx context.Context, ops ...any) ([]zk.MultiResponse, error
 // Take claims up to max messages from the head, at most once (see
 // claimDelete), within room; otherwise as Leases.Take.
 func (q *Queue) Take(ctx context.Context, max int, room Room, block bool) ([]Message, error) {
-	ms, err := takeWithin(ctx, q.disp, max, room, block, q.claims.take)
+	ms, err := takeWithin(ctx, q.disp, takeReq{max: max, room: room, block: block}, q.claims.take)
 	return ms, q.wrap("take", err)
 }
 

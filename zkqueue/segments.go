@@ -180,7 +180,8 @@ type writeFunc func(ctx context.Context, ops ...any) ([]zk.MultiResponse, error)
 // re-created segment sorts before its chain's tail, so its message is
 // consumed before newer ones; consumers notice it by their watch on the
 // items parent.
-func requeue(ctx context.Context, write writeFunc, exists func(string) (bool, *zk.Stat, error), items string, n Name, ops []any) error {
+func requeue(ctx context.Context, tx txn, items string, n Name, ops []any) error {
+	write, exists := tx.write, tx.exists
 	sg, prio := segmentOf(n)
 	if sg.k == 0 {
 		_, err := write(ctx, ops...)
