@@ -83,7 +83,7 @@ func (c *claims) read(ctx context.Context, p string, n Name) (data []byte, versi
 	if data, ok := c.recent.take(n.Raw); ok {
 		return data, 0, nil
 	}
-	if c.ownTag(n) && c.pubs.settle(ctx, c.disp.listingPubs()) {
+	if ownTag(n, c.opt.publisher) && c.pubs.settle(ctx, c.disp.listingPubs()) {
 		if data, ok := c.recent.take(n.Raw); ok {
 			return data, 0, nil
 		}
@@ -99,14 +99,4 @@ func (c *claims) unread(n Name, data []byte, version int32) {
 	if version == 0 {
 		c.recent.put(n, data)
 	}
-}
-
-func decodeMessage(n Name, data []byte, addDeliveries int) (Message, error) {
-	m, err := DecodeData(data)
-	if err != nil {
-		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
-	}
-	m.ID, m.Priority = n.Base, n.Priority
-	m.Deliveries += addDeliveries
-	return m, nil
 }

@@ -312,7 +312,7 @@ func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
 }
 
 // failStale handles a combined Multi that failed on a version check, the
-// way a publish into a sealed (or removed) segment fails (roll.go): every
+// way a publish into a sealed (or removed) segment fails (producer.go): every
 // transaction of the batch carrying the same check would fail alone for
 // the same reason at the same point, so each gets that answer at once, and
 // the others commit again together. A batch straddling a seal costs two
@@ -426,4 +426,32 @@ func failedIndex(res []zk.MultiResponse) (int, error) {
 		}
 	}
 	return -1, nil
+}
+
+// write runs ops as one transaction: through the Committer when there is
+// one, else as a plain request (one op) or a Multi. Errors name the
+// failing op's cause.
+func (c *core) write(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+	if c.opt.committer != nil {
+		return c.opt.committer.Do(ctx, ops...)
+	}
+	if len(ops) == 1 {
+		switch o := ops[0].(type) {
+		case *zk.CreateRequest:
+			p, err := c.zk.Create(o.Path, o.Data, o.Flags, o.Acl)
+			return []zk.MultiResponse{{String: p, Error: err}}, err
+		case *zk.DeleteRequest:
+			err := c.zk.Delete(o.Path, o.Version)
+			return []zk.MultiResponse{{Error: err}}, err
+		}
+	}
+	res, err := c.zk.Multi(ops...)
+	return res, zkutil.MultiError(res, err)
+}
+
+// multi runs ops as one Multi on the queue's own session, never through
+// the Committer.
+func (c *core) multi(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+	res, err := c.zk.Multi(ops...)
+	return res, zkutil.MultiError(res, err)
 }

@@ -415,7 +415,7 @@ func (d *dedup) recorded(ctx context.Context, p string) (string, error) {
 	}
 }
 
-// extraOpError is the failure of one of the extra ops of appendMessages:
+// extraOpError is the failure of one of the extra ops of appendWith:
 // Index counts among them.
 type extraOpError struct {
 	Index int

@@ -16,8 +16,8 @@ import (
 // The dispatcher is a Queue's head algorithm: one sorted snapshot of the
 // head segment's children (heads.go), shared by all of this process's
 // consumers of the queue, who
-// take distinct candidates from it (Next) and report each claim's end
-// (Done). A FIFO snapshot is walked to its end before the children are
+// take distinct candidates from it (nextCandidate) and report each
+// claim's end (claimDone). A FIFO snapshot is walked to its end before the children are
 // listed again (new messages sort after it); a priority snapshot is
 // dropped whenever the children changed. Lost races move on to the next
 // candidate of the same snapshot.
@@ -101,7 +101,7 @@ func (d *dispatcher) head() Name {
 
 // scan lists the children into a new snapshot. It is called with d.mu
 // held and returns with it held, but releases it for the round trip, so
-// claims finishing meanwhile (Done) and callers served from the snapshot
+// claims finishing meanwhile (claimDone) and callers served from the snapshot
 // are not held up; concurrent callers that need a listing wait for this
 // one. It is called once the watch has fired (or was never set), and arms
 // a new one with the listing.
@@ -135,7 +135,7 @@ func (d *dispatcher) scan() error {
 		return err
 	}
 	d.watches = h.watches
-	if d.groups != nil {
+	if d.groups != nil && d.groups.inUse {
 		d.watches = d.groups.watchesLocked(h.watches)
 		d.groups.skipped = false
 	}
@@ -204,7 +204,7 @@ func (d *dispatcher) watchFiredLocked() bool {
 		return true
 	}
 	for _, w := range d.watches {
-		if zkutil.Fired(w) && (d.groups == nil || d.groups.pollFiredLocked(w)) {
+		if zkutil.Fired(w) && (d.groups == nil || !d.groups.inUse || d.groups.pollFiredLocked(w)) {
 			d.watches = nil
 			return true
 		}

@@ -166,6 +166,9 @@ type groups struct {
 	*core
 	disp *dispatcher
 
+	// inUse: blocked groups or passed-over candidates are in the
+	// snapshot; while it is false, the dispatcher does not call the part.
+	inUse   bool
 	blocked map[string]blockedGroup  // a blocked group's state, until its watch fires
 	listing map[string]*groupListing // listings under way, by group
 	// skipped: a candidate of the current snapshot was passed over, so
@@ -246,7 +249,7 @@ func (gr *groups) children(g string, watch bool) (children []string, w <-chan zk
 	return children, w, err
 }
 
-// maxBlockedLocked is the bound of the blocked groups' cache; mu is held.
+// maxBlockedLocked is the bound of the blocked groups' cache; disp.mu is held.
 func (gr *groups) maxBlockedLocked() int {
 	if gr.maxBlocked > 0 {
 		return gr.maxBlocked
@@ -468,7 +471,7 @@ func groupHead(children []string, token string) (head string, inflight, mine boo
 // group without a watch (nil), or one beyond maxGroupWatches, is looked at
 // again after groupPoll instead.
 func (gr *groups) skipLocked(w <-chan zk.Event) {
-	gr.skipped = true
+	gr.skipped, gr.inUse = true, true
 	if gr.disp.watches == nil {
 		return // a listing comes next anyway
 	}
@@ -534,6 +537,7 @@ func (gr *groups) watchesLocked(ws []<-chan zk.Event) []<-chan zk.Event {
 			delete(gr.blocked, g)
 		}
 	}
+	gr.inUse = len(gr.blocked) > 0
 	if ws == nil {
 		return nil
 	}
@@ -575,7 +579,7 @@ func groupReleaseOps(dir string, m Message, done bool) []any {
 
 // dropIdleGroup deletes m's group if it is idle (no children): best
 // effort, after its last entry went. A publish that finds it gone creates
-// it again (appendGrouped).
+// it again (groups.commit).
 func dropIdleGroup(del func(string, int32) error, dir string, m Message) {
 	if dir == "" || m.Group == "" || !isEntryName(m.groupEntry) {
 		return

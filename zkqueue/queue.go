@@ -368,41 +368,8 @@ func (q *Queue) MessageOverhead() int {
 	return o
 }
 
-// ownTag reports whether n carries this process's publisher tag.
-func (c *core) ownTag(n Name) bool {
-	return n.Tag != "" && n.Tag == c.opt.publisher
-}
-
-// write runs ops as one transaction: through the Committer when there is
-// one, else as a plain request (one op) or a Multi. Errors name the
-// failing op's cause.
-func (c *core) write(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
-	if c.opt.committer != nil {
-		return c.opt.committer.Do(ctx, ops...)
-	}
-	if len(ops) == 1 {
-		switch o := ops[0].(type) {
-		case *zk.CreateRequest:
-			p, err := c.zk.Create(o.Path, o.Data, o.Flags, o.Acl)
-			return []zk.MultiResponse{{String: p, Error: err}}, err
-		case *zk.DeleteRequest:
-			err := c.zk.Delete(o.Path, o.Version)
-			return []zk.MultiResponse{{Error: err}}, err
-		}
-	}
-	res, err := c.zk.Multi(ops...)
-	return res, zkutil.MultiError(res, err)
-}
-
-// multi runs ops as one Multi on the queue's own session, never through
-// the Committer.
-func (c *core) multi(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
-	res, err := c.zk.Multi(ops...)
-	return res, zkutil.MultiError(res, err)
-}
-
 // Take claims up to max messages from the head, at most once (see
-// claimDelete), within room; otherwise as Leases.Take.
+// claims.take), within room; otherwise as Leases.Take.
 func (q *Queue) Take(ctx context.Context, max int, room Room, block bool) ([]Message, error) {
 	ms, err := takeWithin(ctx, q.disp, takeReq{max: max, room: room, block: block}, q.claims.take)
 	return ms, q.wrap("take", err)

@@ -211,7 +211,7 @@ func (g *readGroup) readAhead(names []Name, listedPubs uint64) int {
 		if len(g.ahead) >= maxReadAhead {
 			return i
 		}
-		if answering && g.ownTag(n) && !g.recent.has(n.Raw) {
+		if answering && ownTag(n, g.opt.publisher) && !g.recent.has(n.Raw) {
 			return i
 		}
 		if !g.aheadSet[n.Raw] && !g.recent.has(n.Raw) {

@@ -22,7 +22,7 @@ import (
 // dead letter and a redelivery need nothing else). A segment node's
 // version tells its state: 0 while it is its chain's tail (producers
 // append to it), 1 or more once sealed (segmentSealed). Sealing a segment
-// and creating its successor is one transaction (roll.go), so a sealed
+// and creating its successor is one transaction (producer.go), so a sealed
 // segment always has a later one in its chain, and the tail is the one
 // unsealed segment, the last.
 //
