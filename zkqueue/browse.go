@@ -35,7 +35,7 @@ func (q *Queue) Browse(ctx context.Context, after string, limit int, room Room) 
 			return nil, "", fmt.Errorf("%w: %q", ErrBadCursor, after)
 		}
 	}
-	l, err := q.listNow()
+	l, err := q.insp.listNow()
 	if err != nil {
 		return nil, "", q.wrap("browse", err)
 	}
@@ -47,7 +47,7 @@ func (q *Queue) Browse(ctx context.Context, after string, limit int, room Room) 
 		if b.full() {
 			return b.ms, b.last(), nil
 		}
-		names, err := q.segmentNames(l, sg)
+		names, err := q.insp.segmentNames(l, sg)
 		if err != nil {
 			return b.ms, "", q.wrap("browse", err)
 		}

@@ -16,7 +16,7 @@
 //	dispatch.go  the dispatcher part: snapshot, listing, share split, take loop, byte room
 //	reads.go     the read part: group reads of concurrent claims, reading ahead
 //	claims.go    claims: reading a candidate and deciding on it, at-most-once take
-//	inspect.go   Peek, Len (cheap on deep queues), Purge
+//	inspect.go   the inspector part: Peek, Len (cheap on deep queues), Purge
 //	browse.go    Browse: the ready messages from the head, paged, unclaimed
 //	leases.go    Leases: at-least-once claim with lease, ack, nack (delay), extend,
 //	             release, unclaim, dead letters, redrive

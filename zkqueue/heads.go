@@ -115,16 +115,17 @@ func (c *chain) listSegments(watch bool) error {
 	if err != nil {
 		return fmt.Errorf("children %s: %w", c.path, err)
 	}
-	c.segs, c.legacy, c.foreign = c.classify(children)
+	c.segs, c.legacy, c.foreign = classify(children, c.opt.priorities)
 	c.watch = w
 	return nil
 }
 
-// classify sorts the children of the items parent into this queue's
-// segments and legacy messages, both sorted, and the rest (foreign).
-func (c *chain) classify(children []string) (segs []segment, legacy []Name, foreign []string) {
+// classify sorts the children of the items parent of a priority queue
+// (prio) or a FIFO queue into its segments and legacy messages, both
+// sorted, and the rest (foreign).
+func classify(children []string, prio bool) (segs []segment, legacy []Name, foreign []string) {
 	for _, name := range children {
-		if sg, prio, ok := parseSegment(name); ok && prio == c.opt.priorities {
+		if sg, p, ok := parseSegment(name); ok && p == prio {
 			segs = append(segs, sg)
 		} else if n, ok := ParseName(name); ok && n.Seg == 0 {
 			legacy = append(legacy, n)

@@ -20,14 +20,16 @@ import (
 // candidates from it, and so never race each other for the head. An idle
 // Queue costs no ZooKeeper traffic: waiting consumers sleep on the watch.
 //
-// A Queue is the public face of its parts, each with its own state and
-// lock: the producer (producer.go: tail segments, rolls, publish
-// encoding), the dispatcher (dispatch.go, over the heads of the chain,
-// heads.go), the claims' group reads (reads.go), and the optional
-// features, each nil unless the queue has it: deduplication (dedup.go),
-// message groups (groups.go), a TTL (ttl.go) and the nodes that do not
-// decode (baddata.go, made at the first one). A message that uses no
-// feature goes through none of them.
+// A Queue is the public face of its parts, each with its own state (and
+// lock, where it has state that changes): the producer (producer.go: tail
+// segments, rolls, publish encoding), the dispatcher (dispatch.go, over
+// the chain of segments, heads.go), the group reads (reads.go), the
+// claims (claims.go) and the inspector (inspect.go: Peek, Len, Purge).
+// The optional features are parts too, each nil unless the queue has it:
+// deduplication (dedup.go), message groups (groups.go) and a TTL
+// (ttl.go); the nodes that do not decode (baddata.go) are asked about
+// only once one is known. A message that uses no feature goes through
+// none of their code.
 //
 // A Queue is safe for concurrent use.
 type Queue struct {
@@ -37,11 +39,11 @@ type Queue struct {
 	prod   *producer   // the publish side
 	disp   *dispatcher // the consume side: snapshot, candidates, claims' ends
 	reads  *readGroup  // concurrent claims' reads (reads.go)
-	counts segmentCounts
-	dedup  *dedup  // nil without WithDedup
-	groups *groups // nil without WithGroups
-	ttl    *expiry // nil without a TTL
-	claims *claims
+	insp   *inspector  // Peek, Len, Purge, Browse: reading without consuming
+	dedup  *dedup      // nil without WithDedup
+	groups *groups     // nil without WithGroups
+	ttl    *expiry     // nil without a TTL
+	claims *claims     // reading and deciding on a candidate
 }
 
 // core is what every part of a Queue shares, set by New and never
@@ -76,7 +78,7 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 	}
 	c := &core{conn: conn, zk: observed{conn, o.observer}, path: p, opt: o}
 	q := &Queue{core: c, recent: newRecent(o.memory), pubs: &publishes{},
-		counts: segmentCounts{n: map[segment]int{}}}
+		insp: &inspector{core: c, n: map[segment]int{}}}
 	q.reads = newReadGroup(c, q.recent, q.pubs)
 	if o.groupsDir != "" {
 		q.groups = &groups{core: c}

@@ -193,7 +193,7 @@ func (q *Queue) ExpireHeads(ctx context.Context) (removed int, next time.Time, e
 	if q.opt.expiry.TTL <= 0 {
 		return 0, time.Time{}, nil
 	}
-	l, err := q.listNow()
+	l, err := q.insp.listNow()
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0, time.Time{}, nil
 	}
@@ -205,7 +205,7 @@ func (q *Queue) ExpireHeads(ctx context.Context) (removed int, next time.Time, e
 		if done[sg.level] {
 			continue
 		}
-		names, err := q.segmentNames(l, sg)
+		names, err := q.insp.segmentNames(l, sg)
 		if err != nil {
 			return removed, next, err
 		}
