@@ -118,6 +118,27 @@ func newLeaseName(item string) string {
 	return item + LeaseSep + hex.EncodeToString(b[:])
 }
 
+// groupedLease reports whether lease token was named for a grouped
+// message (newLeaseNameFor): the top bit of its nonce's first byte.
+func groupedLease(token string) bool {
+	i := strings.LastIndex(token, LeaseSep)
+	return i >= 0 && i+1 < len(token) && token[i+1] >= '8'
+}
+
+// newLeaseNameFor names a lease of message m: a grouped message's nonce
+// has its top bit set, a plain one's clear, so AckUnread, which does not
+// read the lease, knows which need their group settled too.
+func newLeaseNameFor(item string, m Message) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	if m.Group != "" && isEntryName(m.groupEntry) {
+		b[0] |= 0x80
+	} else {
+		b[0] &^= 0x80
+	}
+	return item + LeaseSep + hex.EncodeToString(b[:])
+}
+
 // newIncarnation returns the name under which a released message is
 // recreated: its base name plus a fresh incarnation suffix.
 func newIncarnation(n Name) string {
@@ -609,25 +630,4 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		moved++
 	}
 	return moved, nil
-}
-
-// groupedLease reports whether lease token was named for a grouped
-// message (newLeaseNameFor): the top bit of its nonce's first byte.
-func groupedLease(token string) bool {
-	i := strings.LastIndex(token, LeaseSep)
-	return i >= 0 && i+1 < len(token) && token[i+1] >= '8'
-}
-
-// newLeaseNameFor names a lease of message m: a grouped message's nonce
-// has its top bit set, a plain one's clear, so AckUnread, which does not
-// read the lease, knows which need their group settled too.
-func newLeaseNameFor(item string, m Message) string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	if m.Group != "" && isEntryName(m.groupEntry) {
-		b[0] |= 0x80
-	} else {
-		b[0] &^= 0x80
-	}
-	return item + LeaseSep + hex.EncodeToString(b[:])
 }

@@ -6,12 +6,6 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// tooMany reports whether m, released, has been delivered as often as p
-// allows.
-func tooMany(m Message, p Policy) bool {
-	return p.MaxDeliveries > 0 && m.Deliveries >= p.MaxDeliveries
-}
-
 // releaser settles leases: back into their segment under the items
 // parent under a new incarnation, into the dead letters, or away, by the
 // policy. Leases and LeaseSweeper each have one, writing through their
@@ -103,4 +97,10 @@ func requeueOp(itemsPath string, item Name, data []byte, acl []zk.ACL) *zk.Creat
 	n := item
 	n.Raw = newIncarnation(item)
 	return &zk.CreateRequest{Path: itemPath(itemsPath, n), Data: data, Acl: acl}
+}
+
+// tooMany reports whether m, released, has been delivered as often as p
+// allows.
+func tooMany(m Message, p Policy) bool {
+	return p.MaxDeliveries > 0 && m.Deliveries >= p.MaxDeliveries
 }
