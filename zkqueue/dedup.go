@@ -228,13 +228,13 @@ func (q *Queue) PublishReceipts(ctx context.Context, drafts []Draft) ([]Receipt,
 		}
 	}
 	if !hasDedup(drafts) {
-		ids, err := q.prod.publish(ctx, drafts)
+		paths, err := q.prod.publish(ctx, drafts)
 		if err != nil {
 			return nil, q.wrap("publish", err)
 		}
-		rs := make([]Receipt, len(ids))
-		for i, id := range ids {
-			rs[i].ID = id
+		rs := make([]Receipt, len(paths))
+		for i, p := range paths {
+			rs[i].ID = path.Base(p)
 		}
 		return rs, nil
 	}

@@ -47,7 +47,7 @@ type producer struct {
 }
 
 // publish creates checked drafts, all in one transaction: all or none.
-// It returns their ids in order.
+// It returns the created nodes' paths, in order.
 func (p *producer) publish(ctx context.Context, drafts []Draft) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -66,14 +66,15 @@ func (p *producer) publish(ctx context.Context, drafts []Draft) ([]string, error
 		}
 	}
 	_, paths, err := p.commit(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	ids := make([]string, len(paths))
+	return paths, err
+}
+
+// ids returns the message ids of the nodes created at paths.
+func ids(paths []string) []string {
 	for i, x := range paths {
-		ids[i] = path.Base(x)
+		paths[i] = path.Base(x)
 	}
-	return ids, nil
+	return paths
 }
 
 // anyGrouped reports whether a draft has a group.

@@ -235,11 +235,11 @@ func (q *Queue) PublishDraft(ctx context.Context, d Draft) (string, error) {
 		}
 		return rs[0].ID, nil
 	}
-	ids, err := q.prod.publish(ctx, drafts)
+	paths, err := q.prod.publish(ctx, drafts)
 	if err != nil {
 		return "", q.wrap("publish", fmt.Errorf("create in %s: %w", q.path, err))
 	}
-	return ids[0], nil
+	return path.Base(paths[0]), nil
 }
 
 // prefix returns the name prefix of a message of priority p.
@@ -310,11 +310,11 @@ func (q *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error
 		}
 		return ids, nil
 	}
-	ids, err := q.prod.publish(ctx, drafts)
+	paths, err := q.prod.publish(ctx, drafts)
 	if err != nil {
 		return nil, q.wrap("publish batch", fmt.Errorf("multi create in %s: %w", q.path, err))
 	}
-	return ids, nil
+	return ids(paths), nil
 }
 
 // checkBatch checks a batch of checked drafts against the limits: a
