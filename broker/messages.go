@@ -73,7 +73,21 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	for i, m := range msgs {
 		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: int(m.GetPriority()), DedupID: m.GetDedupId(),
 			Attributes: zkqueue.Attributes{ContentType: m.GetContentType(), Headers: m.GetHeaders(), Group: m.GetGroup()}}
-		if err := b.checkMessage(q, i, m, drafts[i]); err != nil {
+		if drafts[i].Group != "" && q.meta.Kind == kindSync {
+			return nil, b.fail(wrongKind(q, "message groups need a FIFO or PRIORITY queue"))
+		}
+	}
+	// The engine checks each message, once: Check marks the drafts, and
+	// the publish below does not check them again.
+	if err := q.items.Check(drafts); err != nil {
+		var de *zkqueue.DraftError
+		if errors.As(err, &de) {
+			err = ofMessage(q, de.Index, de.Err)
+		}
+		return nil, b.fail(err)
+	}
+	for i, m := range msgs {
+		if err := checkOptions(q, i, m, drafts[i]); err != nil {
 			return nil, b.fail(err)
 		}
 	}
@@ -109,20 +123,14 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	return &pb.PublishResponse{Ids: ids}, nil
 }
 
-// checkMessage checks message i of a publish to q, d its draft, before
-// admit charges the quotas with it: a refused message changes nothing.
-// The message itself is the engine's to check (CheckDraft: priority,
-// dedup id, group, attributes, size); the broker adds only what the
-// engine does not know (queue kinds, and how a group mixes with the
-// delay and TTL options); toStatus says the engine's refusals in the
-// broker's words.
-func (b *Broker) checkMessage(q *queue, i int, m *pb.OutMessage, d zkqueue.Draft) error {
-	if d.Group != "" && q.meta.Kind == kindSync {
-		return wrongKind(q, "message groups need a FIFO or PRIORITY queue")
-	}
-	if err := q.items.CheckDraft(d); err != nil {
-		return ofMessage(q, i, err)
-	}
+// checkOptions checks how message i of a publish to q, d its draft
+// (checked by the engine: zkqueue.Queue.Check), mixes a group with the
+// delay and TTL options, before admit charges the quotas with it: a
+// refused message changes nothing. The engine checks the message itself
+// (priority, dedup id, group, attributes, size); the broker adds only
+// what the engine does not know (queue kinds, the options), and toStatus
+// says the engine's refusals in the broker's words.
+func checkOptions(q *queue, i int, m *pb.OutMessage, d zkqueue.Draft) error {
 	if d.Group == "" {
 		return nil
 	}

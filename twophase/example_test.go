@@ -34,7 +34,7 @@ func Example() {
 	// One path per transaction, never reused.
 	txPath := fmt.Sprintf("/examples/transfers/tx-%d", time.Now().UnixNano())
 
-	coord, err := twophase.Begin(ctx, coordConn, txPath, []string{"ledger", "mailer"}, 10*time.Second)
+	coord, err := twophase.Begin(ctx, coordConn, txPath, twophase.Plan{Participants: []string{"ledger", "mailer"}, Timeout: 10 * time.Second})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -101,9 +101,17 @@ type txRecord struct {
 	Deadline int64 `json:"deadline_unix_ms"`
 }
 
-// Begin creates the transaction at txPath, as the coordinator: the
+// Plan is what Begin starts: the participants, each of which votes, and
+// how long they have to (the decision is abort once Timeout has passed
+// without every vote).
+type Plan struct {
+	Participants []string
+	Timeout      time.Duration
+}
+
+// Begin creates the transaction of plan at txPath, as the coordinator: the
 // transaction node (its data records the participants and the deadline,
-// now + timeout) and one empty child per participant, in one Multi, so a
+// now + plan.Timeout) and one empty child per participant, in one Multi, so a
 // participant never sees half a transaction. Missing parents of txPath
 // are created. Begin returns a Tx that watches the transaction and helps
 // decide it (as Coordinator) until it is decided or closed; the
@@ -115,7 +123,8 @@ type txRecord struct {
 // timeout <= 0), ErrExists (txPath exists: never reuse a path). A Begin
 // that fails with the connection may have created the transaction: a
 // retry then gets ErrExists, and Watch follows the transaction.
-func Begin(ctx context.Context, conn *zk.Conn, txPath string, participants []string, timeout time.Duration, opts ...Option) (*Tx, error) {
+func Begin(ctx context.Context, conn *zk.Conn, txPath string, plan Plan, opts ...Option) (*Tx, error) {
+	participants, timeout := plan.Participants, plan.Timeout
 	o := applyOptions(opts)
 	if err := checkBegin(conn, txPath, participants, timeout); err != nil {
 		return nil, err

@@ -44,7 +44,7 @@ func (d *decisions) count(p string) int {
 
 func begin(t *testing.T, conn *zk.Conn, p string, parts []string, timeout time.Duration) *twophase.Tx {
 	t.Helper()
-	tx, err := twophase.Begin(context.Background(), conn, p, parts, timeout)
+	tx, err := twophase.Begin(context.Background(), conn, p, twophase.Plan{Participants: parts, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func TestInvalid(t *testing.T) {
 		{"no timeout", root + "/tx", []string{"a"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := twophase.Begin(ctx, conn, tc.path, tc.parts, tc.timeout); !errors.Is(err, twophase.ErrInvalid) {
+			if _, err := twophase.Begin(ctx, conn, tc.path, twophase.Plan{Participants: tc.parts, Timeout: tc.timeout}); !errors.Is(err, twophase.ErrInvalid) {
 				t.Errorf("got %v, want ErrInvalid", err)
 			}
 		})
@@ -417,7 +417,7 @@ func TestInvalid(t *testing.T) {
 	}
 	p := root + "/tx"
 	coord := begin(t, conn, p, []string{"a"}, time.Minute)
-	if _, err := twophase.Begin(ctx, conn, p, []string{"a"}, time.Minute); !errors.Is(err, twophase.ErrExists) {
+	if _, err := twophase.Begin(ctx, conn, p, twophase.Plan{Participants: []string{"a"}, Timeout: time.Minute}); !errors.Is(err, twophase.ErrExists) {
 		t.Errorf("second Begin: got %v, want ErrExists", err)
 	}
 	if _, err := twophase.Join(ctx, conn, p, "z"); !errors.Is(err, twophase.ErrNotParticipant) {

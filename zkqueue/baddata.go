@@ -1,6 +1,10 @@
 package zkqueue
 
-import "slices"
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+)
 
 // A node under a queue's items whose name is a message's but whose data
 // does not decode (no header, another format version, garbage: written by
@@ -16,36 +20,54 @@ import "slices"
 // skipped again at every listing (and reported again).
 const maxBad = 10_000
 
-// markBad notes that candidate n does not decode, and drops the snapshot's
-// watches so that the next take lists the heads again without it: a head
-// holding nothing else is then passed over instead of waited on.
-func (s *Queue) markBad(n Name) {
-	s.mu.Lock()
-	first := !s.bad[n.Raw] && len(s.bad) < maxBad
+// badNodes is the set of a Queue's message nodes known not to decode. Its
+// count is read without the lock: a listing asks the set only when it is
+// not empty, so a queue without bad nodes never calls it. It is safe for
+// concurrent use.
+type badNodes struct {
+	*core
+	n   atomic.Int32 // len(set)
+	mu  sync.Mutex
+	set map[string]bool
+}
+
+// mark notes that candidate n does not decode and reports it, the first
+// time.
+func (b *badNodes) mark(n Name) {
+	b.mu.Lock()
+	first := !b.set[n.Raw] && len(b.set) < maxBad
 	if first {
-		s.bad[n.Raw] = true
+		if b.set == nil {
+			b.set = map[string]bool{}
+		}
+		b.set[n.Raw] = true
+		b.n.Store(int32(len(b.set)))
 	}
-	s.watches = nil
-	s.mu.Unlock()
+	b.mu.Unlock()
 	if !first {
 		return
 	}
-	znode := itemPath(s.path, n)
-	s.opt.logger.Warn("skipping a message node whose data does not decode; Purge deletes it", "znode", znode)
-	if s.opt.badDataHook != nil {
-		s.opt.badDataHook(znode)
+	znode := itemPath(b.path, n)
+	b.opt.logger.Warn("skipping a message node whose data does not decode; Purge deletes it", "znode", znode)
+	if b.opt.badDataHook != nil {
+		b.opt.badDataHook(znode)
 	}
 }
 
-// withoutBad returns names without the nodes known bad. A bad node stays
+// without returns names without the nodes known bad. A bad node stays
 // in its segment until a purge, so it is remembered (up to maxBad) rather
 // than forgotten when a listing of another segment does not show it;
 // Purge forgets them.
-func (s *Queue) withoutBad(names []Name) []Name {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.bad) == 0 {
-		return names
-	}
-	return slices.DeleteFunc(names, func(n Name) bool { return s.bad[n.Raw] })
+func (b *badNodes) without(names []Name) []Name {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.DeleteFunc(names, func(n Name) bool { return b.set[n.Raw] })
+}
+
+// forget empties the set (after a purge).
+func (b *badNodes) forget() {
+	b.mu.Lock()
+	clear(b.set)
+	b.n.Store(0)
+	b.mu.Unlock()
 }

@@ -27,7 +27,7 @@ var ErrBadCursor = errors.New("zkqueue: malformed browse cursor")
 // It lists the parent once and then only the segments the page reaches,
 // from the one holding after, so a page costs the same at any depth.
 // Errors: ErrBadCursor, or a ZooKeeper error.
-func (s *Queue) Browse(ctx context.Context, after string, limit int, room Room) (ms []Message, next string, err error) {
+func (q *Queue) Browse(ctx context.Context, after string, limit int, room Room) (ms []Message, next string, err error) {
 	var from Name
 	if after != "" {
 		var ok bool
@@ -35,11 +35,11 @@ func (s *Queue) Browse(ctx context.Context, after string, limit int, room Room) 
 			return nil, "", fmt.Errorf("%w: %q", ErrBadCursor, after)
 		}
 	}
-	l, err := s.listNow()
+	l, err := q.insp.listNow()
 	if err != nil {
-		return nil, "", s.wrap("browse", err)
+		return nil, "", q.wrap("browse", err)
 	}
-	b := browser{s: s, limit: limit, room: room}
+	b := browser{q: q, limit: limit, room: room}
 	for _, sg := range l.segs {
 		if after != "" && compareSegments(sg, segment{from.Priority, from.Seg}) < 0 {
 			continue // wholly before the cursor: not listed
@@ -47,9 +47,9 @@ func (s *Queue) Browse(ctx context.Context, after string, limit int, room Room) 
 		if b.full() {
 			return b.ms, b.last(), nil
 		}
-		names, err := s.segmentNames(l, sg)
+		names, err := q.insp.segmentNames(l, sg)
 		if err != nil {
-			return b.ms, "", s.wrap("browse", err)
+			return b.ms, "", q.wrap("browse", err)
 		}
 		if after != "" {
 			i, _ := slices.BinarySearchFunc(names, from, Compare)
@@ -60,7 +60,7 @@ func (s *Queue) Browse(ctx context.Context, after string, limit int, room Room) 
 		}
 		done, err := b.add(ctx, names)
 		if err != nil {
-			return b.ms, "", s.wrap("browse", err)
+			return b.ms, "", q.wrap("browse", err)
 		}
 		if done {
 			return b.ms, b.last(), nil
@@ -71,7 +71,7 @@ func (s *Queue) Browse(ctx context.Context, after string, limit int, room Room) 
 
 // browser collects one Browse page.
 type browser struct {
-	s     *Queue
+	q     *Queue
 	limit int
 	room  Room
 	used  int
@@ -100,7 +100,7 @@ func (b *browser) add(ctx context.Context, names []Name) (full bool, err error) 
 		if b.limit > 0 {
 			k = min(k, b.limit-len(b.ms))
 		}
-		read, err := b.s.readAll(ctx, names[:k])
+		read, err := b.q.readAll(ctx, names[:k])
 		if err != nil {
 			return false, err
 		}
@@ -123,15 +123,15 @@ func (b *browser) add(ctx context.Context, names []Name) (full bool, err error) 
 
 // readAll reads the messages names in multiRead requests (readPaths); an
 // entry is nil for a node gone or whose data does not decode.
-func (s *Queue) readAll(ctx context.Context, names []Name) ([]*Message, error) {
+func (q *Queue) readAll(ctx context.Context, names []Name) ([]*Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	paths := make([]string, len(names))
 	for i, n := range names {
-		paths[i] = itemPath(s.path, n)
+		paths[i] = itemPath(q.path, n)
 	}
-	rs, err := s.readPaths(paths)
+	rs, err := q.reads.readPaths(paths)
 	if err != nil {
 		return nil, err
 	}

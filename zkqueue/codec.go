@@ -271,3 +271,16 @@ func DecodeData(data []byte) (Message, error) {
 	m.Payload = rest
 	return m, nil
 }
+
+// decodeMessage decodes the data of message node n, its id and priority
+// from the name, with addDeliveries added to its delivery count (1 for a
+// claim).
+func decodeMessage(n Name, data []byte, addDeliveries int) (Message, error) {
+	m, err := DecodeData(data)
+	if err != nil {
+		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
+	}
+	m.ID, m.Priority = n.Base, n.Priority
+	m.Deliveries += addDeliveries
+	return m, nil
+}

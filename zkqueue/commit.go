@@ -117,12 +117,12 @@ func NewCommitter(conns []*zk.Conn, cfg CommitterConfig) *Committer {
 }
 
 // Close stops the Committer once the requests already queued are done.
-func (b *Committer) Close() {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
-	b.stopOnce.Do(func() { close(b.stop) })
-	b.wg.Wait()
+func (c *Committer) Close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.stopOnce.Do(func() { close(c.stop) })
+	c.wg.Wait()
 }
 
 func opBytes(op any) int {
@@ -146,7 +146,7 @@ func opBytes(op any) int {
 // When ctx ends first, Do returns ctx.Err(): before the transaction was
 // queued nothing was written; after, its outcome is unknown, as with a
 // connection lost before the answer.
-func (b *Committer) Do(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+func (c *Committer) Do(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -154,22 +154,22 @@ func (b *Committer) Do(ctx context.Context, ops ...any) ([]zk.MultiResponse, err
 	for _, op := range ops {
 		r.bytes += opBytes(op)
 	}
-	if r.bytes > b.maxBytes {
-		res, err := b.conns[0].Multi(ops...)
+	if r.bytes > c.maxBytes {
+		res, err := c.conns[0].Multi(ops...)
 		return res, zkutil.MultiError(res, err)
 	}
-	b.mu.RLock()
-	if b.closed {
-		b.mu.RUnlock()
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
 		return nil, ErrCommitterClosed
 	}
 	select {
-	case b.reqs <- r: // the workers run until Close, which waits for this send
+	case c.reqs <- r: // the workers run until Close, which waits for this send
 	case <-ctx.Done():
-		b.mu.RUnlock()
+		c.mu.RUnlock()
 		return nil, ctx.Err()
 	}
-	b.mu.RUnlock()
+	c.mu.RUnlock()
 	select {
 	case out := <-r.done:
 		return out.res, out.err
@@ -178,39 +178,39 @@ func (b *Committer) Do(ctx context.Context, ops ...any) ([]zk.MultiResponse, err
 	}
 }
 
-func (b *Committer) run(conn observed) {
-	defer b.wg.Done()
+func (c *Committer) run(conn observed) {
+	defer c.wg.Done()
 	for {
 		// One worker at a time fills a batch: the transactions waiting
 		// go into one Multi, not into a fragment each.
-		b.fillMu.Lock()
-		batch, nops, ok := b.fill()
+		c.fillMu.Lock()
+		batch, nops, ok := c.fill()
 		if ok {
-			b.inflight.Add(1)
+			c.inflight.Add(1)
 		}
-		b.fillMu.Unlock()
+		c.fillMu.Unlock()
 		if !ok {
 			return
 		}
-		b.commit(conn, batch, nops)
-		b.inflight.Add(-1)
-		b.freedMu.Lock()
-		close(b.freed)
-		b.freed = make(chan struct{})
-		b.freedMu.Unlock()
+		c.commit(conn, batch, nops)
+		c.inflight.Add(-1)
+		c.freedMu.Lock()
+		close(c.freed)
+		c.freed = make(chan struct{})
+		c.freedMu.Unlock()
 	}
 }
 
 // fill waits for a transaction and adds those queued behind it, up to
 // the bounds. ok is false when the Committer stopped with nothing queued.
-func (b *Committer) fill() (batch []*batchReq, nops int, ok bool) {
+func (c *Committer) fill() (batch []*batchReq, nops int, ok bool) {
 	var first *batchReq
 	select {
-	case first = <-b.reqs:
-	case <-b.stop:
+	case first = <-c.reqs:
+	case <-c.stop:
 		// Serve what is queued, then stop.
 		select {
-		case first = <-b.reqs:
+		case first = <-c.reqs:
 		default:
 			return nil, 0, false
 		}
@@ -218,36 +218,36 @@ func (b *Committer) fill() (batch []*batchReq, nops int, ok bool) {
 	batch = []*batchReq{first}
 	nops, nbytes := len(first.ops), first.bytes
 fill:
-	for nops < b.maxOps {
+	for nops < c.maxOps {
 		select {
-		case r := <-b.reqs:
+		case r := <-c.reqs:
 			batch = append(batch, r)
 			nops += len(r.ops)
 			nbytes += r.bytes
-			if nbytes >= b.maxBytes {
+			if nbytes >= c.maxBytes {
 				break fill
 			}
 		default:
 			break fill
 		}
 	}
-	batch, nops = b.fillWhileBusy(batch, nops, nbytes)
+	batch, nops = c.fillWhileBusy(batch, nops, nbytes)
 	return batch, nops, true
 }
 
 // fillWhileBusy adds to a small batch while every session has a Multi
 // under way: it returns when the batch reaches pipelineOps (or a bound),
 // or when one of those Multis ends.
-func (b *Committer) fillWhileBusy(batch []*batchReq, nops, nbytes int) ([]*batchReq, int) {
-	for nops < min(pipelineOps, b.maxOps) && nbytes < b.maxBytes {
-		b.freedMu.Lock()
-		freed := b.freed // taken before the check, so no end is missed
-		b.freedMu.Unlock()
-		if int(b.inflight.Load()) < len(b.conns) {
+func (c *Committer) fillWhileBusy(batch []*batchReq, nops, nbytes int) ([]*batchReq, int) {
+	for nops < min(pipelineOps, c.maxOps) && nbytes < c.maxBytes {
+		c.freedMu.Lock()
+		freed := c.freed // taken before the check, so no end is missed
+		c.freedMu.Unlock()
+		if int(c.inflight.Load()) < len(c.conns) {
 			return batch, nops
 		}
 		select {
-		case r := <-b.reqs:
+		case r := <-c.reqs:
 			batch = append(batch, r)
 			nops += len(r.ops)
 			nbytes += r.bytes
@@ -257,7 +257,7 @@ func (b *Committer) fillWhileBusy(batch []*batchReq, nops, nbytes int) ([]*batch
 	return batch, nops
 }
 
-func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
+func (c *Committer) commit(conn observed, batch []*batchReq, nops int) {
 	if len(batch) == 1 {
 		res, err := conn.Multi(batch[0].ops...)
 		batch[0].done <- batchResult{res, zkutil.MultiError(res, err)}
@@ -294,7 +294,7 @@ func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
 			for _, r := range rest {
 				n += len(r.ops)
 			}
-			b.commit(conn, rest, n)
+			c.commit(conn, rest, n)
 		}
 		return
 	}
@@ -312,7 +312,7 @@ func (b *Committer) commit(conn observed, batch []*batchReq, nops int) {
 }
 
 // failStale handles a combined Multi that failed on a version check, the
-// way a publish into a sealed (or removed) segment fails (roll.go): every
+// way a publish into a sealed (or removed) segment fails (producer.go): every
 // transaction of the batch carrying the same check would fail alone for
 // the same reason at the same point, so each gets that answer at once, and
 // the others commit again together. A batch straddling a seal costs two
@@ -426,4 +426,32 @@ func failedIndex(res []zk.MultiResponse) (int, error) {
 		}
 	}
 	return -1, nil
+}
+
+// write runs ops as one transaction: through the Committer when there is
+// one, else as a plain request (one op) or a Multi. Errors name the
+// failing op's cause.
+func (c *core) write(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+	if c.opt.committer != nil {
+		return c.opt.committer.Do(ctx, ops...)
+	}
+	if len(ops) == 1 {
+		switch o := ops[0].(type) {
+		case *zk.CreateRequest:
+			p, err := c.zk.Create(o.Path, o.Data, o.Flags, o.Acl)
+			return []zk.MultiResponse{{String: p, Error: err}}, err
+		case *zk.DeleteRequest:
+			err := c.zk.Delete(o.Path, o.Version)
+			return []zk.MultiResponse{{Error: err}}, err
+		}
+	}
+	res, err := c.zk.Multi(ops...)
+	return res, zkutil.MultiError(res, err)
+}
+
+// multi runs ops as one Multi on the queue's own session, never through
+// the Committer.
+func (c *core) multi(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+	res, err := c.zk.Multi(ops...)
+	return res, zkutil.MultiError(res, err)
 }

@@ -117,7 +117,13 @@ func WithDedup(dir string, window time.Duration) Option {
 }
 
 // dedup is a Queue's state of WithDedup.
+//
+// The part makes the records of a publish with dedup ids and answers
+// repeats; a Queue without WithDedup has none, and a publish without a
+// dedup id never reaches it. It is safe for concurrent use.
 type dedup struct {
+	*core
+	prod   *producer
 	dir    string
 	window time.Duration
 	known  atomic.Int64 // the last bucket known to exist (0: none)
@@ -145,25 +151,19 @@ func (d *dedup) record(b int64, id string) string {
 }
 
 // checkDedup checks a draft's dedup id against the queue.
-func (s *Queue) checkDedup(id string) error {
-	if id == "" {
-		return nil
-	}
-	if s.dedup == nil {
+func (q *Queue) checkDedup(id string) error {
+	if q.dedup == nil {
 		return fmt.Errorf("%w: the queue has no deduplication", ErrBadDedupID)
 	}
 	return CheckDedupID(id)
 }
 
-// dedupBytes is what the records of id add to a publish transaction at
+// bytes is what the records of id add to a publish transaction at
 // now of a message due at due (zero: at once).
-func (s *Queue) dedupBytes(id string, now, due time.Time) int {
-	if id == "" || s.dedup == nil {
-		return 0
-	}
-	b := dedupBucket(now, s.dedup.window)
-	n := s.dedup.lastBucket(b, now, due) - b + 1
-	return int(n) * (len(s.dedup.dir) + segDigits + len(id) + 2 + opOverhead)
+func (d *dedup) bytes(id string, now, due time.Time) int {
+	b := dedupBucket(now, d.window)
+	n := d.lastBucket(b, now, due) - b + 1
+	return int(n) * (len(d.dir) + segDigits + len(id) + 2 + opOverhead)
 }
 
 // lastBucket returns the last bucket of the records of a message published
@@ -178,19 +178,18 @@ func (d *dedup) lastBucket(b int64, now, due time.Time) int64 {
 
 // ensureBuckets creates buckets b to last (and the dedup parent) unless
 // known to exist.
-func (s *Queue) ensureBuckets(b, last int64) error {
-	d := s.dedup
+func (d *dedup) ensureBuckets(b, last int64) error {
 	if d.known.Load() >= last {
 		return nil
 	}
 	for k := b; k <= last; k++ {
 		p := d.dir + "/" + bucketName(k)
-		_, err := s.zk.Create(p, nil, 0, s.opt.acl)
+		_, err := d.zk.Create(p, nil, 0, d.opt.acl)
 		if errors.Is(err, zk.ErrNoNode) {
-			if _, err = s.zk.Create(d.dir, nil, 0, s.opt.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			if _, err = d.zk.Create(d.dir, nil, 0, d.opt.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 				return fmt.Errorf("create %s: %w", d.dir, err)
 			}
-			_, err = s.zk.Create(p, nil, 0, s.opt.acl)
+			_, err = d.zk.Create(p, nil, 0, d.opt.acl)
 		}
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return fmt.Errorf("create %s: %w", p, err)
@@ -216,37 +215,37 @@ type Receipt struct {
 // transaction, in order), except that drafts repeating a dedup id within
 // the window are left out and answered with the first publish's id (see
 // dedup.go). Errors: as PublishAll, ErrBadDedupID.
-func (s *Queue) PublishReceipts(ctx context.Context, drafts []Draft) ([]Receipt, error) {
-	for _, d := range drafts {
-		if err := s.CheckDraft(d); err != nil {
-			return nil, err
-		}
+func (q *Queue) PublishReceipts(ctx context.Context, drafts []Draft) ([]Receipt, error) {
+	if err := q.checkDrafts(drafts); err != nil {
+		return nil, err
 	}
 	// One message is bounded by the payload limit alone, as in
 	// PublishDraft: its records add a few hundred bytes, within the room
 	// HardMaxPayload leaves below jute.maxbuffer.
 	if len(drafts) != 1 {
-		if err := s.checkBatch(drafts); err != nil {
-			return nil, s.wrap("publish", err)
+		if err := q.checkBatch(drafts); err != nil {
+			return nil, q.wrap("publish", err)
 		}
 	}
-	rs, err := s.publishReceipts(ctx, drafts, nil, nil)
-	return rs, s.wrap("publish", err)
-}
-
-func hasDedup(drafts []Draft) bool {
-	for _, d := range drafts {
-		if d.DedupID != "" {
-			return true
+	if !hasDedup(drafts) {
+		paths, err := q.prod.publish(ctx, drafts)
+		if err != nil {
+			return nil, q.wrap("publish", err)
 		}
+		rs := make([]Receipt, len(paths))
+		for i, p := range paths {
+			rs[i].ID = path.Base(p)
+		}
+		return rs, nil
 	}
-	return false
+	rs, err := q.dedup.publishReceipts(ctx, drafts, nil, nil)
+	return rs, q.wrap("publish", err)
 }
 
 // publishReceipts publishes checked drafts, some with dedup ids; with
 // sch, each at its due time (due[i], see Scheduled.PublishAll): a delayed
 // one's node is created in the transaction of its records.
-func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft, sch *Scheduled, due []time.Time) ([]Receipt, error) {
+func (d *dedup) publishReceipts(ctx context.Context, drafts []Draft, sch *Scheduled, due []time.Time) ([]Receipt, error) {
 	out := make([]Receipt, len(drafts))
 	same := sameIDs(drafts)
 	done := make([]bool, len(drafts)) // answered as duplicates
@@ -258,14 +257,14 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft, sch *Schedu
 		if attempt > len(drafts)+4 {
 			return nil, fmt.Errorf("dedup: %d attempts", attempt)
 		}
-		r := s.dedupRound(drafts, func(i int) bool { return !done[i] && same[i] < 0 }, sch, due, time.Now())
+		r := d.dedupRound(drafts, func(i int) bool { return !done[i] && same[i] < 0 }, sch, due, time.Now())
 		if len(r.idx) == 0 {
 			break
 		}
-		if err := s.ensureBuckets(r.bucket, r.last); err != nil {
+		if err := d.ensureBuckets(r.bucket, r.last); err != nil {
 			return nil, err
 		}
-		res, paths, err := s.appendGroupedWith(ctx, r.pre, r.levels, r.datas, r.attrs, r.records...)
+		res, paths, err := d.prod.commit(ctx, appendReq{pre: r.pre, levels: r.levels, datas: r.datas, attrs: r.attrs, extra: r.records})
 		var oe *extraOpError
 		switch {
 		case err == nil:
@@ -279,10 +278,10 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft, sch *Schedu
 				out[i] = Receipt{ID: path.Base(paths[k])}
 				k++
 			}
-			s.recordIDs(ctx, r.records, r.owners, out)
+			d.recordIDs(ctx, r.records, r.owners, out)
 		case errors.As(err, &oe) && errors.Is(oe.Err, zk.ErrNodeExists):
 			i := r.owners[oe.Index]
-			id, err := s.recorded(ctx, r.records[oe.Index].(*zk.CreateRequest).Path)
+			id, err := d.recorded(ctx, r.records[oe.Index].(*zk.CreateRequest).Path)
 			if errors.Is(err, zk.ErrNoNode) {
 				continue // expired meanwhile: publish it
 			}
@@ -292,7 +291,7 @@ func (s *Queue) publishReceipts(ctx context.Context, drafts []Draft, sch *Schedu
 			out[i], done[i] = Receipt{ID: id, Duplicate: true}, true
 			continue
 		case errors.As(err, &oe) && errors.Is(oe.Err, zk.ErrNoNode):
-			s.dedup.known.Store(0) // a bucket was deleted (clocks apart): create it again
+			d.known.Store(0) // a bucket was deleted (clocks apart): create it again
 			continue
 		default:
 			return nil, err
@@ -341,10 +340,10 @@ type dedupRound struct {
 	bucket, last        int64
 }
 
-func (s *Queue) dedupRound(drafts []Draft, pending func(int) bool, sch *Scheduled, due []time.Time, now time.Time) dedupRound {
-	r := dedupRound{bucket: dedupBucket(now, s.dedup.window)}
+func (d *dedup) dedupRound(drafts []Draft, pending func(int) bool, sch *Scheduled, due []time.Time, now time.Time) dedupRound {
+	r := dedupRound{bucket: dedupBucket(now, d.window)}
 	r.last = r.bucket + 1
-	for i, d := range drafts {
+	for i, dr := range drafts {
 		if !pending(i) {
 			continue
 		}
@@ -352,23 +351,23 @@ func (s *Queue) dedupRound(drafts []Draft, pending func(int) bool, sch *Schedule
 		if sch != nil {
 			at = due[i]
 		}
-		data := EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now})
+		data := EncodeData(Message{Payload: dr.Payload, Attributes: dr.Attributes, Published: now})
 		r.idx = append(r.idx, i)
 		r.delayed = append(r.delayed, at.After(now))
 		if at.After(now) {
-			r.pre = append(r.pre, sch.createOp(at, d.Priority, data))
+			r.pre = append(r.pre, sch.createOp(at, dr.Priority, data))
 		} else {
-			r.levels = append(r.levels, d.Priority)
+			r.levels = append(r.levels, dr.Priority)
 			r.datas = append(r.datas, data)
-			r.attrs = append(r.attrs, d.Attributes)
+			r.attrs = append(r.attrs, dr.Attributes)
 		}
-		if d.DedupID == "" {
+		if dr.DedupID == "" {
 			continue
 		}
-		last := s.dedup.lastBucket(r.bucket, now, at)
+		last := d.lastBucket(r.bucket, now, at)
 		r.last = max(r.last, last)
 		for k := r.bucket; k <= last; k++ {
-			r.records = append(r.records, &zk.CreateRequest{Path: s.dedup.record(k, d.DedupID), Acl: s.opt.acl})
+			r.records = append(r.records, &zk.CreateRequest{Path: d.record(k, dr.DedupID), Acl: d.opt.acl})
 			r.owners = append(r.owners, i)
 		}
 	}
@@ -378,7 +377,7 @@ func (s *Queue) dedupRound(drafts []Draft, pending func(int) bool, sch *Schedule
 // recordIDs writes the ids of the messages just published into their
 // records. It runs even when ctx ended (the messages exist), bounded; a
 // failure leaves the records empty, which their repeats tolerate.
-func (s *Queue) recordIDs(ctx context.Context, records []any, owners []int, out []Receipt) {
+func (d *dedup) recordIDs(ctx context.Context, records []any, owners []int, out []Receipt) {
 	if len(records) == 0 {
 		return
 	}
@@ -388,18 +387,18 @@ func (s *Queue) recordIDs(ctx context.Context, records []any, owners []int, out 
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if _, err := s.write(ctx, ops...); err != nil {
-		s.opt.logger.Warn("recording dedup ids failed; their repeats will be answered without an id", "err", err)
+	if _, err := d.write(ctx, ops...); err != nil {
+		d.opt.logger.Warn("recording dedup ids failed; their repeats will be answered without an id", "err", err)
 	}
 }
 
 // recorded returns the message id in record p, waiting up to
 // dedupPendingWait for a record not filled in yet; "" when it stays empty.
-func (s *Queue) recorded(ctx context.Context, p string) (string, error) {
+func (d *dedup) recorded(ctx context.Context, p string) (string, error) {
 	deadline := time.NewTimer(dedupPendingWait)
 	defer deadline.Stop()
 	for {
-		data, _, w, err := s.zk.GetW(p)
+		data, _, w, err := d.zk.GetW(p)
 		if err != nil {
 			return "", fmt.Errorf("get %s: %w", p, err)
 		}
@@ -416,7 +415,7 @@ func (s *Queue) recorded(ctx context.Context, p string) (string, error) {
 	}
 }
 
-// extraOpError is the failure of one of the extra ops of appendMessages:
+// extraOpError is the failure of one of the extra ops of appendWith:
 // Index counts among them.
 type extraOpError struct {
 	Index int

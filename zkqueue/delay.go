@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -69,6 +70,9 @@ type Scheduled struct {
 	path  string
 	// max bounds the delayed messages held; see DefaultMaxDelayed.
 	max int
+
+	badMu sync.Mutex
+	bad   map[string]bool // delayed nodes that do not decode, logged
 }
 
 // NewScheduled returns the delayed messages of items, kept under p (created
@@ -87,7 +91,7 @@ func NewScheduled(items *Queue, p string, max int) (*Scheduled, error) {
 }
 
 // Path returns the parent of the delayed messages.
-func (d *Scheduled) Path() string { return d.path }
+func (s *Scheduled) Path() string { return s.path }
 
 // delayedName returns the name prefix of a message of priority p due at
 // due; ZooKeeper appends the sequence.
@@ -127,8 +131,8 @@ func IsDelayedID(id string) bool {
 // draft cannot be delayed (ErrBadGroup): it would join the queue outside
 // its group's order. Errors: those of Queue.PublishAll, and
 // ErrTooManyDelayed; a missing parent is a zk.ErrNoNode.
-func (d *Scheduled) PublishAll(ctx context.Context, drafts []Draft, due []time.Time) ([]string, error) {
-	rs, err := d.publish(ctx, drafts, due)
+func (s *Scheduled) PublishAll(ctx context.Context, drafts []Draft, due []time.Time) ([]string, error) {
+	rs, err := s.publish(ctx, drafts, due)
 	if err != nil {
 		return nil, err
 	}
@@ -147,17 +151,17 @@ func (d *Scheduled) PublishAll(ctx context.Context, drafts []Draft, due []time.T
 // MaxDedupBuckets windows (see dedup.go): a repeat is answered with that
 // id before and after the message joins the queue. Errors: those of
 // PublishAll, ErrBadDedupID.
-func (d *Scheduled) PublishReceipts(ctx context.Context, drafts []Draft, due []time.Time) ([]Receipt, error) {
-	return d.publish(ctx, drafts, due)
+func (s *Scheduled) PublishReceipts(ctx context.Context, drafts []Draft, due []time.Time) ([]Receipt, error) {
+	return s.publish(ctx, drafts, due)
 }
 
-func (d *Scheduled) publish(ctx context.Context, drafts []Draft, due []time.Time) ([]Receipt, error) {
-	s := d.items
+func (s *Scheduled) publish(ctx context.Context, drafts []Draft, due []time.Time) ([]Receipt, error) {
+	q := s.items
 	if len(due) != len(drafts) {
 		return nil, fmt.Errorf("zkqueue: %d due times for %d messages", len(due), len(drafts))
 	}
 	now := time.Now()
-	if err := s.checkAll(drafts, due, now); err != nil {
+	if err := s.check(drafts, due, now); err != nil {
 		return nil, err
 	}
 	delayed := 0
@@ -167,34 +171,37 @@ func (d *Scheduled) publish(ctx context.Context, drafts []Draft, due []time.Time
 		}
 	}
 	if delayed > 0 {
-		n, err := zkutil.NumChildren(s.conn, d.path)
+		n, err := zkutil.NumChildren(q.conn, s.path)
 		if err != nil {
-			return nil, s.wrap("publish delayed", err)
+			return nil, q.wrap("publish delayed", err)
 		}
-		if n+delayed > d.max {
-			return nil, fmt.Errorf("%w: %s holds %d, at most %d", ErrTooManyDelayed, d.path, n, d.max)
+		if n+delayed > s.max {
+			return nil, fmt.Errorf("%w: %s holds %d, at most %d", ErrTooManyDelayed, s.path, n, s.max)
 		}
 	}
 	if hasDedup(drafts) {
-		rs, err := s.publishReceipts(ctx, drafts, d, due)
-		return rs, s.wrap("publish delayed", err)
+		rs, err := q.dedup.publishReceipts(ctx, drafts, s, due)
+		return rs, q.wrap("publish delayed", err)
 	}
-	drafts = withGroupTokens(drafts)
-	var pre []any
-	var levels []int
-	var datas [][]byte
-	var attrs []Attributes
+	var r appendReq
+	if anyGrouped(drafts) {
+		drafts = withGroupTokens(drafts)
+		r.attrs = []Attributes{}
+	}
 	for i, dr := range drafts {
 		data := EncodeData(Message{Payload: dr.Payload, Attributes: dr.Attributes, Published: now})
 		if due[i].After(now) {
-			pre = append(pre, d.createOp(due[i], dr.Priority, data))
+			r.pre = append(r.pre, s.createOp(due[i], dr.Priority, data))
 			continue
 		}
-		levels, datas, attrs = append(levels, dr.Priority), append(datas, data), append(attrs, dr.Attributes)
+		r.levels, r.datas = append(r.levels, dr.Priority), append(r.datas, data)
+		if r.attrs != nil {
+			r.attrs = append(r.attrs, dr.Attributes)
+		}
 	}
-	res, paths, err := s.appendGroupedWith(ctx, pre, levels, datas, attrs)
+	res, paths, err := q.prod.commit(ctx, r)
 	if err != nil {
-		return nil, s.wrap("publish delayed", err)
+		return nil, q.wrap("publish delayed", err)
 	}
 	out := make([]Receipt, len(drafts))
 	for i, j, k := 0, 0, 0; i < len(drafts); i++ {
@@ -211,34 +218,35 @@ func (d *Scheduled) publish(ctx context.Context, drafts []Draft, due []time.Time
 
 // createOp returns the create of a delayed message of priority p due at
 // due, with data.
-func (d *Scheduled) createOp(due time.Time, p int, data []byte) *zk.CreateRequest {
-	return &zk.CreateRequest{Path: d.path + "/" + delayedName(due, p), Data: data, Acl: d.items.opt.acl, Flags: zk.FlagSequence}
+func (s *Scheduled) createOp(due time.Time, p int, data []byte) *zk.CreateRequest {
+	return &zk.CreateRequest{Path: s.path + "/" + delayedName(due, p), Data: data, Acl: s.items.opt.acl, Flags: zk.FlagSequence}
 }
 
-// checkAll checks drafts due at due as Queue.PublishAll does before
+// check checks drafts due at due as Queue.PublishAll does before
 // writing, counting each one's dedup records and group entry, and refuses
 // a grouped draft due after now.
-func (s *Queue) checkAll(drafts []Draft, due []time.Time, now time.Time) error {
+func (s *Scheduled) check(drafts []Draft, due []time.Time, now time.Time) error {
+	q := s.items
 	if len(drafts) == 0 {
 		return ErrEmptyBatch
 	}
-	if len(drafts) > s.opt.limits.MaxBatchCount {
-		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), s.opt.limits.MaxBatchCount)
+	if len(drafts) > q.opt.limits.MaxBatchCount {
+		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), q.opt.limits.MaxBatchCount)
+	}
+	if err := q.checkDrafts(drafts); err != nil {
+		return err
 	}
 	total, overhead := 0, 0
 	for i, dr := range drafts {
-		if err := s.CheckDraft(dr); err != nil {
-			return err
-		}
 		if dr.Group != "" && due[i].After(now) {
-			return fmt.Errorf("%w: a grouped message cannot be delayed", ErrBadGroup)
+			return &DraftError{Index: i, Err: fmt.Errorf("%w: a grouped message cannot be delayed", ErrBadGroup)}
 		}
 		total += dr.Size()
-		overhead += s.MessageOverhead() + s.dedupBytes(dr.DedupID, now, due[i]) + s.groupBytes(dr.Group)
+		overhead += q.MessageOverhead() + q.featureBytes(dr, now, due[i])
 	}
-	if len(drafts) > 1 && total+overhead > s.opt.limits.MaxBatchBytes {
+	if len(drafts) > 1 && total+overhead > q.opt.limits.MaxBatchBytes {
 		return fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
-			ErrBatchTooLarge, len(drafts), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
+			ErrBatchTooLarge, len(drafts), total+overhead, overhead, q.opt.limits.MaxBatchBytes)
 	}
 	return nil
 }
@@ -257,11 +265,11 @@ func preFailed(res []zk.MultiResponse, n int) bool {
 
 // Len returns the number of delayed messages, from the parent's Stat (0
 // when the parent is missing).
-func (d *Scheduled) Len(ctx context.Context) (int, error) {
+func (s *Scheduled) Len(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	n, err := zkutil.NumChildren(d.items.conn, d.path)
+	n, err := zkutil.NumChildren(s.items.conn, s.path)
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0, nil
 	}
@@ -270,19 +278,19 @@ func (d *Scheduled) Len(ctx context.Context) (int, error) {
 
 // Purge deletes every delayed message present when it starts and returns
 // how many it deleted.
-func (d *Scheduled) Purge(ctx context.Context) (int, error) {
-	children, _, err := d.items.zk.Children(d.path)
+func (s *Scheduled) Purge(ctx context.Context) (int, error) {
+	children, _, err := s.items.zk.Children(s.path)
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("children %s: %w", d.path, err)
+		return 0, fmt.Errorf("children %s: %w", s.path, err)
 	}
 	raw := make([]string, len(children))
 	for i, c := range children {
-		raw[i] = d.path + "/" + c
+		raw[i] = s.path + "/" + c
 	}
-	return zkutil.DeleteNodes(ctx, d.items.conn, raw)
+	return zkutil.DeleteNodes(ctx, s.items.conn, raw)
 }
 
 // delayedNode is one listed delayed message.
@@ -294,10 +302,10 @@ type delayedNode struct {
 
 // list returns the delayed messages sorted by due time, with a watch of
 // the parent. Foreign names are left out.
-func (d *Scheduled) list() ([]delayedNode, <-chan zk.Event, error) {
-	children, _, w, err := d.items.zk.ChildrenW(d.path)
+func (s *Scheduled) list() ([]delayedNode, <-chan zk.Event, error) {
+	children, _, w, err := s.items.zk.ChildrenW(s.path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("children %s: %w", d.path, err)
+		return nil, nil, fmt.Errorf("children %s: %w", s.path, err)
 	}
 	sort.Strings(children)
 	out := make([]delayedNode, 0, len(children))
@@ -314,8 +322,8 @@ func (d *Scheduled) list() ([]delayedNode, <-chan zk.Event, error) {
 // left (zero when none), with a watch of the parent that fires when a
 // message is added or removed. Messages moved meanwhile by another
 // scheduler are skipped.
-func (d *Scheduled) MoveDue(ctx context.Context) (moved int, next time.Time, watch <-chan zk.Event, err error) {
-	nodes, w, err := d.list()
+func (s *Scheduled) MoveDue(ctx context.Context) (moved int, next time.Time, watch <-chan zk.Event, err error) {
+	nodes, w, err := s.list()
 	if err != nil {
 		return 0, time.Time{}, nil, err
 	}
@@ -326,8 +334,8 @@ func (d *Scheduled) MoveDue(ctx context.Context) (moved int, next time.Time, wat
 		next = nodes[i].due
 	}
 	for len(due) > 0 {
-		k := min(len(due), d.items.opt.limits.MaxBatchCount)
-		n, err := d.move(ctx, due[:k])
+		k := min(len(due), s.items.opt.limits.MaxBatchCount)
+		n, err := s.move(ctx, due[:k])
 		moved += n
 		if err != nil {
 			return moved, next, w, err
@@ -340,8 +348,8 @@ func (d *Scheduled) MoveDue(ctx context.Context) (moved int, next time.Time, wat
 // move moves nodes (due, in due order) in one transaction within the
 // batch byte limit, falling back to one transaction each when the
 // combined one fails (another scheduler moved one of them).
-func (d *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) {
-	s := d.items
+func (s *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) {
+	q := s.items
 	var pre []any
 	var levels []int
 	var datas [][]byte
@@ -351,7 +359,7 @@ func (d *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) 
 		if len(pre) == 0 {
 			return nil
 		}
-		n, err := d.commit(ctx, pre, levels, datas)
+		n, err := s.commit(ctx, pre, levels, datas)
 		moved += n
 		pre, levels, datas, total = nil, nil, nil, 0
 		return err
@@ -360,8 +368,8 @@ func (d *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) 
 		if err := ctx.Err(); err != nil {
 			return moved, err
 		}
-		p := d.path + "/" + nd.name
-		data, stat, err := s.zk.Get(p)
+		p := s.path + "/" + nd.name
+		data, stat, err := q.zk.Get(p)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue // moved by someone else
 		}
@@ -370,13 +378,13 @@ func (d *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) 
 		}
 		m, err := DecodeData(data)
 		if err != nil {
-			s.markBadDelayed(p)
+			s.markBad(p)
 			continue
 		}
 		m.Deliveries, m.Ready = 0, nd.due
 		out := EncodeData(m)
-		size := len(out) + s.MessageOverhead()
-		if len(pre) > 0 && total+size > s.opt.limits.MaxBatchBytes {
+		size := len(out) + q.MessageOverhead()
+		if len(pre) > 0 && total+size > q.opt.limits.MaxBatchBytes {
 			if err := flush(); err != nil {
 				return moved, err
 			}
@@ -389,9 +397,8 @@ func (d *Scheduled) move(ctx context.Context, nodes []delayedNode) (int, error) 
 
 // commit runs the moves of one batch: all in one transaction, or, when
 // one of the delayed nodes changed (moved elsewhere), one at a time.
-func (d *Scheduled) commit(ctx context.Context, pre []any, levels []int, datas [][]byte) (int, error) {
-	s := d.items
-	res, paths, err := s.appendWith(ctx, pre, levels, datas)
+func (s *Scheduled) commit(ctx context.Context, pre []any, levels []int, datas [][]byte) (int, error) {
+	res, paths, err := s.items.prod.appendWith(ctx, appendReq{pre: pre, levels: levels, datas: datas})
 	if err == nil {
 		return len(paths), nil
 	}
@@ -406,7 +413,7 @@ func (d *Scheduled) commit(ctx context.Context, pre []any, levels []int, datas [
 	}
 	moved := 0
 	for i := range pre {
-		n, err := d.commit(ctx, pre[i:i+1], levels[i:i+1], datas[i:i+1])
+		n, err := s.commit(ctx, pre[i:i+1], levels[i:i+1], datas[i:i+1])
 		moved += n
 		if err != nil {
 			return moved, err
@@ -415,19 +422,23 @@ func (d *Scheduled) commit(ctx context.Context, pre []any, levels []int, datas [
 	return moved, nil
 }
 
-// markBadDelayed logs, once, a delayed node whose data does not decode:
+// markBad logs, once, a delayed node whose data does not decode:
 // it is never moved; Purge deletes it.
-func (s *Queue) markBadDelayed(p string) {
-	s.mu.Lock()
+func (s *Scheduled) markBad(p string) {
+	s.badMu.Lock()
 	first := !s.bad[p] && len(s.bad) < 1000
 	if first {
+		if s.bad == nil {
+			s.bad = map[string]bool{}
+		}
 		s.bad[p] = true
 	}
-	s.mu.Unlock()
+	s.badMu.Unlock()
 	if first {
-		s.opt.logger.Warn("skipping delayed message whose data does not decode", "znode", p)
-		if s.opt.badDataHook != nil {
-			s.opt.badDataHook(p)
+		o := s.items.opt
+		o.logger.Warn("skipping delayed message whose data does not decode", "znode", p)
+		if o.badDataHook != nil {
+			o.badDataHook(p)
 		}
 	}
 }
@@ -445,7 +456,7 @@ const (
 // it returns ctx's error. When the parent is missing it waits for its
 // creation. Errors of a pass go to onErr (when set) and the pass is
 // retried after a second; moved (when set) is told of each pass's moves.
-func (d *Scheduled) Run(ctx context.Context, moved func(n int), onErr func(error)) error {
+func (s *Scheduled) Run(ctx context.Context, moved func(n int), onErr func(error)) error {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
@@ -453,7 +464,7 @@ func (d *Scheduled) Run(ctx context.Context, moved func(n int), onErr func(error
 			return err
 		}
 		started := time.Now()
-		n, next, w, err := d.MoveDue(ctx)
+		n, next, w, err := s.MoveDue(ctx)
 		if n > 0 && moved != nil {
 			moved(n)
 		}
@@ -462,7 +473,7 @@ func (d *Scheduled) Run(ctx context.Context, moved func(n int), onErr func(error
 		switch {
 		case errors.Is(err, zk.ErrNoNode) && w == nil:
 			// No parent yet (a queue of an older layout): wait for it.
-			ok, _, ew, xerr := d.items.conn.ExistsW(d.path)
+			ok, _, ew, xerr := s.items.conn.ExistsW(s.path)
 			switch {
 			case xerr != nil:
 				timeout = schedulerRetry

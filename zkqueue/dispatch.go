@@ -16,8 +16,8 @@ import (
 // The dispatcher is a Queue's head algorithm: one sorted snapshot of the
 // head segment's children (heads.go), shared by all of this process's
 // consumers of the queue, who
-// take distinct candidates from it (Next) and report each claim's end
-// (Done). A FIFO snapshot is walked to its end before the children are
+// take distinct candidates from it (nextCandidate) and report each
+// claim's end (claimDone). A FIFO snapshot is walked to its end before the children are
 // listed again (new messages sort after it); a priority snapshot is
 // dropped whenever the children changed. Lost races move on to the next
 // candidate of the same snapshot.
@@ -28,7 +28,19 @@ import (
 // oldest message of the others' shares has stayed at their head for
 // stealGrace. While the others make progress, helping them would only
 // race them for the same messages (each lost race a failed transaction).
+//
+// The dispatcher has its own lock (mu), which also guards the group
+// part's view of the snapshot's watches (groups.go). It is safe for
+// concurrent use.
 type dispatcher struct {
+	*core
+	chain  *chain
+	recent *recent
+	pubs   *publishes
+	reads  *readGroup
+	groups *groups   // nil without WithGroups
+	bad    *badNodes // nodes that do not decode (baddata.go)
+
 	mu      sync.Mutex
 	pending []Name // sorted candidates of this process's share, not yet handed out
 	others  []Name // sorted candidates of other processes' shares
@@ -46,7 +58,6 @@ type dispatcher struct {
 	// being claimed, and later segments wait behind the head.
 	more    bool
 	foreign map[string]bool // foreign children already logged
-	bad     map[string]bool // message nodes whose data does not decode (baddata.go)
 	// scanning is closed when the listing under way ends; nil when none.
 	scanning chan struct{}
 	// doneWhileScanning: claims finished during the listing under way.
@@ -59,74 +70,113 @@ type dispatcher struct {
 	listedPubs uint64
 }
 
-func newDispatcher() dispatcher {
-	return dispatcher{foreign: map[string]bool{}, bad: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
+func newDispatcher(c *core, r *recent, p *publishes, reads *readGroup, g *groups) *dispatcher {
+	bad := &badNodes{core: c}
+	return &dispatcher{core: c, chain: newChain(c, bad), bad: bad, recent: r, pubs: p, reads: reads, groups: g,
+		foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
 }
 
-// scan lists the children into a new snapshot. It is called with s.mu
+// listingPubs returns the publishes begun before the current snapshot's
+// listing came back (publishes.mark): a candidate's, or a later one's,
+// which only counts more.
+func (d *dispatcher) listingPubs() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.listedPubs
+}
+
+// head returns the first candidate of the cached snapshot, the zero Name
+// when there is none.
+func (d *dispatcher) head() Name {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case len(d.pending) > 0 && (len(d.others) == 0 || Compare(d.pending[0], d.others[0]) < 0):
+		return d.pending[0]
+	case len(d.others) > 0:
+		return d.others[0]
+	}
+	return Name{}
+}
+
+// scan lists the children into a new snapshot. It is called with d.mu
 // held and returns with it held, but releases it for the round trip, so
-// claims finishing meanwhile (Done) and callers served from the snapshot
+// claims finishing meanwhile (claimDone) and callers served from the snapshot
 // are not held up; concurrent callers that need a listing wait for this
 // one. It is called once the watch has fired (or was never set), and arms
 // a new one with the listing.
-func (s *Queue) scan() error {
-	if s.scanning != nil {
-		ch := s.scanning
-		s.mu.Unlock()
+func (d *dispatcher) scan() error {
+	if d.scanning != nil {
+		ch := d.scanning
+		d.mu.Unlock()
 		<-ch
-		s.mu.Lock()
+		d.mu.Lock()
 		return nil
 	}
 	done := make(chan struct{})
-	s.scanning = done
-	clear(s.doneWhileScanning)
-	s.mu.Unlock()
+	d.scanning = done
+	clear(d.doneWhileScanning)
+	d.mu.Unlock()
 
-	mark := s.recent.mark()
-	h, err := s.listHeads()
+	mark := d.recent.mark()
+	h, err := d.chain.listHeads()
 	// Any message the listing shows was created by then: by a publish
 	// begun before the answer came.
-	pubMark := s.pubs.mark()
+	pubMark := d.pubs.mark()
 	names, foreign := h.names, h.foreign
 	if err == nil {
-		s.recent.prune(names, mark)
+		d.recent.prune(names, mark)
 	}
 
-	s.mu.Lock()
-	s.scanning = nil
+	d.mu.Lock()
+	d.scanning = nil
 	close(done)
 	if err != nil {
 		return err
 	}
-	s.watches = s.groupWatchesLocked(h.watches)
-	s.more = len(names) > 0 // known bad nodes are left out by levelHead
-	s.groups.skipped = false
+	d.watches = h.watches
+	if d.groups != nil && d.groups.inUse {
+		d.watches = d.groups.watchesLocked(h.watches)
+		d.groups.skipped = false
+	}
+	d.more = len(names) > 0 // known bad nodes are left out by levelHead
 	for _, f := range foreign {
-		if !s.foreign[f] && len(s.foreign) < 1000 {
-			s.foreign[f] = true
-			s.opt.logger.Warn("skipping foreign node in queue", "znode", s.path+"/"+f)
+		if !d.foreign[f] && len(d.foreign) < 1000 {
+			d.foreign[f] = true
+			d.opt.logger.Warn("skipping foreign node in queue", "znode", d.path+"/"+f)
 		}
 	}
 	// The split counts the messages this process is claiming, as the
 	// other processes' listings do, so that all draw the same lines.
-	s.pending, s.others = splitShare(names, s.opt.share)
-	if len(s.claims) > 0 || len(s.doneWhileScanning) > 0 {
+	d.pending, d.others = splitShare(names, d.opt.share)
+	if len(d.claims) > 0 || len(d.doneWhileScanning) > 0 {
 		// Candidates being claimed by this process's consumers, or
 		// claimed while the listing was under way (it may predate
 		// their delete), are not handed out again: that would be a
 		// race with ourselves.
-		claimed := func(n Name) bool { return s.claims[n.Raw] > 0 || s.doneWhileScanning[n.Raw] }
-		s.pending = slices.DeleteFunc(s.pending, claimed)
-		s.others = slices.DeleteFunc(s.others, claimed)
+		claimed := func(n Name) bool { return d.claims[n.Raw] > 0 || d.doneWhileScanning[n.Raw] }
+		d.pending = slices.DeleteFunc(d.pending, claimed)
+		d.others = slices.DeleteFunc(d.others, claimed)
 	}
 	switch {
-	case len(s.others) == 0:
-		s.othersHead = Name{}
-	case s.others[0].Raw != s.othersHead.Raw:
-		s.othersHead, s.othersSince = s.others[0], time.Now()
+	case len(d.others) == 0:
+		d.othersHead = Name{}
+	case d.others[0].Raw != d.othersHead.Raw:
+		d.othersHead, d.othersSince = d.others[0], time.Now()
 	}
-	s.aheadMark, s.listedPubs = Name{}, pubMark
+	d.aheadMark, d.listedPubs = Name{}, pubMark
 	return nil
+}
+
+// markBad notes that candidate n does not decode (baddata.go), and drops
+// the snapshot's watches so that the next take lists the heads again
+// without it: a head holding nothing else is then passed over instead of
+// waited on.
+func (d *dispatcher) markBad(n Name) {
+	d.bad.mark(n)
+	d.mu.Lock()
+	d.watches = nil
+	d.mu.Unlock()
 }
 
 // stealGrace is how long the oldest message of the other processes'
@@ -136,12 +186,12 @@ const stealGrace = 200 * time.Millisecond
 
 // wakeLocked returns a channel closed no later than at, for takes waiting
 // to help the others. Waiters share it.
-func (s *Queue) wakeLocked(at time.Time) <-chan zk.Event {
-	if s.wake != nil && !s.wakeAt.After(at) && s.wakeAt.After(time.Now()) {
-		return s.wake
+func (d *dispatcher) wakeLocked(at time.Time) <-chan zk.Event {
+	if d.wake != nil && !d.wakeAt.After(at) && d.wakeAt.After(time.Now()) {
+		return d.wake
 	}
 	ch := make(chan zk.Event)
-	s.wake, s.wakeAt = ch, at
+	d.wake, d.wakeAt = ch, at
 	time.AfterFunc(time.Until(at), func() { close(ch) })
 	return ch
 }
@@ -149,13 +199,13 @@ func (s *Queue) wakeLocked(at time.Time) <-chan zk.Event {
 // watchFiredLocked reports whether one of the armed watches has fired,
 // disarming them. Fired watch channels are closed by the client, so every
 // waiter holding the same channel still wakes.
-func (s *Queue) watchFiredLocked() bool {
-	if s.watches == nil {
+func (d *dispatcher) watchFiredLocked() bool {
+	if d.watches == nil {
 		return true
 	}
-	for _, w := range s.watches {
-		if zkutil.Fired(w) && s.groupPollFiredLocked(w) {
-			s.watches = nil
+	for _, w := range d.watches {
+		if zkutil.Fired(w) && (d.groups == nil || !d.groups.inUse || d.groups.pollFiredLocked(w)) {
+			d.watches = nil
 			return true
 		}
 	}
@@ -170,44 +220,44 @@ func (s *Queue) watchFiredLocked() bool {
 // more reports, with ok == false, that the queue is not empty for all
 // that: the claims of the snapshot's last candidates are under way, and a
 // caller that must not wait for new messages still waits for those.
-func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more bool, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (d *dispatcher) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more bool, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for scanned := false; ; scanned = true {
-		fired := s.watchFiredLocked()
-		if fired && s.opt.priorities && !scanned {
-			s.pending, s.others = nil, nil
+		fired := d.watchFiredLocked()
+		if fired && d.opt.priorities && !scanned {
+			d.pending, d.others = nil, nil
 		}
-		if len(s.pending) == 0 && fired && !scanned {
+		if len(d.pending) == 0 && fired && !scanned {
 			// Something changed since the last scan (or there was none).
-			if err := s.scan(); err != nil {
+			if err := d.scan(); err != nil {
 				return Name{}, false, nil, false, err
 			}
 			continue
 		}
 		switch {
-		case len(s.pending) > 0:
-			n = s.pending[0]
-			s.pending = s.pending[1:]
-		case len(s.others) > 0 && time.Since(s.othersSince) >= stealGrace:
+		case len(d.pending) > 0:
+			n = d.pending[0]
+			d.pending = d.pending[1:]
+		case len(d.others) > 0 && time.Since(d.othersSince) >= stealGrace:
 			// Our share is used up, nothing new arrived, and the
 			// others' head has not moved: help them, in queue order.
-			n = s.others[0]
-			s.others = s.others[1:]
-			if len(s.others) > 0 {
+			n = d.others[0]
+			d.others = d.others[1:]
+			if len(d.others) > 0 {
 				// Taken by us, not moved by them: still stuck.
-				s.othersHead = s.others[0]
+				d.othersHead = d.others[0]
 			}
-		case len(s.others) > 0:
+		case len(d.others) > 0:
 			// The others' shares are moving: wait for a change, or
 			// for their head to stay put for stealGrace.
-			if s.watches == nil {
+			if d.watches == nil {
 				return Name{}, false, []<-chan zk.Event{closedWatch}, true, nil
 			}
-			wait = append([]<-chan zk.Event{s.wakeLocked(s.othersSince.Add(stealGrace))}, s.watches...)
+			wait = append([]<-chan zk.Event{d.wakeLocked(d.othersSince.Add(stealGrace))}, d.watches...)
 			return Name{}, false, wait, true, nil
 		default:
-			if s.watches == nil {
+			if d.watches == nil {
 				// The children changed again since the listing just
 				// made, or the listing we waited for failed: the
 				// caller tries again at once.
@@ -217,9 +267,9 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more b
 			// the last listing saw, all of them handed out.
 			// Candidates passed over for their group (groups.go)
 			// are not waited for by a take that does not wait.
-			return Name{}, false, s.watches, s.more && !s.groups.skipped, nil
+			return Name{}, false, d.watches, d.more && (d.groups == nil || !d.groups.skipped), nil
 		}
-		s.claims[n.Raw]++
+		d.claims[n.Raw]++
 		return n, true, nil, false, nil
 	}
 }
@@ -227,19 +277,19 @@ func (s *Queue) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, more b
 // offerAhead offers the candidates next in line, this process's share,
 // for reading ahead (reads.go): those after the last one offered, so each
 // candidate of a snapshot is looked at once, up to maxReadAhead a call.
-func (s *Queue) offerAhead() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (d *dispatcher) offerAhead() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	i := 0
-	if s.aheadMark.Raw != "" {
-		i, _ = slices.BinarySearchFunc(s.pending, s.aheadMark, Compare)
-		for i < len(s.pending) && Compare(s.pending[i], s.aheadMark) <= 0 {
+	if d.aheadMark.Raw != "" {
+		i, _ = slices.BinarySearchFunc(d.pending, d.aheadMark, Compare)
+		for i < len(d.pending) && Compare(d.pending[i], d.aheadMark) <= 0 {
 			i++
 		}
 	}
-	next := s.pending[i:min(len(s.pending), i+maxReadAhead)]
-	if n := s.readAhead(next); n > 0 {
-		s.aheadMark = next[n-1]
+	next := d.pending[i:min(len(d.pending), i+maxReadAhead)]
+	if n := d.reads.readAhead(next, d.listedPubs); n > 0 {
+		d.aheadMark = next[n-1]
 	}
 }
 
@@ -252,35 +302,35 @@ var closedWatch = func() <-chan zk.Event {
 
 // claimDone reports that the claim of a candidate from nextCandidate has finished, won
 // or lost. Until then, rescans leave the candidate out.
-func (s *Queue) claimDone(n Name) {
-	s.mu.Lock()
-	if s.claims[n.Raw]--; s.claims[n.Raw] <= 0 {
-		delete(s.claims, n.Raw)
+func (d *dispatcher) claimDone(n Name) {
+	d.mu.Lock()
+	if d.claims[n.Raw]--; d.claims[n.Raw] <= 0 {
+		delete(d.claims, n.Raw)
 	}
-	if s.scanning != nil {
-		s.doneWhileScanning[n.Raw] = true
+	if d.scanning != nil {
+		d.doneWhileScanning[n.Raw] = true
 	}
-	s.mu.Unlock()
+	d.mu.Unlock()
 }
 
 // giveBack returns a candidate from nextCandidate whose claim was not attempted
 // (it did not fit the caller's Room): it is handed out again first. A FIFO
 // snapshot would otherwise pass it by until the children change.
-func (s *Queue) giveBack(n Name) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.claims[n.Raw]--; s.claims[n.Raw] <= 0 {
-		delete(s.claims, n.Raw)
+func (d *dispatcher) giveBack(n Name) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.claims[n.Raw]--; d.claims[n.Raw] <= 0 {
+		delete(d.claims, n.Raw)
 	}
 	// A listing under way includes it (it was not deleted) and replaces
 	// the snapshot anyway.
-	i, _ := slices.BinarySearchFunc(s.pending, n, Compare)
-	for j := i; j < len(s.pending) && Compare(s.pending[j], n) == 0; j++ {
-		if s.pending[j].Raw == n.Raw {
+	i, _ := slices.BinarySearchFunc(d.pending, n, Compare)
+	for j := i; j < len(d.pending) && Compare(d.pending[j], n) == 0; j++ {
+		if d.pending[j].Raw == n.Raw {
 			return
 		}
 	}
-	s.pending = slices.Insert(s.pending, i, n)
+	d.pending = slices.Insert(d.pending, i, n)
 }
 
 // splitShare divides a sorted snapshot between the processes consuming the
@@ -370,12 +420,15 @@ func publisherRanks(tags []string, n int) map[string]int {
 // again: after an error left the snapshot in doubt, or after a message was
 // put back at the head (a release, a redrive), which a FIFO snapshot would
 // pass over until used up.
-func (s *Queue) Rescan() {
-	s.mu.Lock()
-	s.pending, s.others = nil, nil
-	s.watches = nil
-	s.mu.Unlock()
-	s.chain.stale.Store(true)
+func (q *Queue) Rescan() { q.disp.rescan() }
+
+// rescan drops the snapshot (see Rescan).
+func (d *dispatcher) rescan() {
+	d.mu.Lock()
+	d.pending, d.others = nil, nil
+	d.watches = nil
+	d.mu.Unlock()
+	d.chain.stale.Store(true)
 }
 
 // claimFunc claims one candidate. It returns zk.ErrNoNode or
@@ -510,9 +563,9 @@ func (f *fitter) fit(ctx context.Context, i int) fitFunc {
 // races move on to the next candidate; the snapshot is re-scanned only when
 // used up. With block it waits on the children watch for new messages
 // until ctx ends; without, it returns ErrEmpty.
-func take[T any](ctx context.Context, s *Queue, block bool, claim claimFunc[T]) (T, error) {
+func take[T any](ctx context.Context, d *dispatcher, block bool, claim claimFunc[T]) (T, error) {
 	var zero T
-	vs, err := takeN(ctx, s, 1, block, claim)
+	vs, err := takeN(ctx, d, 1, block, claim)
 	if err != nil {
 		return zero, err
 	}
@@ -525,10 +578,18 @@ func take[T any](ctx context.Context, s *Queue, block bool, claim claimFunc[T]) 
 // Committer. Results come in queue order; lost races are skipped (and, if
 // all were lost, takeN tries again). It returns ErrEmpty when nothing is
 // there and block is false.
-func takeN[T any](ctx context.Context, s *Queue, k int, block bool, claim claimFunc[T]) ([]T, error) {
-	return takeWithin(ctx, s, k, Room{}, block, func(ctx context.Context, n Name, _ fitFunc) (T, error) {
+func takeN[T any](ctx context.Context, d *dispatcher, k int, block bool, claim claimFunc[T]) ([]T, error) {
+	return takeWithin(ctx, d, takeReq{max: k, block: block}, func(ctx context.Context, n Name, _ fitFunc) (T, error) {
 		return claim(ctx, n)
 	})
+}
+
+// takeReq is what a take asks for: up to max messages within room,
+// waiting for the first with block.
+type takeReq struct {
+	max   int
+	room  Room
+	block bool
 }
 
 // takeWithin is takeN bounded by room as well as by count: claims stop
@@ -536,15 +597,16 @@ func takeN[T any](ctx context.Context, s *Queue, k int, block bool, claim claimF
 // first message always fits). A candidate that does not fit is given back
 // untouched, at its place in the queue, and is the first one handed out
 // next.
-func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bool, claim fitClaimFunc[T]) ([]T, error) {
-	s.recent.taking(+1)
-	defer s.recent.taking(-1)
+func takeWithin[T any](ctx context.Context, d *dispatcher, t takeReq, claim fitClaimFunc[T]) ([]T, error) {
+	k, room, block := t.max, t.room, t.block
+	d.recent.taking(+1)
+	defer d.recent.taking(-1)
 	for {
-		cands, err := s.candidates(ctx, k, block)
+		cands, err := d.candidates(ctx, k, block)
 		if err != nil {
 			return nil, err
 		}
-		vals, errs := claimAll(ctx, s, cands, room, claim)
+		vals, errs := claimAll(ctx, d, cands, room, claim)
 		var out []T
 		var failed error
 		for i, err := range errs {
@@ -553,17 +615,17 @@ func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bo
 				out = append(out, vals[i])
 			case errors.Is(err, ErrNoRoom), errors.Is(err, errExpired), errors.Is(err, errGroupBusy):
 			case errors.Is(err, ErrBadData):
-				s.markBad(cands[i])
+				d.markBad(cands[i])
 			case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
-				if s.opt.conflictHook != nil {
-					s.opt.conflictHook()
+				if d.opt.conflictHook != nil {
+					d.opt.conflictHook()
 				}
 			default:
 				failed = err
 			}
 		}
 		if failed != nil {
-			s.Rescan()
+			d.rescan()
 			if len(out) == 0 {
 				return nil, failed
 			}
@@ -578,25 +640,25 @@ func takeWithin[T any](ctx context.Context, s *Queue, k int, room Room, block bo
 // candidates waits (with block, until ctx ends) for the first candidate
 // and adds those available at once, up to k. Without block it returns
 // ErrEmpty when there is none.
-func (s *Queue) candidates(ctx context.Context, k int, block bool) ([]Name, error) {
+func (d *dispatcher) candidates(ctx context.Context, k int, block bool) ([]Name, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		n, ok, wait, more, err := s.nextCandidate()
+		n, ok, wait, more, err := d.nextCandidate()
 		if err != nil {
 			return nil, err
 		}
 		if ok {
 			cands := []Name{n}
 			for len(cands) < k {
-				n, ok, _, _, err := s.nextCandidate()
+				n, ok, _, _, err := d.nextCandidate()
 				if err != nil || !ok {
 					break
 				}
 				cands = append(cands, n)
 			}
-			s.offerAhead()
+			d.offerAhead()
 			return cands, nil
 		}
 		if !block && !more {
@@ -637,7 +699,7 @@ func waitAny(ctx context.Context, watches []<-chan zk.Event) error {
 // abandoning one whose delete is committed would lose the message (its
 // outcome is known only from the answer). Claims are bounded by the
 // session: a lost connection answers them.
-func claimAll[T any](ctx context.Context, s *Queue, cands []Name, room Room, claim fitClaimFunc[T]) ([]T, []error) {
+func claimAll[T any](ctx context.Context, d *dispatcher, cands []Name, room Room, claim fitClaimFunc[T]) ([]T, []error) {
 	f := newFitter(room, len(cands))
 	vals := make([]T, len(cands))
 	errs := make([]error, len(cands))
@@ -646,18 +708,18 @@ func claimAll[T any](ctx context.Context, s *Queue, cands []Name, room Room, cla
 		vals[i], errs[i] = claim(cctx, cands[i], f.fit(cctx, i))
 		f.done(i)
 		if errors.Is(errs[i], ErrNoRoom) {
-			s.giveBack(cands[i])
+			d.giveBack(cands[i])
 		} else {
-			s.claimDone(cands[i])
+			d.claimDone(cands[i])
 		}
 	}
 	var wg sync.WaitGroup
-	if s.aheadDue() {
+	if d.reads.aheadDue() {
 		// Reads ahead for the next rounds, alongside this one's claims.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.sendAhead()
+			d.reads.sendAhead()
 		}()
 	}
 	if len(cands) == 1 {

@@ -7,19 +7,24 @@
 // # Where each algorithm lives
 //
 //	options.go   Option, Limits: defaults and validation, in one place
-//	queue.go     Queue: publish, batch, take (at-most-once), dequeue
+//	queue.go     Queue: the public face; wires the parts below; checks drafts
+//	             (Check, CheckDraft), publish, batch, take (at-most-once), dequeue
+//	producer.go  the producer part: encoding, the tail segment, the version
+//	             check, the roll
 //	segments.go  segments: layout, names, redelivery into a removed segment
-//	roll.go      producers: the tail segment, the version check, the roll
-//	heads.go     consumers: listing a queue by its heads, removing drained segments
-//	inspect.go   Peek, Len (cheap on deep queues), Purge
+//	heads.go     the chain part: listing a queue by its heads, removing drained segments
+//	dispatch.go  the dispatcher part: snapshot, listing, share split, take loop, byte room
+//	reads.go     the read part: group reads of concurrent claims, reading ahead
+//	claims.go    claims: reading a candidate and deciding on it, at-most-once take
+//	inspect.go   the inspector part: Peek, Len (cheap on deep queues), Purge
 //	browse.go    Browse: the ready messages from the head, paged, unclaimed
-//	dispatch.go  the head algorithm: snapshot, listing, share split, take loop, byte room
 //	leases.go    Leases: at-least-once claim with lease, ack, nack (delay), extend,
 //	             release, unclaim, dead letters, redrive
+//	release.go   releasing a lease (requeue, dead letter, drop), for Leases and LeaseSweeper
 //	sweep.go     LeaseSweeper: releases expired leases, watch-driven
 //	delay.go     Scheduled: delayed messages until due, and their mover (one
 //	             watch, one timer per queue)
-//	ttl.go       message TTL: expiry at claim and by one timer per queue
+//	ttl.go       message TTL part: expiry at claim and by one timer per queue
 //	commit.go    Committer: group commit of concurrent writes into one Multi
 //	consumers.go ConsumerGroup: the processes consuming a queue, their rank (share)
 //	registry.go  Registry: a process's consumer registrations, kept through
@@ -33,9 +38,9 @@
 //	             leases, abandoned deletions, dedup buckets), watch-driven
 //	names.go     node names and their order; codec.go: message and lease encodings
 //	budget.go    Budget: memory of messages published here, for read-free claims
-//	dedup.go     idempotent publish (WithDedup): dedup records in time buckets,
-//	             created in the message's transaction; ExpireDedup
-//	groups.go    message groups (WithGroups): per-group order by sequential
+//	dedup.go     idempotent publish part (WithDedup): dedup records in time
+//	             buckets, created in the message's transaction; ExpireDedup
+//	groups.go    message groups part (WithGroups): per-group order by sequential
 //	             entries created with the message, one in flight per group
 //	baddata.go   skipping message nodes whose data does not decode
 //	observe.go   Observer: per-request latency for metrics

@@ -10,17 +10,17 @@ func SetCatalogListedHook(c *Catalog, f func(p string)) { c.listed = f }
 // SetMaxBlockedGroups lowers the bound of q's blocked-group cache (0: the
 // default).
 func SetMaxBlockedGroups(q *Queue, n int) {
-	q.mu.Lock()
+	q.disp.mu.Lock()
 	q.groups.maxBlocked = n
-	q.mu.Unlock()
+	q.disp.mu.Unlock()
 }
 
 // SetGroupListedHook sets the function that sees every listing of one of
 // q's groups and the watch it armed (nil: listed without a watch).
 func SetGroupListedHook(q *Queue, f func(g string, w <-chan zk.Event)) {
-	q.mu.Lock()
+	q.disp.mu.Lock()
 	q.groups.listed = f
-	q.mu.Unlock()
+	q.disp.mu.Unlock()
 }
 
 // WithoutMultiRead makes q read as it does over a client that has no

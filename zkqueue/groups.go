@@ -156,11 +156,21 @@ const (
 	groupPoll        = time.Second
 )
 
-// groupWaits is what a Queue knows of blocked groups: a blocked group's
-// watch, until it fires.
-type groupWaits struct {
-	blocked map[string]blockedGroup  // guarded by Queue.mu
-	listing map[string]*groupListing // listings under way, by group; guarded by Queue.mu
+// groups is a Queue's part for message groups (WithGroups): it makes the
+// entries of grouped publishes, gates grouped claims, and remembers the
+// blocked groups, whose watches join the dispatcher's snapshot. Its
+// fields describe that snapshot's watches, so the dispatcher's lock
+// (disp.mu) guards them. A Queue without groups has none, and a message
+// without a group never reaches it.
+type groups struct {
+	*core
+	disp *dispatcher
+
+	// inUse: blocked groups or passed-over candidates are in the
+	// snapshot; while it is false, the dispatcher does not call the part.
+	inUse   bool
+	blocked map[string]blockedGroup  // a blocked group's state, until its watch fires
+	listing map[string]*groupListing // listings under way, by group
 	// skipped: a candidate of the current snapshot was passed over, so
 	// a take that does not wait does not wait for the snapshot's others.
 	skipped bool
@@ -195,78 +205,78 @@ type groupListing struct {
 	err      error
 }
 
-// listGroup lists group g with a watch, or waits for the listing of g
+// list lists group g with a watch, or waits for the listing of g
 // under way and shares it: the candidates of one group in a round cost
 // one listing. A listing a little older than the caller's read is as good
 // as its own: a group's head only moves on (entries go with their
 // messages, new ones come last), and the claim's transaction checks
 // inflight anyway. The wait is bounded by the session, like any request.
-func (s *Queue) listGroup(g string) ([]string, <-chan zk.Event, error) {
-	s.mu.Lock()
-	if l, ok := s.groups.listing[g]; ok {
-		s.mu.Unlock()
+func (gr *groups) list(g string) ([]string, <-chan zk.Event, error) {
+	gr.disp.mu.Lock()
+	if l, ok := gr.listing[g]; ok {
+		gr.disp.mu.Unlock()
 		<-l.done
 		return l.children, l.watch, l.err
 	}
 	l := &groupListing{done: make(chan struct{})}
-	if s.groups.listing == nil {
-		s.groups.listing = map[string]*groupListing{}
+	if gr.listing == nil {
+		gr.listing = map[string]*groupListing{}
 	}
-	s.groups.listing[g] = l
-	watch := len(s.groups.blocked) < s.maxBlockedLocked()
-	s.mu.Unlock()
-	l.children, l.watch, l.err = s.childrenOfGroup(g, watch)
-	s.mu.Lock()
-	delete(s.groups.listing, g)
-	s.mu.Unlock()
+	gr.listing[g] = l
+	watch := len(gr.blocked) < gr.maxBlockedLocked()
+	gr.disp.mu.Unlock()
+	l.children, l.watch, l.err = gr.children(g, watch)
+	gr.disp.mu.Lock()
+	delete(gr.listing, g)
+	gr.disp.mu.Unlock()
 	close(l.done)
 	return l.children, l.watch, l.err
 }
 
-// childrenOfGroup lists group g, with a watch when watch is set.
-func (s *Queue) childrenOfGroup(g string, watch bool) (children []string, w <-chan zk.Event, err error) {
+// children lists group g, with a watch when watch is set.
+func (gr *groups) children(g string, watch bool) (children []string, w <-chan zk.Event, err error) {
 	if watch {
-		children, _, w, err = s.zk.ChildrenW(s.groupPath(g))
+		children, _, w, err = gr.zk.ChildrenW(gr.groupPath(g))
 	} else {
-		children, _, err = s.zk.Children(s.groupPath(g))
+		children, _, err = gr.zk.Children(gr.groupPath(g))
 	}
-	s.mu.Lock()
-	listed := s.groups.listed
-	s.mu.Unlock()
+	gr.disp.mu.Lock()
+	listed := gr.listed
+	gr.disp.mu.Unlock()
 	if listed != nil && err == nil {
 		listed(g, w)
 	}
 	return children, w, err
 }
 
-// maxBlockedLocked is the bound of the blocked groups' cache; mu is held.
-func (s *Queue) maxBlockedLocked() int {
-	if s.groups.maxBlocked > 0 {
-		return s.groups.maxBlocked
+// maxBlockedLocked is the bound of the blocked groups' cache; disp.mu is held.
+func (gr *groups) maxBlockedLocked() int {
+	if gr.maxBlocked > 0 {
+		return gr.maxBlocked
 	}
 	return maxBlockedGroups
 }
 
 // checkGroup checks a draft's group against the queue.
-func (s *Queue) checkGroup(g string) error {
+func (q *Queue) checkGroup(g string) error {
 	if g == "" {
 		return nil
 	}
-	if s.opt.groupsDir == "" {
+	if q.opt.groupsDir == "" {
 		return fmt.Errorf("%w: the queue has no message groups", ErrBadGroup)
 	}
 	return CheckGroup(g)
 }
 
-// groupBytes is what a draft's group adds to its publish transaction.
-func (s *Queue) groupBytes(g string) int {
+// bytes is what a draft's group adds to its publish transaction.
+func (gr *groups) bytes(g string) int {
 	if g == "" {
 		return 0
 	}
-	return len(s.opt.groupsDir) + len(g) + len(entryPrefix) + tokenLen + 16 + opOverhead + 2*tokenLen
+	return len(gr.opt.groupsDir) + len(g) + len(entryPrefix) + tokenLen + 16 + opOverhead + 2*tokenLen
 }
 
-func (s *Queue) groupPath(g string) string { return s.opt.groupsDir + "/" + g }
+func (gr *groups) groupPath(g string) string { return gr.opt.groupsDir + "/" + g }
 
 func newGroupToken() string {
 	var b [tokenLen / 2]byte
@@ -320,37 +330,28 @@ func entrySeq(name string) (int64, bool) {
 	return seq, err == nil
 }
 
-// appendGrouped is appendMessages with the entries of grouped messages
-// (attrs[i] for datas[i]) created in the same transaction, after extra:
-// an *extraOpError still indexes extra. A group missing (deleted while
-// idle) is created and the transaction tried again.
-func (s *Queue) appendGrouped(ctx context.Context, levels []int, datas [][]byte, attrs []Attributes, extra ...any) ([]string, error) {
-	_, paths, err := s.appendGroupedWith(ctx, nil, levels, datas, attrs, extra...)
-	return paths, err
-}
-
-// appendGroupedWith is appendGrouped with the ops pre ahead, as
-// appendWith: res are pre's responses.
-func (s *Queue) appendGroupedWith(ctx context.Context, pre []any, levels []int, datas [][]byte, attrs []Attributes, extra ...any) (res []zk.MultiResponse, paths []string, err error) {
+// commit is producer.appendWith with the entries of r's grouped
+// messages (r.attrs[i] for r.datas[i]) created in the same transaction,
+// after r.extra: an *extraOpError still indexes r.extra. A group missing
+// (deleted while idle) is created and the transaction tried again.
+func (gr *groups) commit(ctx context.Context, p *producer, r appendReq) (res []zk.MultiResponse, paths []string, err error) {
 	var gops []any
 	var groups []string
-	for _, a := range attrs {
-		if a.Group == "" || s.opt.groupsDir == "" {
+	for _, a := range r.attrs {
+		if a.Group == "" {
 			continue
 		}
 		gops = append(gops, &zk.CreateRequest{
-			Path:  s.groupPath(a.Group) + "/" + entryPrefix + a.groupEntry + "-",
-			Acl:   s.opt.acl,
+			Path:  gr.groupPath(a.Group) + "/" + entryPrefix + a.groupEntry + "-",
+			Acl:   gr.opt.acl,
 			Flags: zk.FlagSequence,
 		})
 		groups = append(groups, a.Group)
 	}
-	if len(gops) == 0 {
-		return s.appendWith(ctx, pre, levels, datas, extra...)
-	}
-	all := append(append([]any{}, extra...), gops...)
+	extra := r.extra
+	r.extra = append(append([]any{}, extra...), gops...)
 	for attempt := 0; ; attempt++ {
-		res, paths, err := s.appendWith(ctx, pre, levels, datas, all...)
+		res, paths, err := p.appendWith(ctx, r)
 		var oe *extraOpError
 		if !errors.As(err, &oe) || oe.Index < len(extra) {
 			return res, paths, err
@@ -358,20 +359,20 @@ func (s *Queue) appendGroupedWith(ctx context.Context, pre []any, levels []int, 
 		if !errors.Is(oe.Err, zk.ErrNoNode) || attempt >= 4 {
 			return nil, nil, fmt.Errorf("group entry: %w", oe.Err)
 		}
-		if err := s.ensureGroup(groups[oe.Index-len(extra)]); err != nil {
+		if err := gr.ensure(groups[oe.Index-len(extra)]); err != nil {
 			return nil, nil, err
 		}
 	}
 }
 
-// ensureGroup creates group g (and the groups parent) if missing.
-func (s *Queue) ensureGroup(g string) error {
-	_, err := s.zk.Create(s.groupPath(g), nil, 0, s.opt.acl)
+// ensure creates group g (and the groups parent) if missing.
+func (gr *groups) ensure(g string) error {
+	_, err := gr.zk.Create(gr.groupPath(g), nil, 0, gr.opt.acl)
 	if errors.Is(err, zk.ErrNoNode) {
-		if _, err = s.zk.Create(s.opt.groupsDir, nil, 0, s.opt.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			return fmt.Errorf("create %s: %w", s.opt.groupsDir, err)
+		if _, err = gr.zk.Create(gr.opt.groupsDir, nil, 0, gr.opt.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("create %s: %w", gr.opt.groupsDir, err)
 		}
-		_, err = s.zk.Create(s.groupPath(g), nil, 0, s.opt.acl)
+		_, err = gr.zk.Create(gr.groupPath(g), nil, 0, gr.opt.acl)
 	}
 	if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 		return fmt.Errorf("create group %s: %w", g, err)
@@ -379,39 +380,39 @@ func (s *Queue) ensureGroup(g string) error {
 	return nil
 }
 
-// groupGate decides whether grouped message m may be claimed now: it
+// gate decides whether grouped message m may be claimed now: it
 // returns its group's head entry name when m is the head and nothing of
 // the group is in flight, errGroupBusy when not. The entry is "" for a
 // message to be delivered without regard to a group (the queue has no
 // groups, or m's entry is missing: see groups.go).
-func (s *Queue) groupGate(m Message) (entry string, err error) {
-	if s.opt.groupsDir == "" {
+func (gr *groups) gate(m Message) (entry string, err error) {
+	if gr.opt.groupsDir == "" {
 		return "", nil
 	}
 	g := m.Group
 	token := groupToken(m.groupEntry)
-	s.mu.Lock()
-	if b, ok := s.groups.blocked[g]; ok {
+	gr.disp.mu.Lock()
+	if b, ok := gr.blocked[g]; ok {
 		switch {
 		case zkutil.Fired(b.watch):
-			delete(s.groups.blocked, g)
+			delete(gr.blocked, g)
 		case b.inflight || b.head != token:
-			s.skipLocked(b.watch)
-			s.mu.Unlock()
+			gr.skipLocked(b.watch)
+			gr.disp.mu.Unlock()
 			return "", errGroupBusy
 		}
 		// m is the head another candidate was blocked behind: the
 		// listing below tells.
 	}
-	s.mu.Unlock()
-	children, w, err := s.listGroup(g)
+	gr.disp.mu.Unlock()
+	children, w, err := gr.list(g)
 	head, inflight, mine := groupHead(children, token)
 	if err == nil && !mine || errors.Is(err, zk.ErrNoNode) {
 		// m's entry is missing from a listing that may predate it
 		// (shared, or from a server behind the one m was read from):
 		// list again after a sync, which catches this server up.
-		if _, err = s.conn.Sync(s.groupPath(g)); err == nil || errors.Is(err, zk.ErrNoNode) {
-			children, w, err = s.childrenOfGroup(g, w != nil)
+		if _, err = gr.conn.Sync(gr.groupPath(g)); err == nil || errors.Is(err, zk.ErrNoNode) {
+			children, w, err = gr.children(g, w != nil)
 			head, inflight, mine = groupHead(children, token)
 		}
 	}
@@ -421,24 +422,24 @@ func (s *Queue) groupGate(m Message) (entry string, err error) {
 		// order (see groups.go); delivered as it is rather than never.
 		return "", nil
 	case err != nil:
-		return "", fmt.Errorf("children %s: %w", s.groupPath(g), err)
+		return "", fmt.Errorf("children %s: %w", gr.groupPath(g), err)
 	case !inflight && groupToken(head) == token:
 		return head, nil
 	}
-	s.mu.Lock()
+	gr.disp.mu.Lock()
 	if w == nil {
 		// Listed without a watch: the cache is full (see
 		// maxBlockedGroups).
-		s.skipLocked(nil)
-		s.mu.Unlock()
+		gr.skipLocked(nil)
+		gr.disp.mu.Unlock()
 		return "", errGroupBusy
 	}
-	if s.groups.blocked == nil {
-		s.groups.blocked = map[string]blockedGroup{}
+	if gr.blocked == nil {
+		gr.blocked = map[string]blockedGroup{}
 	}
-	s.groups.blocked[g] = blockedGroup{watch: w, head: groupToken(head), inflight: inflight}
-	s.skipLocked(w)
-	s.mu.Unlock()
+	gr.blocked[g] = blockedGroup{watch: w, head: groupToken(head), inflight: inflight}
+	gr.skipLocked(w)
+	gr.disp.mu.Unlock()
 	return "", errGroupBusy
 }
 
@@ -469,95 +470,96 @@ func groupHead(children []string, token string) (head string, inflight, mine boo
 // to the snapshot's, so waiting consumers wake when the group changes; a
 // group without a watch (nil), or one beyond maxGroupWatches, is looked at
 // again after groupPoll instead.
-func (s *Queue) skipLocked(w <-chan zk.Event) {
-	s.groups.skipped = true
-	if s.watches == nil {
+func (gr *groups) skipLocked(w <-chan zk.Event) {
+	gr.skipped, gr.inUse = true, true
+	if gr.disp.watches == nil {
 		return // a listing comes next anyway
 	}
-	if w == nil || s.groups.watched >= maxGroupWatches {
-		s.groups.unwatched = s.groups.unwatched || w == nil
-		s.pollGroupsLocked()
+	if w == nil || gr.watched >= maxGroupWatches {
+		gr.unwatched = gr.unwatched || w == nil
+		gr.pollLocked()
 		return
 	}
-	for _, x := range s.watches {
+	for _, x := range gr.disp.watches {
 		if x == w {
 			return
 		}
 	}
-	s.watches = append(s.watches, w)
-	s.groups.watched++
+	gr.disp.watches = append(gr.disp.watches, w)
+	gr.watched++
 }
 
-// pollGroupsLocked adds a wake after groupPoll to the snapshot's watches,
+// pollLocked adds a wake after groupPoll to the snapshot's watches,
 // once (see groupPollFiredLocked).
-func (s *Queue) pollGroupsLocked() {
-	if s.groups.poll != nil {
+func (gr *groups) pollLocked() {
+	if gr.poll != nil {
 		return
 	}
 	ch := make(chan zk.Event)
 	time.AfterFunc(groupPoll, func() { close(ch) })
-	s.groups.poll = ch
-	s.watches = append(s.watches, ch)
+	gr.poll = ch
+	gr.disp.watches = append(gr.disp.watches, ch)
 }
 
-// groupPollFiredLocked is called when the snapshot's watch w fired. It
+// pollFiredLocked is called when the snapshot's watch w fired. It
 // reports whether that is a change to list the queue again for: any
 // watch but the groupPoll wake, which is one only if a blocked group
 // changed or was listed without a watch; else the wake is armed again.
-func (s *Queue) groupPollFiredLocked(w <-chan zk.Event) bool {
-	if w != s.groups.poll || s.groups.unwatched {
+func (gr *groups) pollFiredLocked(w <-chan zk.Event) bool {
+	if w != gr.poll || gr.unwatched {
 		return true
 	}
-	for _, b := range s.groups.blocked {
+	for _, b := range gr.blocked {
 		if zkutil.Fired(b.watch) {
 			return true
 		}
 	}
-	ws := make([]<-chan zk.Event, 0, len(s.watches))
-	for _, x := range s.watches {
+	ws := make([]<-chan zk.Event, 0, len(gr.disp.watches))
+	for _, x := range gr.disp.watches {
 		if x != w {
 			ws = append(ws, x)
 		}
 	}
-	s.watches, s.groups.poll = ws, nil // a new slice: waiters hold the old one
-	s.pollGroupsLocked()
+	gr.disp.watches, gr.poll = ws, nil // a new slice: waiters hold the old one
+	gr.pollLocked()
 	return false
 }
 
-// groupWatchesLocked adds the watches of the groups known blocked to a
+// watchesLocked adds the watches of the groups known blocked to a
 // new snapshot's: a candidate passed over while the listing was under way
 // is left out of the snapshot (dispatch.go), and its group's change must
 // still wake the consumers waiting. It forgets the groups whose watches
 // fired.
-func (s *Queue) groupWatchesLocked(ws []<-chan zk.Event) []<-chan zk.Event {
-	s.groups.watched, s.groups.poll, s.groups.unwatched = 0, nil, false
-	for g, b := range s.groups.blocked {
+func (gr *groups) watchesLocked(ws []<-chan zk.Event) []<-chan zk.Event {
+	gr.watched, gr.poll, gr.unwatched = 0, nil, false
+	for g, b := range gr.blocked {
 		if zkutil.Fired(b.watch) {
-			delete(s.groups.blocked, g)
+			delete(gr.blocked, g)
 		}
 	}
+	gr.inUse = len(gr.blocked) > 0
 	if ws == nil {
 		return nil
 	}
-	s.watches = ws
-	for _, b := range s.groups.blocked {
-		if s.groups.watched == maxGroupWatches {
-			s.pollGroupsLocked()
+	gr.disp.watches = ws
+	for _, b := range gr.blocked {
+		if gr.watched == maxGroupWatches {
+			gr.pollLocked()
 			break
 		}
-		s.watches = append(s.watches, b.watch)
-		s.groups.watched++
+		gr.disp.watches = append(gr.disp.watches, b.watch)
+		gr.watched++
 	}
-	return s.watches
+	return gr.disp.watches
 }
 
-// groupClaimOps are the ops a grouped claim adds to its transaction: the
+// claimOps are the ops a grouped claim adds to its transaction: the
 // inflight node for a lease, the entry's delete for an at-most-once take.
-func (s *Queue) groupClaimOps(g, entry string, lease bool) []any {
+func (gr *groups) claimOps(g, entry string, lease bool) []any {
 	if lease {
-		return []any{&zk.CreateRequest{Path: s.groupPath(g) + "/" + inflightName, Data: []byte(entry), Acl: s.opt.acl}}
+		return []any{&zk.CreateRequest{Path: gr.groupPath(g) + "/" + inflightName, Data: []byte(entry), Acl: gr.opt.acl}}
 	}
-	return []any{&zk.DeleteRequest{Path: s.groupPath(g) + "/" + entry, Version: -1}}
+	return []any{&zk.DeleteRequest{Path: gr.groupPath(g) + "/" + entry, Version: -1}}
 }
 
 // groupReleaseOps are the ops that settle a grouped message's lease:
@@ -577,7 +579,7 @@ func groupReleaseOps(dir string, m Message, done bool) []any {
 
 // dropIdleGroup deletes m's group if it is idle (no children): best
 // effort, after its last entry went. A publish that finds it gone creates
-// it again (appendGrouped).
+// it again (groups.commit).
 func dropIdleGroup(del func(string, int32) error, dir string, m Message) {
 	if dir == "" || m.Group == "" || !isEntryName(m.groupEntry) {
 		return
@@ -585,39 +587,18 @@ func dropIdleGroup(del func(string, int32) error, dir string, m Message) {
 	_ = del(dir+"/"+m.Group, -1) // NotEmpty: not idle
 }
 
-// groupedLease reports whether lease token was named for a grouped
-// message (newLeaseNameFor): the top bit of its nonce's first byte.
-func groupedLease(token string) bool {
-	i := strings.LastIndex(token, LeaseSep)
-	return i >= 0 && i+1 < len(token) && token[i+1] >= '8'
-}
-
-// newLeaseNameFor names a lease of message m: a grouped message's nonce
-// has its top bit set, a plain one's clear, so AckUnread, which does not
-// read the lease, knows which need their group settled too.
-func newLeaseNameFor(item string, m Message) string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	if m.Group != "" && isEntryName(m.groupEntry) {
-		b[0] |= 0x80
-	} else {
-		b[0] &^= 0x80
-	}
-	return item + LeaseSep + hex.EncodeToString(b[:])
-}
-
-// purgeGrouped deletes the grouped messages among paths (message nodes),
+// purge deletes the grouped messages among paths (message nodes),
 // each with its entry in one transaction, and returns the other paths and
 // the number deleted. It reads the messages only when the queue has
 // groups. A message claimed meanwhile is left to its claim.
-func (s *Queue) purgeGrouped(ctx context.Context, paths []string) (rest []string, deleted int, err error) {
-	if s.opt.groupsDir == "" || len(paths) == 0 {
+func (gr *groups) purge(ctx context.Context, paths []string) (rest []string, deleted int, err error) {
+	if gr.opt.groupsDir == "" || len(paths) == 0 {
 		return paths, 0, nil
 	}
-	if ok, st, err := s.zk.Exists(s.opt.groupsDir); err == nil && (!ok || st.NumChildren == 0) {
+	if ok, st, err := gr.zk.Exists(gr.opt.groupsDir); err == nil && (!ok || st.NumChildren == 0) {
 		return paths, 0, nil // no groups: nothing to read
 	}
-	rs, err := s.readPaths(paths)
+	rs, err := gr.disp.reads.readPaths(paths)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -642,9 +623,9 @@ func (s *Queue) purgeGrouped(ctx context.Context, paths []string) (rest []string
 		if err := ctx.Err(); err != nil {
 			return nil, deleted, err
 		}
-		children, _, err := s.zk.Children(s.groupPath(g))
+		children, _, err := gr.zk.Children(gr.groupPath(g))
 		if err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return nil, deleted, fmt.Errorf("children %s: %w", s.groupPath(g), err)
+			return nil, deleted, fmt.Errorf("children %s: %w", gr.groupPath(g), err)
 		}
 		entries := map[string]string{} // token -> entry
 		for _, c := range children {
@@ -655,9 +636,9 @@ func (s *Queue) purgeGrouped(ctx context.Context, paths []string) (rest []string
 		for _, x := range ms {
 			ops := []any{&zk.DeleteRequest{Path: x.path, Version: x.version}}
 			if e, ok := entries[groupToken(x.m.groupEntry)]; ok {
-				ops = append(ops, &zk.DeleteRequest{Path: s.groupPath(g) + "/" + e, Version: -1})
+				ops = append(ops, &zk.DeleteRequest{Path: gr.groupPath(g) + "/" + e, Version: -1})
 			}
-			_, err := s.multi(ctx, ops...)
+			_, err := gr.multi(ctx, ops...)
 			switch {
 			case err == nil:
 				deleted++
@@ -666,7 +647,7 @@ func (s *Queue) purgeGrouped(ctx context.Context, paths []string) (rest []string
 				return nil, deleted, fmt.Errorf("purge %s: %w", x.path, err)
 			}
 		}
-		_ = s.zk.Delete(s.groupPath(g), -1) // idle now unless in flight or published meanwhile
+		_ = gr.zk.Delete(gr.groupPath(g), -1) // idle now unless in flight or published meanwhile
 	}
 	return rest, deleted, nil
 }
@@ -675,8 +656,8 @@ func (s *Queue) purgeGrouped(ctx context.Context, paths []string) (rest []string
 // the end of its group (its old entry went when it died), and sets m's
 // token to it. None for a message without a group.
 func (l *Leases) redriveGroupOps(m *Message) ([]any, error) {
-	s := l.items
-	if m.Group == "" || s.opt.groupsDir == "" {
+	gr := l.items.groups
+	if m.Group == "" || gr == nil {
 		return nil, nil
 	}
 	token := groupToken(m.groupEntry)
@@ -684,8 +665,8 @@ func (l *Leases) redriveGroupOps(m *Message) ([]any, error) {
 		token = newGroupToken()
 	}
 	m.groupEntry = token
-	if err := s.ensureGroup(m.Group); err != nil {
+	if err := gr.ensure(m.Group); err != nil {
 		return nil, err
 	}
-	return []any{&zk.CreateRequest{Path: s.groupPath(m.Group) + "/" + entryPrefix + token + "-", Acl: s.opt.acl, Flags: zk.FlagSequence}}, nil
+	return []any{&zk.CreateRequest{Path: gr.groupPath(m.Group) + "/" + entryPrefix + token + "-", Acl: gr.opt.acl, Flags: zk.FlagSequence}}, nil
 }

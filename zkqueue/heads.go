@@ -32,6 +32,8 @@ import (
 // the requests of one listing of the heads, which the dispatcher runs one
 // at a time.
 type chain struct {
+	*core
+	bad     *badNodes
 	mu      sync.Mutex
 	segs    []segment       // sorted, from the last listing of the parent
 	legacy  []Name          // legacy messages in that listing, sorted
@@ -51,7 +53,9 @@ type emptyTail struct {
 	watch <-chan zk.Event
 }
 
-func newChain() chain { return chain{empty: map[int]emptyTail{}} }
+func newChain(c *core, bad *badNodes) *chain {
+	return &chain{core: c, bad: bad, empty: map[int]emptyTail{}}
+}
 
 // stillEmpty reports whether level's head is a tail found empty whose
 // watch has not fired, and returns that watch. A tail found empty that is
@@ -99,29 +103,29 @@ func (c *chain) head(level int) segment {
 
 // listSegments lists the items parent into c, with a watch unless watch
 // is false. c.mu is held.
-func (s *Queue) listSegments(watch bool) error {
-	c := &s.chain
+func (c *chain) listSegments(watch bool) error {
 	var children []string
 	var w <-chan zk.Event
 	var err error
 	if watch {
-		children, _, w, err = s.zk.ChildrenW(s.path)
+		children, _, w, err = c.zk.ChildrenW(c.path)
 	} else {
-		children, _, err = s.zk.Children(s.path)
+		children, _, err = c.zk.Children(c.path)
 	}
 	if err != nil {
-		return fmt.Errorf("children %s: %w", s.path, err)
+		return fmt.Errorf("children %s: %w", c.path, err)
 	}
-	c.segs, c.legacy, c.foreign = s.classify(children)
+	c.segs, c.legacy, c.foreign = classify(children, c.opt.priorities)
 	c.watch = w
 	return nil
 }
 
-// classify sorts the children of the items parent into this queue's
-// segments and legacy messages, both sorted, and the rest (foreign).
-func (s *Queue) classify(children []string) (segs []segment, legacy []Name, foreign []string) {
+// classify sorts the children of the items parent of a priority queue
+// (prio) or a FIFO queue into its segments and legacy messages, both
+// sorted, and the rest (foreign).
+func classify(children []string, prio bool) (segs []segment, legacy []Name, foreign []string) {
 	for _, name := range children {
-		if sg, prio, ok := parseSegment(name); ok && prio == s.opt.priorities {
+		if sg, p, ok := parseSegment(name); ok && p == prio {
 			segs = append(segs, sg)
 		} else if n, ok := ParseName(name); ok && n.Seg == 0 {
 			legacy = append(legacy, n)
@@ -171,12 +175,11 @@ type head struct {
 // once a head was listed, those watches tell the truth; if one fired (or
 // the parent's), the listing is made again, so a more urgent message
 // published before it began is not passed over.
-func (s *Queue) listHeads() (head, error) {
-	c := &s.chain
+func (c *chain) listHeads() (head, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		h, skipped, err := s.listHeadsOnce()
+		h, skipped, err := c.listHeadsOnce()
 		if err != nil || attempt >= 3 || !anyFired(append(skipped, c.watch)) {
 			return h, err
 		}
@@ -194,10 +197,9 @@ func anyFired(ws []<-chan zk.Event) bool {
 
 // listHeadsOnce is one pass of listHeads; skipped are the watches of the
 // levels it skipped as still empty. c.mu is held.
-func (s *Queue) listHeadsOnce() (h head, skipped []<-chan zk.Event, err error) {
-	c := &s.chain
+func (c *chain) listHeadsOnce() (h head, skipped []<-chan zk.Event, err error) {
 	if c.stale.Swap(false) || c.watch == nil || zkutil.Fired(c.watch) {
-		if err := s.listSegments(true); err != nil {
+		if err := c.listSegments(true); err != nil {
 			return head{}, nil, err
 		}
 	}
@@ -209,7 +211,7 @@ func (s *Queue) listHeadsOnce() (h head, skipped []<-chan zk.Event, err error) {
 			skipped = append(skipped, w)
 			continue
 		}
-		names, foreign, w, err := s.levelHead(level)
+		names, foreign, w, err := c.levelHead(level)
 		if err != nil {
 			return head{}, nil, err
 		}
@@ -242,15 +244,17 @@ const (
 // levelHead returns the messages of level's head, with a watch on it; no
 // messages and a watch when the level is empty. Drained heads are removed
 // on the way. c.mu is held.
-func (s *Queue) levelHead(level int) (names []Name, foreign []string, w <-chan zk.Event, err error) {
-	c := &s.chain
+func (c *chain) levelHead(level int) (names []Name, foreign []string, w <-chan zk.Event, err error) {
 	var legacy []Name
 	for _, n := range c.legacy {
 		if n.Priority == level {
 			legacy = append(legacy, n)
 		}
 	}
-	if legacy = s.withoutBad(legacy); len(legacy) > 0 {
+	if c.bad.n.Load() > 0 {
+		legacy = c.bad.without(legacy)
+	}
+	if len(legacy) > 0 {
 		return legacy, nil, nil, nil // the parent's watch covers them
 	}
 	for i := 0; i < len(c.segs); {
@@ -259,8 +263,8 @@ func (s *Queue) levelHead(level int) (names []Name, foreign []string, w <-chan z
 			i++
 			continue
 		}
-		p := segmentPath(s.path, s.opt.priorities, sg)
-		children, stat, w, err := s.zk.ChildrenW(p)
+		p := segmentPath(c.path, c.opt.priorities, sg)
+		children, stat, w, err := c.zk.ChildrenW(p)
 		if errors.Is(err, zk.ErrNoNode) {
 			c.drop(i) // drained and removed by another consumer
 			continue
@@ -269,9 +273,11 @@ func (s *Queue) levelHead(level int) (names []Name, foreign []string, w <-chan z
 			return nil, nil, nil, fmt.Errorf("children %s: %w", p, err)
 		}
 		names, fgn := SortNames(children)
-		foreign = append(foreign, prefixed(sg, s.opt.priorities, fgn)...)
+		foreign = append(foreign, prefixed(sg, c.opt.priorities, fgn)...)
 		listed := len(names)
-		names = s.withoutBad(names)
+		if c.bad.n.Load() > 0 {
+			names = c.bad.without(names)
+		}
 		if len(children) == 0 && !segmentSealed(stat) {
 			c.empty[level] = emptyTail{sg, w}
 		}
@@ -282,7 +288,7 @@ func (s *Queue) levelHead(level int) (names []Name, foreign []string, w <-chan z
 			i++ // sealed, holding foreign or bad nodes only: passed over, kept
 			continue
 		}
-		err = s.zk.Delete(p, stat.Version)
+		err = c.zk.Delete(p, stat.Version)
 		if errors.Is(err, zk.ErrNotEmpty) {
 			continue // a message was put back: list it again
 		}

@@ -17,11 +17,16 @@ import (
 // message, Len lists only the parent and reads the heads' and tails'
 // counts (segment counts below).
 
-// segmentCounts caches the message counts of sealed segments that are
-// neither a head nor a tail: nobody consumes from or publishes into those,
-// so their counts stand until they become heads (a redelivery re-creates
-// a removed segment, which then is a head).
-type segmentCounts struct {
+// inspector is a Queue's part for reading it without consuming: fresh
+// listings of the items parent and of segments, and the counts Len
+// caches. It is safe for concurrent use.
+type inspector struct {
+	*core
+
+	// n caches the message counts of sealed segments that are neither a
+	// head nor a tail: nobody consumes from or publishes into those, so
+	// their counts stand until they become heads (a redelivery re-creates
+	// a removed segment, which then is a head).
 	mu sync.Mutex
 	n  map[segment]int
 
@@ -34,18 +39,18 @@ type segmentCounts struct {
 
 // listCached returns the listing of the parent, listed again only when
 // its watch fired.
-func (s *Queue) listCached() (listing, error) {
-	c := &s.counts
+func (in *inspector) listCached() (listing, error) {
+	c := in
 	c.listMu.Lock()
 	defer c.listMu.Unlock()
 	if c.watch != nil && !zkutil.Fired(c.watch) {
 		return c.listing, nil
 	}
-	children, _, w, err := s.zk.ChildrenW(s.path)
+	children, _, w, err := in.zk.ChildrenW(in.path)
 	if err != nil {
-		return listing{}, fmt.Errorf("children %s: %w", s.path, err)
+		return listing{}, fmt.Errorf("children %s: %w", in.path, err)
 	}
-	c.listing, c.watch = s.parseListing(children), w
+	c.listing, c.watch = in.parseListing(children), w
 	return c.listing, nil
 }
 
@@ -57,17 +62,17 @@ type listing struct {
 	foreign []string // children that are neither (Purge deletes them)
 }
 
-func (s *Queue) listNow() (listing, error) {
-	children, _, err := s.zk.Children(s.path)
+func (in *inspector) listNow() (listing, error) {
+	children, _, err := in.zk.Children(in.path)
 	if err != nil {
-		return listing{}, fmt.Errorf("children %s: %w", s.path, err)
+		return listing{}, fmt.Errorf("children %s: %w", in.path, err)
 	}
-	return s.parseListing(children), nil
+	return in.parseListing(children), nil
 }
 
-func (s *Queue) parseListing(children []string) listing {
+func (in *inspector) parseListing(children []string) listing {
 	var l listing
-	l.segs, l.legacy, l.foreign = s.classify(children)
+	l.segs, l.legacy, l.foreign = classify(children, in.opt.priorities)
 	for _, n := range l.legacy {
 		if sg := (segment{n.Priority, 0}); !slices.Contains(l.segs, sg) {
 			l.segs = append(l.segs, sg)
@@ -78,12 +83,12 @@ func (s *Queue) parseListing(children []string) listing {
 }
 
 // names returns the messages of sg, sorted.
-func (s *Queue) segmentNames(l listing, sg segment) ([]Name, error) {
+func (in *inspector) segmentNames(l listing, sg segment) ([]Name, error) {
 	if sg.k == 0 {
 		return slices.DeleteFunc(slices.Clone(l.legacy), func(n Name) bool { return n.Priority != sg.level }), nil
 	}
-	p := segmentPath(s.path, s.opt.priorities, sg)
-	children, _, err := s.zk.Children(p)
+	p := segmentPath(in.path, in.opt.priorities, sg)
+	children, _, err := in.zk.Children(p)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, nil
 	}
@@ -97,13 +102,13 @@ func (s *Queue) segmentNames(l listing, sg segment) ([]Name, error) {
 // Peek returns the head message without claiming it, or ErrEmpty. It always
 // reads fresh listings: of the parent, then of the segments in order up to
 // the first that holds a message.
-func (s *Queue) Peek(ctx context.Context) (Message, error) {
-	l, err := s.listNow()
+func (q *Queue) Peek(ctx context.Context) (Message, error) {
+	l, err := q.insp.listNow()
 	if err != nil {
 		return Message{}, err
 	}
 	for _, sg := range l.segs {
-		names, err := s.segmentNames(l, sg)
+		names, err := q.insp.segmentNames(l, sg)
 		if err != nil {
 			return Message{}, err
 		}
@@ -111,8 +116,8 @@ func (s *Queue) Peek(ctx context.Context) (Message, error) {
 			if err := ctx.Err(); err != nil {
 				return Message{}, err
 			}
-			p := itemPath(s.path, n)
-			data, _, err := s.zk.Get(p)
+			p := itemPath(q.path, n)
+			data, _, err := q.zk.Get(p)
 			if errors.Is(err, zk.ErrNoNode) {
 				continue
 			}
@@ -135,11 +140,11 @@ func (s *Queue) Peek(ctx context.Context) (Message, error) {
 // and made again only when the segments changed, so a FIFO queue costs
 // one or two Stats per call. Foreign children of segments, if any, are
 // counted too.
-func (s *Queue) Len(ctx context.Context) (int, error) {
+func (q *Queue) Len(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	l, err := s.listCached()
+	l, err := q.insp.listCached()
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0, nil
 	}
@@ -154,29 +159,29 @@ func (s *Queue) Len(ctx context.Context) (int, error) {
 		}
 		seen[sg] = true
 		inner := i > 0 && l.segs[i-1].level == sg.level && i+1 < len(l.segs) && l.segs[i+1].level == sg.level
-		n, err := s.segmentLen(sg, inner)
+		n, err := q.insp.segmentLen(sg, inner)
 		if err != nil {
 			return 0, err
 		}
 		total += n
 	}
-	s.counts.mu.Lock()
-	deleteUnseen(s.counts.n, seen)
-	s.counts.mu.Unlock()
+	q.insp.mu.Lock()
+	deleteUnseen(q.insp.n, seen)
+	q.insp.mu.Unlock()
 	return total, nil
 }
 
 // segmentLen returns the message count of sg, cached when inner (neither
 // head nor tail) and sealed.
-func (s *Queue) segmentLen(sg segment, inner bool) (int, error) {
-	s.counts.mu.Lock()
-	n, ok := s.counts.n[sg]
-	s.counts.mu.Unlock()
+func (in *inspector) segmentLen(sg segment, inner bool) (int, error) {
+	in.mu.Lock()
+	n, ok := in.n[sg]
+	in.mu.Unlock()
 	if ok && inner {
 		return n, nil
 	}
-	p := segmentPath(s.path, s.opt.priorities, sg)
-	found, stat, err := s.zk.Exists(p)
+	p := segmentPath(in.path, in.opt.priorities, sg)
+	found, stat, err := in.zk.Exists(p)
 	if err != nil {
 		return 0, fmt.Errorf("exists %s: %w", p, err)
 	}
@@ -184,9 +189,9 @@ func (s *Queue) segmentLen(sg segment, inner bool) (int, error) {
 		return 0, nil
 	}
 	if inner && segmentSealed(stat) {
-		s.counts.mu.Lock()
-		s.counts.n[sg] = int(stat.NumChildren)
-		s.counts.mu.Unlock()
+		in.mu.Lock()
+		in.n[sg] = int(stat.NumChildren)
+		in.mu.Unlock()
 	}
 	return int(stat.NumChildren), nil
 }
@@ -206,56 +211,57 @@ func deleteUnseen(m map[segment]int, seen map[segment]bool) {
 // messages (foreign names, data that does not decode), never delivered,
 // are deleted and counted too. Messages claimed concurrently are not
 // counted.
-func (s *Queue) Purge(ctx context.Context) (int, error) {
-	l, err := s.listNow()
+func (q *Queue) Purge(ctx context.Context) (int, error) {
+	l, err := q.insp.listNow()
 	if err != nil {
 		return 0, err
 	}
 	deleted := 0
 	for _, sg := range l.segs {
-		raw, err := s.segmentChildren(l, sg)
+		raw, err := q.insp.segmentChildren(l, sg)
 		if err != nil {
 			return deleted, err
 		}
-		raw, n, err := s.purgeGrouped(ctx, raw)
-		deleted += n
-		if err != nil {
-			return deleted, err
+		if q.groups != nil {
+			var n int
+			raw, n, err = q.groups.purge(ctx, raw)
+			deleted += n
+			if err != nil {
+				return deleted, err
+			}
 		}
-		n, err = zkutil.DeleteNodes(ctx, s.conn, raw)
+		n, err := zkutil.DeleteNodes(ctx, q.conn, raw)
 		deleted += n
 		if err != nil {
 			return deleted, err
 		}
 		if sg.k > 0 {
-			s.removeIfDrained(sg)
+			q.insp.removeIfDrained(sg)
 		}
 	}
 	raw := make([]string, len(l.foreign))
 	for i, f := range l.foreign {
-		raw[i] = s.path + "/" + f
+		raw[i] = q.path + "/" + f
 	}
-	n, err := zkutil.DeleteNodes(ctx, s.conn, raw)
-	s.mu.Lock()
-	clear(s.bad)
-	s.mu.Unlock()
+	n, err := zkutil.DeleteNodes(ctx, q.conn, raw)
+	q.disp.bad.forget()
 	return deleted + n, err
 }
 
 // segmentChildren returns the paths of every child of sg: its messages and
 // whatever else is there (sg.k 0: the legacy messages of its level).
-func (s *Queue) segmentChildren(l listing, sg segment) ([]string, error) {
+func (in *inspector) segmentChildren(l listing, sg segment) ([]string, error) {
 	if sg.k == 0 {
 		var raw []string
 		for _, n := range l.legacy {
 			if n.Priority == sg.level {
-				raw = append(raw, s.path+"/"+n.Raw)
+				raw = append(raw, in.path+"/"+n.Raw)
 			}
 		}
 		return raw, nil
 	}
-	p := segmentPath(s.path, s.opt.priorities, sg)
-	children, _, err := s.zk.Children(p)
+	p := segmentPath(in.path, in.opt.priorities, sg)
+	children, _, err := in.zk.Children(p)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, nil
 	}
@@ -271,10 +277,10 @@ func (s *Queue) segmentChildren(l listing, sg segment) ([]string, error) {
 
 // removeIfDrained deletes segment sg if it is sealed and empty. Failures
 // leave it to the consumers.
-func (s *Queue) removeIfDrained(sg segment) {
-	p := segmentPath(s.path, s.opt.priorities, sg)
-	ok, stat, err := s.zk.Exists(p)
+func (in *inspector) removeIfDrained(sg segment) {
+	p := segmentPath(in.path, in.opt.priorities, sg)
+	ok, stat, err := in.zk.Exists(p)
 	if err == nil && ok && segmentSealed(stat) && stat.NumChildren == 0 {
-		_ = s.zk.Delete(p, stat.Version)
+		_ = in.zk.Delete(p, stat.Version)
 	}
 }

@@ -70,6 +70,7 @@ type Leases struct {
 	items  *Queue
 	leases string
 	dead   string
+	rel    releaser
 }
 
 // NewLeases returns the lease layer of items, keeping leases under
@@ -84,7 +85,9 @@ func NewLeases(items *Queue, leasesPath, deadPath string) (*Leases, error) {
 			return nil, err
 		}
 	}
-	return &Leases{items: items, leases: leasesPath, dead: deadPath}, nil
+	rel := releaser{items: items.path, leases: leasesPath, dead: deadPath, groups: items.opt.groupsDir, acl: items.opt.acl,
+		tx: txn{write: items.write, exists: items.zk.Exists, del: items.zk.Delete}}
+	return &Leases{items: items, leases: leasesPath, dead: deadPath, rel: rel}, nil
 }
 
 // Lease is a message delivered at-least-once.
@@ -112,6 +115,27 @@ func ParseLeaseName(s string) (item Name, ok bool) {
 func newLeaseName(item string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
+	return item + LeaseSep + hex.EncodeToString(b[:])
+}
+
+// groupedLease reports whether lease token was named for a grouped
+// message (newLeaseNameFor): the top bit of its nonce's first byte.
+func groupedLease(token string) bool {
+	i := strings.LastIndex(token, LeaseSep)
+	return i >= 0 && i+1 < len(token) && token[i+1] >= '8'
+}
+
+// newLeaseNameFor names a lease of message m: a grouped message's nonce
+// has its top bit set, a plain one's clear, so AckUnread, which does not
+// read the lease, knows which need their group settled too.
+func newLeaseNameFor(item string, m Message) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	if m.Group != "" && isEntryName(m.groupEntry) {
+		b[0] |= 0x80
+	} else {
+		b[0] &^= 0x80
+	}
 	return item + LeaseSep + hex.EncodeToString(b[:])
 }
 
@@ -171,8 +195,9 @@ func decodeLeaseState(data []byte) (deadline time.Time, itemData []byte, nacked 
 // unleased. It returns zk.ErrNoNode or zk.ErrBadVersion when another
 // consumer won the race.
 func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFunc) (Lease, error) {
+	c := l.items.claims
 	itemPath := itemPath(l.items.path, n)
-	data, version, err := l.items.readItem(ctx, itemPath, n)
+	data, version, err := c.read(ctx, itemPath, n)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -180,23 +205,25 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 	if err != nil {
 		return Lease{}, err
 	}
-	if l.items.expired(m, time.Now()) {
-		return Lease{}, l.items.expireClaimed(ctx, n, data, version)
+	if c.ttl != nil && c.ttl.expired(m, time.Now()) {
+		return Lease{}, c.ttl.expireClaimed(ctx, n, data, version)
 	}
 	var gops []any
 	if m.Group != "" {
-		entry, err := l.items.groupGate(m)
-		if err != nil {
-			l.items.unread(n, data, version)
-			return Lease{}, err
+		entry := "" // claimed without its group
+		if c.groups != nil {
+			if entry, err = c.groups.gate(m); err != nil {
+				c.unread(n, data, version)
+				return Lease{}, err
+			}
 		}
-		m.groupEntry = entry // "" when claimed without its group
+		m.groupEntry = entry
 		if entry != "" {
-			gops = l.items.groupClaimOps(m.Group, entry, true)
+			gops = c.groups.claimOps(m.Group, entry, true)
 		}
 	}
 	if !fit.admits(m.wireSize()) {
-		l.items.unread(n, data, version)
+		c.unread(n, data, version)
 		return Lease{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
 	}
 	deadline := time.Now().Add(ttl)
@@ -225,7 +252,7 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 // always fits); one that does not fit stays at its place, first in line
 // next. Without block it returns ErrEmpty when nothing is there.
 func (l *Leases) Take(ctx context.Context, max int, room Room, ttl time.Duration, block bool) ([]Lease, error) {
-	return takeWithin(ctx, l.items, max, room, block, func(ctx context.Context, n Name, fit fitFunc) (Lease, error) {
+	return takeWithin(ctx, l.items.disp, takeReq{max: max, room: room, block: block}, func(ctx context.Context, n Name, fit fitFunc) (Lease, error) {
 		return l.claim(ctx, n, ttl, fit)
 	})
 }
@@ -266,8 +293,8 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 	item, _ := ParseLeaseName(token)
 	m, merr := decodeMessage(item, itemData, 0)
 	var gops []any
-	if merr == nil {
-		gops = groupReleaseOps(l.items.opt.groupsDir, m, true)
+	if merr == nil && l.rel.grouped(m) {
+		gops = groupReleaseOps(l.rel.groups, m, true)
 	}
 	if _, err := l.items.write(ctx, append([]any{&zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version}}, gops...)...); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
@@ -276,7 +303,7 @@ func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
 		return Message{}, fmt.Errorf("delete lease %s: %w", token, err)
 	}
 	if gops != nil {
-		dropIdleGroup(l.items.zk.Delete, l.items.opt.groupsDir, m)
+		dropIdleGroup(l.items.zk.Delete, l.rel.groups, m)
 	}
 	return m, merr
 }
@@ -380,72 +407,24 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		}
 		return m, Delayed, nil
 	}
-	out, err := l.release(ctx, token, item, itemData, stat.Version, m, p)
+	out, err := l.release(ctx, heldLease{token: token, version: stat.Version, item: item, data: itemData, m: m}, p)
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return Message{}, 0, ErrUnknownLease
 	}
 	return m, out, err
 }
 
-func tooMany(m Message, p Policy) bool {
-	return p.MaxDeliveries > 0 && m.Deliveries >= p.MaxDeliveries
-}
-
 // release moves a lease back to the items (or to the dead letters) in one
 // Multi, conditional on the lease's version.
-func (l *Leases) release(ctx context.Context, token string, item Name, itemData []byte, version int32, m Message, p Policy) (Outcome, error) {
-	ops, out := releaseOps(l.items.path, l.leases, l.dead, l.items.opt.groupsDir, l.items.opt.acl, token, item, itemData, version, m, p)
-	if err := runRelease(ctx, l.items.write, l.items.zk.Exists, l.items.path, l.dead, item, ops, out); err != nil {
-		return 0, fmt.Errorf("release %s/%s: %w", l.leases, token, err)
-	}
-	if out != Requeued {
-		dropIdleGroup(l.items.zk.Delete, l.items.opt.groupsDir, m)
+func (l *Leases) release(ctx context.Context, h heldLease, p Policy) (Outcome, error) {
+	out, err := l.rel.release(ctx, h, p)
+	if err != nil {
+		return 0, fmt.Errorf("release %s/%s: %w", l.leases, h.token, err)
 	}
 	if out == Requeued {
 		l.items.Rescan()
 	}
 	return out, nil
-}
-
-// runRelease runs the transaction of releaseOps; one that requeues
-// re-creates the message's segment if it was removed (requeue), and one
-// that dead-letters creates the dead segment the same way (dead.go).
-func runRelease(ctx context.Context, write writeFunc, exists func(string) (bool, *zk.Stat, error), items, dead string, item Name, ops []any, out Outcome) error {
-	switch out {
-	case Requeued:
-		return requeue(ctx, write, exists, items, item, ops)
-	case DeadLettered:
-		return requeue(ctx, write, exists, dead, item, ops)
-	}
-	_, err := write(ctx, ops...)
-	return err
-}
-
-// releaseOps is the transaction that releases lease token (of item, at
-// version): back into its segment under itemsPath under a new incarnation,
-// or into deadPath, or deleted, by the policy.
-//
-// A grouped message's group is settled in the same transaction (groups.go,
-// under groupsDir): the ops go before the create, which requeue wants
-// last.
-func releaseOps(itemsPath, leasesPath, deadPath, groupsDir string, acl []zk.ACL, token string, item Name, itemData []byte, version int32, m Message, p Policy) ([]any, Outcome) {
-	del := &zk.DeleteRequest{Path: leasesPath + "/" + token, Version: version}
-	switch {
-	case !tooMany(m, p):
-		return append(append([]any{del}, groupReleaseOps(groupsDir, m, false)...), requeueOp(itemsPath, item, itemData, acl)), Requeued
-	case p.DeadLetter:
-		return append(append([]any{del}, groupReleaseOps(groupsDir, m, true)...), &zk.CreateRequest{Path: deadLetterPath(deadPath, item), Data: itemData, Acl: acl}), DeadLettered
-	default:
-		return append([]any{del}, groupReleaseOps(groupsDir, m, true)...), Dropped
-	}
-}
-
-// requeueOp creates message item again in its segment under itemsPath,
-// under a new incarnation.
-func requeueOp(itemsPath string, item Name, data []byte, acl []zk.ACL) *zk.CreateRequest {
-	n := item
-	n.Raw = newIncarnation(item)
-	return &zk.CreateRequest{Path: itemPath(itemsPath, n), Data: data, Acl: acl}
 }
 
 // Release gives a lease back regardless of its deadline (a consumer's
@@ -470,7 +449,7 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 	if m, err = decodeMessage(item, itemData, 0); err != nil {
 		return Message{}, 0, false, err
 	}
-	out, err = l.release(ctx, token, item, itemData, stat.Version, m, p)
+	out, err = l.release(ctx, heldLease{token: token, version: stat.Version, item: item, data: itemData, m: m}, p)
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return Message{}, 0, false, nil
 	}
@@ -502,7 +481,7 @@ func (l *Leases) Unclaim(ctx context.Context, token string) error {
 		return err
 	}
 	m.Deliveries = max(m.Deliveries-1, 0)
-	_, err = l.release(ctx, token, item, EncodeData(m), stat.Version, m, Policy{})
+	_, err = l.release(ctx, heldLease{token: token, version: stat.Version, item: item, data: EncodeData(m), m: m}, Policy{})
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return nil
 	}
@@ -526,7 +505,7 @@ func (l *Leases) DeadCount(ctx context.Context) (int, error) {
 	for _, u := range units[1:] {
 		paths = append(paths, u.path)
 	}
-	rs, err := l.items.readPaths(paths)
+	rs, err := l.items.reads.readPaths(paths)
 	if err != nil {
 		return 0, err
 	}
@@ -571,7 +550,7 @@ func (l *Leases) DeadLettersAfter(ctx context.Context, after string, limit int, 
 	if more {
 		paths, names = paths[:limit], names[:limit]
 	}
-	rs, err := l.items.readPaths(paths)
+	rs, err := l.items.reads.readPaths(paths)
 	if err != nil {
 		return nil, "", err
 	}
@@ -637,7 +616,7 @@ func (l *Leases) Redrive(ctx context.Context, ids []string) (int, error) {
 		if err != nil {
 			return moved, err
 		}
-		err = requeue(ctx, l.items.multi, l.items.zk.Exists, l.items.path, n, append(append([]any{
+		err = requeue(ctx, txn{write: l.items.multi, exists: l.items.zk.Exists}, l.items.path, n, append(append([]any{
 			&zk.DeleteRequest{Path: deadPath, Version: stat.Version}}, ops...),
 			requeueOp(l.items.path, n, EncodeData(Message{Payload: m.Payload, Attributes: m.Attributes, Published: m.Published, Ready: time.Now()}), l.items.opt.acl)))
 		if err != nil {

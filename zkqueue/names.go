@@ -179,3 +179,8 @@ func SortNames(children []string) (names []Name, foreign []string) {
 	slices.SortFunc(names, Compare)
 	return names, foreign
 }
+
+// ownTag reports whether n carries publisher's tag (WithPublisher).
+func ownTag(n Name, publisher string) bool {
+	return n.Tag != "" && n.Tag == publisher
+}

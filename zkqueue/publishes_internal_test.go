@@ -81,13 +81,13 @@ func TestClaimWaitsForOwnPublish(t *testing.T) {
 	}
 	// A publish whose create committed but whose answer has not come back.
 	ticket := q.pubs.begin()
-	k, err := q.tail(0)
+	k, err := q.prod.tail(0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sg := segment{0, k}
 	data := EncodeData(Message{Payload: []byte("mine")})
-	p, err := conn.Create(segmentPath(q.path, false, sg)+"/"+messagePrefix(false, sg, q.publisherTag()), data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	p, err := conn.Create(segmentPath(q.path, false, sg)+"/"+messagePrefix(false, sg, q.prod.publisherTag()), data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestClaimWaitsForOwnPublish(t *testing.T) {
 		defer q.pubs.mu.Unlock()
 		return q.pubs.ended != nil
 	})
-	q.remember([]string{p}, [][]byte{data})
+	q.prod.remember([]string{p}, [][]byte{data})
 	q.pubs.end(ticket)
 	r := <-got
 	if r.err != nil || string(r.m.Payload) != "mine" {
@@ -127,7 +127,7 @@ func TestClaimWaitsForOwnPublish(t *testing.T) {
 // publishes begun since are under way: the unremembered messages are then
 // an earlier process's with the same tag, a backlog to read ahead.
 func TestReadAheadOwnMessages(t *testing.T) {
-	s := &Queue{recent: newRecent(NewBudget(1 << 20)), opt: options{publisher: PublisherTag("p")}}
+	s := newReadGroup(&core{opt: options{publisher: PublisherTag("p")}}, newRecent(NewBudget(1<<20)), &publishes{})
 	s.recent.taking(+1)
 	own := func(seq int) Name {
 		return mustName(t, fmt.Sprintf("qn-1-%s-%010d", PublisherTag("p"), seq))
@@ -136,18 +136,18 @@ func TestReadAheadOwnMessages(t *testing.T) {
 	names := []Name{other, own(2), own(3)}
 
 	before := s.pubs.begin() // under way when the listing was asked for
-	s.listedPubs = s.pubs.mark()
-	if n := s.readAhead(names); n != 1 {
+	listed := s.pubs.mark()
+	if n := s.readAhead(names, listed); n != 1 {
 		t.Fatalf("read ahead %d names with a publish from before the listing under way, want 1 (up to the own one)", n)
 	}
 	since := s.pubs.begin() // begun after the listing: cannot be in it
 	s.pubs.end(before)
-	if n := s.readAhead(names[1:]); n != 2 {
+	if n := s.readAhead(names[1:], listed); n != 2 {
 		t.Fatalf("read ahead %d of 2 own names not remembered, with only a later publish under way", n)
 	}
 	s.pubs.end(since)
 	var queued []string
-	for _, n := range s.reads.ahead {
+	for _, n := range s.ahead {
 		queued = append(queued, n.Raw)
 	}
 	if want := []string{other.Raw, own(2).Raw, own(3).Raw}; !slices.Equal(queued, want) {

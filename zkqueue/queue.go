@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -21,24 +20,39 @@ import (
 // candidates from it, and so never race each other for the head. An idle
 // Queue costs no ZooKeeper traffic: waiting consumers sleep on the watch.
 //
+// A Queue is the public face of its parts, each with its own state (and
+// lock, where it has state that changes): the producer (producer.go: tail
+// segments, rolls, publish encoding), the dispatcher (dispatch.go, over
+// the chain of segments, heads.go), the group reads (reads.go), the
+// claims (claims.go) and the inspector (inspect.go: Peek, Len, Purge).
+// The optional features are parts too, each nil unless the queue has it:
+// deduplication (dedup.go), message groups (groups.go) and a TTL
+// (ttl.go); the nodes that do not decode (baddata.go) are asked about
+// only once one is known. A message that uses no feature goes through
+// none of their code.
+//
 // A Queue is safe for concurrent use.
 type Queue struct {
-	conn    *zk.Conn
-	zk      observed
-	readers []observed // zk and WithReaders's, used round-robin by claims
-	next    atomic.Uint32
-	path    string
-	opt     options
-	recent  *recent   // data of messages published here, for read-free claims
-	pubs    publishes // publishes under way, for claims of what they create
-	reads   readGroup // concurrent claims' reads (reads.go)
-	tails   tails     // the tail segment of each level, for producers
-	chain   chain     // the segments, for consumers
-	counts  segmentCounts
-	dedup   *dedup // nil without WithDedup
-	groups  groupWaits
+	*core
+	recent *recent     // data of messages published here, for read-free claims
+	pubs   *publishes  // publishes under way, for claims of what they create
+	prod   *producer   // the publish side
+	disp   *dispatcher // the consume side: snapshot, candidates, claims' ends
+	reads  *readGroup  // concurrent claims' reads (reads.go)
+	insp   *inspector  // Peek, Len, Purge, Browse: reading without consuming
+	dedup  *dedup      // nil without WithDedup
+	groups *groups     // nil without WithGroups
+	ttl    *expiry     // nil without a TTL
+	claims *claims     // reading and deciding on a candidate
+}
 
-	dispatcher
+// core is what every part of a Queue shares, set by New and never
+// changed: the session, the queue's node and its options.
+type core struct {
+	conn *zk.Conn
+	zk   observed
+	path string
+	opt  options
 }
 
 // New returns the queue whose messages are the children of p, creating p
@@ -62,35 +76,39 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 			return nil, fmt.Errorf("zkqueue: %w", err)
 		}
 	}
-	s := &Queue{conn: conn, zk: observed{conn, o.observer}, path: p, opt: o,
-		recent: newRecent(o.memory), dispatcher: newDispatcher(),
-		tails: tails{k: map[int]int64{}}, chain: newChain(),
-		counts: segmentCounts{n: map[segment]int{}}}
+	c := &core{conn: conn, zk: observed{conn, o.observer}, path: p, opt: o}
+	q := &Queue{core: c, recent: newRecent(o.memory), pubs: &publishes{},
+		insp: &inspector{core: c, n: map[segment]int{}}}
+	q.reads = newReadGroup(c, q.recent, q.pubs)
+	if o.groupsDir != "" {
+		q.groups = &groups{core: c}
+	}
+	q.prod = &producer{core: c, tails: tails{k: map[int]int64{}}, recent: q.recent, pubs: q.pubs, groups: q.groups}
+	q.disp = newDispatcher(c, q.recent, q.pubs, q.reads, q.groups)
+	if q.groups != nil {
+		q.groups.disp = q.disp
+	}
 	if o.dedupDir != "" {
-		s.dedup = &dedup{dir: o.dedupDir, window: o.dedupWindow}
+		q.dedup = &dedup{core: c, prod: q.prod, dir: o.dedupDir, window: o.dedupWindow}
 	}
-	for _, r := range o.readers {
-		s.readers = append(s.readers, observed{r, o.observer})
+	if o.expiry.TTL > 0 {
+		q.ttl = &expiry{core: c}
 	}
-	if len(s.readers) == 0 {
-		s.readers = []observed{s.zk}
-	}
-	// Readers are sessions of one client type: all have multiRead or none.
-	s.reads.off.Store(!hasMultiRead(conn))
-	return s, nil
+	q.claims = &claims{core: c, recent: q.recent, pubs: q.pubs, reads: q.reads, disp: q.disp, groups: q.groups, ttl: q.ttl}
+	return q, nil
 }
 
 // Path returns the parent node of the messages.
-func (s *Queue) Path() string { return s.path }
+func (q *Queue) Path() string { return q.path }
 
 // CheckPayload returns ErrTooLarge when payload exceeds the limit.
-func (s *Queue) CheckPayload(payload []byte) error {
-	return s.checkSize(len(payload))
+func (q *Queue) CheckPayload(payload []byte) error {
+	return q.checkSize(len(payload))
 }
 
-func (s *Queue) checkSize(n int) error {
-	if n > s.opt.limits.MaxPayload {
-		return fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, n, s.opt.limits.MaxPayload)
+func (q *Queue) checkSize(n int) error {
+	if n > q.opt.limits.MaxPayload {
+		return fmt.Errorf("%w: %d bytes > %d", ErrTooLarge, n, q.opt.limits.MaxPayload)
 	}
 	return nil
 }
@@ -98,21 +116,68 @@ func (s *Queue) checkSize(n int) error {
 // CheckDraft returns ErrBadPriority, ErrBadAttributes, ErrBadDedupID,
 // ErrBadGroup or ErrTooLarge for a draft that cannot be published. Attributes count
 // against the payload limit.
-func (s *Queue) CheckDraft(d Draft) error {
-	if _, err := s.prefix(d.Priority); err != nil {
+func (q *Queue) CheckDraft(d Draft) error {
+	if _, err := q.prefix(d.Priority); err != nil {
 		return err
 	}
-	if err := s.checkDedup(d.DedupID); err != nil {
-		return err
+	if d.DedupID != "" {
+		if err := q.checkDedup(d.DedupID); err != nil {
+			return err
+		}
 	}
-	if err := s.checkGroup(d.Group); err != nil {
-		return err
+	if d.Group != "" {
+		if err := q.checkGroup(d.Group); err != nil {
+			return err
+		}
 	}
 	if err := d.Attributes.Validate(); err != nil {
 		return err
 	}
-	return s.checkSize(d.Size())
+	return q.checkSize(d.Size())
 }
+
+// Check checks each of drafts as CheckDraft does and marks it checked
+// by q, in place: a publish of the marked drafts to q (Publish*,
+// Scheduled.Publish*) does not check them again, so a caller that must
+// refuse a batch before it spends anything on it (the broker charges its
+// quotas first) has the queue check each message once. A refusal is a
+// *DraftError naming the draft. A draft changed after Check is the
+// caller's error: its mark vouches for what was checked.
+func (q *Queue) Check(drafts []Draft) error {
+	for i := range drafts {
+		if err := q.CheckDraft(drafts[i]); err != nil {
+			return &DraftError{Index: i, Err: err}
+		}
+		drafts[i].checked = q
+	}
+	return nil
+}
+
+// checkDrafts checks the drafts that Check has not marked.
+func (q *Queue) checkDrafts(drafts []Draft) error {
+	for i, d := range drafts {
+		if d.checked == q {
+			continue
+		}
+		if err := q.CheckDraft(d); err != nil {
+			return &DraftError{Index: i, Err: err}
+		}
+	}
+	return nil
+}
+
+// DraftError is the refusal of one draft of a publish (see CheckDraft):
+// Index is its place among the drafts.
+type DraftError struct {
+	Index int
+	Err   error
+}
+
+func (e *DraftError) Error() string {
+	return fmt.Sprintf("zkqueue: message %d: %s", e.Index, strings.TrimPrefix(e.Err.Error(), "zkqueue: "))
+}
+
+func (e *DraftError) Unwrap() error { return e.Err }
 
 // Draft is a message to publish.
 type Draft struct {
@@ -125,47 +190,64 @@ type Draft struct {
 	// DedupID, when set, makes the publish idempotent within the
 	// queue's window (WithDedup, dedup.go); see CheckDedupID.
 	DedupID string
+
+	checked *Queue // the Queue whose Check passed it
 }
 
 // Size is what the draft counts against the payload limit: its payload
 // and its attributes.
 func (d Draft) Size() int { return len(d.Payload) + d.Attributes.Size() }
 
+// hasDedup reports whether a draft has a dedup id.
+func hasDedup(drafts []Draft) bool {
+	for _, d := range drafts {
+		if d.DedupID != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // Publish appends payload (at priority 0 in a priority queue) and returns
 // the message id (its node name). Errors: ErrTooLarge, or a ZooKeeper
 // error.
-func (s *Queue) Publish(ctx context.Context, payload []byte) (string, error) {
-	return s.PublishDraft(ctx, Draft{Payload: payload})
+func (q *Queue) Publish(ctx context.Context, payload []byte) (string, error) {
+	return q.PublishDraft(ctx, Draft{Payload: payload})
 }
 
 // PublishPriority appends payload with priority p (see Draft).
-func (s *Queue) PublishPriority(ctx context.Context, p int, payload []byte) (string, error) {
-	return s.PublishDraft(ctx, Draft{Payload: payload, Priority: p})
+func (q *Queue) PublishPriority(ctx context.Context, p int, payload []byte) (string, error) {
+	return q.PublishDraft(ctx, Draft{Payload: payload, Priority: p})
 }
 
 // PublishDraft appends one message with its priority and attributes.
-// Errors: see CheckDraft, or a ZooKeeper error.
-func (s *Queue) PublishDraft(ctx context.Context, d Draft) (string, error) {
-	if err := s.CheckDraft(d); err != nil {
+// Errors: a *DraftError wrapping a refusal of CheckDraft, or a ZooKeeper
+// error.
+func (q *Queue) PublishDraft(ctx context.Context, d Draft) (string, error) {
+	drafts := []Draft{d}
+	if err := q.checkDrafts(drafts); err != nil {
 		return "", err
 	}
 	if d.DedupID != "" {
-		rs, err := s.publishReceipts(ctx, []Draft{d}, nil, nil)
+		rs, err := q.dedup.publishReceipts(ctx, drafts, nil, nil)
 		if err != nil {
-			return "", s.wrap("publish", err)
+			return "", q.wrap("publish", err)
 		}
 		return rs[0].ID, nil
 	}
-	id, err := s.publish(ctx, d)
-	return id, s.wrap("publish", err)
+	paths, err := q.prod.publish(ctx, drafts)
+	if err != nil {
+		return "", q.wrap("publish", fmt.Errorf("create in %s: %w", q.path, err))
+	}
+	return path.Base(paths[0]), nil
 }
 
 // prefix returns the name prefix of a message of priority p.
-func (s *Queue) prefix(p int) (string, error) {
+func (q *Queue) prefix(p int) (string, error) {
 	switch {
 	case p < 0 || p > MaxPriority:
 		return "", fmt.Errorf("%w: %d not in [0, %d]", ErrBadPriority, p, MaxPriority)
-	case s.opt.priorities:
+	case q.opt.priorities:
 		return PriorityPrefix(p), nil
 	case p != 0:
 		return "", fmt.Errorf("%w: %d in a FIFO queue", ErrBadPriority, p)
@@ -175,11 +257,11 @@ func (s *Queue) prefix(p int) (string, error) {
 
 // wrap names the operation and the queue in err; context errors are
 // returned as they are.
-func (s *Queue) wrap(op string, err error) error {
+func (c *core) wrap(op string, err error) error {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return &opError{op: op, path: s.path, err: err}
+	return &opError{op: op, path: c.path, err: err}
 }
 
 // opError is an error of a Queue operation: "zkqueue: <op> <path>: " and
@@ -195,48 +277,32 @@ func (e *opError) Error() string {
 
 func (e *opError) Unwrap() error { return e.err }
 
-// publish creates one checked message node and returns its name.
-func (s *Queue) publish(ctx context.Context, d Draft) (string, error) {
-	if err := ctx.Err(); err != nil {
-		return "", err
-	}
-	d = withGroupTokens([]Draft{d})[0]
-	data := EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: time.Now()})
-	paths, err := s.appendGrouped(ctx, []int{d.Priority}, [][]byte{data}, []Attributes{d.Attributes})
-	if err != nil {
-		return "", fmt.Errorf("create in %s: %w", s.path, err)
-	}
-	return path.Base(paths[0]), nil
-}
-
 // PublishBatch appends all payloads (at priority 0 in a priority queue)
 // atomically, in order, in one Multi transaction: either all are
 // published or none. Errors: ErrEmptyBatch, ErrTooLarge, ErrBatchTooLarge
 // (nothing written), or a ZooKeeper error (nothing written).
-func (s *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, error) {
+func (q *Queue) PublishBatch(ctx context.Context, payloads [][]byte) ([]string, error) {
 	drafts := make([]Draft, len(payloads))
 	for i, p := range payloads {
 		drafts[i].Payload = p
 	}
-	return s.PublishAll(ctx, drafts)
+	return q.PublishAll(ctx, drafts)
 }
 
 // PublishAll is PublishBatch for messages with priorities, attributes and
 // dedup ids (a duplicate's id is the first publish's; PublishReceipts
-// tells them apart).
-func (s *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error) {
-	for _, d := range drafts {
-		if err := s.CheckDraft(d); err != nil {
-			return nil, err
-		}
+// tells them apart). A refused draft is a *DraftError naming it.
+func (q *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error) {
+	if err := q.checkDrafts(drafts); err != nil {
+		return nil, err
 	}
-	if err := s.checkBatch(drafts); err != nil {
-		return nil, s.wrap("publish batch", err)
+	if err := q.checkBatch(drafts); err != nil {
+		return nil, q.wrap("publish batch", err)
 	}
 	if hasDedup(drafts) {
-		rs, err := s.publishReceipts(ctx, drafts, nil, nil)
+		rs, err := q.dedup.publishReceipts(ctx, drafts, nil, nil)
 		if err != nil {
-			return nil, s.wrap("publish batch", err)
+			return nil, q.wrap("publish batch", err)
 		}
 		ids := make([]string, len(rs))
 		for i, r := range rs {
@@ -244,19 +310,22 @@ func (s *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error
 		}
 		return ids, nil
 	}
-	ids, err := s.publishBatch(ctx, drafts)
-	return ids, s.wrap("publish batch", err)
+	paths, err := q.prod.publish(ctx, drafts)
+	if err != nil {
+		return nil, q.wrap("publish batch", fmt.Errorf("multi create in %s: %w", q.path, err))
+	}
+	return ids(paths), nil
 }
 
 // checkBatch checks a batch of checked drafts against the limits: a
 // batch over the count or byte limits is rejected before anything is
 // written.
-func (s *Queue) checkBatch(drafts []Draft) error {
+func (q *Queue) checkBatch(drafts []Draft) error {
 	if len(drafts) == 0 {
 		return ErrEmptyBatch
 	}
-	if len(drafts) > s.opt.limits.MaxBatchCount {
-		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), s.opt.limits.MaxBatchCount)
+	if len(drafts) > q.opt.limits.MaxBatchCount {
+		return fmt.Errorf("%w: %d messages > %d", ErrBatchTooLarge, len(drafts), q.opt.limits.MaxBatchCount)
 	}
 	// The byte limit bounds the Multi request, so it counts what each
 	// message adds to it besides its payload (MessageOverhead), not the
@@ -265,40 +334,26 @@ func (s *Queue) checkBatch(drafts []Draft) error {
 	total, overhead, now := 0, 0, time.Now()
 	for _, d := range drafts {
 		total += d.Size()
-		overhead += s.MessageOverhead() + s.dedupBytes(d.DedupID, now, time.Time{}) + s.groupBytes(d.Group)
+		overhead += q.MessageOverhead() + q.featureBytes(d, now, time.Time{})
 	}
-	if total+overhead > s.opt.limits.MaxBatchBytes {
+	if total+overhead > q.opt.limits.MaxBatchBytes {
 		return fmt.Errorf("%w: %d messages are %d bytes including %d bytes of per-message overhead > %d",
-			ErrBatchTooLarge, len(drafts), total+overhead, overhead, s.opt.limits.MaxBatchBytes)
+			ErrBatchTooLarge, len(drafts), total+overhead, overhead, q.opt.limits.MaxBatchBytes)
 	}
 	return nil
 }
 
-// publishBatch creates all checked drafts (see checkBatch) in one Multi
-// transaction: all or none.
-func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
+// featureBytes is what a checked draft's dedup records and group entry
+// add to its publish transaction at now, due at due (zero: at once).
+func (q *Queue) featureBytes(d Draft, now, due time.Time) int {
+	n := 0
+	if d.DedupID != "" {
+		n += q.dedup.bytes(d.DedupID, now, due)
 	}
-	now := time.Now()
-	drafts = withGroupTokens(drafts)
-	levels := make([]int, len(drafts))
-	datas := make([][]byte, len(drafts))
-	attrs := make([]Attributes, len(drafts))
-	for i, d := range drafts {
-		levels[i] = d.Priority
-		datas[i] = EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now})
-		attrs[i] = d.Attributes
+	if d.Group != "" {
+		n += q.groups.bytes(d.Group)
 	}
-	paths, err := s.appendGrouped(ctx, levels, datas, attrs)
-	if err != nil {
-		return nil, fmt.Errorf("multi create in %s: %w", s.path, err)
-	}
-	ids := make([]string, len(paths))
-	for i, p := range paths {
-		ids[i] = path.Base(p)
-	}
-	return ids, nil
+	return n
 }
 
 // MessageOverhead is what each message of a batch counts against
@@ -307,215 +362,51 @@ func (s *Queue) publishBatch(ctx context.Context, drafts []Draft) ([]string, err
 // prefix with the segment's number, the publisher tag and 10 digits) and
 // the framing and ACL of its create op. For a broker's queue (items under
 // /qbroker, tagged) it is 207 bytes plus the length of the queue name.
-func (s *Queue) MessageOverhead() int {
-	o := HeaderMax + len(s.path) + 2*segDigits + 23 + opOverhead
-	if s.opt.publisher != "" {
+func (q *Queue) MessageOverhead() int {
+	o := HeaderMax + len(q.path) + 2*segDigits + 23 + opOverhead
+	if q.opt.publisher != "" {
 		o += tagLen + 1
 	}
 	return o
 }
 
-// publisherTag is the tag new messages carry in their names: this
-// process's (WithPublisher) while it consumes the queue and so remembers
-// what it publishes, else none, and they are shared by sequence number.
-func (s *Queue) publisherTag() string {
-	if s.opt.publisher == "" || !s.recent.consumed() {
-		return ""
-	}
-	return s.opt.publisher
-}
-
-// remember notes the messages this process created at paths with datas,
-// for read-free claims.
-func (s *Queue) remember(paths []string, datas [][]byte) {
-	for i, p := range paths {
-		if n, ok := ParseName(path.Base(p)); ok {
-			s.recent.put(n, datas[i])
-		}
-	}
-}
-
-// listingPubs returns the publishes begun before the current snapshot's
-// listing came back (publishes.mark): a candidate's, or a later one's,
-// which only counts more.
-func (s *Queue) listingPubs() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.listedPubs
-}
-
-// ownTag reports whether n carries this process's publisher tag.
-func (s *Queue) ownTag(n Name) bool {
-	return n.Tag != "" && n.Tag == s.opt.publisher
-}
-
-// reader returns the session for a claim's read, round-robin.
-func (s *Queue) reader() observed {
-	if len(s.readers) == 1 {
-		return s.readers[0]
-	}
-	return s.readers[int(s.next.Add(1))%len(s.readers)]
-}
-
-// write runs ops as one transaction: through the Committer when there is
-// one, else as a plain request (one op) or a Multi. Errors name the
-// failing op's cause.
-func (s *Queue) write(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
-	if s.opt.committer != nil {
-		return s.opt.committer.Do(ctx, ops...)
-	}
-	if len(ops) == 1 {
-		switch o := ops[0].(type) {
-		case *zk.CreateRequest:
-			p, err := s.zk.Create(o.Path, o.Data, o.Flags, o.Acl)
-			return []zk.MultiResponse{{String: p, Error: err}}, err
-		case *zk.DeleteRequest:
-			err := s.zk.Delete(o.Path, o.Version)
-			return []zk.MultiResponse{{Error: err}}, err
-		}
-	}
-	res, err := s.zk.Multi(ops...)
-	return res, zkutil.MultiError(res, err)
-}
-
-// multi runs ops as one Multi on the queue's own session, never through
-// the Committer.
-func (s *Queue) multi(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
-	res, err := s.zk.Multi(ops...)
-	return res, zkutil.MultiError(res, err)
-}
-
-// claimDelete is the at-most-once claim: getData, then delete at the read
-// version. Whoever deletes the node owns the message. If the delete's
-// outcome is unknown (connection lost), the message is not returned: it
-// may be lost, never delivered twice. A message that does not fit the
-// caller's room (see fitClaimFunc) is not deleted.
-func (s *Queue) claimDelete(ctx context.Context, n Name, fit fitFunc) (Message, error) {
-	p := itemPath(s.path, n)
-	data, version, err := s.readItem(ctx, p, n)
-	if err != nil {
-		return Message{}, err
-	}
-	// Undecodable data is never delivered: the claim fails with
-	// ErrBadData, and the node stays, skipped, until a purge
-	// (baddata.go).
-	m, err := decodeMessage(n, data, 1)
-	if err != nil {
-		return Message{}, err
-	}
-	if s.expired(m, time.Now()) {
-		return Message{}, s.expireClaimed(ctx, n, data, version)
-	}
-	var gops []any
-	if m.Group != "" {
-		entry, err := s.groupGate(m)
-		if err != nil {
-			s.unread(n, data, version)
-			return Message{}, err
-		}
-		if entry != "" {
-			gops = s.groupClaimOps(m.Group, entry, false)
-		}
-	}
-	if !fit.admits(m.wireSize()) {
-		s.unread(n, data, version)
-		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
-	}
-	if _, err := s.write(ctx, append([]any{&zk.DeleteRequest{Path: p, Version: version}}, gops...)...); err != nil {
-		return Message{}, fmt.Errorf("delete %s: %w", p, err)
-	}
-	if gops != nil {
-		_ = s.zk.Delete(s.groupPath(m.Group), -1) // idle now unless more wait
-	}
-	return m, nil
-}
-
 // Take claims up to max messages from the head, at most once (see
-// claimDelete), within room; otherwise as Leases.Take.
-func (s *Queue) Take(ctx context.Context, max int, room Room, block bool) ([]Message, error) {
-	ms, err := takeWithin(ctx, s, max, room, block, s.claimDelete)
-	return ms, s.wrap("take", err)
-}
-
-func (s *Queue) claimDeleteAll(ctx context.Context, n Name) (Message, error) {
-	return s.claimDelete(ctx, n, nil)
-}
-
-// readItem returns the data and version of candidate n at p for its
-// claim: remembered when this process published it, else read (group
-// read, reads.go). A message with this process's publisher tag may be
-// listed before its publish returned here: the claim waits for the
-// publishes under way at the listing before it reads (publishes).
-func (s *Queue) readItem(ctx context.Context, p string, n Name) (data []byte, version int32, err error) {
-	if data, ok := s.recent.take(n.Raw); ok {
-		return data, 0, nil
-	}
-	if s.ownTag(n) && s.pubs.settle(ctx, s.listingPubs()) {
-		if data, ok := s.recent.take(n.Raw); ok {
-			return data, 0, nil
-		}
-	}
-	r := s.groupRead(p)
-	return r.data, r.version, r.err
-}
-
-// unread puts back what readItem took from the memory of published
-// messages, for a candidate given back unclaimed. Data at version 0 is
-// what the message was created with, whoever read it.
-func (s *Queue) unread(n Name, data []byte, version int32) {
-	if version == 0 {
-		s.recent.put(n, data)
-	}
-}
-
-func decodeMessage(n Name, data []byte, addDeliveries int) (Message, error) {
-	m, err := DecodeData(data)
-	if err != nil {
-		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
-	}
-	m.ID, m.Priority = n.Base, n.Priority
-	m.Deliveries += addDeliveries
-	return m, nil
+// claims.take), within room; otherwise as Leases.Take.
+func (q *Queue) Take(ctx context.Context, max int, room Room, block bool) ([]Message, error) {
+	ms, err := takeWithin(ctx, q.disp, takeReq{max: max, room: room, block: block}, q.claims.take)
+	return ms, q.wrap("take", err)
 }
 
 // TryDequeue claims the head message (at-most-once) or returns ErrEmpty.
-func (s *Queue) TryDequeue(ctx context.Context) (Message, error) {
-	m, err := take(ctx, s, false, s.claimDeleteAll)
-	return m, s.wrap("dequeue", err)
+func (q *Queue) TryDequeue(ctx context.Context) (Message, error) {
+	m, err := take(ctx, q.disp, false, q.claims.takeAll)
+	return m, q.wrap("dequeue", err)
 }
 
 // Dequeue claims the head message (at-most-once), waiting for one until
 // ctx ends.
-func (s *Queue) Dequeue(ctx context.Context) (Message, error) {
-	m, err := take(ctx, s, true, s.claimDeleteAll)
-	return m, s.wrap("dequeue", err)
+func (q *Queue) Dequeue(ctx context.Context) (Message, error) {
+	m, err := take(ctx, q.disp, true, q.claims.takeAll)
+	return m, q.wrap("dequeue", err)
 }
 
 // OldestAge returns the age of the head message (0 when empty). It reads
 // the head of the cached snapshot when it still exists, without listing
 // the children (an approximation: a message put back at the head since the
 // last scan is not seen), else the head of a fresh listing.
-func (s *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
+func (q *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
 	// The head of the cached snapshot, when there is one, saves listing
 	// the children; if it is gone, Peek lists them.
-	s.mu.Lock()
-	var head Name
-	switch {
-	case len(s.pending) > 0 && (len(s.others) == 0 || Compare(s.pending[0], s.others[0]) < 0):
-		head = s.pending[0]
-	case len(s.others) > 0:
-		head = s.others[0]
-	}
-	s.mu.Unlock()
+	head := q.disp.head()
 	if head.Raw != "" {
-		data, _, err := s.zk.Get(itemPath(s.path, head))
+		data, _, err := q.zk.Get(itemPath(q.path, head))
 		if err == nil {
 			if m, err := decodeMessage(head, data, 0); err == nil {
 				return time.Since(m.Published), nil
 			}
 		}
 	}
-	m, err := s.Peek(ctx)
+	m, err := q.Peek(ctx)
 	if errors.Is(err, ErrEmpty) {
 		return 0, nil
 	}

@@ -68,14 +68,35 @@ type readResult struct {
 	err     error
 }
 
-// readGroup queues a Queue's reads for group read.
+// readGroup is a Queue's part for reads: it queues concurrent claims'
+// reads for group read and reads ahead what the dispatcher offers,
+// filling the memory of messages. It is safe for concurrent use.
 type readGroup struct {
+	*core
+	readers []observed // the queue's session and WithReaders's, used round-robin
+	next    atomic.Uint32
+	recent  *recent
+	pubs    *publishes
+
 	off      atomic.Bool // no multiRead: the client has none, or the server refused it
 	mu       sync.Mutex
 	queued   []*readCall
 	inFlight int
 	ahead    []Name          // candidates to read ahead, next first
 	aheadSet map[string]bool // names in ahead or in a request for it
+}
+
+func newReadGroup(c *core, r *recent, p *publishes) *readGroup {
+	g := &readGroup{core: c, recent: r, pubs: p}
+	for _, conn := range c.opt.readers {
+		g.readers = append(g.readers, observed{conn, c.opt.observer})
+	}
+	if len(g.readers) == 0 {
+		g.readers = []observed{c.zk}
+	}
+	// Readers are sessions of one client type: all have multiRead or none.
+	g.off.Store(!hasMultiRead(c.conn))
+	return g
 }
 
 type readCall struct {
@@ -91,21 +112,20 @@ type readCall struct {
 	turn chan struct{}
 }
 
-// groupRead reads the data of p, sharing a request with concurrent reads
+// read reads the data of p, sharing a request with concurrent reads
 // of the Queue.
-func (s *Queue) groupRead(p string) readResult {
-	g := &s.reads
+func (g *readGroup) read(p string) readResult {
 	c := &readCall{path: p, done: make(chan struct{}), turn: make(chan struct{}, 1)}
 	g.mu.Lock()
 	g.queued = append(g.queued, c)
-	s.sendLocked()
+	g.sendLocked()
 	for {
 		select {
 		case <-c.done:
 			return c.res
 		case <-c.turn:
 			g.mu.Lock()
-			s.sendLocked()
+			g.sendLocked()
 		}
 	}
 }
@@ -113,25 +133,23 @@ func (s *Queue) groupRead(p string) readResult {
 // sendLocked, called with reads.mu held, sends the oldest queued reads
 // as one request if a request slot is free, and releases the lock. When
 // the request ends it hands the slot to the call first in the queue.
-func (s *Queue) sendLocked() {
-	g := &s.reads
+func (g *readGroup) sendLocked() {
 	if g.inFlight >= maxReadsInFlight || len(g.queued) == 0 {
 		g.mu.Unlock()
 		return
 	}
 	batch := g.queued[:min(len(g.queued), maxReadBatch)]
 	g.queued = g.queued[len(batch):]
-	batch = append(batch[:len(batch):len(batch)], s.aheadCallsLocked(maxReadBatch-len(batch))...)
+	batch = append(batch[:len(batch):len(batch)], g.aheadCallsLocked(maxReadBatch-len(batch))...)
 	g.inFlight++
 	g.mu.Unlock()
-	s.sendBatch(batch)
+	g.sendBatch(batch)
 }
 
 // sendBatch sends calls as one request, which holds a slot, answers the
 // calls and hands the slot on (see sendLocked).
-func (s *Queue) sendBatch(batch []*readCall) {
-	g := &s.reads
-	s.readCalls(batch)
+func (g *readGroup) sendBatch(batch []*readCall) {
+	g.readCalls(batch)
 	for _, b := range batch {
 		if b.done != nil {
 			close(b.done)
@@ -146,7 +164,7 @@ func (s *Queue) sendBatch(batch []*readCall) {
 			// what it was published with, as for the memory of own
 			// messages (whose claims delete at version 0).
 			if b.res.err == nil && b.res.version == 0 {
-				s.recent.put(b.ahead, b.res.data)
+				g.recent.put(b.ahead, b.res.data)
 			}
 		}
 	}
@@ -161,12 +179,11 @@ func (s *Queue) sendBatch(batch []*readCall) {
 }
 
 // aheadCallsLocked takes up to n candidates queued for reading ahead.
-func (s *Queue) aheadCallsLocked(n int) []*readCall {
-	g := &s.reads
+func (g *readGroup) aheadCallsLocked(n int) []*readCall {
 	n = min(n, len(g.ahead))
 	calls := make([]*readCall, n)
 	for i, a := range g.ahead[:n] {
-		calls[i] = &readCall{path: itemPath(s.path, a), ahead: a}
+		calls[i] = &readCall{path: itemPath(g.path, a), ahead: a}
 	}
 	g.ahead = g.ahead[n:]
 	return calls
@@ -174,9 +191,10 @@ func (s *Queue) aheadCallsLocked(n int) []*readCall {
 
 // readAhead queues names, the candidates next in line, for reading ahead,
 // but those remembered already or queued, while fewer than maxReadAhead
-// are queued. It returns how many of names it looked at.
-func (s *Queue) readAhead(names []Name) int {
-	g := &s.reads
+// are queued. listedPubs is the dispatcher's mark of the publishes begun
+// before its snapshot's listing. It returns how many of names it looked
+// at.
+func (g *readGroup) readAhead(names []Name, listedPubs uint64) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.aheadSet == nil {
@@ -188,15 +206,15 @@ func (s *Queue) readAhead(names []Name) int {
 	// ahead stops there until it ends (a round trip), and goes on then,
 	// through the messages remembered meanwhile and those an earlier
 	// process with the same tag left.
-	answering := s.pubs.openSince(s.listedPubs)
+	answering := g.pubs.openSince(listedPubs)
 	for i, n := range names {
 		if len(g.ahead) >= maxReadAhead {
 			return i
 		}
-		if answering && s.ownTag(n) && !s.recent.has(n.Raw) {
+		if answering && ownTag(n, g.opt.publisher) && !g.recent.has(n.Raw) {
 			return i
 		}
-		if !g.aheadSet[n.Raw] && !s.recent.has(n.Raw) {
+		if !g.aheadSet[n.Raw] && !g.recent.has(n.Raw) {
 			g.ahead = append(g.ahead, n)
 			g.aheadSet[n.Raw] = true
 		}
@@ -206,34 +224,32 @@ func (s *Queue) readAhead(names []Name) int {
 
 // aheadDue reports whether a request of reads ahead alone should go now:
 // a full batch is queued, no claim's read waits, and a slot is free.
-func (s *Queue) aheadDue() bool {
-	g := &s.reads
+func (g *readGroup) aheadDue() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return len(g.ahead) >= maxReadBatch && len(g.queued) == 0 && g.inFlight < maxReadsInFlight
 }
 
 // sendAhead sends a request of reads ahead alone, if a slot is free.
-func (s *Queue) sendAhead() {
-	g := &s.reads
+func (g *readGroup) sendAhead() {
 	g.mu.Lock()
 	if g.inFlight >= maxReadsInFlight || len(g.ahead) == 0 {
 		g.mu.Unlock()
 		return
 	}
-	batch := s.aheadCallsLocked(maxReadBatch)
+	batch := g.aheadCallsLocked(maxReadBatch)
 	g.inFlight++
 	g.mu.Unlock()
-	s.sendBatch(batch)
+	g.sendBatch(batch)
 }
 
 // readCalls answers calls with one request (readBatch).
-func (s *Queue) readCalls(calls []*readCall) {
+func (g *readGroup) readCalls(calls []*readCall) {
 	paths := make([]string, len(calls))
 	for i, c := range calls {
 		paths[i] = c.path
 	}
-	for i, r := range s.readBatch(paths) {
+	for i, r := range g.readBatch(paths) {
 		calls[i].res = r
 	}
 }
@@ -242,9 +258,9 @@ func (s *Queue) readCalls(calls []*readCall) {
 // getData for one, else a multiRead, or a getData each where the client
 // has no multiRead or the server refuses it. A failure is each path's
 // readResult error.
-func (s *Queue) readBatch(paths []string) []readResult {
-	if len(paths) > 1 && !s.reads.off.Load() {
-		rs, err := s.multiGet(paths)
+func (g *readGroup) readBatch(paths []string) []readResult {
+	if len(paths) > 1 && !g.off.Load() {
+		rs, err := g.multiGet(paths)
 		if err == nil {
 			return rs
 		}
@@ -260,19 +276,19 @@ func (s *Queue) readBatch(paths []string) []readResult {
 	// them, so the batch still costs one round trip of waiting.
 	out := make([]readResult, len(paths))
 	if len(paths) == 1 {
-		out[0] = s.get(paths[0])
+		out[0] = g.get(paths[0])
 		return out
 	}
 	var wg sync.WaitGroup
 	for i, p := range paths {
-		wg.Go(func() { out[i] = s.get(p) })
+		wg.Go(func() { out[i] = g.get(p) })
 	}
 	wg.Wait()
 	return out
 }
 
-func (s *Queue) get(p string) readResult {
-	data, stat, err := s.reader().Get(p)
+func (g *readGroup) get(p string) readResult {
+	data, stat, err := g.reader().Get(p)
 	if err != nil {
 		return readResult{err: fmt.Errorf("get %s: %w", p, err)}
 	}
@@ -288,12 +304,12 @@ func connectionLoss(err error) bool {
 
 // multiGet reads paths (at most maxReadBatch) in one multiRead. A
 // refusal other than the connection's turns multiRead off for the Queue.
-func (s *Queue) multiGet(paths []string) ([]readResult, error) {
-	rs, err := s.reader().MultiGet(paths...)
+func (g *readGroup) multiGet(paths []string) ([]readResult, error) {
+	rs, err := g.reader().MultiGet(paths...)
 	if err != nil {
-		if !connectionLoss(err) && s.reads.off.CompareAndSwap(false, true) {
+		if !connectionLoss(err) && g.off.CompareAndSwap(false, true) {
 			// ZooKeeper before 3.6 has no multiRead: read one by one.
-			s.opt.logger.Warn("multiRead refused; claims read each message on its own", "queue", s.path, "err", err)
+			g.opt.logger.Warn("multiRead refused; claims read each message on its own", "queue", g.path, "err", err)
 		}
 		return nil, err
 	}
@@ -311,10 +327,10 @@ func (s *Queue) multiGet(paths []string) ([]readResult, error) {
 // readPaths reads the data of paths, maxReadBatch at a time
 // (readBatch). A missing node is an error of its readResult; the error
 // returned is the connection's.
-func (s *Queue) readPaths(paths []string) ([]readResult, error) {
+func (g *readGroup) readPaths(paths []string) ([]readResult, error) {
 	out := make([]readResult, 0, len(paths))
 	for i := 0; i < len(paths); i += maxReadBatch {
-		for _, r := range s.readBatch(paths[i:min(i+maxReadBatch, len(paths))]) {
+		for _, r := range g.readBatch(paths[i:min(i+maxReadBatch, len(paths))]) {
 			if connectionLoss(r.err) {
 				return out, r.err
 			}
@@ -366,4 +382,12 @@ func (o observed) MultiGet(paths ...string) ([]readResponse, error) {
 	rs, err := m.MultiGet(paths...)
 	o.done("multiread", start, err)
 	return rs, err
+}
+
+// reader returns the session for a claim's read, round-robin.
+func (g *readGroup) reader() observed {
+	if len(g.readers) == 1 {
+		return g.readers[0]
+	}
+	return g.readers[int(g.next.Add(1))%len(g.readers)]
 }

@@ -22,7 +22,7 @@ import (
 // dead letter and a redelivery need nothing else). A segment node's
 // version tells its state: 0 while it is its chain's tail (producers
 // append to it), 1 or more once sealed (segmentSealed). Sealing a segment
-// and creating its successor is one transaction (roll.go), so a sealed
+// and creating its successor is one transaction (producer.go), so a sealed
 // segment always has a later one in its chain, and the tail is the one
 // unsealed segment, the last.
 //
@@ -180,7 +180,8 @@ type writeFunc func(ctx context.Context, ops ...any) ([]zk.MultiResponse, error)
 // re-created segment sorts before its chain's tail, so its message is
 // consumed before newer ones; consumers notice it by their watch on the
 // items parent.
-func requeue(ctx context.Context, write writeFunc, exists func(string) (bool, *zk.Stat, error), items string, n Name, ops []any) error {
+func requeue(ctx context.Context, tx txn, items string, n Name, ops []any) error {
+	write, exists := tx.write, tx.exists
 	sg, prio := segmentOf(n)
 	if sg.k == 0 {
 		_, err := write(ctx, ops...)

@@ -53,6 +53,7 @@ type LeaseSweeper struct {
 	dead      string
 	acl       []zk.ACL
 	groups    string
+	rel       releaser
 
 	watch <-chan zk.Event        // children watch of leases; nil when none is armed
 	known map[string]*sweptLease // lease name -> what the sweeper knows
@@ -68,8 +69,11 @@ type sweptLease struct {
 // requeueing into itemsPath and dead-lettering into deadPath. It makes no
 // request.
 func NewLeaseSweeper(conn *zk.Conn, itemsPath, leasesPath, deadPath string, cfg SweeperConfig) *LeaseSweeper {
-	return &LeaseSweeper{zk: observed{conn, cfg.Observer}, committer: cfg.Committer,
+	s := &LeaseSweeper{zk: observed{conn, cfg.Observer}, committer: cfg.Committer,
 		items: itemsPath, leases: leasesPath, dead: deadPath, acl: zkutil.ACLOr(cfg.ACL), groups: cfg.Groups, known: map[string]*sweptLease{}}
+	s.rel = releaser{items: itemsPath, leases: leasesPath, dead: deadPath, groups: cfg.Groups, acl: s.acl,
+		tx: txn{write: s.write, exists: s.zk.Exists, del: s.zk.Delete}}
+	return s
 }
 
 // Due reports whether Sweep has anything to do at now: the leases changed
@@ -125,11 +129,10 @@ func (s *LeaseSweeper) Sweep(ctx context.Context, now time.Time, p Policy) ([]Ex
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		changed := zkutil.Fired(l.watch)
-		if !changed && now.Before(l.deadline) {
+		if !zkutil.Fired(l.watch) && now.Before(l.deadline) {
 			continue
 		}
-		e, done, err := s.sweepOne(ctx, name, l, changed, now, p)
+		e, done, err := s.sweepOne(ctx, name, l, now, p)
 		if err != nil {
 			return out, err
 		}
@@ -150,11 +153,11 @@ var farFuture = time.Unix(1<<62, 0)
 // sweepOne reads lease name (arming a new data watch when the last one
 // fired) and releases it when its deadline is before now. done means the
 // sweeper can forget the lease (gone or released).
-func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease, changed bool, now time.Time, p Policy) (e *Expired, done bool, err error) {
+func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease, now time.Time, p Policy) (e *Expired, done bool, err error) {
 	leasePath := s.leases + "/" + name
 	var data []byte
 	var stat *zk.Stat
-	if changed {
+	if zkutil.Fired(l.watch) {
 		l.watch = nil
 		var w <-chan zk.Event
 		data, stat, w, err = s.zk.GetW(leasePath)
@@ -184,8 +187,8 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 		l.deadline = farFuture
 		return nil, false, nil
 	}
-	ops, out := releaseOps(s.items, s.leases, s.dead, s.groups, s.acl, name, l.item, itemData, stat.Version, m, p)
-	if err := runRelease(ctx, s.write, s.zk.Exists, s.items, s.dead, l.item, ops, out); err != nil {
+	out, err := s.rel.release(ctx, heldLease{token: name, version: stat.Version, item: l.item, data: itemData, m: m}, p)
+	if err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			// Settled, extended or released meanwhile (or the queue is
 			// being deleted): read again at the next Sweep, with a new
@@ -193,9 +196,6 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 			return nil, false, nil
 		}
 		return nil, false, fmt.Errorf("release %s: %w", leasePath, err)
-	}
-	if out != Requeued {
-		dropIdleGroup(s.zk.Delete, s.groups, m)
 	}
 	return &Expired{Message: m, Outcome: out}, true, nil
 }

@@ -112,9 +112,16 @@ func ExpiresAt(m Message, ttl time.Duration) time.Time {
 	return from.Add(ttl)
 }
 
+// expiry is a Queue's part for a message TTL (WithExpiry): claims ask it
+// whether the message they read has expired, and it removes expired
+// messages. A Queue without a TTL has none. It keeps no state.
+type expiry struct {
+	*core
+}
+
 // expired reports whether m has outlived the queue's TTL at now.
-func (s *Queue) expired(m Message, now time.Time) bool {
-	at := ExpiresAt(m, s.opt.expiry.TTL)
+func (e *expiry) expired(m Message, now time.Time) bool {
+	at := ExpiresAt(m, e.opt.expiry.TTL)
 	return !at.IsZero() && !now.Before(at)
 }
 
@@ -122,26 +129,26 @@ func (s *Queue) expired(m Message, now time.Time) bool {
 // or dead-lettered, and counted, in one transaction. It returns
 // zk.ErrNoNode or zk.ErrBadVersion when someone else claimed or expired
 // it first.
-func (s *Queue) expire(ctx context.Context, n Name, data []byte, version int32) error {
-	e := s.opt.expiry
-	ops := []any{&zk.DeleteRequest{Path: itemPath(s.path, n), Version: version}}
-	if e.Dead != "" {
-		ops = append(ops, &zk.CreateRequest{Path: e.Dead + "/" + n.Base, Data: data, Acl: s.opt.acl})
+func (e *expiry) expire(ctx context.Context, n Name, data []byte, version int32) error {
+	cfg := e.opt.expiry
+	ops := []any{&zk.DeleteRequest{Path: itemPath(e.path, n), Version: version}}
+	if cfg.Dead != "" {
+		ops = append(ops, &zk.CreateRequest{Path: cfg.Dead + "/" + n.Base, Data: data, Acl: e.opt.acl})
 	}
-	counted := e.Counter != ""
+	counted := cfg.Counter != ""
 	if counted {
-		ops = append(ops, &zk.SetDataRequest{Path: e.Counter, Version: -1})
+		ops = append(ops, &zk.SetDataRequest{Path: cfg.Counter, Version: -1})
 	}
-	res, err := s.write(ctx, ops...)
+	res, err := e.write(ctx, ops...)
 	if err != nil && counted && len(res) == len(ops) && errors.Is(res[len(ops)-1].Error, zk.ErrNoNode) {
 		// No counter node (a queue of an older layout): expire uncounted.
-		_, err = s.write(ctx, ops[:len(ops)-1]...)
+		_, err = e.write(ctx, ops[:len(ops)-1]...)
 	}
 	if err != nil {
 		return fmt.Errorf("expire %s: %w", n.Raw, err)
 	}
-	if e.Hook != nil {
-		e.Hook(1)
+	if cfg.Hook != nil {
+		cfg.Hook(1)
 	}
 	return nil
 }
@@ -150,15 +157,15 @@ func (s *Queue) expire(ctx context.Context, n Name, data []byte, version int32) 
 // counted by every process: the version of its counter node
 // (Expiry.Counter); 0 without a counter or when the node is missing (a
 // queue of an older layout).
-func (s *Queue) ExpiredCount(ctx context.Context) (int, error) {
-	p := s.opt.expiry.Counter
+func (q *Queue) ExpiredCount(ctx context.Context) (int, error) {
+	p := q.opt.expiry.Counter
 	if p == "" {
 		return 0, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	ok, stat, err := s.zk.Exists(p)
+	ok, stat, err := q.zk.Exists(p)
 	if err != nil {
 		return 0, fmt.Errorf("exists %s: %w", p, err)
 	}
@@ -170,8 +177,8 @@ func (s *Queue) ExpiredCount(ctx context.Context) (int, error) {
 
 // expireClaimed is a claim's end when it read an expired message: the
 // message is removed, and the claim reports errExpired (or the lost race).
-func (s *Queue) expireClaimed(ctx context.Context, n Name, data []byte, version int32) error {
-	if err := s.expire(ctx, n, data, version); err != nil {
+func (e *expiry) expireClaimed(ctx context.Context, n Name, data []byte, version int32) error {
+	if err := e.expire(ctx, n, data, version); err != nil {
 		return err
 	}
 	return fmt.Errorf("%s: %w", n.Raw, errExpired)
@@ -182,11 +189,11 @@ func (s *Queue) expireClaimed(ctx context.Context, n Name, data []byte, version 
 // (the zero time when the queue is empty or has no TTL). Expired messages
 // behind a younger head (put back by a redelivery) are left to their
 // claim.
-func (s *Queue) ExpireHeads(ctx context.Context) (removed int, next time.Time, err error) {
-	if s.opt.expiry.TTL <= 0 {
+func (q *Queue) ExpireHeads(ctx context.Context) (removed int, next time.Time, err error) {
+	if q.opt.expiry.TTL <= 0 {
 		return 0, time.Time{}, nil
 	}
-	l, err := s.listNow()
+	l, err := q.insp.listNow()
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0, time.Time{}, nil
 	}
@@ -198,7 +205,7 @@ func (s *Queue) ExpireHeads(ctx context.Context) (removed int, next time.Time, e
 		if done[sg.level] {
 			continue
 		}
-		names, err := s.segmentNames(l, sg)
+		names, err := q.insp.segmentNames(l, sg)
 		if err != nil {
 			return removed, next, err
 		}
@@ -206,8 +213,8 @@ func (s *Queue) ExpireHeads(ctx context.Context) (removed int, next time.Time, e
 			if err := ctx.Err(); err != nil {
 				return removed, next, err
 			}
-			p := itemPath(s.path, n)
-			data, stat, err := s.zk.Get(p)
+			p := itemPath(q.path, n)
+			data, stat, err := q.zk.Get(p)
 			if errors.Is(err, zk.ErrNoNode) {
 				continue
 			}
@@ -218,14 +225,14 @@ func (s *Queue) ExpireHeads(ctx context.Context) (removed int, next time.Time, e
 			if err != nil {
 				continue // never delivered, never expired: a purge deletes it
 			}
-			if !s.expired(m, time.Now()) {
-				if at := ExpiresAt(m, s.opt.expiry.TTL); next.IsZero() || at.Before(next) {
+			if !q.ttl.expired(m, time.Now()) {
+				if at := ExpiresAt(m, q.opt.expiry.TTL); next.IsZero() || at.Before(next) {
 					next = at
 				}
 				done[sg.level] = true
 				break
 			}
-			err = s.expire(ctx, n, data, stat.Version)
+			err = q.ttl.expire(ctx, n, data, stat.Version)
 			switch {
 			case err == nil:
 				removed++
@@ -247,8 +254,8 @@ const expiryRetry = time.Second
 // ctx ends; it returns ctx's error. Errors of a check are passed to
 // onErr (when set) and the check is retried after a second. Without a
 // TTL it only waits for ctx.
-func (s *Queue) RunExpiry(ctx context.Context, onErr func(error)) error {
-	ttl := s.opt.expiry.TTL
+func (q *Queue) RunExpiry(ctx context.Context, onErr func(error)) error {
+	ttl := q.opt.expiry.TTL
 	if ttl <= 0 {
 		<-ctx.Done()
 		return ctx.Err()
@@ -261,7 +268,7 @@ func (s *Queue) RunExpiry(ctx context.Context, onErr func(error)) error {
 			return ctx.Err()
 		case <-t.C:
 		}
-		_, next, err := s.ExpireHeads(ctx)
+		_, next, err := q.ExpireHeads(ctx)
 		wait := ttl // empty: nothing published from now on expires sooner
 		switch {
 		case err != nil:

@@ -1,0 +1,342 @@
+package zkqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// Producers append to the tail segment of a level's chain (segments.go).
+//
+// Each publish transaction carries a version check of its segment at
+// version 0, so it commits only while the segment is the tail. A publish
+// whose sequence number reaches SegmentSize-1 rolls the chain: one
+// transaction seals the segment (setData at version 0) and creates its
+// successor, whose name follows from the segment's. Of producers rolling
+// at once one transaction commits; the others fail on the version and
+// move on, as does every publish that carries the old tail's check.
+//
+// That keeps FIFO order linearizable across a roll: a publish that
+// returned committed before the seal (its check passed), and a publish
+// that starts after it commits in the same segment, later in its
+// sequence, or in a later segment, never before it.
+//
+// A segment holds at most SegmentSize messages plus those of the
+// transactions that passed their check before the seal committed: the
+// transactions in flight when it did, each at most MaxBatchCount
+// messages (a group-committed Multi carries several), plus redelivered
+// messages put back into it.
+
+// producer is a Queue's publish side: it encodes messages and appends
+// them to the tail segment of their level, rolling full segments. It
+// keeps the tails it found; the memory of published messages and the
+// publishes under way are shared with the consume side. A grouped
+// message's entry is made by the group part (groups.go), asked only for
+// a batch that holds one. It is safe for concurrent use.
+type producer struct {
+	*core
+	tails  tails
+	recent *recent
+	pubs   *publishes
+	groups *groups // nil without WithGroups
+}
+
+// publish creates checked drafts, all in one transaction: all or none.
+// It returns the created nodes' paths, in order.
+func (p *producer) publish(ctx context.Context, drafts []Draft) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	r := appendReq{levels: make([]int, len(drafts)), datas: make([][]byte, len(drafts))}
+	if p.groups != nil && anyGrouped(drafts) {
+		drafts = withGroupTokens(drafts)
+		r.attrs = make([]Attributes, len(drafts))
+	}
+	for i, d := range drafts {
+		r.levels[i] = d.Priority
+		r.datas[i] = EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now})
+		if r.attrs != nil {
+			r.attrs[i] = d.Attributes
+		}
+	}
+	_, paths, err := p.commit(ctx, r)
+	return paths, err
+}
+
+// ids returns the message ids of the nodes created at paths.
+func ids(paths []string) []string {
+	for i, x := range paths {
+		paths[i] = path.Base(x)
+	}
+	return paths
+}
+
+// anyGrouped reports whether a draft has a group.
+func anyGrouped(drafts []Draft) bool {
+	for _, d := range drafts {
+		if d.Group != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// appendReq is the content of one publish transaction (appendWith): the
+// ops pre ahead of the tails' version checks, one message per data
+// (levels[i] its level), and the ops extra after the creates. attrs,
+// when set, are the messages' attributes, for the entries of grouped
+// ones (groups.go).
+type appendReq struct {
+	pre    []any
+	levels []int
+	datas  [][]byte
+	attrs  []Attributes
+	extra  []any
+}
+
+// commit is appendWith, through the group part when r has attributes
+// (a grouped message among them).
+func (p *producer) commit(ctx context.Context, r appendReq) (res []zk.MultiResponse, paths []string, err error) {
+	if r.attrs != nil && p.groups != nil {
+		return p.groups.commit(ctx, p, r)
+	}
+	return p.appendWith(ctx, r)
+}
+
+// tails caches the tail segment number of each level.
+type tails struct {
+	mu sync.Mutex
+	k  map[int]int64
+}
+
+// maxTailSteps bounds the walk from a sealed segment to the tail before
+// the segments are listed again.
+const maxTailSteps = 64
+
+// tail returns the tail segment of level, finding it when not cached.
+func (p *producer) tail(level int) (int64, error) {
+	p.tails.mu.Lock()
+	k, ok := p.tails.k[level]
+	p.tails.mu.Unlock()
+	if ok {
+		return k, nil
+	}
+	k, err := p.findTail(level, 0)
+	if err != nil {
+		return 0, err
+	}
+	return p.setTail(level, k), nil
+}
+
+// setTail caches k as level's tail unless a later one is cached (a tail
+// only moves forward); it returns the tail cached.
+func (p *producer) setTail(level int, k int64) int64 {
+	p.tails.mu.Lock()
+	defer p.tails.mu.Unlock()
+	if cur := p.tails.k[level]; cur > k {
+		return cur
+	}
+	p.tails.k[level] = k
+	return k
+}
+
+// moveOn is called when a publish found segment k of level sealed (or
+// removed): it walks to the tail from k's successor.
+func (p *producer) moveOn(level int, k int64) error {
+	p.tails.mu.Lock()
+	cur, ok := p.tails.k[level]
+	p.tails.mu.Unlock()
+	if ok && cur > k {
+		return nil // another caller moved on already
+	}
+	next, err := p.findTail(level, k+1)
+	if err != nil {
+		return err
+	}
+	p.setTail(level, next)
+	return nil
+}
+
+// findTail returns the tail of level's chain, walking from segment from
+// (a successor of a sealed segment, so it was created) or, with from 0,
+// from the last segment of a listing of the parent. A level without
+// segments gets its first.
+func (p *producer) findTail(level int, from int64) (int64, error) {
+	k, listed := from, int64(-1) // listed: the last segment of a listing made here
+	for steps := 0; ; steps++ {
+		if k == 0 || steps == maxTailSteps {
+			var err error
+			if k, err = p.lastSegment(level); err != nil {
+				return 0, err
+			}
+			listed = k
+		}
+		if k == 0 {
+			k, listed = 1, 1
+			_, err := p.zk.Create(segmentPath(p.path, p.opt.priorities, segment{level, 1}), nil, 0, p.opt.acl)
+			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return 0, fmt.Errorf("create segment: %w", err)
+			}
+		}
+		sp := segmentPath(p.path, p.opt.priorities, segment{level, k})
+		ok, stat, err := p.zk.Exists(sp)
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("exists %s: %w", sp, err)
+		case ok && !segmentSealed(stat):
+			return k, nil
+		case !ok && k == listed, steps > 2*maxTailSteps:
+			// The last segment is never removed but with the queue:
+			// the queue is being deleted.
+			return 0, fmt.Errorf("no tail segment at %s: %w", sp, zk.ErrNoNode)
+		}
+		// Sealed, or drained and removed: its successor exists or was
+		// itself drained.
+		k++
+	}
+}
+
+// lastSegment lists the parent and returns the last segment of level, 0
+// when it has none.
+func (p *producer) lastSegment(level int) (int64, error) {
+	children, _, err := p.zk.Children(p.path)
+	if err != nil {
+		return 0, fmt.Errorf("children %s: %w", p.path, err)
+	}
+	var last int64
+	for _, c := range children {
+		if sg, prio, ok := parseSegment(c); ok && prio == p.opt.priorities && sg.level == level && sg.k > last {
+			last = sg.k
+		}
+	}
+	return last, nil
+}
+
+// appendWith creates one message per data of r in the tail segment of
+// its level, in one transaction with a version check of each tail, after
+// the ops r.pre (a delayed message's move, delayed creates: delay.go) and
+// before the ops r.extra (a publish's dedup records, group entries); a
+// sealed tail sends the whole transaction to the successor. It returns
+// the created nodes' paths, in order, and res, pre's responses. A
+// failure of one of pre is returned as it is, not retried; a failing
+// extra op fails it with an *extraOpError.
+func (p *producer) appendWith(ctx context.Context, r appendReq) (res []zk.MultiResponse, paths []string, err error) {
+	pre, levels, datas, extra := r.pre, r.levels, r.datas, r.extra
+	ticket := p.pubs.begin()
+	defer p.pubs.end(ticket)
+	for attempt := 0; ; attempt++ {
+		segs := map[int]int64{}
+		prefixes := map[int]string{} // of each level's new nodes' paths
+		tag := p.publisherTag()
+		var checks, creates []any
+		for i, level := range levels {
+			prefix, ok := prefixes[level]
+			if !ok {
+				k, err := p.tail(level)
+				if err != nil {
+					return nil, nil, err
+				}
+				sg := segment{level, k}
+				sp := segmentPath(p.path, p.opt.priorities, sg)
+				segs[level] = k
+				prefix = sp + "/" + messagePrefix(p.opt.priorities, sg, tag)
+				prefixes[level] = prefix
+				checks = append(checks, &zk.CheckVersionRequest{Path: sp, Version: 0})
+			}
+			creates = append(creates, &zk.CreateRequest{
+				Path:  prefix,
+				Data:  datas[i],
+				Acl:   p.opt.acl,
+				Flags: zk.FlagSequence,
+			})
+		}
+		ops := append(append(append(append([]any{}, pre...), checks...), creates...), extra...)
+		res, err := p.write(ctx, ops...)
+		if err != nil && len(extra) > 0 {
+			if i, cause := failedIndex(res); i >= len(pre)+len(checks)+len(creates) {
+				return nil, nil, &extraOpError{Index: i - len(pre) - len(checks) - len(creates), Err: cause}
+			}
+		}
+		if err == nil {
+			paths := make([]string, len(creates))
+			for i, r := range res[len(pre)+len(checks) : len(pre)+len(checks)+len(creates)] {
+				paths[i] = r.String
+			}
+			p.remember(paths, datas)
+			p.pubs.end(ticket)
+			p.rollPast(ctx, paths)
+			return res[:len(pre)], paths, nil
+		}
+		if preFailed(res, len(pre)) || !errors.Is(err, zk.ErrBadVersion) && !errors.Is(err, zk.ErrNoNode) || attempt >= 2*maxTailSteps {
+			return res, nil, err
+		}
+		for level, k := range segs {
+			if err := p.moveOn(level, k); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+}
+
+// rollPast rolls each segment that the messages just created at paths
+// filled: a message whose sequence number reached SegmentSize-1.
+func (p *producer) rollPast(ctx context.Context, paths []string) {
+	rolled := map[segment]bool{}
+	for _, x := range paths {
+		n, ok := ParseName(path.Base(x))
+		if !ok || int(n.Seq) < p.opt.segmentSize-1 {
+			continue
+		}
+		sg, _ := segmentOf(n)
+		if !rolled[sg] {
+			rolled[sg] = true
+			p.roll(ctx, sg)
+		}
+	}
+}
+
+// roll seals sg and creates its successor in one transaction. A failure is
+// not the publisher's: someone else rolled, or the next publish past the
+// size rolls.
+func (p *producer) roll(ctx context.Context, sg segment) {
+	p.tails.mu.Lock()
+	cur := p.tails.k[sg.level]
+	p.tails.mu.Unlock()
+	if cur > sg.k {
+		return // rolled from here already
+	}
+	sp := segmentPath(p.path, p.opt.priorities, sg)
+	next := segmentPath(p.path, p.opt.priorities, segment{sg.level, sg.k + 1})
+	_, err := p.write(ctx, &zk.SetDataRequest{Path: sp, Data: sealedData, Version: 0}, createSegmentOp(next, p.opt.acl))
+	if err == nil || errors.Is(err, zk.ErrBadVersion) || errors.Is(err, zk.ErrNodeExists) {
+		p.setTail(sg.level, sg.k+1)
+		return
+	}
+	p.opt.logger.Warn("rolling segment failed", "znode", sp, "err", err)
+}
+
+// publisherTag is the tag new messages carry in their names: this
+// process's (WithPublisher) while it consumes the queue and so remembers
+// what it publishes, else none, and they are shared by sequence number.
+func (p *producer) publisherTag() string {
+	if p.opt.publisher == "" || !p.recent.consumed() {
+		return ""
+	}
+	return p.opt.publisher
+}
+
+// remember notes the messages this process created at paths with datas,
+// for read-free claims.
+func (p *producer) remember(paths []string, datas [][]byte) {
+	for i, x := range paths {
+		if n, ok := ParseName(path.Base(x)); ok {
+			p.recent.put(n, datas[i])
+		}
+	}
+}
