@@ -11,7 +11,7 @@
 //	                                           visibility, max deliveries, dead letter, created;
 //	                                           "deleting":true while DeleteQueue removes the queue
 //	/<root>/queues/<name>/items/<segment>/qn-<k>-<tag>-NNNNNNNNNN  ready messages, in segments
-//	                                           of Config.SegmentSize (zkqueue's segments.go; pNNN-...
+//	                                           of Config.SegmentSize (zkqueue's names.go; pNNN-...
 //	                                           for priority queues; <tag>, the publishing broker's
 //	                                           while it consumes the queue, else none; ".<hex>"
 //	                                           incarnation suffix after a redelivery)

@@ -11,7 +11,6 @@
 //	             (Check, CheckDraft), publish, batch, take (at-most-once), dequeue
 //	producer.go  the producer part: encoding, the tail segment, the version
 //	             check, the roll
-//	segments.go  segments: layout, names, redelivery into a removed segment
 //	heads.go     the chain part: listing a queue by its heads, removing drained segments
 //	dispatch.go  the dispatcher part: snapshot, listing, share split, take loop, byte room
 //	reads.go     the read part: group reads of concurrent claims, reading ahead
@@ -36,8 +35,9 @@
 //	             Handles.Run: the delay mover and TTL expiry of a process
 //	maintain.go  Catalog.Maintain: one process's upkeep of all queues (expired
 //	             leases, abandoned deletions, dedup buckets), watch-driven
-//	names.go     node names and their order; codec.go: message and lease encodings
-//	budget.go    Budget: memory of messages published here, for read-free claims
+//	names.go     node names and their order: segments (layout, names, redelivery
+//	             into a removed segment) and messages; codec.go: message and lease encodings
+//	recent.go    Budget: memory of messages published here, for read-free claims
 //	dedup.go     idempotent publish part (WithDedup): dedup records in time
 //	             buckets, created in the message's transaction; ExpireDedup
 //	groups.go    message groups part (WithGroups): per-group order by sequential

@@ -13,7 +13,7 @@ import (
 )
 
 // Consumers read a queue by its heads: the first segment of each level's
-// chain (segments.go). The segments themselves are known from a listing of
+// chain (names.go). The segments themselves are known from a listing of
 // the items parent, watched: it changes only when a segment is created or
 // removed (a roll, a drained segment, a redelivery re-creating one), or
 // when legacy messages are claimed. Only a head is listed, so a listing is

@@ -11,7 +11,7 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// Producers append to the tail segment of a level's chain (segments.go).
+// Producers append to the tail segment of a level's chain (names.go).
 //
 // Each publish transaction carries a version check of its segment at
 // version 0, so it commits only while the segment is the tail. A publish

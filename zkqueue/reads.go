@@ -13,7 +13,7 @@ import (
 )
 
 // Group read. A claim must read the message it claims unless this process
-// remembers it from publishing it (budget.go), and ZooKeeper's cost is per
+// remembers it from publishing it (recent.go), and ZooKeeper's cost is per
 // request far more than per byte: measured on this machine, a getData cost
 // the server 110-185 µs of CPU, a read inside a multiRead of 8 paths 24 µs
 // and of 64 paths 4-7 µs. So concurrent claims of a Queue (a claim round's,
@@ -33,7 +33,7 @@ import (
 // requests of the claims' own reads to maxReadBatch paths (or go in a
 // request of their own alongside a claim round when a slot is free), and
 // what they read is remembered as if this process had published it
-// (budget.go, within the same memory budget). The claims then find their
+// (recent.go, within the same memory budget). The claims then find their
 // data at hand, as on a shallow queue, and a deep backlog drains without
 // waiting for reads.
 //
