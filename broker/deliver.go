@@ -91,7 +91,9 @@ func (b *Broker) delivered(q *queue, d delivery, c claimed) {
 	if c.m.Deliveries > 1 {
 		b.metrics.redelivered.WithLabelValues(q.label).Inc()
 	}
-	b.emit(events.Delivered, q, c.m, "")
+	if b.events != nil {
+		b.emit(events.Delivered, q, c.m, "")
+	}
 }
 
 // delivery settings of one consume or receive call.

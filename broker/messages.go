@@ -27,38 +27,6 @@ const (
 	modeAtLeastOnce = "at_least_once"
 )
 
-// emit emits an event for message m of q (member: of a sync group
-// event).
-func (b *Broker) emit(kind events.Kind, q *queue, m zkqueue.Message, member string) {
-	b.emitSized(kind, q, m, len(m.Payload), member)
-}
-
-// emitSized emits an event for a message that may be known by its size
-// only (an ack that did not read the message). It builds every event the
-// broker emits.
-func (b *Broker) emitSized(kind events.Kind, q *queue, m zkqueue.Message, size int, member string) {
-	if b.events == nil {
-		return // no sink: build no events on the message path
-	}
-	b.events.Emit(events.Event{
-		ID:        events.MakeID(q.name, m.ID, kind, m.Deliveries, member),
-		Kind:      kind,
-		Queue:     q.name,
-		MessageID: m.ID,
-		Priority:  m.Priority,
-		Size:      size,
-		// Events carry the payload, when known; the sink decides
-		// whether to keep it.
-		Payload:       m.Payload,
-		ContentType:   m.ContentType,
-		Headers:       m.Headers,
-		DeliveryCount: m.Deliveries,
-		Member:        member,
-		Broker:        b.cfg.ID,
-		Time:          time.Now(),
-	})
-}
-
 // Publish implements pb.QueueServer.
 func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.PublishResponse, error) {
 	q, err := b.queue(ctx, req.GetQueue())
@@ -254,7 +222,9 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 		}
 		m.Deliveries = t.deliveries
 		b.metrics.acked.WithLabelValues(q.label).Inc()
-		b.emitSized(events.Acked, q, m, t.size, "")
+		if b.events != nil {
+			b.emitSized(events.Acked, q, m, t.size, "")
+		}
 		return nil
 	}
 	m, err := q.leases.Ack(ctx, t.lease)
@@ -262,7 +232,9 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 		return err
 	}
 	b.metrics.acked.WithLabelValues(q.label).Inc()
-	b.emit(events.Acked, q, m, "")
+	if b.events != nil {
+		b.emit(events.Acked, q, m, "")
+	}
 	return nil
 }
 
@@ -279,7 +251,9 @@ func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) er
 		return err
 	}
 	b.metrics.nacked.WithLabelValues(q.label).Inc()
-	b.emit(events.Nacked, q, m, "")
+	if b.events != nil {
+		b.emit(events.Nacked, q, m, "")
+	}
 	b.released(q, m, out)
 	return nil
 }
@@ -288,7 +262,9 @@ func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) er
 func (b *Broker) released(q *queue, m zkqueue.Message, out zkqueue.Outcome) {
 	if out == zkqueue.DeadLettered || out == zkqueue.Dropped {
 		b.metrics.deadLettered.WithLabelValues(q.label).Inc()
-		b.emit(events.DeadLettered, q, m, "")
+		if b.events != nil {
+			b.emit(events.DeadLettered, q, m, "")
+		}
 	}
 }
 
