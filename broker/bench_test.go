@@ -134,7 +134,7 @@ func BenchmarkConsumePrefetch1(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := stream.Send(&pb.ConsumeRequest{Settle: []*pb.Settle{{AckToken: d.GetMessage().GetAckToken()}}}); err != nil {
+		if err := stream.Send(&pb.ConsumeRequest{Credit: 1, Settle: []*pb.Settle{{AckToken: d.GetMessage().GetAckToken()}}}); err != nil {
 			b.Fatal(err)
 		}
 	}
