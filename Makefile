@@ -7,7 +7,7 @@ ZK_JAR   := /usr/share/java/zookeeper.jar
 GOBIN    := $(shell $(GO) env GOPATH)/bin
 export PATH := $(GOBIN):$(PATH)
 
-.PHONY: all deps test faults run build generate python bench loadtest fmt vet clean
+.PHONY: all deps test faults run build generate python bench loadtest fmt vet clean pathfiles
 
 all: build
 
@@ -55,6 +55,14 @@ run: deps
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem ./zkqueue
+
+# pathfiles lists the hand-written files a plain publish, a consume, an
+# ack and a lease expiry run code in, measured with coverage counters
+# cleared before and written after each call (internal/pathfiles).
+pathfiles: deps
+	$(GO) build -cover -covermode=atomic -coverpkg=github.com/qbroker/qbroker/... \
+		-o bin/pathfiles ./internal/pathfiles
+	d=$$(mktemp -d) && GOCOVERDIR=$$d ./bin/pathfiles; s=$$?; rm -rf $$d; exit $$s
 
 loadtest: deps build
 	./bin/loadtest --spawn-brokers 1

@@ -2,10 +2,12 @@ package broker
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -132,8 +134,11 @@ func authFor(method string) (methodAuth, bool) {
 // request msg; nil msg checks only the identity. It returns ctx with the
 // identity.
 func (b *Broker) authorize(ctx context.Context, method string) (context.Context, Identity, methodAuth, error) {
+	if b.cfg.Auth == nil {
+		return ctx, Identity{}, methodAuth{}, nil
+	}
 	ma, ok := authFor(method)
-	if b.cfg.Auth == nil || ma.public {
+	if ma.public {
 		return ctx, Identity{}, ma, nil
 	}
 	id, err := b.cfg.Auth.authenticate(ctx)
@@ -150,7 +155,7 @@ func (b *Broker) authorize(ctx context.Context, method string) (context.Context,
 // check returns PermissionDenied, naming the action and the name, unless
 // id may do all that msg needs.
 func (b *Broker) check(ctx context.Context, id Identity, ma methodAuth, method string, msg any) error {
-	if b.cfg.Auth == nil || ma.public || ma.needs == nil {
+	if b.cfg.Auth == nil || ma.public || ma.needs == nil { // no Auth: ma is empty
 		return nil
 	}
 	rules := b.cfg.Auth.rules.Get()
@@ -164,26 +169,43 @@ func (b *Broker) check(ctx context.Context, id Identity, ma methodAuth, method s
 	return nil
 }
 
-// authUnary authenticates and authorizes unary calls and writes the
-// audit log.
-func (b *Broker) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+// callUnary is the broker's interceptor of unary calls (after the gRPC
+// metrics'): it authenticates and authorizes the call when Auth is set,
+// counts its connection for its client (enterConn), writes the audit log
+// for the methods audit.go names and for refusals, and logs the call at
+// debug. A call without Auth on a connection already counted runs none of
+// that but a map lookup and the log level's check.
+func (b *Broker) callUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
 	ctx, id, ma, err := b.authorize(ctx, info.FullMethod)
-	if err != nil {
-		b.audit(ctx, info.FullMethod, req, id, err)
-		return nil, err
+	if err == nil {
+		err = b.check(ctx, id, ma, info.FullMethod, req)
 	}
-	if err := b.check(ctx, id, ma, info.FullMethod, req); err != nil {
-		b.audit(ctx, info.FullMethod, req, id, err)
-		return nil, err
+	if err == nil {
+		err = b.enterConn(ctx)
 	}
-	resp, err := h(ctx, req)
-	b.audit(ctx, info.FullMethod, req, id, err)
+	var resp any
+	if err == nil {
+		resp, err = h(ctx, req)
+	}
+	if _, audited := auditedMethods[info.FullMethod]; audited || err != nil {
+		b.audit(ctx, info.FullMethod, req, id, err)
+	}
+	b.logCall(ctx, info.FullMethod, start, err)
 	return resp, err
 }
 
-// authStream authenticates streams and authorizes each request they
-// receive (a Consume stream's subscription and settlements, a Lock
-// stream's lock, ...).
+// callStream is callUnary for streams: it authenticates them and, when
+// Auth is set, authorizes each request they receive (a Consume stream's
+// subscription and settlements, a Lock stream's lock, ...) and re-checks
+// the stream while it is open (authstreams.go).
+func (b *Broker) callStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	start := time.Now()
+	err := b.authStream(srv, ss, info, h)
+	b.logCall(ss.Context(), info.FullMethod, start, err)
+	return err
+}
+
 func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	ctx, id, ma, err := b.authorize(ss.Context(), info.FullMethod)
 	if err != nil {
@@ -191,7 +213,13 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		return err
 	}
 	if b.cfg.Auth == nil || ma.public {
+		if err := b.enterConn(ctx); err != nil {
+			return err
+		}
 		return h(srv, ss)
+	}
+	if err := b.enterConn(ctx); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -216,6 +244,25 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		return d // the handler saw a failed receive, or its context end
 	}
 	return err
+}
+
+// enterConn admits the call's connection (limits.go's admitConn) unless
+// it is settled already.
+func (b *Broker) enterConn(ctx context.Context) error {
+	cn, _ := ctx.Value(connKey{}).(*conn)
+	if cn != nil && cn.settled.Load() {
+		return nil
+	}
+	return b.admitConn(ctx, cn)
+}
+
+// logCall logs a call at debug.
+func (b *Broker) logCall(ctx context.Context, method string, start time.Time, err error) {
+	if !b.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	b.log.Debug("grpc call", "method", method, "grpc_code", status.Code(err).String(),
+		"duration", time.Since(start))
 }
 
 // checkedStream checks each request received; a denied one fails the

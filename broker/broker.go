@@ -630,8 +630,8 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		// Only authenticated calls prove a connection (limits.go): with
 		// authentication on, a client without credentials cannot keep its
 		// connection from being evicted by calling.
-		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.authUnary, b.provenUnary, b.unaryLog),
-		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.authStream, b.provenStream, b.streamLog),
+		grpc.ChainUnaryInterceptor(b.metrics.grpc.unary, b.callUnary),
+		grpc.ChainStreamInterceptor(b.metrics.grpc.stream, b.callStream),
 		grpc.MaxRecvMsgSize(b.cfg.maxRequest()),
 		grpc.StatsHandler(connEnds{b}), // a connection's end frees its place under MaxConnsPerIdentity
 		grpc.MaxConcurrentStreams(uint32(b.cfg.MaxStreamsPerConn)),
@@ -652,7 +652,7 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	pb.RegisterLockServer(s, lockServer{b: b})
 	healthpb.RegisterHealthServer(s, b.health)
 	reflection.Register(s)
-	b.metrics.grpc.InitializeMetrics(s)
+	b.metrics.grpc.initialize(s)
 	return s
 }
 
@@ -760,18 +760,4 @@ func (b *Broker) enterStream(ctx context.Context) (func(), error) {
 	}
 	b.wg.Add(1)
 	return func() { b.streams.Add(-1); b.clients.endStream(c.key); b.wg.Done() }, nil
-}
-
-func (b *Broker) unaryLog(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	start := time.Now()
-	resp, err := h(ctx, req)
-	b.logCall(ctx, info.FullMethod, start, err)
-	return resp, err
-}
-
-func (b *Broker) streamLog(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	start := time.Now()
-	err := h(srv, ss)
-	b.logCall(ss.Context(), info.FullMethod, start, err)
-	return err
 }

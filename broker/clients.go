@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
@@ -118,6 +119,9 @@ func (u *clientUse) endStream(key string) {
 type conn struct {
 	clients map[string]bool
 	ended   bool
+	// settled: without Auth, counted for its address and proven to the
+	// limiting listeners (admitConn); its calls need neither again.
+	settled atomic.Bool
 }
 
 type connKey struct{}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/zkqueue"
@@ -89,5 +91,86 @@ func (b *Broker) delivered(q *queue, d delivery, c claimed) {
 	if c.m.Deliveries > 1 {
 		b.metrics.redelivered.WithLabelValues(q.label).Inc()
 	}
-	b.emit(events.Delivered, q, c.m, "")
+	if b.events != nil {
+		b.emit(events.Delivered, q, c.m, "")
+	}
+}
+
+// delivery settings of one consume or receive call.
+type delivery struct {
+	ack bool          // at-least-once
+	ttl time.Duration // lease
+}
+
+func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Duration) (delivery, error) {
+	switch mode {
+	case pb.DeliveryMode_DELIVERY_MODE_UNSPECIFIED, pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE:
+		return delivery{}, nil
+	case pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE:
+		ttl, err := clampDuration("visibility_timeout", vis, q.meta.Visibility, minVisibility, maxVisibility)
+		return delivery{ack: true, ttl: ttl}, err
+	}
+	return delivery{}, invalidf("unknown delivery mode %d", mode)
+}
+
+// take claims up to k messages, and no more than maxBytes of them on the
+// wire (see MaxResponseBytes; the first always fits), in queue order,
+// waiting for the first when block is set (zkqueue.Queue.Take: the claims
+// run concurrently and their writes share a Multi). A message that does
+// not fit is not claimed: it stays at its place in the queue. The caller
+// sends each (see sendable) and accounts for it with delivered.
+func (b *Broker) take(ctx context.Context, q *queue, d delivery, k, maxBytes int, block bool) ([]claimed, error) {
+	if q.sync != nil {
+		if err := q.sync.checkOpen(ctx); err != nil {
+			return nil, err
+		}
+	}
+	session := b.sessions.Load()
+	var out []claimed
+	if d.ack {
+		ls, err := q.leases.Take(ctx, k, room(q, maxBytes), d.ttl, block)
+		if err != nil {
+			return nil, b.gone(q, err)
+		}
+		for i := range ls {
+			out = append(out, claimed{msg: b.leasedPB(q.name, &ls[i]), m: ls[i].Message,
+				lease: ls[i].Token, expires: ls[i].Deadline, session: session})
+		}
+		return out, nil
+	}
+	ms, err := q.items.Take(ctx, k, room(q, maxBytes), block)
+	if err != nil {
+		return nil, b.gone(q, err)
+	}
+	for _, m := range ms {
+		out = append(out, claimed{msg: toPB(q.name, m, nil), m: m, session: session})
+	}
+	return out, nil
+}
+
+// toPB converts a delivered message; the lease deadline is set for
+// at-least-once deliveries (leasedPB adds their token).
+func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
+	out := &pb.Message{
+		Queue:         queue,
+		Id:            m.ID,
+		Payload:       m.Payload,
+		Priority:      uint32(m.Priority),
+		PublishedAt:   timestamppb.New(m.Published),
+		DeliveryCount: uint32(m.Deliveries),
+		Headers:       m.Headers,
+		ContentType:   m.ContentType,
+		Group:         m.Group,
+	}
+	if l != nil {
+		out.LeaseDeadline = timestamppb.New(l.Deadline)
+	}
+	return out
+}
+
+// leasedPB converts an at-least-once delivery, with its signed ack token.
+func (b *Broker) leasedPB(queue string, l *zkqueue.Lease) *pb.Message {
+	out := toPB(queue, l.Message, l)
+	out.AckToken = makeToken(b.tokens, queue, *l)
+	return out
 }

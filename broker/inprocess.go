@@ -94,12 +94,7 @@ func (b *Broker) Invoke(ctx context.Context, method string, req proto.Message) (
 		proto.Merge(in, req)
 		return nil
 	}
-	chain := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		return b.authUnary(ctx, req, info, func(ctx context.Context, req any) (any, error) {
-			return b.unaryLog(ctx, req, info, h)
-		})
-	}
-	resp, err := desc.Handler(b, ctx, dec, chain)
+	resp, err := desc.Handler(b, ctx, dec, b.callUnary)
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 
 	"github.com/qbroker/qbroker/internal/connlimit"
@@ -110,23 +109,20 @@ func (b *Broker) proven(ctx context.Context) {
 	}
 }
 
-// provenUnary and provenStream count the call's connection for its
-// client (claimConn) and, unless that refuses the call, tell the limiting
-// listeners that the connection works.
-func (b *Broker) provenUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+// admitConn counts the call's connection for its client (claimConn)
+// and, unless that refuses the call, tells the limiting listeners that
+// the connection works. Without Auth a connection's client is its
+// address, the same for all its calls: once admitted, it is settled and
+// its calls skip this (enterConn).
+func (b *Broker) admitConn(ctx context.Context, cn *conn) error {
 	if err := b.claimConn(ctx); err != nil {
-		return nil, err
-	}
-	b.proven(ctx)
-	return h(ctx, req)
-}
-
-func (b *Broker) provenStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if err := b.claimConn(ss.Context()); err != nil {
 		return err
 	}
-	b.proven(ss.Context())
-	return h(srv, ss)
+	b.proven(ctx)
+	if cn != nil && b.cfg.Auth == nil {
+		cn.settled.Store(true)
+	}
+	return nil
 }
 
 // warnEvery is how often one kind of refusal is logged.

@@ -27,38 +27,6 @@ const (
 	modeAtLeastOnce = "at_least_once"
 )
 
-// emit emits an event for message m of q (member: of a sync group
-// event).
-func (b *Broker) emit(kind events.Kind, q *queue, m zkqueue.Message, member string) {
-	b.emitSized(kind, q, m, len(m.Payload), member)
-}
-
-// emitSized emits an event for a message that may be known by its size
-// only (an ack that did not read the message). It builds every event the
-// broker emits.
-func (b *Broker) emitSized(kind events.Kind, q *queue, m zkqueue.Message, size int, member string) {
-	if b.events == nil {
-		return // no sink: build no events on the message path
-	}
-	b.events.Emit(events.Event{
-		ID:        events.MakeID(q.name, m.ID, kind, m.Deliveries, member),
-		Kind:      kind,
-		Queue:     q.name,
-		MessageID: m.ID,
-		Priority:  m.Priority,
-		Size:      size,
-		// Events carry the payload, when known; the sink decides
-		// whether to keep it.
-		Payload:       m.Payload,
-		ContentType:   m.ContentType,
-		Headers:       m.Headers,
-		DeliveryCount: m.Deliveries,
-		Member:        member,
-		Broker:        b.cfg.ID,
-		Time:          time.Now(),
-	})
-}
-
 // Publish implements pb.QueueServer.
 func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.PublishResponse, error) {
 	q, err := b.queue(ctx, req.GetQueue())
@@ -69,7 +37,11 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	if len(msgs) == 0 {
 		return nil, b.fail(invalidf("no messages to publish"))
 	}
+	// Each option is looked for once here: a message without it does not
+	// enter its feature's code (schedule.go, dedup.go, quota.go).
 	drafts := make([]zkqueue.Draft, len(msgs))
+	var timed, dedup bool
+	var payload int64 // what the quotas and the data budget count
 	for i, m := range msgs {
 		drafts[i] = zkqueue.Draft{Payload: m.GetPayload(), Priority: int(m.GetPriority()), DedupID: m.GetDedupId(),
 			Attributes: zkqueue.Attributes{ContentType: m.GetContentType(), Headers: m.GetHeaders(), Group: m.GetGroup()}}
@@ -90,15 +62,39 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		if err := checkOptions(q, i, m, drafts[i]); err != nil {
 			return nil, b.fail(err)
 		}
+		timed = timed || m.GetDelay() != nil || m.GetDeliverAt() != nil
+		dedup = dedup || drafts[i].DedupID != ""
+		// A message's attributes are stored in its node beside the
+		// payload: they count as payload bytes.
+		payload += int64(drafts[i].Size())
 	}
-	due, delayed, err := b.dueTimes(msgs)
-	if err != nil {
-		return nil, b.fail(err)
+	var due []time.Time
+	delayed := false
+	if timed {
+		var err error
+		if due, delayed, err = b.dueTimes(msgs); err != nil {
+			return nil, b.fail(err)
+		}
 	}
-	if err := b.admit(ctx, q, drafts); err != nil {
-		return nil, b.fail(b.gone(q, err))
+	// A depth or data quota: the queue's own or the broker's --max-depth.
+	quota := q.meta.MaxDepth > 0 || b.cfg.MaxDepth > 0 || q.meta.MaxBytes > 0
+	if quota {
+		if err := b.admitQuota(ctx, q, len(drafts), payload); err != nil {
+			return nil, b.fail(b.gone(q, err))
+		}
 	}
-	if withDedupIDs(drafts) {
+	// The data budget counts the payloads with their headers and paths
+	// (MessageOverhead), and the per-node charge.
+	if b.zkmem.budget > 0 {
+		charge := DataCharge*(payload+int64(len(drafts)*q.items.MessageOverhead())) + int64(len(drafts))*NodeCharge
+		if err := b.zkmem.admit(charge); err != nil {
+			return nil, b.fail(err)
+		}
+	}
+	if quota && q.meta.MaxBytes > 0 {
+		q.addData(payload)
+	}
+	if dedup {
 		return b.publishIdempotent(ctx, q, drafts, due, delayed)
 	}
 	var ids []string
@@ -114,11 +110,15 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	if err != nil {
 		return nil, b.fail(b.gone(q, err))
 	}
-	q.published(len(ids))
+	if quota {
+		q.published(len(ids))
+	}
 	b.metrics.published.WithLabelValues(q.label).Add(float64(len(ids)))
-	for i, id := range ids {
-		b.emit(events.Published, q, zkqueue.Message{ID: id, Payload: drafts[i].Payload, Priority: drafts[i].Priority,
-			Attributes: drafts[i].Attributes}, "")
+	if b.events != nil {
+		for i, id := range ids {
+			b.emit(events.Published, q, zkqueue.Message{ID: id, Payload: drafts[i].Payload, Priority: drafts[i].Priority,
+				Attributes: drafts[i].Attributes}, "")
+		}
 	}
 	return &pb.PublishResponse{Ids: ids}, nil
 }
@@ -145,58 +145,6 @@ func checkOptions(q *queue, i int, m *pb.OutMessage, d zkqueue.Draft) error {
 		return wrongKind(q, fmt.Sprintf("message %d: a group needs a queue without message_ttl: an expired message would leave its group's entry behind", i))
 	}
 	return nil
-}
-
-// delivery settings of one consume or receive call.
-type delivery struct {
-	ack bool          // at-least-once
-	ttl time.Duration // lease
-}
-
-func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Duration) (delivery, error) {
-	switch mode {
-	case pb.DeliveryMode_DELIVERY_MODE_UNSPECIFIED, pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE:
-		return delivery{}, nil
-	case pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE:
-		ttl, err := clampDuration("visibility_timeout", vis, q.meta.Visibility, minVisibility, maxVisibility)
-		return delivery{ack: true, ttl: ttl}, err
-	}
-	return delivery{}, invalidf("unknown delivery mode %d", mode)
-}
-
-// take claims up to k messages, and no more than maxBytes of them on the
-// wire (see MaxResponseBytes; the first always fits), in queue order,
-// waiting for the first when block is set (zkqueue.Queue.Take: the claims
-// run concurrently and their writes share a Multi). A message that does
-// not fit is not claimed: it stays at its place in the queue. The caller
-// sends each (see sendable) and accounts for it with delivered.
-func (b *Broker) take(ctx context.Context, q *queue, d delivery, k, maxBytes int, block bool) ([]claimed, error) {
-	if q.sync != nil {
-		if err := q.sync.checkOpen(ctx); err != nil {
-			return nil, err
-		}
-	}
-	session := b.sessions.Load()
-	var out []claimed
-	if d.ack {
-		ls, err := q.leases.Take(ctx, k, room(q, maxBytes), d.ttl, block)
-		if err != nil {
-			return nil, b.gone(q, err)
-		}
-		for i := range ls {
-			out = append(out, claimed{msg: b.leasedPB(q.name, &ls[i]), m: ls[i].Message,
-				lease: ls[i].Token, expires: ls[i].Deadline, session: session})
-		}
-		return out, nil
-	}
-	ms, err := q.items.Take(ctx, k, room(q, maxBytes), block)
-	if err != nil {
-		return nil, b.gone(q, err)
-	}
-	for _, m := range ms {
-		out = append(out, claimed{msg: toPB(q.name, m, nil), m: m, session: session})
-	}
-	return out, nil
 }
 
 // Receive implements pb.QueueServer.
@@ -282,7 +230,9 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 		}
 		m.Deliveries = t.deliveries
 		b.metrics.acked.WithLabelValues(q.label).Inc()
-		b.emitSized(events.Acked, q, m, t.size, "")
+		if b.events != nil {
+			b.emitSized(events.Acked, q, m, t.size, "")
+		}
 		return nil
 	}
 	m, err := q.leases.Ack(ctx, t.lease)
@@ -290,7 +240,9 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 		return err
 	}
 	b.metrics.acked.WithLabelValues(q.label).Inc()
-	b.emit(events.Acked, q, m, "")
+	if b.events != nil {
+		b.emit(events.Acked, q, m, "")
+	}
 	return nil
 }
 
@@ -307,7 +259,9 @@ func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) er
 		return err
 	}
 	b.metrics.nacked.WithLabelValues(q.label).Inc()
-	b.emit(events.Nacked, q, m, "")
+	if b.events != nil {
+		b.emit(events.Nacked, q, m, "")
+	}
 	b.released(q, m, out)
 	return nil
 }
@@ -316,7 +270,9 @@ func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) er
 func (b *Broker) released(q *queue, m zkqueue.Message, out zkqueue.Outcome) {
 	if out == zkqueue.DeadLettered || out == zkqueue.Dropped {
 		b.metrics.deadLettered.WithLabelValues(q.label).Inc()
-		b.emit(events.DeadLettered, q, m, "")
+		if b.events != nil {
+			b.emit(events.DeadLettered, q, m, "")
+		}
 	}
 }
 

@@ -347,3 +347,93 @@ func TestMetricsFromStart(t *testing.T) {
 		t.Errorf("qbroker_zk_data_budget_bytes = %v, want the configured 64 MiB", got)
 	}
 }
+
+// The gRPC server series keep the names, labels and counting rules of
+// go-grpc-middleware's Prometheus provider: every method's series exist
+// from the start; a unary call is one message received and, when it
+// succeeds, one sent; a stream counts each message.
+func TestGRPCServerMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b := newBroker(t, zktest.Root(t), func(c *broker.Config) { c.Registerer = reg })
+	gather := func() map[string]*dto.MetricFamily {
+		fs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fams := map[string]*dto.MetricFamily{}
+		for _, f := range fs {
+			fams[f.GetName()] = f
+		}
+		return fams
+	}
+	svc := pb.Queue_ServiceDesc.ServiceName
+	publish := map[string]string{"grpc_type": "unary", "grpc_service": svc, "grpc_method": "Publish"}
+	consume := map[string]string{"grpc_type": "bidi_stream", "grpc_service": svc, "grpc_method": "Consume"}
+	with := func(m map[string]string, k, v string) map[string]string {
+		out := map[string]string{k: v}
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	if got := value(gather(), "grpc_server_handled_total", with(publish, "grpc_code", "Unavailable")); got != 0 {
+		t.Fatalf("a method's series before its first call: got %v, want 0", got)
+	}
+
+	ctx := context.Background()
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "g"})
+	for range 2 {
+		if _, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "g", Messages: []*pb.OutMessage{{Payload: []byte("x")}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.client.Publish(ctx, &pb.PublishRequest{Queue: "missing", Messages: []*pb.OutMessage{{Payload: []byte("x")}}}); err == nil {
+		t.Fatal("publish into a missing queue succeeded")
+	}
+	stream, err := b.client.Consume(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "g", Mode: alo}}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&pb.ConsumeRequest{Settle: []*pb.Settle{{AckToken: d.GetMessage().GetAckToken()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err == nil {
+		t.Fatal("a second delivery with prefetch 1 and no credit given back")
+	}
+	zktest.WaitFor(t, 10*time.Second, "the Consume stream's end counted", func() bool {
+		return value(gather(), "grpc_server_handled_total", with(consume, "grpc_code", "OK")) == 1
+	})
+
+	fams := gather()
+	checks := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"grpc_server_started_total", publish, 3},
+		{"grpc_server_handled_total", with(publish, "grpc_code", "OK"), 2},
+		{"grpc_server_handled_total", with(publish, "grpc_code", "NotFound"), 1},
+		{"grpc_server_handling_seconds", publish, 3},
+		{"grpc_server_msg_received_total", publish, 3},
+		{"grpc_server_msg_sent_total", publish, 2},
+		{"grpc_server_started_total", consume, 1},
+		{"grpc_server_msg_received_total", consume, 2},
+		{"grpc_server_msg_sent_total", consume, 1},
+		{"grpc_server_handling_seconds", consume, 1},
+	}
+	for _, c := range checks {
+		if got := value(fams, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+}

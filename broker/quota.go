@@ -9,7 +9,6 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/zkutil"
-	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // A publish passes three bounds before it is written, each refused with
@@ -38,23 +37,19 @@ func (b *Broker) depthLimit(q *queue) (int, string) {
 	return 0, ""
 }
 
-// admit checks the bounds of publishing drafts into q and charges the
-// data budget with them.
-func (b *Broker) admit(ctx context.Context, q *queue, drafts []zkqueue.Draft) error {
+// admitQuota checks the depth and data quotas of q against publishing n
+// messages of payload bytes in all. Publish calls it, and counts what it
+// published (queue.published, queue.addData), only for a queue with a
+// quota.
+func (b *Broker) admitQuota(ctx context.Context, q *queue, n int, payload int64) error {
 	if limit, by := b.depthLimit(q); limit > 0 {
 		depth, err := q.depth(ctx)
 		if err != nil {
 			return err
 		}
-		if depth+len(drafts) > limit {
+		if depth+n > limit {
 			return fmt.Errorf("%w: queue %s holds %d ready or delayed messages, at most %d (%s)", errLimit, q.name, depth, limit, by)
 		}
-	}
-	// A message's attributes are stored in its node beside the payload:
-	// they count as payload bytes.
-	var payload int64
-	for _, d := range drafts {
-		payload += int64(d.Size())
 	}
 	if q.meta.MaxBytes > 0 {
 		held, err := q.dataBytes(ctx, b.conn, b.acl)
@@ -65,15 +60,6 @@ func (b *Broker) admit(ctx context.Context, q *queue, drafts []zkqueue.Draft) er
 			return fmt.Errorf("%w: queue %s holds %d bytes of data, and this publish adds %d, over its max_bytes of %d",
 				errLimit, q.name, held, payload, q.meta.MaxBytes)
 		}
-	}
-	// What the estimate gains: the payloads with their headers and
-	// paths (MessageOverhead), and the per-node charge.
-	charge := DataCharge*(payload+int64(len(drafts)*q.items.MessageOverhead())) + int64(len(drafts))*NodeCharge
-	if err := b.zkmem.admit(charge); err != nil {
-		return err
-	}
-	if q.meta.MaxBytes > 0 {
-		q.addData(payload)
 	}
 	return nil
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
-	"time"
 
 	"github.com/go-zookeeper/zk"
 	"google.golang.org/grpc/codes"
@@ -111,14 +109,6 @@ func (b *Broker) fail(err error) error {
 		b.log.Error("internal error", "err", err)
 	}
 	return st
-}
-
-func (b *Broker) logCall(ctx context.Context, method string, start time.Time, err error) {
-	if !b.log.Enabled(ctx, slog.LevelDebug) {
-		return
-	}
-	b.log.Debug("grpc call", "method", method, "grpc_code", status.Code(err).String(),
-		"duration", time.Since(start))
 }
 
 // engineErr is an error of an engine (zkqueue, syncqueue) with what the
