@@ -630,8 +630,8 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		// Only authenticated calls prove a connection (limits.go): with
 		// authentication on, a client without credentials cannot keep its
 		// connection from being evicted by calling.
-		grpc.ChainUnaryInterceptor(b.metrics.grpc.unary, b.callUnary),
-		grpc.ChainStreamInterceptor(b.metrics.grpc.stream, b.callStream),
+		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.callUnary),
+		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.callStream),
 		grpc.MaxRecvMsgSize(b.cfg.maxRequest()),
 		grpc.StatsHandler(connEnds{b}), // a connection's end frees its place under MaxConnsPerIdentity
 		grpc.MaxConcurrentStreams(uint32(b.cfg.MaxStreamsPerConn)),
@@ -652,7 +652,7 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	pb.RegisterLockServer(s, lockServer{b: b})
 	healthpb.RegisterHealthServer(s, b.health)
 	reflection.Register(s)
-	b.metrics.grpc.initialize(s)
+	b.metrics.grpc.InitializeMetrics(s)
 	return s
 }
 

@@ -142,7 +142,7 @@
 //	qbroker_lock_revocations_total                 counter: Revoke calls that reached a holder
 //	qbroker_election_leaders                       gauge: elections led by this broker's Campaign streams
 //	qbroker_build_info{version}                    gauge: 1
-//	grpc_server_*                                  gRPC server metrics, named as go-grpc-middleware names them
+//	grpc_server_*                                  go-grpc-middleware server metrics
 //
 // qbroker serve also registers the NATS event bridge's metrics, listed in
 // internal/natsbridge, with or without a NATS server. docs/operations.md

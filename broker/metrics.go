@@ -1,20 +1,15 @@
 package broker
 
 import (
-	"context"
 	"errors"
 	"runtime/debug"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/zkutil"
@@ -48,7 +43,7 @@ type metrics struct {
 	oldestAge    *prometheus.GaugeVec
 	consumers    *prometheus.GaugeVec
 	leader       prometheus.Gauge
-	grpc         *grpcMetrics
+	grpc         *grpcprom.ServerMetrics
 
 	// expiredUnsent: at-least-once deliveries claimed but given back
 	// unsent (lease nearly run out, or session lost, before the send).
@@ -108,7 +103,8 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		consumers: gv("qbroker_consumers", "Consume streams open on this broker."),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_leader",
 			Help: "1 while this broker holds leadership (lease sweeping)."}),
-		grpc: newGRPCMetrics(),
+		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+			grpcprom.WithHistogramBuckets([]float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30}))),
 		streamsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "qbroker_streams_refused_total",
 			Help: "Consume and JoinSync streams refused (max_streams, per_identity) or ended for sending no subscribe request in time (no_subscribe)."},
 			[]string{"reason"}),
@@ -219,176 +215,4 @@ func (l *queueLabels) get(queue string) string {
 	}
 	l.seen[queue] = struct{}{}
 	return queue
-}
-
-// grpcMetrics are the gRPC server's series, as go-grpc-middleware's
-// Prometheus provider names and labels them (grpc_server_started_total,
-// grpc_server_handled_total, grpc_server_handling_seconds,
-// grpc_server_msg_received_total, grpc_server_msg_sent_total), with
-// every method's series looked up once, when the server is built
-// (initialize), instead of by their label values on every call and
-// every stream message.
-type grpcMetrics struct {
-	started, handled, received, sent *prometheus.CounterVec
-	handling                         *prometheus.HistogramVec
-
-	methods atomic.Pointer[map[string]*methodMetrics] // by full method name; replaced, never changed
-	mu      sync.Mutex                                // held to replace methods
-}
-
-// methodMetrics are one method's series.
-type methodMetrics struct {
-	started, received, sent prometheus.Counter
-	handled                 [codes.Unauthenticated + 1]prometheus.Counter // by code
-	handling                prometheus.Observer
-}
-
-func newGRPCMetrics() *grpcMetrics {
-	labels := []string{"grpc_type", "grpc_service", "grpc_method"}
-	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
-	}
-	g := &grpcMetrics{
-		started:  counter("grpc_server_started_total", "Total number of RPCs started on the server.", labels...),
-		handled:  counter("grpc_server_handled_total", "Total number of RPCs completed on the server, regardless of success or failure.", append(labels, "grpc_code")...),
-		received: counter("grpc_server_msg_received_total", "Total number of RPC stream messages received on the server.", labels...),
-		sent:     counter("grpc_server_msg_sent_total", "Total number of gRPC stream messages sent by the server.", labels...),
-		handling: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "grpc_server_handling_seconds",
-			Help:    "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5, 30}}, labels),
-	}
-	g.methods.Store(&map[string]*methodMetrics{})
-	return g
-}
-
-func (g *grpcMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, c := range []prometheus.Collector{g.started, g.handled, g.received, g.sent, g.handling} {
-		c.Describe(ch)
-	}
-}
-
-func (g *grpcMetrics) Collect(ch chan<- prometheus.Metric) {
-	for _, c := range []prometheus.Collector{g.started, g.handled, g.received, g.sent, g.handling} {
-		c.Collect(ch)
-	}
-}
-
-// initialize creates the series of every method s serves, at 0.
-func (g *grpcMetrics) initialize(s *grpc.Server) {
-	for service, info := range s.GetServiceInfo() {
-		for _, m := range info.Methods {
-			typ := "unary"
-			switch {
-			case m.IsClientStream && !m.IsServerStream:
-				typ = "client_stream"
-			case !m.IsClientStream && m.IsServerStream:
-				typ = "server_stream"
-			case m.IsClientStream && m.IsServerStream:
-				typ = "bidi_stream"
-			}
-			g.method("/"+service+"/"+m.Name, typ)
-		}
-	}
-}
-
-// method returns the series of fullMethod, a call of type typ (unary,
-// bidi_stream, ...), created on the first call of a method initialize
-// did not know.
-func (g *grpcMetrics) method(fullMethod, typ string) *methodMetrics {
-	if mm := (*g.methods.Load())[fullMethod]; mm != nil {
-		return mm
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	old := *g.methods.Load()
-	if mm := old[fullMethod]; mm != nil {
-		return mm
-	}
-	service, method := "unknown", "unknown"
-	if sm := strings.TrimPrefix(fullMethod, "/"); strings.Contains(sm, "/") {
-		service, method, _ = strings.Cut(sm, "/")
-	}
-	mm := &methodMetrics{
-		started:  g.started.WithLabelValues(typ, service, method),
-		received: g.received.WithLabelValues(typ, service, method),
-		sent:     g.sent.WithLabelValues(typ, service, method),
-		handling: g.handling.WithLabelValues(typ, service, method),
-	}
-	for c := range mm.handled {
-		mm.handled[c] = g.handled.WithLabelValues(typ, service, method, codes.Code(c).String())
-	}
-	methods := make(map[string]*methodMetrics, len(old)+1)
-	for k, v := range old {
-		methods[k] = v
-	}
-	methods[fullMethod] = mm
-	g.methods.Store(&methods)
-	return mm
-}
-
-// done counts a call's end with err after its start.
-func (mm *methodMetrics) done(err error, start time.Time) {
-	st, ok := status.FromError(err)
-	if !ok {
-		st = status.FromContextError(err)
-	}
-	if c := st.Code(); int(c) < len(mm.handled) {
-		mm.handled[c].Inc()
-	}
-	mm.handling.Observe(time.Since(start).Seconds())
-}
-
-// unary is the first interceptor of unary calls. A unary call counts
-// as one message received and, when it succeeds, one sent.
-func (g *grpcMetrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	start := time.Now()
-	mm := g.method(info.FullMethod, "unary")
-	mm.started.Inc()
-	mm.received.Inc()
-	resp, err := h(ctx, req)
-	if err == nil {
-		mm.sent.Inc()
-	}
-	mm.done(err, start)
-	return resp, err
-}
-
-// stream is the first interceptor of streams: it counts the stream's
-// messages.
-func (g *grpcMetrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	start := time.Now()
-	typ := "bidi_stream"
-	switch {
-	case info.IsClientStream && !info.IsServerStream:
-		typ = "client_stream"
-	case !info.IsClientStream && info.IsServerStream:
-		typ = "server_stream"
-	}
-	mm := g.method(info.FullMethod, typ)
-	mm.started.Inc()
-	err := h(srv, countedStream{ServerStream: ss, mm: mm})
-	mm.done(err, start)
-	return err
-}
-
-// countedStream counts the messages a stream sends and receives.
-type countedStream struct {
-	grpc.ServerStream
-	mm *methodMetrics
-}
-
-func (s countedStream) SendMsg(m any) error {
-	err := s.ServerStream.SendMsg(m)
-	if err == nil {
-		s.mm.sent.Inc()
-	}
-	return err
-}
-
-func (s countedStream) RecvMsg(m any) error {
-	err := s.ServerStream.RecvMsg(m)
-	if err == nil {
-		s.mm.received.Inc()
-	}
-	return err
 }
