@@ -95,15 +95,15 @@ func (q *queue) stale() bool { return zkutil.Fired(q.gone) }
 // queue returns the handle of an existing queue; errQueueNotFound when
 // there is none.
 func (b *Broker) queue(ctx context.Context, name string) (*queue, error) {
-	if err := validName("queue name", name); err != nil {
-		return nil, err
-	}
 	b.queuesMu.Lock()
 	q := b.queues[name]
 	b.queuesMu.Unlock()
 	if q != nil && !q.stale() {
-		q.touch()
+		q.touch() // only valid names are ever cached
 		return q, nil
+	}
+	if err := validName("queue name", name); err != nil {
+		return nil, err
 	}
 	q, err := b.loadQueue(name)
 	if err != nil {
