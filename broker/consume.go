@@ -240,7 +240,7 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 		if err != nil {
 			return errStreamDone
 		}
-		cs, err := b.take(ctx, sub.q, sub.d, credit, consumeBatchBytes, true)
+		cs, err := b.take(ctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
 		if err != nil {
 			if ctx.Err() != nil {
 				return errStreamDone

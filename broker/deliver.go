@@ -113,13 +113,20 @@ func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Durat
 	return delivery{}, invalidf("unknown delivery mode %d", mode)
 }
 
-// take claims up to k messages, and no more than maxBytes of them on the
+// want is what a take asks for: up to max messages, at most maxBytes of
+// them on the wire, waiting for the first when block is set.
+type want struct {
+	max, maxBytes int
+	block         bool
+}
+
+// take claims up to w.max messages, and no more than w.maxBytes of them on the
 // wire (see MaxResponseBytes; the first always fits), in queue order,
-// waiting for the first when block is set (zkqueue.Queue.Take: the claims
+// waiting for the first when w.block is set (zkqueue.Queue.Take: the claims
 // run concurrently and their writes share a Multi). A message that does
 // not fit is not claimed: it stays at its place in the queue. The caller
 // sends each (see sendable) and accounts for it with delivered.
-func (b *Broker) take(ctx context.Context, q *queue, d delivery, k, maxBytes int, block bool) ([]claimed, error) {
+func (b *Broker) take(ctx context.Context, q *queue, d delivery, w want) ([]claimed, error) {
 	if q.sync != nil {
 		if err := q.sync.checkOpen(ctx); err != nil {
 			return nil, err
@@ -128,7 +135,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, k, maxBytes int
 	session := b.sessions.Load()
 	var out []claimed
 	if d.ack {
-		ls, err := q.leases.Take(ctx, k, room(q, maxBytes), d.ttl, block)
+		ls, err := q.leases.Take(ctx, w.max, room(q, w.maxBytes), d.ttl, w.block)
 		if err != nil {
 			return nil, b.gone(q, err)
 		}
@@ -138,7 +145,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, k, maxBytes int
 		}
 		return out, nil
 	}
-	ms, err := q.items.Take(ctx, k, room(q, maxBytes), block)
+	ms, err := q.items.Take(ctx, w.max, room(q, w.maxBytes), w.block)
 	if err != nil {
 		return nil, b.gone(q, err)
 	}

@@ -179,7 +179,7 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 		first, c = context.WithTimeout(ctx, wait)
 		defer c()
 	}
-	cs, err := b.take(first, q, d, max, MaxResponseBytes, wait > 0)
+	cs, err := b.take(first, q, d, want{max: max, maxBytes: MaxResponseBytes, block: wait > 0})
 	switch {
 	case errors.Is(err, zkqueue.ErrEmpty), wait > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		return resp, nil
