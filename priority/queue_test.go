@@ -184,7 +184,7 @@ func TestDrainAfterPublishIsOrdered(t *testing.T) {
 	t.Logf("seed %d", seed)
 	path := zktest.Root(t) + "/q"
 	newQueue(t, zktest.Conn(t), path)
-	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
 	pub, err := publishRandom(ctx, t, path, producers, perProducer, seed)
