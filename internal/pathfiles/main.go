@@ -147,17 +147,21 @@ func run() (err error) {
 		_, err := c.Publish(ctx, &pb.PublishRequest{Queue: queue, Messages: []*pb.OutMessage{{Payload: []byte("hello")}}})
 		check(err, "publish")
 	}
+	// waitLeases waits, on a children watch, until the queue has n leases.
 	waitLeases := func(n int) {
 		for {
-			kids, _, err := zc.Children(leases)
-			if err == nil && len(kids) == n {
-				return
-			}
-			if err != nil && err != zk.ErrNoNode {
+			kids, _, ch, err := zc.ChildrenW(leases)
+			if err != nil {
 				check(err, leases)
 			}
-			check(ctx.Err(), fmt.Sprintf("%s: want %d leases", leases, n))
-			time.Sleep(time.Millisecond)
+			if len(kids) == n {
+				return
+			}
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				check(ctx.Err(), fmt.Sprintf("%s: want %d leases", leases, n))
+			}
 		}
 	}
 	// round -1 warms up (it is not counted); -2 and -3 too, uncleared.
