@@ -574,10 +574,9 @@ func (b *Broker) onZKEvent(ev zk.Event) {
 			}
 		}
 		// A new session (after an expiry) has none of the old one's
-		// ephemeral nodes: the keeper and the registry of the consumers
-		// create them again, and retry what failed while it was away.
+		// ephemeral nodes: the keeper creates them again (and the
+		// registry of the consumers, which notices the session itself).
 		b.keeper.Wake()
-		b.registry.Wake()
 	case zk.StateDisconnected, zk.StateExpired, zk.StateConnecting, zk.StateAuthFailed:
 		if b.hasSession.Swap(false) {
 			b.lostAt.Store(time.Now().UnixNano())
