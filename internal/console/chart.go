@@ -56,7 +56,8 @@ func charts(w window) chartsData {
 		d.Note = "Not charted: the console charts at most " + strconv.Itoa(maxChartQueues) + " queues."
 		return d
 	case !w.Known:
-		d.Note = "No sample of this queue yet (the broker's counters of a queue appear when it first serves it); reload in a few seconds."
+		d.Note = "No sample of this queue yet (the broker's counters of a queue appear when it first serves it); reload in a few seconds. " +
+			"A queue past the broker's cap on metric labels (MaxQueueLabels, 1,000 by default; the rest share \"_other\") is not charted."
 		return d
 	}
 	for v := range nVals {
