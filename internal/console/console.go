@@ -1,9 +1,9 @@
 // Package console is the broker's web console: server-rendered HTML pages
 // (html/template, no script) listing the queues with their counts and
-// rates, a queue's page with its statistics, its head (the ready
-// messages in delivery order, paged through Browse, none taken), a
-// publish form, its dead letters with redrive, purge and delete, and the
-// live brokers with the leader.
+// rates, a queue's page with its statistics, charts of its last hour
+// (inline SVG), its head (the ready messages in delivery order, paged
+// through Browse, none taken), a publish form, its dead letters with
+// redrive, purge and delete, and the live brokers with the leader.
 //
 // Every read and every action is a call of the broker's own Queue service
 // made in process through broker.Invoke, so it goes through the same

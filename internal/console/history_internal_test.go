@@ -3,6 +3,7 @@ package console
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -214,4 +215,40 @@ func TestDrawChart(t *testing.T) {
 	if d := charts(window{Skipped: true, Span: time.Hour}); !strings.Contains(d.Note, "at most") || d.Charts != nil {
 		t.Errorf("skipped queue: %+v", d)
 	}
+}
+
+// BenchmarkHistoryTick: one sample of 1,000 queues, each with the four
+// counters (delivered in both modes) and the depth gauge, the ring full.
+// It reports the history's heap per queue.
+func BenchmarkHistoryTick(b *testing.B) {
+	c := newBrokerCounters()
+	for q := range maxChartQueues {
+		name := fmt.Sprint("queue-", q)
+		c.pub.WithLabelValues(name).Add(1)
+		c.del.WithLabelValues(name, "at_most_once").Add(1)
+		c.del.WithLabelValues(name, "at_least_once").Add(1)
+		c.ack.WithLabelValues(name).Add(1)
+		c.dead.WithLabelValues(name).Add(1)
+		c.depth.WithLabelValues(name).Set(1)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	now := time.Unix(1000, 0)
+	h := newHistory(c.reg, chartEvery, func() time.Time { return now })
+	for range h.n {
+		h.tick()
+		now = now.Add(chartEvery)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perQueue := float64(after.HeapAlloc-before.HeapAlloc) / float64(len(h.queues))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		h.tick()
+		now = now.Add(chartEvery)
+	}
+	b.ReportMetric(perQueue, "heap-B/queue")
+	runtime.KeepAlive(h)
 }
