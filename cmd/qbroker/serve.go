@@ -495,7 +495,7 @@ func (o *serveOptions) brokerConfig(log *slog.Logger, reg prometheus.Registerer,
 // --console the web console at /console/ (and / leads there) and, with
 // --pprof, the Go profiles at /debug/pprof/; with authentication on,
 // /metrics and the profiles need an identity (see httpAuth). The returned
-// func stops what the handler runs (the console's rate sampler).
+// func stops what the handler runs (the console's samplers).
 func (o *serveOptions) metricsHandler(reg *prometheus.Registry, b *broker.Broker, log *slog.Logger) (http.Handler, func(), error) {
 	mux := http.NewServeMux()
 	closeHandler := func() {}

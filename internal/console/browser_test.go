@@ -74,8 +74,8 @@ func newBrowser(t *testing.T, exe string) *browser {
 }
 
 // shot takes a screenshot, checks it and keeps it, then checks that the
-// element sel's text holds every want.
-func (b *browser) shot(name, sel string, want ...string) {
+// element sel's text holds every want. It returns the screenshot (PNG).
+func (b *browser) shot(name, sel string, want ...string) []byte {
 	t := b.t
 	t.Helper()
 	b.step++
@@ -98,6 +98,7 @@ func (b *browser) shot(name, sel string, want ...string) {
 			t.Fatalf("step %d %s: %s says %q, want %q in it", b.step, name, sel, text, w)
 		}
 	}
+	return buf
 }
 
 func (b *browser) run(what string, actions ...chromedp.Action[chromedp.Void]) {

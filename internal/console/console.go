@@ -1,9 +1,9 @@
 // Package console is the broker's web console: server-rendered HTML pages
 // (html/template, no script) listing the queues with their counts and
-// rates, a queue's page with its statistics, its head (the ready
-// messages in delivery order, paged through Browse, none taken), a
-// publish form, its dead letters with redrive, purge and delete, and the
-// live brokers with the leader.
+// rates, a queue's page with its statistics, charts of its last hour
+// (inline SVG), its head (the ready messages in delivery order, paged
+// through Browse, none taken), a publish form, its dead letters with
+// redrive, purge and delete, and the live brokers with the leader.
 //
 // Every read and every action is a call of the broker's own Queue service
 // made in process through broker.Invoke, so it goes through the same
@@ -25,7 +25,9 @@
 //
 // The rates of the queues page are sampled by a goroutine while the pages
 // are viewed (rates.go); it stops on its own a while after the last view,
-// and Close stops it.
+// and Close stops it. The queue page's charts of the last hour are drawn
+// from samples another goroutine takes from New until Close
+// (history.go, chart.go): the broker's own counters, no ZooKeeper request.
 //
 // A Console is safe for concurrent use.
 package console
@@ -83,6 +85,10 @@ type Config struct {
 	Hosts []string
 	// Listen is the address the console is served on, if known.
 	Listen string
+	// ChartInterval is how often the queue charts are sampled from
+	// Gatherer; default 10 s. The charts keep an hour of samples, or 360
+	// of them when the interval is shorter.
+	ChartInterval time.Duration
 }
 
 // Console serves the pages (Handler).
@@ -91,8 +97,9 @@ type Console struct {
 	log   *slog.Logger
 	pages map[string]*template.Template
 	hosts hosts
-	key   []byte // per-process random key of the form tokens
-	rates *rates // nil without a Gatherer
+	key   []byte   // per-process random key of the form tokens
+	rates *rates   // nil without a Gatherer
+	hist  *history // nil without a Gatherer
 }
 
 // sessionCookie carries the browser session's random id, whose HMAC is
@@ -110,6 +117,9 @@ func New(cfg Config) (*Console, error) {
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.ChartInterval <= 0 {
+		cfg.ChartInterval = chartEvery
 	}
 	hs, err := newHosts(cfg.Hosts, cfg.Listen)
 	if err != nil {
@@ -132,16 +142,22 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Gatherer != nil {
 		c.rates = newRates(cfg.Gatherer, time.Now)
 		c.rates.every = sampleEvery
+		c.hist = newHistory(cfg.Gatherer, cfg.ChartInterval, time.Now)
+		c.hist.start()
 	}
 	return c, nil
 }
 
-// Close stops the sampling of rates and waits for it. A console whose
-// pages nobody views stops sampling on its own (rateIdle after the last
-// view).
+// Close stops the sampling of rates and of the charts' history, and
+// waits for it. A console whose pages nobody views stops sampling rates
+// on its own (rateIdle after the last view); the history is sampled
+// until Close.
 func (c *Console) Close() {
 	if c.rates != nil {
 		c.rates.close()
+	}
+	if c.hist != nil {
+		c.hist.close()
 	}
 }
 

@@ -138,6 +138,7 @@ type queueData struct {
 	HeadErr   string // Browse failed: why
 	HeadNext  string
 	HeadAfter string // the page token the head starts at
+	Charts    chartsData
 }
 
 // shownPayload is how much of a payload the page shows.
@@ -174,6 +175,11 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request) {
 		HeadAfter: r.URL.Query().Get("head")}
 	d.Priority = d.Info.GetKind() == pb.QueueKind_QUEUE_KIND_PRIORITY
 	d.Sync = d.Info.GetKind() == pb.QueueKind_QUEUE_KIND_SYNC
+	if c.hist != nil {
+		// Shown only to a caller the broker let read the queue (GetQueue
+		// and Stats above).
+		d.Charts = charts(c.hist.get(name))
+	}
 	head, err := c.call(r, pb.Queue_Browse_FullMethodName, &pb.BrowseRequest{Queue: name, Limit: headSize, PageToken: d.HeadAfter})
 	if err != nil {
 		d.HeadErr = err.Error()
