@@ -138,6 +138,7 @@ func (t *turns) acquire(ctx context.Context, name string) (release func(), err e
 // coordState is the coordination services' local state.
 type coordState struct {
 	campaigns turns
+	counters  counters // coord_counter.go
 }
 
 // emitCoord emits a coordination event: kind of lock or election name,
