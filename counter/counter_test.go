@@ -269,3 +269,40 @@ func TestGetSeesOtherSessionsWrites(t *testing.T) {
 		}
 	}
 }
+
+// An Add whose write is on its way when its context ends reports an
+// unknown outcome (the write may still be applied); an Add still queued
+// behind it, or whose context ended before, reports the context's error
+// and is never applied.
+func TestAddOutcomeWhenContextEnds(t *testing.T) {
+	p := zktest.Root(t) + "/cut"
+	proxy := zktest.NewProxy(t, zktest.Addr(t))
+	c := newCounter(t, zktest.ConnTo(t, []string{proxy.Addr()}), p)
+	ctx := testCtx(t, time.Minute)
+	if _, err := c.Add(ctx, 1); err != nil { // the next Add writes at once, without a read
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := c.Add(done, 1); !errors.Is(err, context.Canceled) || errors.Is(err, counter.ErrUnknownOutcome) {
+		t.Fatalf("Add with an ended context: got %v, want Canceled alone", err)
+	}
+	proxy.Stall()
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := c.Add(short, 1)
+	if !errors.Is(err, counter.ErrUnknownOutcome) {
+		t.Fatalf("Add whose write is stalled: got %v, want ErrUnknownOutcome", err)
+	}
+	queued, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if _, err := c.Add(queued, 100); err == nil || errors.Is(err, counter.ErrUnknownOutcome) {
+		t.Fatalf("Add queued behind a stalled write: got %v, want an error that is not ErrUnknownOutcome", err)
+	}
+	proxy.Resume()
+	v, err := newCounter(t, zktest.Conn(t), p).Get(ctx)
+	if err != nil || v != 1 && v != 2 {
+		t.Fatalf("after the stall: got %d, %v; want 1 or 2 (the stalled Add applied or not, the queued one not)", v, err)
+	}
+	t.Logf("the Add of unknown outcome was applied: %v", v == 2)
+}
