@@ -306,3 +306,35 @@ func TestAddOutcomeWhenContextEnds(t *testing.T) {
 	}
 	t.Logf("the Add of unknown outcome was applied: %v", v == 2)
 }
+
+// Get's confirmation is a transaction of its own, ordered with every
+// write (it takes a zxid), not a read a lagging server could answer:
+// between two creates, a Get (of a state its Counter knows: the check
+// alone) moves the zxid by one.
+func TestGetIsATransaction(t *testing.T) {
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	ctx := testCtx(t, time.Minute)
+	c := newCounter(t, conn, root+"/c")
+	if _, err := c.Add(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	czxid := func(name string) int64 {
+		t.Helper()
+		if _, err := conn.Create(root+"/"+name, nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+			t.Fatal(err)
+		}
+		_, st, err := conn.Get(root + "/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Czxid
+	}
+	before := czxid("before")
+	if v, err := c.Get(ctx); err != nil || v != 1 {
+		t.Fatalf("Get: got %d, %v; want 1", v, err)
+	}
+	if after := czxid("after"); after != before+2 {
+		t.Fatalf("zxids: %#x before the Get, %#x after; want the Get's own in between", before, after)
+	}
+}
