@@ -13,8 +13,10 @@ import (
 )
 
 // The coordination services (Election in coord_election.go, Lock in
-// coord_lock.go) map gRPC onto the public recipes election/ and lock/, the
-// way etcd's v3election and v3lock servers wrap clientv3/concurrency.
+// coord_lock.go, Counter in coord_counter.go) map gRPC onto the public
+// recipes election/, lock/ and counter/, the way etcd's v3election and
+// v3lock servers wrap clientv3/concurrency. A counter is no session's: it
+// is a persistent node, kept until deleted (coord_counter.go).
 // Their state is in ZooKeeper only: a campaign or a lock of a client is an
 // ephemeral node of the broker's primary session, held while the client's
 // stream is open. A client that vanishes ends its stream (gRPC keepalive
