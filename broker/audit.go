@@ -13,8 +13,8 @@ import (
 
 // The audit log: one info line "audit" per call that changes or removes
 // what others use (a queue's creation, deletion, purge, redrive; a
-// release, revocation, resignation or proclamation by key; a sync
-// member's join), done or not, and per call refused for want of
+// release, revocation, resignation or proclamation by key; a counter's
+// Set; a sync member's join), done or not, and per call refused for want of
 // credentials or permission, whatever its method. Each line names the
 // action, the kind and name of what it acts on, the caller (identity and
 // how it authenticated; its address always) and the outcome (grpc_code).
@@ -39,6 +39,7 @@ var auditedMethods = map[string]func(req any) (action, kind, name string){
 	pb.Lock_Revoke_FullMethodName:       func(r any) (string, string, string) { return "revoke", "lock", r.(*pb.RevokeRequest).GetName() },
 	pb.Election_Resign_FullMethodName:   func(r any) (string, string, string) { return "resign", "election", r.(*pb.ResignRequest).GetName() },
 	pb.Election_Proclaim_FullMethodName: func(r any) (string, string, string) { return "proclaim", "election", r.(*pb.ProclaimRequest).GetName() },
+	pb.Counter_Set_FullMethodName:       func(r any) (string, string, string) { return "set", "counter", r.(*pb.CounterSetRequest).GetName() },
 }
 
 // audit logs an audited call of method with request req (nil when not

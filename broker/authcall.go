@@ -86,6 +86,13 @@ var methodAuths = map[string]methodAuth{
 	pb.Lock_Lock_FullMethodName:         {needs: lockNeeds},
 	pb.Lock_Unlock_FullMethodName:       {needs: onCoord(actLockByKey, func(m any) string { return m.(*pb.UnlockRequest).GetName() })},
 	pb.Lock_Revoke_FullMethodName:       {needs: onCoord(actLockByKey, func(m any) string { return m.(*pb.RevokeRequest).GetName() })},
+
+	pb.Counter_Get_FullMethodName: {needs: onCoord(ActCounterRead, func(m any) string { return m.(*pb.CounterGetRequest).GetName() })},
+	pb.Counter_Add_FullMethodName: {needs: onCoord(ActCounter, func(m any) string { return m.(*pb.CounterAddRequest).GetName() })},
+	pb.Counter_CompareAndSet_FullMethodName: {needs: onCoord(ActCounter, func(m any) string {
+		return m.(*pb.CounterCompareAndSetRequest).GetName()
+	})},
+	pb.Counter_Set_FullMethodName: {needs: onCoord(ActCounter, func(m any) string { return m.(*pb.CounterSetRequest).GetName() })},
 }
 
 // consumeNeeds: a Consume stream's subscription needs consume on its

@@ -13,8 +13,10 @@ import (
 )
 
 // The coordination services (Election in coord_election.go, Lock in
-// coord_lock.go) map gRPC onto the public recipes election/ and lock/, the
-// way etcd's v3election and v3lock servers wrap clientv3/concurrency.
+// coord_lock.go, Counter in coord_counter.go) map gRPC onto the public
+// recipes election/, lock/ and counter/, the way etcd's v3election and
+// v3lock servers wrap clientv3/concurrency. A counter is no session's: it
+// is a persistent node, kept until deleted (coord_counter.go).
 // Their state is in ZooKeeper only: a campaign or a lock of a client is an
 // ephemeral node of the broker's primary session, held while the client's
 // stream is open. A client that vanishes ends its stream (gRPC keepalive
@@ -138,6 +140,7 @@ func (t *turns) acquire(ctx context.Context, name string) (release func(), err e
 // coordState is the coordination services' local state.
 type coordState struct {
 	campaigns turns
+	counters  counters // coord_counter.go
 }
 
 // emitCoord emits a coordination event: kind of lock or election name,

@@ -1,7 +1,8 @@
 // Package broker is qbroker's gRPC service (qbroker.v1.Queue, api/queue.proto)
 // over queues whose only state is in ZooKeeper, and its coordination
-// services (qbroker.v1.Election and qbroker.v1.Lock, api/coord.proto; see
-// coord.go) over the election and lock recipes. A Broker keeps no state of
+// services (qbroker.v1.Election, qbroker.v1.Lock and qbroker.v1.Counter,
+// api/coord.proto; see coord.go) over the election, lock and counter
+// recipes. A Broker keeps no state of
 // its own: any number of brokers can serve the same queues under the same
 // root, and any broker settles what another delivered.
 //
@@ -25,6 +26,8 @@
 //	/<root>/elections/<name>/n-NNNNNNNNNN      EPHEMERAL_SEQUENTIAL, Election service candidates
 //	/<root>/locks/<name>/lock-<nonce>-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL, Lock service contenders
 //	                                           (<name> deleted by the leader once idle)
+//	/<root>/counters/<name>/v-<epoch>-<nonce>  the Counter service's counters: the value
+//	                                           (package counter), kept until deleted
 //	/<root>/token-key                          random key signing ack tokens, created by
 //	                                           the first broker, read by all
 //
@@ -141,6 +144,10 @@
 //	qbroker_locks_held                             gauge: locks held by this broker's Lock streams
 //	qbroker_lock_revocations_total                 counter: Revoke calls that reached a holder
 //	qbroker_election_leaders                       gauge: elections led by this broker's Campaign streams
+//	qbroker_counter_operations_total{op}           counter: Counter calls answered OK (get, add, compare_and_set, set)
+//	qbroker_counter_writes_total                   counter: counter writes in ZooKeeper (combined Adds: one)
+//	qbroker_counter_conflicts_total                counter: counter writes and checks refused as stale, retried
+//	qbroker_counter_rollovers_total                counter: counter writes that moved the value to a new node
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //
@@ -168,7 +175,7 @@
 // record the caller's identity in their node; a call by key on another
 // identity's node needs lock.admin or election.admin (coord.go). Changes
 // (queue creation, deletion, purge, redrive, JoinSync, Unlock, Revoke,
-// Resign, Proclaim) and refused calls are logged at info ("audit",
+// Resign, Proclaim, a counter's Set) and refused calls are logged at info ("audit",
 // audit.go) with the identity, with or without Auth.
 //
 // A Broker is safe for concurrent use.

@@ -57,6 +57,11 @@ type metrics struct {
 	locksHeld       prometheus.Gauge
 	lockRevocations prometheus.Counter
 	leaders         prometheus.Gauge
+
+	counterOps       *prometheus.CounterVec
+	counterWrites    prometheus.Counter
+	counterConflicts prometheus.Counter
+	counterRollovers prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -123,6 +128,17 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Revocation requests made through this broker (Revoke calls that reached a holder)."})
 	m.leaders = prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_election_leaders",
 		Help: "Elections led by this broker's Campaign streams."})
+	m.counterOps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "qbroker_counter_operations_total",
+		Help: "Counter service calls answered OK, by op (get, add, compare_and_set, set)."}, []string{"op"})
+	for _, op := range []string{"get", "add", "compare_and_set", "set"} {
+		m.counterOps.WithLabelValues(op)
+	}
+	m.counterWrites = prometheus.NewCounter(prometheus.CounterOpts{Name: "qbroker_counter_writes_total",
+		Help: "Writes of counters in ZooKeeper (Adds combined into one write count once)."})
+	m.counterConflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "qbroker_counter_conflicts_total",
+		Help: "Counter writes and checks refused because the counter had changed since it was read; each is retried."})
+	m.counterRollovers = prometheus.NewCounter(prometheus.CounterOpts{Name: "qbroker_counter_rollovers_total",
+		Help: "Counter writes that moved the value to a new node before its data version could wrap."})
 	m.expiredUnsent = qv("qbroker_deliveries_expired_unsent_total",
 		"At-least-once deliveries claimed but given back unsent: their lease had (nearly) run out, or the ZooKeeper session was lost, before they could be sent.")
 	// Refusals have series from the start, at 0, so that a rate over
@@ -147,7 +163,8 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.zkBudget, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
-		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired} {
+		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired,
+		m.counterOps, m.counterWrites, m.counterConflicts, m.counterRollovers} {
 		reg.MustRegister(c)
 	}
 	return m

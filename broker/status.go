@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/qbroker/qbroker/counter"
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/lock"
@@ -69,7 +70,7 @@ func codeOf(err error) codes.Code {
 	case errors.Is(err, errInvalid), errors.Is(err, zkqueue.ErrTooLarge), errors.Is(err, zkqueue.ErrBatchTooLarge),
 		errors.Is(err, zkqueue.ErrEmptyBatch), errors.Is(err, zkqueue.ErrBadPriority), errors.Is(err, zkqueue.ErrBadAttributes), errors.Is(err, zkqueue.ErrBadCursor),
 		errors.Is(err, zkqueue.ErrBadName), errors.Is(err, zkqueue.ErrBadSpec), errors.Is(err, election.ErrInvalid),
-		errors.Is(err, lock.ErrInvalid):
+		errors.Is(err, lock.ErrInvalid), errors.Is(err, counter.ErrInvalid):
 		return codes.InvalidArgument
 	case errors.Is(err, errQueueNotFound), errors.Is(err, election.ErrNoLeader), errors.Is(err, election.ErrNoCandidate):
 		return codes.NotFound
@@ -77,7 +78,7 @@ func codeOf(err error) codes.Code {
 		return codes.AlreadyExists
 	case errors.Is(err, errWrongKind), errors.Is(err, errNotOpen), errors.Is(err, zkqueue.ErrUnknownLease),
 		errors.Is(err, errSyncGroup), errors.Is(err, election.ErrNotLeader), errors.Is(err, lock.ErrNotHeld),
-		errors.Is(err, lock.ErrLocked):
+		errors.Is(err, lock.ErrLocked), errors.Is(err, counter.ErrCorrupt):
 		return codes.FailedPrecondition
 	case errors.Is(err, errLimit), errors.Is(err, zkqueue.ErrTooManyQueues), errors.Is(err, zkqueue.ErrTooManyDelayed):
 		return codes.ResourceExhausted

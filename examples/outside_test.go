@@ -15,12 +15,12 @@ import (
 )
 
 // The recipe packages, whose examples the outside module runs.
-var recipes = []string{"zkqueue", "priority", "syncqueue", "lock", "election", "twophase"}
+var recipes = []string{"zkqueue", "priority", "syncqueue", "lock", "election", "twophase", "counter"}
 
 // The outside module (outside/) builds with the released go-zookeeper from
-// the module proxy, and its program runs a FIFO queue, a lock and an
-// election against a real ZooKeeper, its queue's consumer reading a
-// getData per message. The recipe packages' own examples pass built the
+// the module proxy, and its program runs a FIFO queue, a lock, an
+// election and a counter against a real ZooKeeper, its queue's consumer
+// reading a getData per message. The recipe packages' own examples pass built the
 // same way. With qbroker's patched client replaced in, the same program
 // reads in multiRead requests. A recipe package that used a type or
 // method only the patched client has would fail the first build.

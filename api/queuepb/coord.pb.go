@@ -978,6 +978,312 @@ func (x *LockHolder) GetToken() int64 {
 	return 0
 }
 
+type CounterGetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Counter name.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CounterGetRequest) Reset() {
+	*x = CounterGetRequest{}
+	mi := &file_api_coord_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CounterGetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CounterGetRequest) ProtoMessage() {}
+
+func (x *CounterGetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CounterGetRequest.ProtoReflect.Descriptor instead.
+func (*CounterGetRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CounterGetRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type CounterAddRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Counter name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// What to add; negative subtracts.
+	Delta         int64 `protobuf:"varint,2,opt,name=delta,proto3" json:"delta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CounterAddRequest) Reset() {
+	*x = CounterAddRequest{}
+	mi := &file_api_coord_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CounterAddRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CounterAddRequest) ProtoMessage() {}
+
+func (x *CounterAddRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CounterAddRequest.ProtoReflect.Descriptor instead.
+func (*CounterAddRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CounterAddRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CounterAddRequest) GetDelta() int64 {
+	if x != nil {
+		return x.Delta
+	}
+	return 0
+}
+
+type CounterCompareAndSetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Counter name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The value the counter must have.
+	OldValue int64 `protobuf:"varint,2,opt,name=old_value,json=oldValue,proto3" json:"old_value,omitempty"`
+	// The value to set.
+	NewValue      int64 `protobuf:"varint,3,opt,name=new_value,json=newValue,proto3" json:"new_value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CounterCompareAndSetRequest) Reset() {
+	*x = CounterCompareAndSetRequest{}
+	mi := &file_api_coord_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CounterCompareAndSetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CounterCompareAndSetRequest) ProtoMessage() {}
+
+func (x *CounterCompareAndSetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CounterCompareAndSetRequest.ProtoReflect.Descriptor instead.
+func (*CounterCompareAndSetRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CounterCompareAndSetRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CounterCompareAndSetRequest) GetOldValue() int64 {
+	if x != nil {
+		return x.OldValue
+	}
+	return 0
+}
+
+func (x *CounterCompareAndSetRequest) GetNewValue() int64 {
+	if x != nil {
+		return x.NewValue
+	}
+	return 0
+}
+
+type CounterCompareAndSetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the counter was old_value and is now new_value.
+	Swapped       bool `protobuf:"varint,1,opt,name=swapped,proto3" json:"swapped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CounterCompareAndSetResponse) Reset() {
+	*x = CounterCompareAndSetResponse{}
+	mi := &file_api_coord_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CounterCompareAndSetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CounterCompareAndSetResponse) ProtoMessage() {}
+
+func (x *CounterCompareAndSetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CounterCompareAndSetResponse.ProtoReflect.Descriptor instead.
+func (*CounterCompareAndSetResponse) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CounterCompareAndSetResponse) GetSwapped() bool {
+	if x != nil {
+		return x.Swapped
+	}
+	return false
+}
+
+type CounterSetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Counter name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The value to set.
+	Value         int64 `protobuf:"varint,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CounterSetRequest) Reset() {
+	*x = CounterSetRequest{}
+	mi := &file_api_coord_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CounterSetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CounterSetRequest) ProtoMessage() {}
+
+func (x *CounterSetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CounterSetRequest.ProtoReflect.Descriptor instead.
+func (*CounterSetRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CounterSetRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CounterSetRequest) GetValue() int64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+type CounterValue struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The counter's value: after the call (Get, Add), or before it (Set).
+	Value         int64 `protobuf:"varint,1,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CounterValue) Reset() {
+	*x = CounterValue{}
+	mi := &file_api_coord_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CounterValue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CounterValue) ProtoMessage() {}
+
+func (x *CounterValue) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CounterValue.ProtoReflect.Descriptor instead.
+func (*CounterValue) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CounterValue) GetValue() int64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
 var File_api_coord_proto protoreflect.FileDescriptor
 
 const file_api_coord_proto_rawDesc = "" +
@@ -1039,7 +1345,23 @@ const file_api_coord_proto_rawDesc = "" +
 	"LockHolder\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x03R\x05token2\xd4\x02\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\"'\n" +
+	"\x11CounterGetRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"=\n" +
+	"\x11CounterAddRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05delta\x18\x02 \x01(\x03R\x05delta\"k\n" +
+	"\x1bCounterCompareAndSetRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
+	"\told_value\x18\x02 \x01(\x03R\boldValue\x12\x1b\n" +
+	"\tnew_value\x18\x03 \x01(\x03R\bnewValue\"8\n" +
+	"\x1cCounterCompareAndSetResponse\x12\x18\n" +
+	"\aswapped\x18\x01 \x01(\bR\aswapped\"=\n" +
+	"\x11CounterSetRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value\"$\n" +
+	"\fCounterValue\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\x03R\x05value2\xd4\x02\n" +
 	"\bElection\x12B\n" +
 	"\bCampaign\x12\x1b.qbroker.v1.CampaignRequest\x1a\x17.qbroker.v1.LeaderEvent0\x01\x12E\n" +
 	"\bProclaim\x12\x1b.qbroker.v1.ProclaimRequest\x1a\x1c.qbroker.v1.ProclaimResponse\x12?\n" +
@@ -1049,7 +1371,12 @@ const file_api_coord_proto_rawDesc = "" +
 	"\x04Lock\x12:\n" +
 	"\x04Lock\x12\x17.qbroker.v1.LockRequest\x1a\x15.qbroker.v1.LockEvent(\x010\x01\x12?\n" +
 	"\x06Unlock\x12\x19.qbroker.v1.UnlockRequest\x1a\x1a.qbroker.v1.UnlockResponse\x12?\n" +
-	"\x06Revoke\x12\x19.qbroker.v1.RevokeRequest\x1a\x1a.qbroker.v1.RevokeResponseB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
+	"\x06Revoke\x12\x19.qbroker.v1.RevokeRequest\x1a\x1a.qbroker.v1.RevokeResponse2\xad\x02\n" +
+	"\aCounter\x12>\n" +
+	"\x03Get\x12\x1d.qbroker.v1.CounterGetRequest\x1a\x18.qbroker.v1.CounterValue\x12>\n" +
+	"\x03Add\x12\x1d.qbroker.v1.CounterAddRequest\x1a\x18.qbroker.v1.CounterValue\x12b\n" +
+	"\rCompareAndSet\x12'.qbroker.v1.CounterCompareAndSetRequest\x1a(.qbroker.v1.CounterCompareAndSetResponse\x12>\n" +
+	"\x03Set\x12\x1d.qbroker.v1.CounterSetRequest\x1a\x18.qbroker.v1.CounterValueB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
 
 var (
 	file_api_coord_proto_rawDescOnce sync.Once
@@ -1064,26 +1391,32 @@ func file_api_coord_proto_rawDescGZIP() []byte {
 }
 
 var file_api_coord_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_coord_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_api_coord_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_api_coord_proto_goTypes = []any{
-	(LeaderEvent_Type)(0),    // 0: qbroker.v1.LeaderEvent.Type
-	(LockEvent_Type)(0),      // 1: qbroker.v1.LockEvent.Type
-	(*CampaignRequest)(nil),  // 2: qbroker.v1.CampaignRequest
-	(*LeaderEvent)(nil),      // 3: qbroker.v1.LeaderEvent
-	(*ProclaimRequest)(nil),  // 4: qbroker.v1.ProclaimRequest
-	(*ProclaimResponse)(nil), // 5: qbroker.v1.ProclaimResponse
-	(*ResignRequest)(nil),    // 6: qbroker.v1.ResignRequest
-	(*ResignResponse)(nil),   // 7: qbroker.v1.ResignResponse
-	(*LeaderRequest)(nil),    // 8: qbroker.v1.LeaderRequest
-	(*ObserveRequest)(nil),   // 9: qbroker.v1.ObserveRequest
-	(*LeaderInfo)(nil),       // 10: qbroker.v1.LeaderInfo
-	(*LockRequest)(nil),      // 11: qbroker.v1.LockRequest
-	(*LockEvent)(nil),        // 12: qbroker.v1.LockEvent
-	(*UnlockRequest)(nil),    // 13: qbroker.v1.UnlockRequest
-	(*UnlockResponse)(nil),   // 14: qbroker.v1.UnlockResponse
-	(*RevokeRequest)(nil),    // 15: qbroker.v1.RevokeRequest
-	(*RevokeResponse)(nil),   // 16: qbroker.v1.RevokeResponse
-	(*LockHolder)(nil),       // 17: qbroker.v1.LockHolder
+	(LeaderEvent_Type)(0),                // 0: qbroker.v1.LeaderEvent.Type
+	(LockEvent_Type)(0),                  // 1: qbroker.v1.LockEvent.Type
+	(*CampaignRequest)(nil),              // 2: qbroker.v1.CampaignRequest
+	(*LeaderEvent)(nil),                  // 3: qbroker.v1.LeaderEvent
+	(*ProclaimRequest)(nil),              // 4: qbroker.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),             // 5: qbroker.v1.ProclaimResponse
+	(*ResignRequest)(nil),                // 6: qbroker.v1.ResignRequest
+	(*ResignResponse)(nil),               // 7: qbroker.v1.ResignResponse
+	(*LeaderRequest)(nil),                // 8: qbroker.v1.LeaderRequest
+	(*ObserveRequest)(nil),               // 9: qbroker.v1.ObserveRequest
+	(*LeaderInfo)(nil),                   // 10: qbroker.v1.LeaderInfo
+	(*LockRequest)(nil),                  // 11: qbroker.v1.LockRequest
+	(*LockEvent)(nil),                    // 12: qbroker.v1.LockEvent
+	(*UnlockRequest)(nil),                // 13: qbroker.v1.UnlockRequest
+	(*UnlockResponse)(nil),               // 14: qbroker.v1.UnlockResponse
+	(*RevokeRequest)(nil),                // 15: qbroker.v1.RevokeRequest
+	(*RevokeResponse)(nil),               // 16: qbroker.v1.RevokeResponse
+	(*LockHolder)(nil),                   // 17: qbroker.v1.LockHolder
+	(*CounterGetRequest)(nil),            // 18: qbroker.v1.CounterGetRequest
+	(*CounterAddRequest)(nil),            // 19: qbroker.v1.CounterAddRequest
+	(*CounterCompareAndSetRequest)(nil),  // 20: qbroker.v1.CounterCompareAndSetRequest
+	(*CounterCompareAndSetResponse)(nil), // 21: qbroker.v1.CounterCompareAndSetResponse
+	(*CounterSetRequest)(nil),            // 22: qbroker.v1.CounterSetRequest
+	(*CounterValue)(nil),                 // 23: qbroker.v1.CounterValue
 }
 var file_api_coord_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.LeaderEvent.type:type_name -> qbroker.v1.LeaderEvent.Type
@@ -1097,16 +1430,24 @@ var file_api_coord_proto_depIdxs = []int32{
 	11, // 8: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
 	13, // 9: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
 	15, // 10: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
-	3,  // 11: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
-	5,  // 12: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
-	7,  // 13: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
-	10, // 14: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
-	10, // 15: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
-	12, // 16: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
-	14, // 17: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
-	16, // 18: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
-	11, // [11:19] is the sub-list for method output_type
-	3,  // [3:11] is the sub-list for method input_type
+	18, // 11: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
+	19, // 12: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
+	20, // 13: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
+	22, // 14: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
+	3,  // 15: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
+	5,  // 16: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
+	7,  // 17: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
+	10, // 18: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
+	10, // 19: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
+	12, // 20: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
+	14, // 21: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
+	16, // 22: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
+	23, // 23: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
+	23, // 24: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
+	21, // 25: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
+	23, // 26: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
+	15, // [15:27] is the sub-list for method output_type
+	3,  // [3:15] is the sub-list for method input_type
 	3,  // [3:3] is the sub-list for extension type_name
 	3,  // [3:3] is the sub-list for extension extendee
 	0,  // [0:3] is the sub-list for field type_name
@@ -1123,9 +1464,9 @@ func file_api_coord_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_coord_proto_rawDesc), len(file_api_coord_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   16,
+			NumMessages:   22,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_api_coord_proto_goTypes,
 		DependencyIndexes: file_api_coord_proto_depIdxs,

@@ -577,3 +577,257 @@ var Lock_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "api/coord.proto",
 }
+
+const (
+	Counter_Get_FullMethodName           = "/qbroker.v1.Counter/Get"
+	Counter_Add_FullMethodName           = "/qbroker.v1.Counter/Add"
+	Counter_CompareAndSet_FullMethodName = "/qbroker.v1.Counter/CompareAndSet"
+	Counter_Set_FullMethodName           = "/qbroker.v1.Counter/Set"
+)
+
+// CounterClient is the client API for Counter service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Counter is a 64-bit signed counter per name, linearizable (reads too),
+// in one ZooKeeper node (package counter). A counter never written reads
+// 0; the first write creates it.
+//
+// Errors use gRPC status codes: InvalidArgument (bad name; an Add past
+// the int64 range), Unavailable (ZooKeeper unreachable, or the broker is
+// shutting down; for Add, CompareAndSet and Set the change may or may not
+// have been applied when the answer was lost: see Add),
+// DeadlineExceeded/Canceled (the caller's context; a change may have
+// been applied too when the call ended while it was on its way).
+type CounterClient interface {
+	// Get returns the counter's value at a moment during the call.
+	Get(ctx context.Context, in *CounterGetRequest, opts ...grpc.CallOption) (*CounterValue, error)
+	// Add adds delta and returns the new value. An Add whose answer is
+	// lost may or may not have been applied: retrying it may add twice.
+	// To change a counter exactly once, read it (Get) and CompareAndSet
+	// from the value read; after an answer lost, Get again: the same value
+	// means the change was not applied.
+	Add(ctx context.Context, in *CounterAddRequest, opts ...grpc.CallOption) (*CounterValue, error)
+	// CompareAndSet sets the counter to new_value if it is old_value.
+	CompareAndSet(ctx context.Context, in *CounterCompareAndSetRequest, opts ...grpc.CallOption) (*CounterCompareAndSetResponse, error)
+	// Set sets the counter to value and returns the value it replaced.
+	Set(ctx context.Context, in *CounterSetRequest, opts ...grpc.CallOption) (*CounterValue, error)
+}
+
+type counterClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewCounterClient(cc grpc.ClientConnInterface) CounterClient {
+	return &counterClient{cc}
+}
+
+func (c *counterClient) Get(ctx context.Context, in *CounterGetRequest, opts ...grpc.CallOption) (*CounterValue, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CounterValue)
+	err := c.cc.Invoke(ctx, Counter_Get_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *counterClient) Add(ctx context.Context, in *CounterAddRequest, opts ...grpc.CallOption) (*CounterValue, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CounterValue)
+	err := c.cc.Invoke(ctx, Counter_Add_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *counterClient) CompareAndSet(ctx context.Context, in *CounterCompareAndSetRequest, opts ...grpc.CallOption) (*CounterCompareAndSetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CounterCompareAndSetResponse)
+	err := c.cc.Invoke(ctx, Counter_CompareAndSet_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *counterClient) Set(ctx context.Context, in *CounterSetRequest, opts ...grpc.CallOption) (*CounterValue, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CounterValue)
+	err := c.cc.Invoke(ctx, Counter_Set_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// CounterServer is the server API for Counter service.
+// All implementations must embed UnimplementedCounterServer
+// for forward compatibility.
+//
+// Counter is a 64-bit signed counter per name, linearizable (reads too),
+// in one ZooKeeper node (package counter). A counter never written reads
+// 0; the first write creates it.
+//
+// Errors use gRPC status codes: InvalidArgument (bad name; an Add past
+// the int64 range), Unavailable (ZooKeeper unreachable, or the broker is
+// shutting down; for Add, CompareAndSet and Set the change may or may not
+// have been applied when the answer was lost: see Add),
+// DeadlineExceeded/Canceled (the caller's context; a change may have
+// been applied too when the call ended while it was on its way).
+type CounterServer interface {
+	// Get returns the counter's value at a moment during the call.
+	Get(context.Context, *CounterGetRequest) (*CounterValue, error)
+	// Add adds delta and returns the new value. An Add whose answer is
+	// lost may or may not have been applied: retrying it may add twice.
+	// To change a counter exactly once, read it (Get) and CompareAndSet
+	// from the value read; after an answer lost, Get again: the same value
+	// means the change was not applied.
+	Add(context.Context, *CounterAddRequest) (*CounterValue, error)
+	// CompareAndSet sets the counter to new_value if it is old_value.
+	CompareAndSet(context.Context, *CounterCompareAndSetRequest) (*CounterCompareAndSetResponse, error)
+	// Set sets the counter to value and returns the value it replaced.
+	Set(context.Context, *CounterSetRequest) (*CounterValue, error)
+	mustEmbedUnimplementedCounterServer()
+}
+
+// UnimplementedCounterServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedCounterServer struct{}
+
+func (UnimplementedCounterServer) Get(context.Context, *CounterGetRequest) (*CounterValue, error) {
+	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
+}
+func (UnimplementedCounterServer) Add(context.Context, *CounterAddRequest) (*CounterValue, error) {
+	return nil, status.Error(codes.Unimplemented, "method Add not implemented")
+}
+func (UnimplementedCounterServer) CompareAndSet(context.Context, *CounterCompareAndSetRequest) (*CounterCompareAndSetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CompareAndSet not implemented")
+}
+func (UnimplementedCounterServer) Set(context.Context, *CounterSetRequest) (*CounterValue, error) {
+	return nil, status.Error(codes.Unimplemented, "method Set not implemented")
+}
+func (UnimplementedCounterServer) mustEmbedUnimplementedCounterServer() {}
+func (UnimplementedCounterServer) testEmbeddedByValue()                 {}
+
+// UnsafeCounterServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to CounterServer will
+// result in compilation errors.
+type UnsafeCounterServer interface {
+	mustEmbedUnimplementedCounterServer()
+}
+
+func RegisterCounterServer(s grpc.ServiceRegistrar, srv CounterServer) {
+	// If the following call panics, it indicates UnimplementedCounterServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Counter_ServiceDesc, srv)
+}
+
+func _Counter_Get_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CounterGetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CounterServer).Get(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Counter_Get_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CounterServer).Get(ctx, req.(*CounterGetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Counter_Add_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CounterAddRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CounterServer).Add(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Counter_Add_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CounterServer).Add(ctx, req.(*CounterAddRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Counter_CompareAndSet_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CounterCompareAndSetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CounterServer).CompareAndSet(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Counter_CompareAndSet_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CounterServer).CompareAndSet(ctx, req.(*CounterCompareAndSetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Counter_Set_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CounterSetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CounterServer).Set(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Counter_Set_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CounterServer).Set(ctx, req.(*CounterSetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Counter_ServiceDesc is the grpc.ServiceDesc for Counter service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Counter_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "qbroker.v1.Counter",
+	HandlerType: (*CounterServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Get",
+			Handler:    _Counter_Get_Handler,
+		},
+		{
+			MethodName: "Add",
+			Handler:    _Counter_Add_Handler,
+		},
+		{
+			MethodName: "CompareAndSet",
+			Handler:    _Counter_CompareAndSet_Handler,
+		},
+		{
+			MethodName: "Set",
+			Handler:    _Counter_Set_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "api/coord.proto",
+}

@@ -13,10 +13,11 @@ import (
 	qbroker "github.com/qbroker/qbroker/clients/go"
 )
 
-// Client commands of the coordination services: lock, elect.
+// Client commands of the coordination services: lock, elect, counter.
 var coordCommands = []clientCommand{
 	{"lock", "hold a lock, or run a command while holding it", runLock},
 	{"elect", "campaign for leader and print leadership changes", runElect},
+	{"counter", "read or change a counter: get, add, cas, set (counter_cmds.go)", runCounter},
 }
 
 func init() {

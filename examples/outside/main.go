@@ -1,9 +1,10 @@
 // Command outside uses qbroker's recipes as a library, from a module of
 // its own that requires the released github.com/go-zookeeper/zk: a FIFO
 // queue drained by concurrent consumers, a lock passed between two
-// sessions and a leader election with a handover. It connects to the
-// ZooKeeper servers named by $QBROKER_ZK (host:port[,host:port...]) and
-// exits non-zero when a recipe misbehaves.
+// sessions, a leader election with a handover and a counter added to
+// from both sessions. It connects to the ZooKeeper servers named by
+// $QBROKER_ZK (host:port[,host:port...]) and exits non-zero when a
+// recipe misbehaves.
 //
 // It prints how the queue's consumer read the messages: one getData per
 // message with the released client, a few multiRead requests with the
@@ -25,6 +26,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/qbroker/qbroker/counter"
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/lock"
 	"github.com/qbroker/qbroker/zkqueue"
@@ -60,6 +62,9 @@ func main() {
 	}
 	if err := elect(ctx, a, b, *root+"/election"); err != nil {
 		log.Fatalf("election: %v", err)
+	}
+	if err := count(ctx, a, b, *root+"/counter"); err != nil {
+		log.Fatalf("counter: %v", err)
 	}
 	fmt.Println("ok")
 }
@@ -204,4 +209,49 @@ func elect(ctx context.Context, a, b *zk.Conn, path string) error {
 	}
 	fmt.Println("election: a led, then b")
 	return eb.Resign(ctx)
+}
+
+// count adds from both sessions, eight goroutines on each, and swaps the
+// sum back to 0 from one only if nobody added since it was read.
+func count(ctx context.Context, a, b *zk.Conn, path string) error {
+	ca, err := counter.New(a, path)
+	if err != nil {
+		return err
+	}
+	cb, err := counter.New(b, path)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		c := ca
+		if i%2 == 1 {
+			c = cb
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				if _, err := c.Add(ctx, 1); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		return err
+	}
+	v, err := cb.Get(ctx)
+	if err != nil || v != 160 {
+		return fmt.Errorf("after 160 Adds: %d, %v", v, err)
+	}
+	if ok, err := ca.CompareAndSet(ctx, v, 0); err != nil || !ok {
+		return fmt.Errorf("CompareAndSet(%d, 0): %v, %v", v, ok, err)
+	}
+	fmt.Println("counter: 160 Adds from two sessions, then reset")
+	return nil
 }

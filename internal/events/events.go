@@ -34,6 +34,11 @@ const (
 	LeaderEnded   Kind = "leader_ended"
 )
 
+// CounterChanged is a write of a counter through the broker's Counter
+// service (Adds combined into one write: one event). Its NATS subject is
+// <prefix>.counter.<name>.counter_changed.
+const CounterChanged Kind = "counter_changed"
+
 // Event is one queue event. Its JSON form is the body of a NATS message.
 type Event struct {
 	// ID identifies the event independently of the broker that emitted it:
@@ -64,6 +69,11 @@ type Event struct {
 	// Token is the grant's or the leadership's fencing token
 	// (coordination events).
 	Token int64 `json:"token,omitempty"`
+	// Counter is the counter's name (counter events).
+	Counter string `json:"counter,omitempty"`
+	// Value is the counter's value after the write (counter events;
+	// left out when 0).
+	Value int64 `json:"value,omitempty"`
 	// Broker is the id of the emitting broker.
 	Broker string `json:"broker"`
 	// Time is when it happened.

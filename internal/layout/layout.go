@@ -6,6 +6,7 @@
 //	  election/n-<seq>    EPHEMERAL_SEQUENTIAL: the brokers' leader election (package election)
 //	  elections/<name>/   the Election service's elections, one per name (package election)
 //	  locks/<name>/       the Lock service's locks, one per name (package lock)
+//	  counters/<name>/    the Counter service's counters, one per name (package counter)
 //	  token-key           the key signing ack tokens (its ACL private to the brokers)
 //
 // A Root builds every path of that layout, checking the names that come
@@ -83,6 +84,15 @@ func (r Root) Locks() string { return r.path + "/locks" }
 
 // Lock returns the node of the service lock name.
 func (r Root) Lock(name string) (string, error) { return child(r.Locks(), "lock name", name) }
+
+// Counters returns the parent of the Counter service's counters. The
+// first write of a counter creates it.
+func (r Root) Counters() string { return r.path + "/counters" }
+
+// Counter returns the node of the service counter name.
+func (r Root) Counter(name string) (string, error) {
+	return child(r.Counters(), "counter name", name)
+}
 
 // TokenKey is the name of the root's child that holds the ack tokens'
 // key.

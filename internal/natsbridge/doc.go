@@ -21,7 +21,8 @@
 // Coordination events (lock_granted, lock_released, leader_elected,
 // leader_ended) are on <prefix>.lock.<name>.<event> and
 // <prefix>.election.<name>.<event> (EventSubject): one token more than a
-// queue's, so "qbroker.*.published" never matches them.
+// queue's, so "qbroker.*.published" never matches them. Counter writes
+// (counter_changed) are on <prefix>.counter.<name>.counter_changed.
 //
 // # Body
 //
@@ -37,6 +38,8 @@
 //	member          member id of sync events; absent otherwise
 //	lock, election  the lock's or election's name (coordination events)
 //	key, token      the grant's or leadership's node name and fencing token
+//	counter, value  the counter's name and its value after the write (counter
+//	                events; value absent when 0)
 //	broker          id of the emitting broker (Config.BrokerID when the event had none)
 //	time            RFC 3339 time of the event
 //	payload         base64 message body; only with Config.IncludePayload and at
