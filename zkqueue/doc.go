@@ -185,6 +185,11 @@
 // by a LeaseSweeper) or a release puts it back at its place in the queue,
 // under its original sequence number. A lease is a persistent node, so a
 // consumer's crash delays its redelivery until the deadline, never loses it.
+// Each lease carries a fencing token (Lease.FencingToken, the lease node's
+// creation zxid), greater than that of every earlier delivery of the same
+// message, for sinks that refuse a stale consumer's write. With a
+// Policy's Backoff, a nack without a delay and an expiry hold the message
+// back for the schedule's step first (backoff.go).
 //
 // Order is FIFO by publish (sequence) order, by (priority, sequence) with
 // WithPriorities: a producer's messages are delivered in the order it
