@@ -1505,7 +1505,8 @@ type Settle struct {
 	AckToken string `protobuf:"bytes,1,opt,name=ack_token,json=ackToken,proto3" json:"ack_token,omitempty"`
 	// false: ack. true: nack (release for redelivery).
 	Nack bool `protobuf:"varint,2,opt,name=nack,proto3" json:"nack,omitempty"`
-	// Nack only: wait this long before the message is deliverable again.
+	// Nack only: wait this long before the message is deliverable again
+	// (unset: now, or the queue's retry_backoff step).
 	Delay         *durationpb.Duration `protobuf:"bytes,3,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1885,7 +1886,7 @@ type NackRequest struct {
 	// The delivery's ack token.
 	AckToken string `protobuf:"bytes,1,opt,name=ack_token,json=ackToken,proto3" json:"ack_token,omitempty"`
 	// Wait this long before the message is deliverable again; unset means
-	// now.
+	// now, or the step of the queue's retry_backoff when it has one.
 	Delay         *durationpb.Duration `protobuf:"bytes,2,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
