@@ -215,3 +215,44 @@ func TestBackoffHoldsBackNacksAndExpiries(t *testing.T) {
 		t.Fatalf("a nack delayed an hour is due in %v", next)
 	}
 }
+
+// Maintain releases a nacked lease at its deadline, not at its next
+// interval: here the nack's step (1.5s) ends half an interval (1s)
+// before the sweep after it.
+func TestMaintainReleasesNackedLeasesOnTime(t *testing.T) {
+	ctx := context.Background()
+	c := newCatalog(t, zktest.Conn(t), zkqueue.CatalogConfig{})
+	const step = 1500 * time.Millisecond
+	spec := fifo(time.Minute)
+	spec.Backoff = &zkqueue.Backoff{Steps: []time.Duration{step}}
+	mustCreate(t, c, "q", spec)
+	h := openQueue(t, c, "q")
+	if _, err := h.Items.Publish(ctx, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := h.Leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
+	if err != nil || len(ls) != 1 {
+		t.Fatalf("Take: %v, %v", ls, err)
+	}
+	released := make(chan time.Time, 1)
+	runMaintain(t, c, zkqueue.MaintainConfig{
+		Interval: time.Second,
+		Released: func(_ string, e []zkqueue.Expired) {
+			if len(e) == 1 && e[0].Outcome == zkqueue.Requeued {
+				released <- time.Now()
+			}
+		},
+	})
+	nacked := time.Now()
+	if _, out, err := h.Leases.Nack(ctx, ls[0].Token, 0, h.Spec.Policy()); err != nil || out != zkqueue.Delayed {
+		t.Fatalf("Nack: %v, %v; want Delayed by the backoff", out, err)
+	}
+	select {
+	case at := <-released:
+		if late := at.Sub(nacked) - step; late < 0 || late > 250*time.Millisecond {
+			t.Fatalf("released %v after its deadline, want within 250ms", late)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the nacked lease was not released")
+	}
+}
