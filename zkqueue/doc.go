@@ -17,8 +17,10 @@
 //	claims.go    claims: reading a candidate and deciding on it, at-most-once take
 //	inspect.go   the inspector part: Peek, Len (cheap on deep queues), Purge
 //	browse.go    Browse: the ready messages from the head, paged, unclaimed
-//	leases.go    Leases: at-least-once claim with lease, ack, nack (delay), extend,
-//	             release, unclaim, dead letters, redrive
+//	leases.go    Leases: at-least-once claim with lease (and fencing token), ack,
+//	             nack (delay), extend, release, unclaim, dead letters, redrive
+//	backoff.go   retry backoff part (Spec.Backoff): nacks without a delay and
+//	             expiries held back for their step
 //	release.go   releasing a lease (requeue, dead letter, drop), for Leases and LeaseSweeper
 //	sweep.go     LeaseSweeper: releases expired leases, watch-driven
 //	delay.go     Scheduled: delayed messages until due, and their mover (one
