@@ -43,10 +43,10 @@ func TestRetryBackoffAndFencingToken(t *testing.T) {
 		t.Fatalf("Receive: %v, %v; want one message with a fencing token", ms, err)
 	}
 	first := ms[0]
+	nacked := time.Now() // the broker's step starts after this, when it nacks
 	if err := first.Nack(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	nacked := time.Now()
 	ms, err = c.Receive(ctx, "q", lease)
 	if err != nil || len(ms) != 1 {
 		t.Fatalf("Receive after the nack: %v, %v", ms, err)
