@@ -58,6 +58,12 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	var backoff *zkqueue.Backoff
+	if r := req.GetRetryBackoff(); r != nil {
+		if backoff, err = backoffToSpec(r); err != nil {
+			return nil, b.fail(err)
+		}
+	}
 	s := zkqueue.Spec{
 		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
@@ -66,6 +72,7 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 		Created:     time.Now().UTC().Truncate(time.Millisecond),
 	}
 	s.MessageTTL, s.ExpireToDeadLetter = ttl, req.GetExpireToDeadLetter()
+	s.Backoff = backoff
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
 	if err != nil {
 		return nil, b.fail(err)

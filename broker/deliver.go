@@ -171,6 +171,7 @@ func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
 	}
 	if l != nil {
 		out.LeaseDeadline = timestamppb.New(l.Deadline)
+		out.FencingToken = l.FencingToken
 	}
 	return out
 }

@@ -53,5 +53,8 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		DedupWindow:       durationpb.New(s.Dedup()),
 	}
 	info.MessageTtl, info.ExpireToDeadLetter = durationpb.New(s.MessageTTL), s.ExpireToDeadLetter
+	if s.Backoff != nil {
+		info.RetryBackoff = backoffToPB(s.Backoff)
+	}
 	return info
 }

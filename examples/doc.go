@@ -5,4 +5,8 @@
 //	outside/   a module that requires the released go-zookeeper and
 //	           qbroker (replaced with this checkout): a FIFO queue, a lock
 //	           and an election (TestOutsideModule)
+//	fencing/   a consumer whose effect is a row in a SQLite table (pure-Go
+//	           driver), written only with a fencing token greater than
+//	           the row's: a consumer paused past its lease has its write
+//	           refused (TestFencingModule; docs/fencing.md)
 package examples

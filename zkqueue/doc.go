@@ -17,8 +17,10 @@
 //	claims.go    claims: reading a candidate and deciding on it, at-most-once take
 //	inspect.go   the inspector part: Peek, Len (cheap on deep queues), Purge
 //	browse.go    Browse: the ready messages from the head, paged, unclaimed
-//	leases.go    Leases: at-least-once claim with lease, ack, nack (delay), extend,
-//	             release, unclaim, dead letters, redrive
+//	leases.go    Leases: at-least-once claim with lease (and fencing token), ack,
+//	             nack (delay), extend, release, unclaim, dead letters, redrive
+//	backoff.go   retry backoff part (Spec.Backoff): nacks without a delay and
+//	             expiries held back for their step
 //	release.go   releasing a lease (requeue, dead letter, drop), for Leases and LeaseSweeper
 //	sweep.go     LeaseSweeper: releases expired leases, watch-driven
 //	delay.go     Scheduled: delayed messages until due, and their mover (one
@@ -185,6 +187,11 @@
 // by a LeaseSweeper) or a release puts it back at its place in the queue,
 // under its original sequence number. A lease is a persistent node, so a
 // consumer's crash delays its redelivery until the deadline, never loses it.
+// Each lease carries a fencing token (Lease.FencingToken, the lease node's
+// creation zxid), greater than that of every earlier delivery of the same
+// message, for sinks that refuse a stale consumer's write. With a
+// Policy's Backoff, a nack without a delay and an expiry hold the message
+// back for the schedule's step first (backoff.go).
 //
 // Order is FIFO by publish (sequence) order, by (priority, sequence) with
 // WithPriorities: a producer's messages are delivered in the order it

@@ -18,7 +18,9 @@ import (
 // Acknowledged (at-least-once) delivery.
 //
 // A claim moves the message node from the items parent into the leases
-// parent in one Multi: delete(item, version) + create(lease). The lease node
+// parent in one Multi: delete(item, version) + create(lease, empty) +
+// setData(lease, version 0), the setData answering with the lease's Stat
+// and so its creation zxid, the delivery's fencing token. The lease node
 // is named <item name>~<16 hex digits of nonce> and holds the lease
 // deadline followed by the message data with its delivery count raised.
 // The lease is a persistent node: it does not depend on the claiming
@@ -62,6 +64,9 @@ type Policy struct {
 	// DeadLetter keeps such messages in the dead-letter parent; without it
 	// they are deleted.
 	DeadLetter bool
+	// Backoff, when set, holds back a message nacked without a delay, or
+	// whose lease expired, for its step of the schedule (backoff.go).
+	Backoff *Backoff
 }
 
 // Leases is the at-least-once layer over a Queue: the leases and dead
@@ -98,6 +103,20 @@ type Lease struct {
 	Token string
 	// Deadline is when the lease expires.
 	Deadline time.Time
+	// FencingToken is greater than that of every earlier delivery of the
+	// same message, whichever process claimed it: the zxid of the
+	// transaction that created the lease node (its Czxid). Every claim
+	// of a message creates a new lease node, and a message is claimable
+	// again only after a later transaction deleted its previous lease
+	// (a release, a nack, an expiry, a dead letter and its redrive), so
+	// ZooKeeper's zxid order is the deliveries' order, across processes,
+	// restarts and leader changes (a new epoch makes greater zxids).
+	// A sink that stores the token with a delivery's effect and refuses a
+	// write carrying a token not greater than the stored one refuses the
+	// writes of a consumer whose lease expired once the message's next
+	// delivery wrote. Tokens of different messages are not ordered with
+	// each other (several claims committed together share one).
+	FencingToken uint64
 }
 
 // ParseLeaseName splits a lease node name into the item name and nonce.
@@ -228,20 +247,26 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 	}
 	deadline := time.Now().Add(ttl)
 	token := newLeaseNameFor(n.Raw, m)
-	_, err = l.items.write(ctx, append([]any{
+	leasePath := l.leases + "/" + token
+	// The lease is created empty and written in the same transaction:
+	// the write's answer carries the node's Stat, whose Czxid (the
+	// transaction's zxid) is the delivery's fencing token (see Lease).
+	res, err := l.items.write(ctx, append([]any{
 		&zk.DeleteRequest{Path: itemPath, Version: version},
-		&zk.CreateRequest{
-			Path: l.leases + "/" + token,
-			Data: encodeLease(deadline, EncodeData(m)),
-			Acl:  l.items.opt.acl,
-		}}, gops...)...)
+		&zk.CreateRequest{Path: leasePath, Data: []byte{}, Acl: l.items.opt.acl},
+		&zk.SetDataRequest{Path: leasePath, Data: encodeLease(deadline, EncodeData(m)), Version: 0},
+	}, gops...)...)
 	if err != nil {
 		if gops != nil && errors.Is(err, zk.ErrNodeExists) {
 			return Lease{}, errGroupBusy // another process leased the group's head
 		}
 		return Lease{}, fmt.Errorf("lease %s: %w", itemPath, err)
 	}
-	return Lease{Message: m, Token: token, Deadline: deadline}, nil
+	var fence uint64
+	if len(res) > 2 && res[2].Stat != nil {
+		fence = uint64(res[2].Stat.Czxid)
+	}
+	return Lease{Message: m, Token: token, Deadline: deadline, FencingToken: fence}, nil
 }
 
 // Take claims up to max messages from the head, each with a lease of ttl:
@@ -368,8 +393,9 @@ const (
 )
 
 // Nack releases a live lease: the message is deliverable again at once, or
-// after delay. Past the policy's MaxDeliveries it is dead-lettered or
-// dropped instead. Either way the lease is settled: a later Ack, Nack or
+// after delay (without one, after the policy's Backoff step when it has
+// one). Past the policy's MaxDeliveries it is dead-lettered or dropped
+// instead. Either way the lease is settled: a later Ack, Nack or
 // Extend of token fails with ErrUnknownLease.
 //
 // With a delay the message stays leased until then, but under a new lease
@@ -391,15 +417,12 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 	if err != nil {
 		return Message{}, 0, err
 	}
+	if delay == 0 && p.Backoff != nil && !tooMany(m, p) {
+		delay = p.Backoff.Delay(m.Deliveries)
+	}
 	if delay > 0 && !tooMany(m, p) {
-		_, err := l.items.write(ctx,
-			&zk.DeleteRequest{Path: l.leases + "/" + token, Version: stat.Version},
-			&zk.CreateRequest{
-				Path: l.leases + "/" + newLeaseName(item.Raw),
-				Data: encodeNackedLease(time.Now().Add(delay), itemData),
-				Acl:  l.items.opt.acl,
-			})
-		if err != nil {
+		_, ops := delayOps(l.leases, token, stat.Version, item, itemData, time.Now().Add(delay), l.items.opt.acl)
+		if _, err := l.items.write(ctx, ops...); err != nil {
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				return Message{}, 0, ErrUnknownLease
 			}
@@ -412,6 +435,17 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		return Message{}, 0, ErrUnknownLease
 	}
 	return m, out, err
+}
+
+// delayOps is the transaction that settles lease token (at version) and
+// keeps its message leased until due: the lease under a new name, marked
+// nacked. It returns the new name.
+func delayOps(leasesPath, token string, version int32, item Name, itemData []byte, due time.Time, acl []zk.ACL) (string, []any) {
+	next := newLeaseName(item.Raw)
+	return next, []any{
+		&zk.DeleteRequest{Path: leasesPath + "/" + token, Version: version},
+		&zk.CreateRequest{Path: leasesPath + "/" + next, Data: encodeNackedLease(due, itemData), Acl: acl},
+	}
 }
 
 // release moves a lease back to the items (or to the dead letters) in one

@@ -80,11 +80,22 @@ func (c *Catalog) Maintain(ctx context.Context, cfg MaintainConfig) error {
 	m := &maintainer{c: c, cfg: cfg, queues: map[string]*sweptQueue{}}
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
+	early := time.NewTimer(time.Hour)
+	defer early.Stop()
 	for {
+		// A lease a delayed nack (or a backoff) settled is released at
+		// its deadline, not at the next interval, once the sweeper
+		// knows of it.
+		var wake <-chan time.Time
+		if next := m.nextDue(); !next.IsZero() {
+			early.Reset(max(time.Until(next), minEarlySweep))
+			wake = early.C
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
+		case <-wake:
 		}
 		if cfg.Ready != nil && !cfg.Ready() {
 			continue
@@ -93,6 +104,22 @@ func (c *Catalog) Maintain(ctx context.Context, cfg MaintainConfig) error {
 			cfg.Error(err)
 		}
 	}
+}
+
+// minEarlySweep spaces the sweeps Maintain runs between its intervals
+// for the deadlines of nacked leases (see LeaseSweeper.NextDue).
+const minEarlySweep = 10 * time.Millisecond
+
+// nextDue returns the earliest deadline of a nacked lease the queues'
+// sweepers know of; zero when none.
+func (m *maintainer) nextDue() time.Time {
+	var next time.Time
+	for _, q := range m.queues {
+		if !q.nextDue.IsZero() && (next.IsZero() || q.nextDue.Before(next)) {
+			next = q.nextDue
+		}
+	}
+	return next
 }
 
 // maintainer is Maintain's state, used by one goroutine.
@@ -114,7 +141,8 @@ type sweptQueue struct {
 	marked   time.Time // when the deletion mark was set
 	version  int32     // of the metadata
 	leases   *LeaseSweeper
-	noLeases bool // the leases parent is missing: nothing to sweep until the metadata changes
+	noLeases bool      // the leases parent is missing: nothing to sweep until the metadata changes
+	nextDue  time.Time // leases.NextDue after the last sweep of q
 
 	dedupWindow time.Duration
 	dedupRead   bool            // the dedup parent was read (dedupNext, dedupWatch are set)
@@ -241,6 +269,7 @@ func (m *maintainer) visit(ctx context.Context, q *sweptQueue, now time.Time) er
 		return nil
 	}
 	expired, err := q.leases.Sweep(ctx, now, q.policy)
+	q.nextDue = q.leases.NextDue()
 	if errors.Is(err, zk.ErrNoNode) {
 		q.noLeases = true // being deleted, or left half-deleted by an old release
 		return nil

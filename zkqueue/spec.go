@@ -48,6 +48,10 @@ type Spec struct {
 	// milliseconds. ExpireToDeadLetter keeps them as dead letters.
 	MessageTTL         time.Duration
 	ExpireToDeadLetter bool
+
+	// Backoff, when set, is the queue's redelivery schedule (backoff.go);
+	// stored in milliseconds.
+	Backoff *Backoff
 }
 
 // specVersion is the version of the encoding; decoders reject the
@@ -69,11 +73,13 @@ type specJSON struct {
 	ExpireToDead  bool      `json:"expire_to_dead_letter,omitempty"`
 	Created       time.Time `json:"created"`
 	Deleting      bool      `json:"deleting,omitempty"`
+
+	RetryBackoff *backoffJSON `json:"retry_backoff,omitempty"`
 }
 
 // Policy returns the delivery policy the spec sets for leases.
 func (s Spec) Policy() Policy {
-	return Policy{MaxDeliveries: s.MaxDeliveries, DeadLetter: s.DeadLetter}
+	return Policy{MaxDeliveries: s.MaxDeliveries, DeadLetter: s.DeadLetter, Backoff: s.Backoff}
 }
 
 // Dedup returns the queue's dedup window: DedupWindow, or the default.
@@ -107,6 +113,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: expiring to the dead letters needs a message TTL", ErrBadSpec)
 	case s.Deleting:
 		return fmt.Errorf("%w: a new queue cannot be marked deleting", ErrBadSpec)
+	case s.Backoff != nil:
+		return s.Backoff.Check()
 	}
 	return nil
 }
@@ -114,16 +122,26 @@ func (s Spec) Validate() error {
 // sameConfig reports whether two specs are equal, creation time aside.
 func (s Spec) sameConfig(o Spec) bool {
 	s.Created, o.Created = time.Time{}, time.Time{}
+	if s.Backoff != nil || o.Backoff != nil {
+		if !equalBackoff(s.Backoff, o.Backoff) {
+			return false
+		}
+		s.Backoff, o.Backoff = nil, nil
+	}
 	return s == o
 }
 
 // Encode returns the stored form of s (Visibility in whole milliseconds).
 func (s Spec) Encode() ([]byte, error) {
-	return json.Marshal(specJSON{V: specVersion, Kind: s.Kind, SyncMembers: s.SyncMembers,
+	j := specJSON{V: specVersion, Kind: s.Kind, SyncMembers: s.SyncMembers,
 		VisibilityMS: s.Visibility.Milliseconds(), MaxDeliveries: s.MaxDeliveries,
 		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, DedupWindowMS: s.DedupWindow.Milliseconds(),
 		Created: s.Created, Deleting: s.Deleting,
-		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter})
+		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter}
+	if s.Backoff != nil {
+		j.RetryBackoff = s.Backoff.toJSON()
+	}
+	return json.Marshal(j)
 }
 
 // DecodeSpec parses a stored spec. A spec marked Deleting decodes whatever
@@ -138,6 +156,9 @@ func DecodeSpec(data []byte) (Spec, error) {
 		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, MaxDepth: j.MaxDepth, MaxBytes: j.MaxBytes,
 		DedupWindow: time.Duration(j.DedupWindowMS) * time.Millisecond, Created: j.Created, Deleting: j.Deleting,
 		MessageTTL: time.Duration(j.MessageTTLMS) * time.Millisecond, ExpireToDeadLetter: j.ExpireToDead}
+	if j.RetryBackoff != nil {
+		s.Backoff = j.RetryBackoff.backoff()
+	}
 	switch {
 	case err != nil:
 		return s, fmt.Errorf("queue metadata: %w", err)

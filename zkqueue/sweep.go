@@ -63,6 +63,7 @@ type sweptLease struct {
 	item     Name
 	deadline time.Time       // zero until read
 	watch    <-chan zk.Event // data watch of the last read; nil when none
+	nacked   bool            // settled by a delayed nack (or held back): released at its deadline
 }
 
 // NewLeaseSweeper returns the sweeper of the leases under leasesPath,
@@ -89,6 +90,21 @@ func (s *LeaseSweeper) Due(now time.Time) bool {
 		}
 	}
 	return false
+}
+
+// NextDue returns the earliest deadline of the leases settled by a
+// delayed nack (or held back by a backoff) that the sweeper knows of:
+// those are released at their deadline, and a caller may sweep then
+// rather than at its next interval. Zero when it knows of none. It makes
+// no request.
+func (s *LeaseSweeper) NextDue() time.Time {
+	var next time.Time
+	for _, l := range s.known {
+		if l.nacked && (next.IsZero() || l.deadline.Before(next)) {
+			next = l.deadline
+		}
+	}
+	return next
 }
 
 // InFlight returns the number of leases the last listing saw.
@@ -173,12 +189,12 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 	if err != nil {
 		return nil, false, fmt.Errorf("get lease %s: %w", leasePath, err)
 	}
-	deadline, itemData, err := decodeLease(data)
+	deadline, itemData, nacked, err := decodeLeaseState(data)
 	if err != nil {
 		l.deadline = farFuture
 		return nil, false, nil
 	}
-	l.deadline = deadline
+	l.deadline, l.nacked = deadline, nacked
 	if !now.After(deadline) {
 		return nil, false, nil
 	}
@@ -186,6 +202,9 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 	if err != nil {
 		l.deadline = farFuture
 		return nil, false, nil
+	}
+	if !nacked && p.Backoff != nil && !tooMany(m, p) {
+		return s.holdBack(ctx, name, l, stat.Version, itemData, m, p.Backoff, now)
 	}
 	out, err := s.rel.release(ctx, heldLease{token: name, version: stat.Version, item: l.item, data: itemData, m: m}, p)
 	if err != nil {

@@ -229,8 +229,12 @@ type CreateQueueRequest struct {
 	MessageTtl *durationpb.Duration `protobuf:"bytes,9,opt,name=message_ttl,json=messageTtl,proto3" json:"message_ttl,omitempty"`
 	// Expired messages go to the dead letters instead of being dropped.
 	ExpireToDeadLetter bool `protobuf:"varint,10,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Redelivery schedule: a nack without a delay, and a lease that expired,
+	// make the message deliverable again only after the schedule's step for
+	// its deliveries so far (see RetryBackoff). Unset: at once, as always.
+	RetryBackoff  *RetryBackoff `protobuf:"bytes,12,opt,name=retry_backoff,json=retryBackoff,proto3" json:"retry_backoff,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateQueueRequest) Reset() {
@@ -340,6 +344,13 @@ func (x *CreateQueueRequest) GetExpireToDeadLetter() bool {
 	return false
 }
 
+func (x *CreateQueueRequest) GetRetryBackoff() *RetryBackoff {
+	if x != nil {
+		return x.RetryBackoff
+	}
+	return nil
+}
+
 // QueueInfo is a queue's configuration.
 type QueueInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -366,8 +377,10 @@ type QueueInfo struct {
 	MessageTtl *durationpb.Duration `protobuf:"bytes,10,opt,name=message_ttl,json=messageTtl,proto3" json:"message_ttl,omitempty"`
 	// Whether expired messages are kept as dead letters.
 	ExpireToDeadLetter bool `protobuf:"varint,11,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Redelivery schedule (see CreateQueueRequest); unset when none.
+	RetryBackoff  *RetryBackoff `protobuf:"bytes,13,opt,name=retry_backoff,json=retryBackoff,proto3" json:"retry_backoff,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
@@ -482,6 +495,13 @@ func (x *QueueInfo) GetExpireToDeadLetter() bool {
 		return x.ExpireToDeadLetter
 	}
 	return false
+}
+
+func (x *QueueInfo) GetRetryBackoff() *RetryBackoff {
+	if x != nil {
+		return x.RetryBackoff
+	}
+	return nil
 }
 
 type GetQueueRequest struct {
@@ -1275,7 +1295,17 @@ type Message struct {
 	// Content type as published.
 	ContentType string `protobuf:"bytes,10,opt,name=content_type,json=contentType,proto3" json:"content_type,omitempty"`
 	// The message's group (OutMessage.group); empty when none.
-	Group         string `protobuf:"bytes,11,opt,name=group,proto3" json:"group,omitempty"`
+	Group string `protobuf:"bytes,11,opt,name=group,proto3" json:"group,omitempty"`
+	// At-least-once: the delivery's fencing token, greater than that of
+	// every earlier delivery of the same message (across redeliveries,
+	// brokers and broker restarts): the ZooKeeper zxid that created its
+	// lease. A sink stores it with the delivery's effect and refuses a write
+	// whose token is not greater than the stored one, so a consumer paused
+	// past its lease cannot overwrite the work of the message's next
+	// delivery. Tokens of different messages are not ordered. 0 at most
+	// once (the message is deleted by its claim: there is no later delivery
+	// to fence off) and in dead letters and Browse.
+	FencingToken  uint64 `protobuf:"varint,12,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1387,6 +1417,13 @@ func (x *Message) GetGroup() string {
 	return ""
 }
 
+func (x *Message) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
 // Subscribe opens a Consume stream.
 type Subscribe struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1468,7 +1505,8 @@ type Settle struct {
 	AckToken string `protobuf:"bytes,1,opt,name=ack_token,json=ackToken,proto3" json:"ack_token,omitempty"`
 	// false: ack. true: nack (release for redelivery).
 	Nack bool `protobuf:"varint,2,opt,name=nack,proto3" json:"nack,omitempty"`
-	// Nack only: wait this long before the message is deliverable again.
+	// Nack only: wait this long before the message is deliverable again
+	// (unset: now, or the queue's retry_backoff step).
 	Delay         *durationpb.Duration `protobuf:"bytes,3,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1848,7 +1886,7 @@ type NackRequest struct {
 	// The delivery's ack token.
 	AckToken string `protobuf:"bytes,1,opt,name=ack_token,json=ackToken,proto3" json:"ack_token,omitempty"`
 	// Wait this long before the message is deliverable again; unset means
-	// now.
+	// now, or the step of the queue's retry_backoff when it has one.
 	Delay         *durationpb.Duration `protobuf:"bytes,2,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2489,12 +2527,97 @@ func (x *BrowseResponse) GetNextPageToken() string {
 	return ""
 }
 
+// RetryBackoff is a queue's redelivery schedule: either steps, or an
+// exponential schedule (initial, multiplier, max), not both. The wait
+// after a message's n-th delivery is the n-th step (the last repeats), or
+// initial * multiplier^(n-1), at most max. It applies to a nack without a
+// delay and to a lease that expired (counted from when the leader's sweep
+// found it expired); an explicit nack delay wins, and a Consume stream's
+// end gives its leases back at once. The message waits in flight (in
+// QueueStats.in_flight), keeping its place in the queue and, in a group,
+// its group's turn. Past max_deliveries it is dead-lettered (or dropped)
+// at once. Bounds: each step, initial and max 1ms..12h (whole
+// milliseconds; finer parts are dropped), steps strictly increasing, at
+// most 32 steps, multiplier 1..100, max not below initial; otherwise
+// InvalidArgument naming the field.
+type RetryBackoff struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Explicit waits, strictly increasing ("1s, 5s, 30s, 5m").
+	Steps []*durationpb.Duration `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	// Exponential: the first wait.
+	Initial *durationpb.Duration `protobuf:"bytes,2,opt,name=initial,proto3" json:"initial,omitempty"`
+	// Exponential: the factor between successive waits; unset means 2.
+	Multiplier float64 `protobuf:"fixed64,3,opt,name=multiplier,proto3" json:"multiplier,omitempty"`
+	// Exponential: the longest wait; unset means 12h.
+	Max           *durationpb.Duration `protobuf:"bytes,4,opt,name=max,proto3" json:"max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryBackoff) Reset() {
+	*x = RetryBackoff{}
+	mi := &file_api_queue_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryBackoff) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryBackoff) ProtoMessage() {}
+
+func (x *RetryBackoff) ProtoReflect() protoreflect.Message {
+	mi := &file_api_queue_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryBackoff.ProtoReflect.Descriptor instead.
+func (*RetryBackoff) Descriptor() ([]byte, []int) {
+	return file_api_queue_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *RetryBackoff) GetSteps() []*durationpb.Duration {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *RetryBackoff) GetInitial() *durationpb.Duration {
+	if x != nil {
+		return x.Initial
+	}
+	return nil
+}
+
+func (x *RetryBackoff) GetMultiplier() float64 {
+	if x != nil {
+		return x.Multiplier
+	}
+	return 0
+}
+
+func (x *RetryBackoff) GetMax() *durationpb.Duration {
+	if x != nil {
+		return x.Max
+	}
+	return nil
+}
+
 var File_api_queue_proto protoreflect.FileDescriptor
 
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\x03\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x04\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2509,7 +2632,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vmessage_ttl\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"messageTtl\x121\n" +
 	"\x15expire_to_dead_letter\x18\n" +
-	" \x01(\bR\x12expireToDeadLetter\"\xa1\x04\n" +
+	" \x01(\bR\x12expireToDeadLetter\x12=\n" +
+	"\rretry_backoff\x18\f \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\"\xe0\x04\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2526,7 +2650,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vmessage_ttl\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"messageTtl\x121\n" +
-	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\"%\n" +
+	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\x12=\n" +
+	"\rretry_backoff\x18\r \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +
@@ -2582,7 +2707,7 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x03ids\x18\x01 \x03(\tR\x03ids\x12\x1e\n" +
 	"\n" +
 	"duplicates\x18\x02 \x03(\bR\n" +
-	"duplicates\"\xdc\x03\n" +
+	"duplicates\"\x81\x04\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
@@ -2595,7 +2720,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\aheaders\x18\t \x03(\v2 .qbroker.v1.Message.HeadersEntryR\aheaders\x12!\n" +
 	"\fcontent_type\x18\n" +
 	" \x01(\tR\vcontentType\x12\x14\n" +
-	"\x05group\x18\v \x01(\tR\x05group\x1a:\n" +
+	"\x05group\x18\v \x01(\tR\x05group\x12#\n" +
+	"\rfencing_token\x18\f \x01(\x04R\ffencingToken\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +
@@ -2667,7 +2793,14 @@ const file_api_queue_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"i\n" +
 	"\x0eBrowseResponse\x12/\n" +
 	"\bmessages\x18\x01 \x03(\v2\x13.qbroker.v1.MessageR\bmessages\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*j\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xc1\x01\n" +
+	"\fRetryBackoff\x12/\n" +
+	"\x05steps\x18\x01 \x03(\v2\x19.google.protobuf.DurationR\x05steps\x123\n" +
+	"\ainitial\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\ainitial\x12\x1e\n" +
+	"\n" +
+	"multiplier\x18\x03 \x01(\x01R\n" +
+	"multiplier\x12+\n" +
+	"\x03max\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03max*j\n" +
 	"\tQueueKind\x12\x1a\n" +
 	"\x16QUEUE_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fQUEUE_KIND_FIFO\x10\x01\x12\x17\n" +
@@ -2709,7 +2842,7 @@ func file_api_queue_proto_rawDescGZIP() []byte {
 }
 
 var file_api_queue_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_api_queue_proto_goTypes = []any{
 	(QueueKind)(0),                  // 0: qbroker.v1.QueueKind
 	(DeliveryMode)(0),               // 1: qbroker.v1.DeliveryMode
@@ -2749,83 +2882,89 @@ var file_api_queue_proto_goTypes = []any{
 	(*RedriveResponse)(nil),         // 35: qbroker.v1.RedriveResponse
 	(*BrowseRequest)(nil),           // 36: qbroker.v1.BrowseRequest
 	(*BrowseResponse)(nil),          // 37: qbroker.v1.BrowseResponse
-	nil,                             // 38: qbroker.v1.OutMessage.HeadersEntry
-	nil,                             // 39: qbroker.v1.Message.HeadersEntry
-	(*durationpb.Duration)(nil),     // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 41: google.protobuf.Timestamp
+	(*RetryBackoff)(nil),            // 38: qbroker.v1.RetryBackoff
+	nil,                             // 39: qbroker.v1.OutMessage.HeadersEntry
+	nil,                             // 40: qbroker.v1.Message.HeadersEntry
+	(*durationpb.Duration)(nil),     // 41: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 42: google.protobuf.Timestamp
 }
 var file_api_queue_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.CreateQueueRequest.kind:type_name -> qbroker.v1.QueueKind
-	40, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	40, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
-	40, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
-	0,  // 4: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
-	40, // 5: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
-	41, // 6: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
-	40, // 7: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
-	40, // 8: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
-	4,  // 9: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
-	40, // 10: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
-	40, // 11: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
-	41, // 12: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
-	38, // 13: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
-	14, // 14: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
-	41, // 15: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
-	41, // 16: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
-	39, // 17: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
-	1,  // 18: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
-	40, // 19: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
-	40, // 20: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
-	18, // 21: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
-	19, // 22: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
-	17, // 23: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
-	40, // 24: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 25: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	40, // 26: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	17, // 27: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	40, // 28: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	40, // 29: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	41, // 30: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 31: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	17, // 32: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	17, // 33: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
-	3,  // 34: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	5,  // 35: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	6,  // 36: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	8,  // 37: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	10, // 38: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	12, // 39: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	15, // 40: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	20, // 41: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	22, // 42: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	24, // 43: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	26, // 44: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	28, // 45: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	30, // 46: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	32, // 47: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	34, // 48: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	36, // 49: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
-	4,  // 50: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	4,  // 51: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	7,  // 52: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	9,  // 53: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	11, // 54: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	13, // 55: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	16, // 56: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	21, // 57: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	23, // 58: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	25, // 59: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	27, // 60: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	29, // 61: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	31, // 62: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	33, // 63: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	35, // 64: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	37, // 65: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
-	50, // [50:66] is the sub-list for method output_type
-	34, // [34:50] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	41, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	41, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
+	41, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
+	38, // 4: qbroker.v1.CreateQueueRequest.retry_backoff:type_name -> qbroker.v1.RetryBackoff
+	0,  // 5: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
+	41, // 6: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
+	42, // 7: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
+	41, // 8: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
+	41, // 9: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
+	38, // 10: qbroker.v1.QueueInfo.retry_backoff:type_name -> qbroker.v1.RetryBackoff
+	4,  // 11: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
+	41, // 12: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
+	41, // 13: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
+	42, // 14: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
+	39, // 15: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
+	14, // 16: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
+	42, // 17: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
+	42, // 18: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
+	40, // 19: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
+	1,  // 20: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
+	41, // 21: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
+	41, // 22: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
+	18, // 23: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
+	19, // 24: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
+	17, // 25: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
+	41, // 26: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 27: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	41, // 28: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	17, // 29: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	41, // 30: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	41, // 31: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	42, // 32: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 33: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	17, // 34: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	17, // 35: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
+	41, // 36: qbroker.v1.RetryBackoff.steps:type_name -> google.protobuf.Duration
+	41, // 37: qbroker.v1.RetryBackoff.initial:type_name -> google.protobuf.Duration
+	41, // 38: qbroker.v1.RetryBackoff.max:type_name -> google.protobuf.Duration
+	3,  // 39: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	5,  // 40: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	6,  // 41: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	8,  // 42: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	10, // 43: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	12, // 44: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	15, // 45: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	20, // 46: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	22, // 47: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	24, // 48: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	26, // 49: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	28, // 50: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	30, // 51: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	32, // 52: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	34, // 53: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	36, // 54: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
+	4,  // 55: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	4,  // 56: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	7,  // 57: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	9,  // 58: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	11, // 59: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	13, // 60: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	16, // 61: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	21, // 62: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	23, // 63: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	25, // 64: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	27, // 65: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	29, // 66: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	31, // 67: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	33, // 68: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	35, // 69: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	37, // 70: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
+	55, // [55:71] is the sub-list for method output_type
+	39, // [39:55] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }
@@ -2839,7 +2978,7 @@ func file_api_queue_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_queue_proto_rawDesc), len(file_api_queue_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   37,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

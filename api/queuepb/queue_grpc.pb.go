@@ -95,7 +95,7 @@ type QueueClient interface {
 	// FailedPrecondition when the lease is unknown or expired.
 	Ack(ctx context.Context, in *AckRequest, opts ...grpc.CallOption) (*AckResponse, error)
 	// Nack releases an at-least-once delivery for redelivery, now or after
-	// a delay.
+	// a delay (without one, after the queue's retry_backoff step, if any).
 	Nack(ctx context.Context, in *NackRequest, opts ...grpc.CallOption) (*NackResponse, error)
 	// ExtendLease pushes a lease's deadline out.
 	ExtendLease(ctx context.Context, in *ExtendLeaseRequest, opts ...grpc.CallOption) (*ExtendLeaseResponse, error)
@@ -349,7 +349,7 @@ type QueueServer interface {
 	// FailedPrecondition when the lease is unknown or expired.
 	Ack(context.Context, *AckRequest) (*AckResponse, error)
 	// Nack releases an at-least-once delivery for redelivery, now or after
-	// a delay.
+	// a delay (without one, after the queue's retry_backoff step, if any).
 	Nack(context.Context, *NackRequest) (*NackResponse, error)
 	// ExtendLease pushes a lease's deadline out.
 	ExtendLease(context.Context, *ExtendLeaseRequest) (*ExtendLeaseResponse, error)

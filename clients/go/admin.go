@@ -105,6 +105,9 @@ type QueueOptions struct {
 	MessageTTL time.Duration
 	// ExpireToDeadLetter keeps expired messages as dead letters.
 	ExpireToDeadLetter bool
+	// RetryBackoff, when set, is the queue's redelivery schedule; nil
+	// redelivers at once.
+	RetryBackoff *RetryBackoff
 }
 
 // QueueInfo is a queue's configuration.
@@ -122,6 +125,8 @@ type QueueInfo struct {
 	// MessageTTL and ExpireToDeadLetter: see QueueOptions.
 	MessageTTL         time.Duration
 	ExpireToDeadLetter bool
+	// RetryBackoff: see QueueOptions; nil when none.
+	RetryBackoff *RetryBackoff
 }
 
 func infoFromPB(q *pb.QueueInfo) QueueInfo {
@@ -138,6 +143,7 @@ func infoFromPB(q *pb.QueueInfo) QueueInfo {
 		DedupWindow:        q.GetDedupWindow().AsDuration(),
 		MessageTTL:         q.GetMessageTtl().AsDuration(),
 		ExpireToDeadLetter: q.GetExpireToDeadLetter(),
+		RetryBackoff:       backoffFromPB(q.GetRetryBackoff()),
 	}
 }
 
@@ -200,6 +206,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		DedupWindow:        durationOrNil(o.DedupWindow),
 		MessageTtl:         durationOrNil(o.MessageTTL),
 		ExpireToDeadLetter: o.ExpireToDeadLetter,
+		RetryBackoff:       o.RetryBackoff.toPB(),
 	})
 	if err != nil {
 		return QueueInfo{}, errorf("qbroker: create queue %s: %w", name, convErr(err))

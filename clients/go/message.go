@@ -90,6 +90,14 @@ type Message struct {
 	ContentType string
 	// Group is the message's group (WithGroup); empty when none.
 	Group string
+	// FencingToken (at least once) is greater than that of every earlier
+	// delivery of the same message, across redeliveries, brokers and
+	// broker restarts; 0 at most once. Store it with the effect of
+	// handling the message and refuse a write whose token is not greater
+	// than the stored one: a consumer paused past its lease then cannot
+	// overwrite the work of the message's next delivery (see
+	// docs/fencing.md).
+	FencingToken uint64
 
 	client   *Client
 	token    string    // opaque ack token; any broker accepts it
@@ -117,6 +125,7 @@ func (c *Client) message(m *pb.Message, cons *Consumer, gen uint64) *Message {
 		Headers:       m.GetHeaders(),
 		ContentType:   m.GetContentType(),
 		Group:         m.GetGroup(),
+		FencingToken:  m.GetFencingToken(),
 		client:        c,
 		token:         m.GetAckToken(),
 		consumer:      cons,

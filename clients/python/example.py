@@ -161,7 +161,7 @@ def run(args):
         print(f"published {len(resp.ids)} messages to {args.queue}", flush=True)
 
         for m in consume(stub, args.queue, args.count, args.timeout):
-            print(f"acked {m.id} {m.payload.decode()} delivery={m.delivery_count}", flush=True)
+            print(f"acked {m.id} {m.payload.decode()} delivery={m.delivery_count} fencing_token={m.fencing_token}", flush=True)
 
         st = call(stub.Stats, pb.StatsRequest(name=args.queue), args.timeout)
         print(f"stats {st.name}: ready={st.ready} in_flight={st.in_flight} dead={st.dead}", flush=True)

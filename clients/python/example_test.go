@@ -156,6 +156,10 @@ func TestPythonExample(t *testing.T) {
 	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) >= 3 && f[0] == "acked" {
 			acked = append(acked, f[2])
+			// At least once: each delivery has a fencing token.
+			if len(f) < 5 || !strings.HasPrefix(f[4], "fencing_token=") || f[4] == "fencing_token=0" {
+				t.Errorf("acked line %q: want a fencing_token other than 0", line)
+			}
 		}
 	}
 	if len(acked) != count {

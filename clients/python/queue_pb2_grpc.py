@@ -212,7 +212,7 @@ class QueueServicer(object):
 
     def Nack(self, request, context):
         """Nack releases an at-least-once delivery for redelivery, now or after
-        a delay.
+        a delay (without one, after the queue's retry_backoff step, if any).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

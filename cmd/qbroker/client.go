@@ -180,7 +180,7 @@ Lists the queues with their configuration, sorted by name.`, std)
 
 func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tKIND\tMEMBERS\tVISIBILITY\tMAX-DELIVERIES\tDEAD-LETTER\tMAX-DEPTH\tMAX-BYTES\tTTL\tDEDUP-WINDOW\tCREATED")
+	fmt.Fprintln(tw, "NAME\tKIND\tMEMBERS\tVISIBILITY\tMAX-DELIVERIES\tDEAD-LETTER\tMAX-DEPTH\tMAX-BYTES\tTTL\tDEDUP-WINDOW\tRETRY-BACKOFF\tCREATED")
 	for _, q := range qs {
 		members := "-"
 		if q.Kind == qbroker.KindSync {
@@ -201,8 +201,8 @@ func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 		if dedup == 0 {
 			dedup = defaultDedupWindow
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\t%s\t%s\t%v\t%s\n", q.Name, q.Kind, members, q.VisibilityTimeout, maxDel,
-			q.DeadLetter, quota(q.MaxDepth), quota(q.MaxBytes), ttl, dedup, q.CreatedAt.Local().Format(time.DateTime))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\t%s\t%s\t%v\t%s\t%s\n", q.Name, q.Kind, members, q.VisibilityTimeout, maxDel,
+			q.DeadLetter, quota(q.MaxDepth), quota(q.MaxBytes), ttl, dedup, backoffString(q.RetryBackoff), q.CreatedAt.Local().Format(time.DateTime))
 	}
 	tw.Flush()
 }
@@ -237,6 +237,7 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 	fs.DurationVar(&o.DedupWindow, "dedup-window", 0, "how long publishes' dedup ids are remembered (1s..1h); 0 means 5m")
 	fs.DurationVar(&o.MessageTTL, "message-ttl", 0, "ready messages older than this (1s..336h) are removed instead of delivered; 0 means never")
 	fs.BoolVar(&o.ExpireToDeadLetter, "expire-to-dead-letter", false, "keep messages past --message-ttl as dead letters instead of dropping them")
+	fs.Var(backoffFlag{&o}, "retry-backoff", "redelivery `schedule` of nacks without a delay and expired leases: increasing waits (1s,5s,30s,5m; the last repeats) or exp:INITIAL[,MULTIPLIER[,MAX]]")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
@@ -402,7 +403,10 @@ Consumes messages and prints one line per message:
 (a payload that is not one line of UTF-8 is printed Go-quoted). A
 message's content type and headers follow, one field each:
 	content-type=<type> <tab> header.<key>=<value> ...
-(keys and values quoted like payloads when they hold '=' or a tab).
+(keys and values quoted like payloads when they hold '=' or a tab). At
+least once, the delivery's fencing token comes last:
+	fencing-token=<token>
+greater for every later delivery of the same message.
 
 By default it streams until -n messages (0: until Ctrl-C). With --wait it
 long-polls instead, and ends when a poll waited that long for nothing.
@@ -446,7 +450,7 @@ but not printed: up to --prefetch streaming, up to one poll's (at most
 	defer c.Close()
 	ack := mode == qbroker.AtLeastOnce && !*noAck
 	handle := func(m *qbroker.Message) error {
-		fmt.Fprintf(std.out, "%s\t%d\t%s%s\n", m.ID, m.DeliveryCount, printable(m.Payload), attrFields(m))
+		fmt.Fprintf(std.out, "%s\t%d\t%s%s%s\n", m.ID, m.DeliveryCount, printable(m.Payload), attrFields(m), fenceField(m))
 		if ack {
 			// Not cancelled by Ctrl-C: a printed message is acked.
 			return m.Ack(context.WithoutCancel(ctx))
