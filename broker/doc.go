@@ -25,6 +25,9 @@
 //	/<root>/elections/<name>/n-NNNNNNNNNN      EPHEMERAL_SEQUENTIAL, Election service candidates
 //	/<root>/locks/<name>/lock-<nonce>-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL, Lock service contenders
 //	                                           (<name> deleted by the leader once idle)
+//	/<root>/semaphores/<name>                  Semaphore service: data its limit; queue/wait-<nonce>-NNNNNNNNNN
+//	                                           EPHEMERAL_SEQUENTIAL waiters, leases/lease-<n>-<nonce> EPHEMERAL
+//	                                           leases (coord_semaphore.go; deleted by the leader once idle)
 //	/<root>/token-key                          random key signing ack tokens, created by
 //	                                           the first broker, read by all
 //
@@ -141,6 +144,9 @@
 //	qbroker_locks_held                             gauge: locks held by this broker's Lock streams
 //	qbroker_lock_revocations_total                 counter: Revoke calls that reached a holder
 //	qbroker_election_leaders                       gauge: elections led by this broker's Campaign streams
+//	qbroker_semaphore_wait_seconds                 histogram: semaphore Acquire request to grant
+//	qbroker_semaphore_permits_held                 gauge: permits held by this broker's Acquire streams
+//	qbroker_semaphore_revocations_total            counter: holders asked by semaphore Revoke calls
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //
@@ -166,7 +172,8 @@
 // the stream's JWT or certificate expires, a stream no longer allowed ends
 // with Unauthenticated or PermissionDenied, naming why. Lock and Campaign
 // record the caller's identity in their node; a call by key on another
-// identity's node needs lock.admin or election.admin (coord.go). Changes
+// identity's node needs lock.admin or election.admin (coord.go); so for
+// semaphore leases (semaphore.admin, which SetLimit needs too). Changes
 // (queue creation, deletion, purge, redrive, JoinSync, Unlock, Revoke,
 // Resign, Proclaim) and refused calls are logged at info ("audit",
 // audit.go) with the identity, with or without Auth.

@@ -57,6 +57,7 @@ type metrics struct {
 	locksHeld       prometheus.Gauge
 	lockRevocations prometheus.Counter
 	leaders         prometheus.Gauge
+	sem             semaphoreMetrics // coord_semaphore.go
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -134,6 +135,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	for _, r := range connlimit.Reasons {
 		m.connsRefused.WithLabelValues(string(r))
 	}
+	m.sem = newSemaphoreMetrics(reg)
 	if reg == nil {
 		return m
 	}

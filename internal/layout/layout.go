@@ -6,6 +6,7 @@
 //	  election/n-<seq>    EPHEMERAL_SEQUENTIAL: the brokers' leader election (package election)
 //	  elections/<name>/   the Election service's elections, one per name (package election)
 //	  locks/<name>/       the Lock service's locks, one per name (package lock)
+//	  semaphores/<name>/  the Semaphore service's semaphores, one per name (package semaphore)
 //	  token-key           the key signing ack tokens (its ACL private to the brokers)
 //
 // A Root builds every path of that layout, checking the names that come
@@ -83,6 +84,14 @@ func (r Root) Locks() string { return r.path + "/locks" }
 
 // Lock returns the node of the service lock name.
 func (r Root) Lock(name string) (string, error) { return child(r.Locks(), "lock name", name) }
+
+// Semaphores returns the parent of the Semaphore service's semaphores.
+func (r Root) Semaphores() string { return r.path + "/semaphores" }
+
+// Semaphore returns the node of the service semaphore name.
+func (r Root) Semaphore(name string) (string, error) {
+	return child(r.Semaphores(), "semaphore name", name)
+}
 
 // TokenKey is the name of the root's child that holds the ack tokens'
 // key.

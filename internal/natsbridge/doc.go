@@ -19,8 +19,9 @@
 // queue. The mapping is one to one: two queues never share a subject.
 //
 // Coordination events (lock_granted, lock_released, leader_elected,
-// leader_ended) are on <prefix>.lock.<name>.<event> and
-// <prefix>.election.<name>.<event> (EventSubject): one token more than a
+// leader_ended, semaphore_granted, semaphore_released) are on
+// <prefix>.lock.<name>.<event>, <prefix>.election.<name>.<event> and
+// <prefix>.semaphore.<name>.<event> (EventSubject): one token more than a
 // queue's, so "qbroker.*.published" never matches them.
 //
 // # Body
@@ -36,6 +37,7 @@
 //	delivery_count  deliveries so far
 //	member          member id of sync events; absent otherwise
 //	lock, election  the lock's or election's name (coordination events)
+//	semaphore       the semaphore's name (semaphore events)
 //	key, token      the grant's or leadership's node name and fencing token
 //	broker          id of the emitting broker (Config.BrokerID when the event had none)
 //	time            RFC 3339 time of the event

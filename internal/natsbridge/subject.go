@@ -19,6 +19,8 @@ func EventSubject(prefix string, e *events.Event) string {
 		return prefix + ".lock." + SubjectToken(e.Lock) + "." + SubjectToken(string(e.Kind))
 	case e.Election != "":
 		return prefix + ".election." + SubjectToken(e.Election) + "." + SubjectToken(string(e.Kind))
+	case e.Semaphore != "":
+		return prefix + ".semaphore." + SubjectToken(e.Semaphore) + "." + SubjectToken(string(e.Kind))
 	}
 	return Subject(prefix, e.Queue, e.Kind)
 }
