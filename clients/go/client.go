@@ -30,6 +30,7 @@ type Client struct {
 	health healthpb.HealthClient
 	elect  pb.ElectionClient
 	locks  pb.LockClient
+	sems   pb.SemaphoreClient
 	opts   options
 }
 
@@ -187,7 +188,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		return nil, errorf("qbroker: dial %s: %w", strings.Join(o.addrs, ","), err)
 	}
 	c := &Client{conn: conn, rpc: pb.NewQueueClient(conn), health: healthpb.NewHealthClient(conn), elect: pb.NewElectionClient(conn),
-		locks: pb.NewLockClient(conn), opts: o}
+		locks: pb.NewLockClient(conn), sems: pb.NewSemaphoreClient(conn), opts: o}
 	if o.waitReady {
 		if err := c.waitReady(ctx); err != nil {
 			conn.Close()
