@@ -13,10 +13,11 @@ import (
 	qbroker "github.com/qbroker/qbroker/clients/go"
 )
 
-// Client commands of the coordination services: lock, elect.
+// Client commands of the coordination services: lock, elect, sem.
 var coordCommands = []clientCommand{
 	{"lock", "hold a lock, or run a command while holding it", runLock},
 	{"elect", "campaign for leader and print leadership changes", runElect},
+	{"sem", "hold semaphore permits, or run a command while holding them", runSem},
 }
 
 func init() {
