@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/qbroker/qbroker/internal/zktest"
+	"github.com/qbroker/qbroker/lock"
 	"github.com/qbroker/qbroker/semaphore"
 )
 
@@ -350,4 +351,39 @@ func TestLeaseLostWithSession(t *testing.T) {
 		t.Fatalf("Err: got %v, want ErrLost", l.Err())
 	}
 	release(t, ctx, nl)
+}
+
+// Lease tokens and lock tokens are zxids of one ensemble, so they compare
+// across kinds: a lock granted after a lease has a greater token, and a
+// lease granted after that lock a greater one still.
+func TestTokensCompareWithLocks(t *testing.T) {
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	ctx := testCtx(t, time.Minute)
+	s := newSem(t, conn, root+"/sem", 1)
+	m, err := lock.NewMutex(conn, root+"/lock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	l1, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(t, ctx, l1)
+	l2, err := s.Acquire(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(l1.Token() < g.Token() && g.Token() < l2.Token()) {
+		t.Fatalf("tokens: lease %d, lock %d, lease %d; want increasing in grant order", l1.Token(), g.Token(), l2.Token())
+	}
+	if err := g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	release(t, ctx, l2)
 }
