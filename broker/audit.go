@@ -40,6 +40,15 @@ var auditedMethods = map[string]func(req any) (action, kind, name string){
 	pb.Election_Resign_FullMethodName:   func(r any) (string, string, string) { return "resign", "election", r.(*pb.ResignRequest).GetName() },
 	pb.Election_Proclaim_FullMethodName: func(r any) (string, string, string) { return "proclaim", "election", r.(*pb.ProclaimRequest).GetName() },
 	pb.Counter_Set_FullMethodName:       func(r any) (string, string, string) { return "set", "counter", r.(*pb.CounterSetRequest).GetName() },
+	pb.Semaphore_Release_FullMethodName: func(r any) (string, string, string) {
+		return "release", "semaphore", r.(*pb.SemaphoreReleaseRequest).GetName()
+	},
+	pb.Semaphore_Revoke_FullMethodName: func(r any) (string, string, string) {
+		return "revoke", "semaphore", r.(*pb.SemaphoreRevokeRequest).GetName()
+	},
+	pb.Semaphore_SetLimit_FullMethodName: func(r any) (string, string, string) {
+		return "set_limit", "semaphore", r.(*pb.SemaphoreSetLimitRequest).GetName()
+	},
 }
 
 // audit logs an audited call of method with request req (nil when not

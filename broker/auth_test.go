@@ -489,7 +489,7 @@ func TestEveryMethodMapped(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []protoreflect.FullName{"qbroker.v1.Queue", "qbroker.v1.Election", "qbroker.v1.Lock"} {
+	for _, name := range []protoreflect.FullName{"qbroker.v1.Queue", "qbroker.v1.Election", "qbroker.v1.Lock", "qbroker.v1.Semaphore"} {
 		d, err := protoregistry.GlobalFiles.FindDescriptorByName(name)
 		if err != nil {
 			t.Fatal(err)

@@ -92,7 +92,27 @@ var methodAuths = map[string]methodAuth{
 	pb.Counter_CompareAndSet_FullMethodName: {needs: onCoord(ActCounter, func(m any) string {
 		return m.(*pb.CounterCompareAndSetRequest).GetName()
 	})},
-	pb.Counter_Set_FullMethodName: {needs: onCoord(ActCounter, func(m any) string { return m.(*pb.CounterSetRequest).GetName() })},
+	pb.Counter_Set_FullMethodName:       {needs: onCoord(ActCounter, func(m any) string { return m.(*pb.CounterSetRequest).GetName() })},
+	pb.Semaphore_Acquire_FullMethodName: {needs: semaphoreNeeds},
+	pb.Semaphore_Release_FullMethodName: {needs: onCoord(actSemaphoreByKey, func(m any) string {
+		return m.(*pb.SemaphoreReleaseRequest).GetName()
+	})},
+	pb.Semaphore_Revoke_FullMethodName: {needs: onCoord(actSemaphoreByKey, func(m any) string {
+		return m.(*pb.SemaphoreRevokeRequest).GetName()
+	})},
+	pb.Semaphore_SetLimit_FullMethodName: {needs: onCoord(ActSemaphoreAdmin, func(m any) string {
+		return m.(*pb.SemaphoreSetLimitRequest).GetName()
+	})},
+}
+
+// semaphoreNeeds: the request naming the semaphore needs semaphore on
+// it; the later {release} requests give back what the stream holds.
+func semaphoreNeeds(m any) []access {
+	r := m.(*pb.SemaphoreAcquireRequest)
+	if r.GetName() == "" && r.GetRelease() {
+		return nil
+	}
+	return []access{{ActSemaphore, ActSemaphore, r.GetName()}}
 }
 
 // consumeNeeds: a Consume stream's subscription needs consume on its

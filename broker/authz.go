@@ -35,14 +35,19 @@ const (
 	ActCounter = "counter"
 	// Counter Get (implied by counter).
 	ActCounterRead = "counter.read"
+	// Acquire; Release and Revoke of the caller's own semaphore leases.
+	ActSemaphore = "semaphore"
+	// Release and Revoke of any lease, another identity's too; SetLimit.
+	ActSemaphoreAdmin = "semaphore.admin"
 )
 
 // Checks of calls that act on a lock or a candidate by key, before the
 // broker knows whose it is: either action lets the call in, and the
 // handler then needs the .admin one for another identity's node.
 const (
-	actLockByKey     = "lock (or lock.admin)"
-	actElectionByKey = "election (or election.admin)"
+	actLockByKey      = "lock (or lock.admin)"
+	actElectionByKey  = "election (or election.admin)"
+	actSemaphoreByKey = "semaphore (or semaphore.admin)"
 )
 
 // DebugName is the name an ActDebug rule's patterns must match.
@@ -50,9 +55,9 @@ const DebugName = "pprof"
 
 // actionGroups are names standing for several actions in a rules file.
 var actionGroups = map[string][]string{
-	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive, ActLockAdmin, ActElectionAdmin},
+	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive, ActLockAdmin, ActElectionAdmin, ActSemaphoreAdmin},
 	"all": {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActLockAdmin,
-		ActElection, ActElectionObserve, ActElectionAdmin, ActDebug, ActCounter, ActCounterRead},
+		ActElection, ActElectionObserve, ActElectionAdmin, ActDebug, ActCounter, ActCounterRead, ActSemaphore, ActSemaphoreAdmin},
 }
 
 // queueActions are the actions on queues: each implies view.
@@ -65,6 +70,7 @@ var impliedBy = map[string][]string{
 	actLockByKey:       {ActLock, ActLockAdmin},
 	actElectionByKey:   {ActElection, ActElectionAdmin},
 	ActCounterRead:     {ActCounter},
+	actSemaphoreByKey:  {ActSemaphore, ActSemaphoreAdmin},
 }
 
 // Rules are a parsed rules file.
@@ -89,8 +95,9 @@ func readRules(file string) (*Rules, error) { return readParsed(file, ParseRules
 // a class). The identity * stands for any authenticated identity. Actions:
 // publish, consume, create, delete, purge, redrive, join, view, lock,
 // lock.admin, election, election.observe, election.admin, counter,
-// counter.read, debug (the Go profiles, name pprof); admin is create, delete, purge, redrive,
-// lock.admin and election.admin; all is every action. Blank lines and
+// counter.read, semaphore, semaphore.admin, debug (the Go profiles, name
+// pprof); admin is create, delete, purge, redrive, lock.admin,
+// election.admin and semaphore.admin; all is every action. Blank lines and
 // lines starting with # are ignored. What no rule allows is denied.
 func ParseRules(data []byte) (*Rules, error) {
 	r := &Rules{}
@@ -116,7 +123,7 @@ func ParseRules(data []byte) (*Rules, error) {
 			} else if slices.Contains(actionGroups["all"], a) {
 				ru.actions = append(ru.actions, a)
 			} else {
-				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, counter, counter.read, debug, admin or all)", n, a)
+				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, counter, counter.read, semaphore, semaphore.admin, debug, admin or all)", n, a)
 			}
 		}
 		for _, p := range strings.Split(f[2], ",") {

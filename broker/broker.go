@@ -620,6 +620,7 @@ func (b *Broker) setServing(ok bool) {
 	b.health.SetServingStatus(pb.Election_ServiceDesc.ServiceName, st)
 	b.health.SetServingStatus(pb.Lock_ServiceDesc.ServiceName, st)
 	b.health.SetServingStatus(pb.Counter_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Semaphore_ServiceDesc.ServiceName, st)
 }
 
 // GRPCServer returns a gRPC server with the Queue service, health,
@@ -652,6 +653,7 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	pb.RegisterElectionServer(s, electionServer{b: b})
 	pb.RegisterLockServer(s, lockServer{b: b})
 	pb.RegisterCounterServer(s, counterServer{b: b})
+	pb.RegisterSemaphoreServer(s, semaphoreServer{b: b})
 	healthpb.RegisterHealthServer(s, b.health)
 	reflection.Register(s)
 	b.metrics.grpc.InitializeMetrics(s)

@@ -28,6 +28,9 @@
 //	                                           (<name> deleted by the leader once idle)
 //	/<root>/counters/<name>/v-<epoch>-<nonce>  the Counter service's counters: the value
 //	                                           (package counter), kept until deleted
+//	/<root>/semaphores/<name>                  Semaphore service: data its limit; queue/wait-<nonce>-NNNNNNNNNN
+//	                                           EPHEMERAL_SEQUENTIAL waiters, leases/lease-<n>-<nonce> EPHEMERAL
+//	                                           leases (coord_semaphore.go; deleted by the leader once idle)
 //	/<root>/token-key                          random key signing ack tokens, created by
 //	                                           the first broker, read by all
 //
@@ -148,6 +151,9 @@
 //	qbroker_counter_writes_total                   counter: counter writes in ZooKeeper (combined Adds: one)
 //	qbroker_counter_conflicts_total                counter: counter writes and checks refused as stale, retried
 //	qbroker_counter_rollovers_total                counter: counter writes that moved the value to a new node
+//	qbroker_semaphore_wait_seconds                 histogram: semaphore Acquire request to grant
+//	qbroker_semaphore_permits_held                 gauge: permits held by this broker's Acquire streams
+//	qbroker_semaphore_revocations_total            counter: holders asked by semaphore Revoke calls
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //
@@ -173,7 +179,8 @@
 // the stream's JWT or certificate expires, a stream no longer allowed ends
 // with Unauthenticated or PermissionDenied, naming why. Lock and Campaign
 // record the caller's identity in their node; a call by key on another
-// identity's node needs lock.admin or election.admin (coord.go). Changes
+// identity's node needs lock.admin or election.admin (coord.go); so for
+// semaphore leases (semaphore.admin, which SetLimit needs too). Changes
 // (queue creation, deletion, purge, redrive, JoinSync, Unlock, Revoke,
 // Resign, Proclaim, a counter's Set) and refused calls are logged at info ("audit",
 // audit.go) with the identity, with or without Auth.

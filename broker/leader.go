@@ -9,6 +9,7 @@ import (
 
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/lock"
+	"github.com/qbroker/qbroker/semaphore"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -135,10 +136,10 @@ var coordReapInterval atomic.Int64
 
 func init() { coordReapInterval.Store(int64(30 * time.Second)) }
 
-// reapCoordination deletes the nodes of idle locks (locks/<name>) and
-// elections (elections/<name>) every coordReapInterval until ctx ends,
-// with the recipes' Reapers: otherwise every name ever used would stay in
-// ZooKeeper. A contender that finds its name's node gone makes it again.
+// reapCoordination deletes the nodes of idle locks (locks/<name>),
+// elections (elections/<name>) and semaphores (semaphores/<name>) every
+// coordReapInterval until ctx ends, with the recipes' Reapers: otherwise
+// every name ever used would stay in ZooKeeper. A contender that finds its name's node gone makes it again.
 func (b *Broker) reapCoordination(ctx context.Context) {
 	lr, err := lock.NewReaper(b.conn, b.root.Locks())
 	if err != nil {
@@ -148,6 +149,11 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 	er, err := election.NewReaper(b.conn, b.root.Elections())
 	if err != nil {
 		b.log.Error("election reaper", "err", err)
+		return
+	}
+	sr, err := semaphore.NewReaper(b.conn, b.root.Semaphores())
+	if err != nil {
+		b.log.Error("semaphore reaper", "err", err)
 		return
 	}
 	t := time.NewTicker(time.Duration(coordReapInterval.Load()))
@@ -170,6 +176,11 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 			b.log.Debug("reaping idle elections", "err", err)
 		} else if n > 0 {
 			b.log.Debug("deleted idle elections", "count", n)
+		}
+		if n, err := sr.Reap(ctx); err != nil && ctx.Err() == nil {
+			b.log.Debug("reaping idle semaphores", "err", err)
+		} else if n > 0 {
+			b.log.Debug("deleted idle semaphores", "count", n)
 		}
 	}
 }

@@ -62,6 +62,7 @@ type metrics struct {
 	counterWrites    prometheus.Counter
 	counterConflicts prometheus.Counter
 	counterRollovers prometheus.Counter
+	sem              semaphoreMetrics // coord_semaphore.go
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -150,6 +151,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	for _, r := range connlimit.Reasons {
 		m.connsRefused.WithLabelValues(string(r))
 	}
+	m.sem = newSemaphoreMetrics(reg)
 	if reg == nil {
 		return m
 	}

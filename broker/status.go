@@ -14,6 +14,7 @@ import (
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/lock"
+	"github.com/qbroker/qbroker/semaphore"
 	"github.com/qbroker/qbroker/syncqueue"
 	"github.com/qbroker/qbroker/zkqueue"
 )
@@ -70,15 +71,17 @@ func codeOf(err error) codes.Code {
 	case errors.Is(err, errInvalid), errors.Is(err, zkqueue.ErrTooLarge), errors.Is(err, zkqueue.ErrBatchTooLarge),
 		errors.Is(err, zkqueue.ErrEmptyBatch), errors.Is(err, zkqueue.ErrBadPriority), errors.Is(err, zkqueue.ErrBadAttributes), errors.Is(err, zkqueue.ErrBadCursor),
 		errors.Is(err, zkqueue.ErrBadName), errors.Is(err, zkqueue.ErrBadSpec), errors.Is(err, election.ErrInvalid),
-		errors.Is(err, lock.ErrInvalid), errors.Is(err, counter.ErrInvalid):
+		errors.Is(err, lock.ErrInvalid), errors.Is(err, counter.ErrInvalid), errors.Is(err, semaphore.ErrInvalid):
 		return codes.InvalidArgument
-	case errors.Is(err, errQueueNotFound), errors.Is(err, election.ErrNoLeader), errors.Is(err, election.ErrNoCandidate):
+	case errors.Is(err, errQueueNotFound), errors.Is(err, election.ErrNoLeader), errors.Is(err, election.ErrNoCandidate),
+		errors.Is(err, errNoSemaphore):
 		return codes.NotFound
 	case errors.Is(err, errQueueExists), errors.Is(err, errMemberExists):
 		return codes.AlreadyExists
 	case errors.Is(err, errWrongKind), errors.Is(err, errNotOpen), errors.Is(err, zkqueue.ErrUnknownLease),
 		errors.Is(err, errSyncGroup), errors.Is(err, election.ErrNotLeader), errors.Is(err, lock.ErrNotHeld),
-		errors.Is(err, lock.ErrLocked), errors.Is(err, counter.ErrCorrupt):
+		errors.Is(err, lock.ErrLocked), errors.Is(err, counter.ErrCorrupt), errors.Is(err, semaphore.ErrNotHeld),
+		errors.Is(err, semaphore.ErrNoPermit), errors.Is(err, semaphore.ErrOverLimit), errors.Is(err, errLimitMismatch):
 		return codes.FailedPrecondition
 	case errors.Is(err, errLimit), errors.Is(err, zkqueue.ErrTooManyQueues), errors.Is(err, zkqueue.ErrTooManyDelayed):
 		return codes.ResourceExhausted
@@ -86,7 +89,7 @@ func codeOf(err error) codes.Code {
 		errors.Is(err, errStalled):
 		return codes.Unavailable
 	case errors.Is(err, errLeadershipLost), errors.Is(err, errLockLost), errors.Is(err, election.ErrNodeLost),
-		errors.Is(err, lock.ErrLost):
+		errors.Is(err, lock.ErrLost), errors.Is(err, errPermitsLost), errors.Is(err, semaphore.ErrLost):
 		// The client may campaign or lock again.
 		return codes.Aborted
 	case errors.Is(err, errQueueDeleting):
@@ -168,7 +171,7 @@ func notOwned(id Identity, adminAction, kind, name string) error {
 // are.
 func inWords(err error) error {
 	if c := (*callerErr)(nil); errors.As(err, &c) {
-		if errors.Is(c.err, lock.ErrNotOwner) || errors.Is(c.err, election.ErrNotOwner) {
+		if errors.Is(c.err, lock.ErrNotOwner) || errors.Is(c.err, election.ErrNotOwner) || errors.Is(c.err, semaphore.ErrNotOwner) {
 			return notOwned(c.id, c.action, c.kind, c.name)
 		}
 		return c.err

@@ -141,6 +141,61 @@ func (LockEvent_Type) EnumDescriptor() ([]byte, []int) {
 	return file_api_coord_proto_rawDescGZIP(), []int{10, 0}
 }
 
+type SemaphoreEvent_Type int32
+
+const (
+	SemaphoreEvent_TYPE_UNSPECIFIED SemaphoreEvent_Type = 0
+	// The permits are held; key, token and permits describe the lease.
+	SemaphoreEvent_TYPE_GRANTED SemaphoreEvent_Type = 1
+	// Someone asked the holder to give its permits back (Revoke).
+	SemaphoreEvent_TYPE_REVOKE_REQUESTED SemaphoreEvent_Type = 2
+	// The lease was lost; the stream ends with Aborted.
+	SemaphoreEvent_TYPE_LOST SemaphoreEvent_Type = 3
+)
+
+// Enum value maps for SemaphoreEvent_Type.
+var (
+	SemaphoreEvent_Type_name = map[int32]string{
+		0: "TYPE_UNSPECIFIED",
+		1: "TYPE_GRANTED",
+		2: "TYPE_REVOKE_REQUESTED",
+		3: "TYPE_LOST",
+	}
+	SemaphoreEvent_Type_value = map[string]int32{
+		"TYPE_UNSPECIFIED":      0,
+		"TYPE_GRANTED":          1,
+		"TYPE_REVOKE_REQUESTED": 2,
+		"TYPE_LOST":             3,
+	}
+)
+
+func (x SemaphoreEvent_Type) Enum() *SemaphoreEvent_Type {
+	p := new(SemaphoreEvent_Type)
+	*p = x
+	return p
+}
+
+func (x SemaphoreEvent_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SemaphoreEvent_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_coord_proto_enumTypes[2].Descriptor()
+}
+
+func (SemaphoreEvent_Type) Type() protoreflect.EnumType {
+	return &file_api_coord_proto_enumTypes[2]
+}
+
+func (x SemaphoreEvent_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SemaphoreEvent_Type.Descriptor instead.
+func (SemaphoreEvent_Type) EnumDescriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{23, 0}
+}
+
 type CampaignRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Election name.
@@ -1284,6 +1339,520 @@ func (x *CounterValue) GetValue() int64 {
 	return 0
 }
 
+type SemaphoreAcquireRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// First request only: the semaphore's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// First request only: the semaphore's limit (1 to 1,048,576); it must
+	// be the stored limit when the semaphore exists.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// First request only: the permits wanted (1 to limit); unset means 1.
+	Permits int32 `protobuf:"varint,3,opt,name=permits,proto3" json:"permits,omitempty"`
+	// First request only: the holder's value, readable through Revoke.
+	Value []byte `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
+	// Give the permits back (or stop waiting for them) and end the stream.
+	Release       bool `protobuf:"varint,5,opt,name=release,proto3" json:"release,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreAcquireRequest) Reset() {
+	*x = SemaphoreAcquireRequest{}
+	mi := &file_api_coord_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreAcquireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreAcquireRequest) ProtoMessage() {}
+
+func (x *SemaphoreAcquireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreAcquireRequest.ProtoReflect.Descriptor instead.
+func (*SemaphoreAcquireRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SemaphoreAcquireRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SemaphoreAcquireRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SemaphoreAcquireRequest) GetPermits() int32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+func (x *SemaphoreAcquireRequest) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *SemaphoreAcquireRequest) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
+}
+
+type SemaphoreEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened.
+	Type SemaphoreEvent_Type `protobuf:"varint,1,opt,name=type,proto3,enum=qbroker.v1.SemaphoreEvent_Type" json:"type,omitempty"`
+	// The lease's key.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The lease's fencing token.
+	Token int64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	// The permits the lease holds.
+	Permits       int32 `protobuf:"varint,4,opt,name=permits,proto3" json:"permits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreEvent) Reset() {
+	*x = SemaphoreEvent{}
+	mi := &file_api_coord_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreEvent) ProtoMessage() {}
+
+func (x *SemaphoreEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreEvent.ProtoReflect.Descriptor instead.
+func (*SemaphoreEvent) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SemaphoreEvent) GetType() SemaphoreEvent_Type {
+	if x != nil {
+		return x.Type
+	}
+	return SemaphoreEvent_TYPE_UNSPECIFIED
+}
+
+func (x *SemaphoreEvent) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SemaphoreEvent) GetToken() int64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *SemaphoreEvent) GetPermits() int32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+type SemaphoreReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Semaphore name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The lease's key.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The lease's token; required.
+	Token         int64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreReleaseRequest) Reset() {
+	*x = SemaphoreReleaseRequest{}
+	mi := &file_api_coord_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreReleaseRequest) ProtoMessage() {}
+
+func (x *SemaphoreReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreReleaseRequest.ProtoReflect.Descriptor instead.
+func (*SemaphoreReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SemaphoreReleaseRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SemaphoreReleaseRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SemaphoreReleaseRequest) GetToken() int64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+type SemaphoreReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreReleaseResponse) Reset() {
+	*x = SemaphoreReleaseResponse{}
+	mi := &file_api_coord_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreReleaseResponse) ProtoMessage() {}
+
+func (x *SemaphoreReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreReleaseResponse.ProtoReflect.Descriptor instead.
+func (*SemaphoreReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{25}
+}
+
+type SemaphoreRevokeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Semaphore name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The lease's key; unset asks every holder.
+	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreRevokeRequest) Reset() {
+	*x = SemaphoreRevokeRequest{}
+	mi := &file_api_coord_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreRevokeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreRevokeRequest) ProtoMessage() {}
+
+func (x *SemaphoreRevokeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreRevokeRequest.ProtoReflect.Descriptor instead.
+func (*SemaphoreRevokeRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SemaphoreRevokeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SemaphoreRevokeRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type SemaphoreRevokeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The holders asked to give their permits back.
+	Holders       []*SemaphoreHolder `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreRevokeResponse) Reset() {
+	*x = SemaphoreRevokeResponse{}
+	mi := &file_api_coord_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreRevokeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreRevokeResponse) ProtoMessage() {}
+
+func (x *SemaphoreRevokeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreRevokeResponse.ProtoReflect.Descriptor instead.
+func (*SemaphoreRevokeResponse) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SemaphoreRevokeResponse) GetHolders() []*SemaphoreHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+type SemaphoreHolder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease's key.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The holder's value.
+	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// The lease's fencing token.
+	Token int64 `protobuf:"varint,3,opt,name=token,proto3" json:"token,omitempty"`
+	// The permits the lease holds.
+	Permits       int32 `protobuf:"varint,4,opt,name=permits,proto3" json:"permits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreHolder) Reset() {
+	*x = SemaphoreHolder{}
+	mi := &file_api_coord_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreHolder) ProtoMessage() {}
+
+func (x *SemaphoreHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreHolder.ProtoReflect.Descriptor instead.
+func (*SemaphoreHolder) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SemaphoreHolder) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SemaphoreHolder) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *SemaphoreHolder) GetToken() int64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *SemaphoreHolder) GetPermits() int32 {
+	if x != nil {
+		return x.Permits
+	}
+	return 0
+}
+
+type SemaphoreSetLimitRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Semaphore name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The new limit (1 to 1,048,576).
+	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreSetLimitRequest) Reset() {
+	*x = SemaphoreSetLimitRequest{}
+	mi := &file_api_coord_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreSetLimitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreSetLimitRequest) ProtoMessage() {}
+
+func (x *SemaphoreSetLimitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreSetLimitRequest.ProtoReflect.Descriptor instead.
+func (*SemaphoreSetLimitRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SemaphoreSetLimitRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SemaphoreSetLimitRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type SemaphoreSetLimitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SemaphoreSetLimitResponse) Reset() {
+	*x = SemaphoreSetLimitResponse{}
+	mi := &file_api_coord_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SemaphoreSetLimitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SemaphoreSetLimitResponse) ProtoMessage() {}
+
+func (x *SemaphoreSetLimitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SemaphoreSetLimitResponse.ProtoReflect.Descriptor instead.
+func (*SemaphoreSetLimitResponse) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{30}
+}
+
 var File_api_coord_proto protoreflect.FileDescriptor
 
 const file_api_coord_proto_rawDesc = "" +
@@ -1361,7 +1930,42 @@ const file_api_coord_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value\"$\n" +
 	"\fCounterValue\x12\x14\n" +
-	"\x05value\x18\x01 \x01(\x03R\x05value2\xd4\x02\n" +
+	"\x05value\x18\x01 \x01(\x03R\x05value\"\x8d\x01\n" +
+	"\x17SemaphoreAcquireRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x18\n" +
+	"\apermits\x18\x03 \x01(\x05R\apermits\x12\x14\n" +
+	"\x05value\x18\x04 \x01(\fR\x05value\x12\x18\n" +
+	"\arelease\x18\x05 \x01(\bR\arelease\"\xe1\x01\n" +
+	"\x0eSemaphoreEvent\x123\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x1f.qbroker.v1.SemaphoreEvent.TypeR\x04type\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\x12\x18\n" +
+	"\apermits\x18\x04 \x01(\x05R\apermits\"X\n" +
+	"\x04Type\x12\x14\n" +
+	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fTYPE_GRANTED\x10\x01\x12\x19\n" +
+	"\x15TYPE_REVOKE_REQUESTED\x10\x02\x12\r\n" +
+	"\tTYPE_LOST\x10\x03\"U\n" +
+	"\x17SemaphoreReleaseRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\"\x1a\n" +
+	"\x18SemaphoreReleaseResponse\">\n" +
+	"\x16SemaphoreRevokeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"P\n" +
+	"\x17SemaphoreRevokeResponse\x125\n" +
+	"\aholders\x18\x01 \x03(\v2\x1b.qbroker.v1.SemaphoreHolderR\aholders\"i\n" +
+	"\x0fSemaphoreHolder\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\x12\x18\n" +
+	"\apermits\x18\x04 \x01(\x05R\apermits\"D\n" +
+	"\x18SemaphoreSetLimitRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\x1b\n" +
+	"\x19SemaphoreSetLimitResponse2\xd4\x02\n" +
 	"\bElection\x12B\n" +
 	"\bCampaign\x12\x1b.qbroker.v1.CampaignRequest\x1a\x17.qbroker.v1.LeaderEvent0\x01\x12E\n" +
 	"\bProclaim\x12\x1b.qbroker.v1.ProclaimRequest\x1a\x1c.qbroker.v1.ProclaimResponse\x12?\n" +
@@ -1376,7 +1980,12 @@ const file_api_coord_proto_rawDesc = "" +
 	"\x03Get\x12\x1d.qbroker.v1.CounterGetRequest\x1a\x18.qbroker.v1.CounterValue\x12>\n" +
 	"\x03Add\x12\x1d.qbroker.v1.CounterAddRequest\x1a\x18.qbroker.v1.CounterValue\x12b\n" +
 	"\rCompareAndSet\x12'.qbroker.v1.CounterCompareAndSetRequest\x1a(.qbroker.v1.CounterCompareAndSetResponse\x12>\n" +
-	"\x03Set\x12\x1d.qbroker.v1.CounterSetRequest\x1a\x18.qbroker.v1.CounterValueB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
+	"\x03Set\x12\x1d.qbroker.v1.CounterSetRequest\x1a\x18.qbroker.v1.CounterValue2\xdd\x02\n" +
+	"\tSemaphore\x12N\n" +
+	"\aAcquire\x12#.qbroker.v1.SemaphoreAcquireRequest\x1a\x1a.qbroker.v1.SemaphoreEvent(\x010\x01\x12T\n" +
+	"\aRelease\x12#.qbroker.v1.SemaphoreReleaseRequest\x1a$.qbroker.v1.SemaphoreReleaseResponse\x12Q\n" +
+	"\x06Revoke\x12\".qbroker.v1.SemaphoreRevokeRequest\x1a#.qbroker.v1.SemaphoreRevokeResponse\x12W\n" +
+	"\bSetLimit\x12$.qbroker.v1.SemaphoreSetLimitRequest\x1a%.qbroker.v1.SemaphoreSetLimitResponseB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
 
 var (
 	file_api_coord_proto_rawDescOnce sync.Once
@@ -1390,67 +1999,87 @@ func file_api_coord_proto_rawDescGZIP() []byte {
 	return file_api_coord_proto_rawDescData
 }
 
-var file_api_coord_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_api_coord_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_api_coord_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_api_coord_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_api_coord_proto_goTypes = []any{
 	(LeaderEvent_Type)(0),                // 0: qbroker.v1.LeaderEvent.Type
 	(LockEvent_Type)(0),                  // 1: qbroker.v1.LockEvent.Type
-	(*CampaignRequest)(nil),              // 2: qbroker.v1.CampaignRequest
-	(*LeaderEvent)(nil),                  // 3: qbroker.v1.LeaderEvent
-	(*ProclaimRequest)(nil),              // 4: qbroker.v1.ProclaimRequest
-	(*ProclaimResponse)(nil),             // 5: qbroker.v1.ProclaimResponse
-	(*ResignRequest)(nil),                // 6: qbroker.v1.ResignRequest
-	(*ResignResponse)(nil),               // 7: qbroker.v1.ResignResponse
-	(*LeaderRequest)(nil),                // 8: qbroker.v1.LeaderRequest
-	(*ObserveRequest)(nil),               // 9: qbroker.v1.ObserveRequest
-	(*LeaderInfo)(nil),                   // 10: qbroker.v1.LeaderInfo
-	(*LockRequest)(nil),                  // 11: qbroker.v1.LockRequest
-	(*LockEvent)(nil),                    // 12: qbroker.v1.LockEvent
-	(*UnlockRequest)(nil),                // 13: qbroker.v1.UnlockRequest
-	(*UnlockResponse)(nil),               // 14: qbroker.v1.UnlockResponse
-	(*RevokeRequest)(nil),                // 15: qbroker.v1.RevokeRequest
-	(*RevokeResponse)(nil),               // 16: qbroker.v1.RevokeResponse
-	(*LockHolder)(nil),                   // 17: qbroker.v1.LockHolder
-	(*CounterGetRequest)(nil),            // 18: qbroker.v1.CounterGetRequest
-	(*CounterAddRequest)(nil),            // 19: qbroker.v1.CounterAddRequest
-	(*CounterCompareAndSetRequest)(nil),  // 20: qbroker.v1.CounterCompareAndSetRequest
-	(*CounterCompareAndSetResponse)(nil), // 21: qbroker.v1.CounterCompareAndSetResponse
-	(*CounterSetRequest)(nil),            // 22: qbroker.v1.CounterSetRequest
-	(*CounterValue)(nil),                 // 23: qbroker.v1.CounterValue
+	(SemaphoreEvent_Type)(0),             // 2: qbroker.v1.SemaphoreEvent.Type
+	(*CampaignRequest)(nil),              // 3: qbroker.v1.CampaignRequest
+	(*LeaderEvent)(nil),                  // 4: qbroker.v1.LeaderEvent
+	(*ProclaimRequest)(nil),              // 5: qbroker.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),             // 6: qbroker.v1.ProclaimResponse
+	(*ResignRequest)(nil),                // 7: qbroker.v1.ResignRequest
+	(*ResignResponse)(nil),               // 8: qbroker.v1.ResignResponse
+	(*LeaderRequest)(nil),                // 9: qbroker.v1.LeaderRequest
+	(*ObserveRequest)(nil),               // 10: qbroker.v1.ObserveRequest
+	(*LeaderInfo)(nil),                   // 11: qbroker.v1.LeaderInfo
+	(*LockRequest)(nil),                  // 12: qbroker.v1.LockRequest
+	(*LockEvent)(nil),                    // 13: qbroker.v1.LockEvent
+	(*UnlockRequest)(nil),                // 14: qbroker.v1.UnlockRequest
+	(*UnlockResponse)(nil),               // 15: qbroker.v1.UnlockResponse
+	(*RevokeRequest)(nil),                // 16: qbroker.v1.RevokeRequest
+	(*RevokeResponse)(nil),               // 17: qbroker.v1.RevokeResponse
+	(*LockHolder)(nil),                   // 18: qbroker.v1.LockHolder
+	(*CounterGetRequest)(nil),            // 19: qbroker.v1.CounterGetRequest
+	(*CounterAddRequest)(nil),            // 20: qbroker.v1.CounterAddRequest
+	(*CounterCompareAndSetRequest)(nil),  // 21: qbroker.v1.CounterCompareAndSetRequest
+	(*CounterCompareAndSetResponse)(nil), // 22: qbroker.v1.CounterCompareAndSetResponse
+	(*CounterSetRequest)(nil),            // 23: qbroker.v1.CounterSetRequest
+	(*CounterValue)(nil),                 // 24: qbroker.v1.CounterValue
+	(*SemaphoreAcquireRequest)(nil),      // 25: qbroker.v1.SemaphoreAcquireRequest
+	(*SemaphoreEvent)(nil),               // 26: qbroker.v1.SemaphoreEvent
+	(*SemaphoreReleaseRequest)(nil),      // 27: qbroker.v1.SemaphoreReleaseRequest
+	(*SemaphoreReleaseResponse)(nil),     // 28: qbroker.v1.SemaphoreReleaseResponse
+	(*SemaphoreRevokeRequest)(nil),       // 29: qbroker.v1.SemaphoreRevokeRequest
+	(*SemaphoreRevokeResponse)(nil),      // 30: qbroker.v1.SemaphoreRevokeResponse
+	(*SemaphoreHolder)(nil),              // 31: qbroker.v1.SemaphoreHolder
+	(*SemaphoreSetLimitRequest)(nil),     // 32: qbroker.v1.SemaphoreSetLimitRequest
+	(*SemaphoreSetLimitResponse)(nil),    // 33: qbroker.v1.SemaphoreSetLimitResponse
 }
 var file_api_coord_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.LeaderEvent.type:type_name -> qbroker.v1.LeaderEvent.Type
 	1,  // 1: qbroker.v1.LockEvent.type:type_name -> qbroker.v1.LockEvent.Type
-	17, // 2: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
-	2,  // 3: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
-	4,  // 4: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
-	6,  // 5: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
-	8,  // 6: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
-	9,  // 7: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
-	11, // 8: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
-	13, // 9: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
-	15, // 10: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
-	18, // 11: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
-	19, // 12: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
-	20, // 13: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
-	22, // 14: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
-	3,  // 15: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
-	5,  // 16: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
-	7,  // 17: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
-	10, // 18: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
-	10, // 19: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
-	12, // 20: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
-	14, // 21: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
-	16, // 22: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
-	23, // 23: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
-	23, // 24: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
-	21, // 25: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
-	23, // 26: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
-	15, // [15:27] is the sub-list for method output_type
-	3,  // [3:15] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	18, // 2: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
+	2,  // 3: qbroker.v1.SemaphoreEvent.type:type_name -> qbroker.v1.SemaphoreEvent.Type
+	31, // 4: qbroker.v1.SemaphoreRevokeResponse.holders:type_name -> qbroker.v1.SemaphoreHolder
+	3,  // 5: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
+	5,  // 6: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
+	7,  // 7: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
+	9,  // 8: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
+	10, // 9: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
+	12, // 10: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
+	14, // 11: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
+	16, // 12: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
+	19, // 13: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
+	20, // 14: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
+	21, // 15: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
+	23, // 16: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
+	25, // 17: qbroker.v1.Semaphore.Acquire:input_type -> qbroker.v1.SemaphoreAcquireRequest
+	27, // 18: qbroker.v1.Semaphore.Release:input_type -> qbroker.v1.SemaphoreReleaseRequest
+	29, // 19: qbroker.v1.Semaphore.Revoke:input_type -> qbroker.v1.SemaphoreRevokeRequest
+	32, // 20: qbroker.v1.Semaphore.SetLimit:input_type -> qbroker.v1.SemaphoreSetLimitRequest
+	4,  // 21: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
+	6,  // 22: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
+	8,  // 23: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
+	11, // 24: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
+	11, // 25: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
+	13, // 26: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
+	15, // 27: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
+	17, // 28: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
+	24, // 29: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
+	24, // 30: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
+	22, // 31: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
+	24, // 32: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
+	26, // 33: qbroker.v1.Semaphore.Acquire:output_type -> qbroker.v1.SemaphoreEvent
+	28, // 34: qbroker.v1.Semaphore.Release:output_type -> qbroker.v1.SemaphoreReleaseResponse
+	30, // 35: qbroker.v1.Semaphore.Revoke:output_type -> qbroker.v1.SemaphoreRevokeResponse
+	33, // 36: qbroker.v1.Semaphore.SetLimit:output_type -> qbroker.v1.SemaphoreSetLimitResponse
+	21, // [21:37] is the sub-list for method output_type
+	5,  // [5:21] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_api_coord_proto_init() }
@@ -1463,10 +2092,10 @@ func file_api_coord_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_coord_proto_rawDesc), len(file_api_coord_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   22,
+			NumEnums:      3,
+			NumMessages:   31,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_api_coord_proto_goTypes,
 		DependencyIndexes: file_api_coord_proto_depIdxs,

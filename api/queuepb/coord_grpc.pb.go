@@ -831,3 +831,298 @@ var Counter_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "api/coord.proto",
 }
+
+const (
+	Semaphore_Acquire_FullMethodName  = "/qbroker.v1.Semaphore/Acquire"
+	Semaphore_Release_FullMethodName  = "/qbroker.v1.Semaphore/Release"
+	Semaphore_Revoke_FullMethodName   = "/qbroker.v1.Semaphore/Revoke"
+	Semaphore_SetLimit_FullMethodName = "/qbroker.v1.Semaphore/SetLimit"
+)
+
+// SemaphoreClient is the client API for Semaphore service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Semaphore is a counting semaphore: at most limit permits of a name are
+// held at once, each grant a lease of one or more permits with a fencing
+// token (the creation zxid of its lease node: comparable with lock and
+// leadership tokens). Waiters are served in arrival order, each watching
+// only one node, so a release wakes one waiter. The limit is stored with
+// the semaphore: the first Acquire of a name sets it, SetLimit changes it.
+//
+// Errors use gRPC status codes: InvalidArgument (bad name, key, token or
+// value; limit or permits out of range; permits above limit; a first
+// Acquire request missing or naming nothing), FailedPrecondition (the
+// request's limit is not the semaphore's; Release: that key and token do
+// not hold a lease; Revoke: nobody holds a permit, or that key holds
+// none), ResourceExhausted (the broker's stream limit), Aborted (the lease
+// was lost while its stream was open), Unavailable (ZooKeeper unreachable,
+// or the broker is shutting down: retry), DeadlineExceeded/Canceled (the
+// caller's context).
+type SemaphoreClient interface {
+	// Acquire takes permits and holds them while the stream is open: that is
+	// the lease. The first request names the semaphore, its limit and the
+	// permits wanted; the broker sends GRANTED when they are held. The client
+	// gives them back by sending release (the stream then ends with OK) or by
+	// ending the stream; a client that vanishes gives them back when its
+	// stream ends, and a broker that dies gives back its clients' permits
+	// when its ZooKeeper session ends (the leases are that session's
+	// ephemerals). REVOKE_REQUESTED tells the holder someone asked it to give
+	// them back (Revoke); releasing is up to the holder. When the lease is
+	// lost while the stream is open (Release by key, its node deleted, the
+	// broker's session expired) the broker sends LOST and ends the stream
+	// with Aborted; a broker that dies ends it with Unavailable.
+	Acquire(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SemaphoreAcquireRequest, SemaphoreEvent], error)
+	// Release gives back a lease by key and token, on any broker: for a
+	// holder whose stream cannot reach its broker any more. The holder's
+	// stream gets LOST. FailedPrecondition when that key and token do not
+	// hold a lease.
+	Release(ctx context.Context, in *SemaphoreReleaseRequest, opts ...grpc.CallOption) (*SemaphoreReleaseResponse, error)
+	// Revoke asks the holder of the lease key, or with no key every holder,
+	// to give its permits back (each gets REVOKE_REQUESTED) and returns those
+	// asked. FailedPrecondition when nobody holds a permit, or key holds
+	// none.
+	Revoke(ctx context.Context, in *SemaphoreRevokeRequest, opts ...grpc.CallOption) (*SemaphoreRevokeResponse, error)
+	// SetLimit changes the semaphore's limit at once. Holders above a
+	// lowered limit keep their permits until they release them; new grants
+	// wait until the permits in use are under the new limit. NotFound when
+	// the semaphore does not exist (no Acquire made it, or it was idle and
+	// deleted).
+	SetLimit(ctx context.Context, in *SemaphoreSetLimitRequest, opts ...grpc.CallOption) (*SemaphoreSetLimitResponse, error)
+}
+
+type semaphoreClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewSemaphoreClient(cc grpc.ClientConnInterface) SemaphoreClient {
+	return &semaphoreClient{cc}
+}
+
+func (c *semaphoreClient) Acquire(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SemaphoreAcquireRequest, SemaphoreEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Semaphore_ServiceDesc.Streams[0], Semaphore_Acquire_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SemaphoreAcquireRequest, SemaphoreEvent]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Semaphore_AcquireClient = grpc.BidiStreamingClient[SemaphoreAcquireRequest, SemaphoreEvent]
+
+func (c *semaphoreClient) Release(ctx context.Context, in *SemaphoreReleaseRequest, opts ...grpc.CallOption) (*SemaphoreReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SemaphoreReleaseResponse)
+	err := c.cc.Invoke(ctx, Semaphore_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *semaphoreClient) Revoke(ctx context.Context, in *SemaphoreRevokeRequest, opts ...grpc.CallOption) (*SemaphoreRevokeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SemaphoreRevokeResponse)
+	err := c.cc.Invoke(ctx, Semaphore_Revoke_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *semaphoreClient) SetLimit(ctx context.Context, in *SemaphoreSetLimitRequest, opts ...grpc.CallOption) (*SemaphoreSetLimitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SemaphoreSetLimitResponse)
+	err := c.cc.Invoke(ctx, Semaphore_SetLimit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SemaphoreServer is the server API for Semaphore service.
+// All implementations must embed UnimplementedSemaphoreServer
+// for forward compatibility.
+//
+// Semaphore is a counting semaphore: at most limit permits of a name are
+// held at once, each grant a lease of one or more permits with a fencing
+// token (the creation zxid of its lease node: comparable with lock and
+// leadership tokens). Waiters are served in arrival order, each watching
+// only one node, so a release wakes one waiter. The limit is stored with
+// the semaphore: the first Acquire of a name sets it, SetLimit changes it.
+//
+// Errors use gRPC status codes: InvalidArgument (bad name, key, token or
+// value; limit or permits out of range; permits above limit; a first
+// Acquire request missing or naming nothing), FailedPrecondition (the
+// request's limit is not the semaphore's; Release: that key and token do
+// not hold a lease; Revoke: nobody holds a permit, or that key holds
+// none), ResourceExhausted (the broker's stream limit), Aborted (the lease
+// was lost while its stream was open), Unavailable (ZooKeeper unreachable,
+// or the broker is shutting down: retry), DeadlineExceeded/Canceled (the
+// caller's context).
+type SemaphoreServer interface {
+	// Acquire takes permits and holds them while the stream is open: that is
+	// the lease. The first request names the semaphore, its limit and the
+	// permits wanted; the broker sends GRANTED when they are held. The client
+	// gives them back by sending release (the stream then ends with OK) or by
+	// ending the stream; a client that vanishes gives them back when its
+	// stream ends, and a broker that dies gives back its clients' permits
+	// when its ZooKeeper session ends (the leases are that session's
+	// ephemerals). REVOKE_REQUESTED tells the holder someone asked it to give
+	// them back (Revoke); releasing is up to the holder. When the lease is
+	// lost while the stream is open (Release by key, its node deleted, the
+	// broker's session expired) the broker sends LOST and ends the stream
+	// with Aborted; a broker that dies ends it with Unavailable.
+	Acquire(grpc.BidiStreamingServer[SemaphoreAcquireRequest, SemaphoreEvent]) error
+	// Release gives back a lease by key and token, on any broker: for a
+	// holder whose stream cannot reach its broker any more. The holder's
+	// stream gets LOST. FailedPrecondition when that key and token do not
+	// hold a lease.
+	Release(context.Context, *SemaphoreReleaseRequest) (*SemaphoreReleaseResponse, error)
+	// Revoke asks the holder of the lease key, or with no key every holder,
+	// to give its permits back (each gets REVOKE_REQUESTED) and returns those
+	// asked. FailedPrecondition when nobody holds a permit, or key holds
+	// none.
+	Revoke(context.Context, *SemaphoreRevokeRequest) (*SemaphoreRevokeResponse, error)
+	// SetLimit changes the semaphore's limit at once. Holders above a
+	// lowered limit keep their permits until they release them; new grants
+	// wait until the permits in use are under the new limit. NotFound when
+	// the semaphore does not exist (no Acquire made it, or it was idle and
+	// deleted).
+	SetLimit(context.Context, *SemaphoreSetLimitRequest) (*SemaphoreSetLimitResponse, error)
+	mustEmbedUnimplementedSemaphoreServer()
+}
+
+// UnimplementedSemaphoreServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedSemaphoreServer struct{}
+
+func (UnimplementedSemaphoreServer) Acquire(grpc.BidiStreamingServer[SemaphoreAcquireRequest, SemaphoreEvent]) error {
+	return status.Error(codes.Unimplemented, "method Acquire not implemented")
+}
+func (UnimplementedSemaphoreServer) Release(context.Context, *SemaphoreReleaseRequest) (*SemaphoreReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedSemaphoreServer) Revoke(context.Context, *SemaphoreRevokeRequest) (*SemaphoreRevokeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Revoke not implemented")
+}
+func (UnimplementedSemaphoreServer) SetLimit(context.Context, *SemaphoreSetLimitRequest) (*SemaphoreSetLimitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetLimit not implemented")
+}
+func (UnimplementedSemaphoreServer) mustEmbedUnimplementedSemaphoreServer() {}
+func (UnimplementedSemaphoreServer) testEmbeddedByValue()                   {}
+
+// UnsafeSemaphoreServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to SemaphoreServer will
+// result in compilation errors.
+type UnsafeSemaphoreServer interface {
+	mustEmbedUnimplementedSemaphoreServer()
+}
+
+func RegisterSemaphoreServer(s grpc.ServiceRegistrar, srv SemaphoreServer) {
+	// If the following call panics, it indicates UnimplementedSemaphoreServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Semaphore_ServiceDesc, srv)
+}
+
+func _Semaphore_Acquire_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SemaphoreServer).Acquire(&grpc.GenericServerStream[SemaphoreAcquireRequest, SemaphoreEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Semaphore_AcquireServer = grpc.BidiStreamingServer[SemaphoreAcquireRequest, SemaphoreEvent]
+
+func _Semaphore_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SemaphoreReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SemaphoreServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Semaphore_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SemaphoreServer).Release(ctx, req.(*SemaphoreReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Semaphore_Revoke_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SemaphoreRevokeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SemaphoreServer).Revoke(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Semaphore_Revoke_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SemaphoreServer).Revoke(ctx, req.(*SemaphoreRevokeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Semaphore_SetLimit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SemaphoreSetLimitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SemaphoreServer).SetLimit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Semaphore_SetLimit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SemaphoreServer).SetLimit(ctx, req.(*SemaphoreSetLimitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Semaphore_ServiceDesc is the grpc.ServiceDesc for Semaphore service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Semaphore_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "qbroker.v1.Semaphore",
+	HandlerType: (*SemaphoreServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Release",
+			Handler:    _Semaphore_Release_Handler,
+		},
+		{
+			MethodName: "Revoke",
+			Handler:    _Semaphore_Revoke_Handler,
+		},
+		{
+			MethodName: "SetLimit",
+			Handler:    _Semaphore_SetLimit_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Acquire",
+			Handler:       _Semaphore_Acquire_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "api/coord.proto",
+}

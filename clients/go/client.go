@@ -31,6 +31,7 @@ type Client struct {
 	elect  pb.ElectionClient
 	locks  pb.LockClient
 	count  pb.CounterClient
+	sems   pb.SemaphoreClient
 	opts   options
 }
 
@@ -188,7 +189,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		return nil, errorf("qbroker: dial %s: %w", strings.Join(o.addrs, ","), err)
 	}
 	c := &Client{conn: conn, rpc: pb.NewQueueClient(conn), health: healthpb.NewHealthClient(conn), elect: pb.NewElectionClient(conn),
-		locks: pb.NewLockClient(conn), count: pb.NewCounterClient(conn), opts: o}
+		locks: pb.NewLockClient(conn), count: pb.NewCounterClient(conn), sems: pb.NewSemaphoreClient(conn), opts: o}
 	if o.waitReady {
 		if err := c.waitReady(ctx); err != nil {
 			conn.Close()

@@ -65,6 +65,14 @@
 //	case <-work(l.Token()):
 //	}
 //
+// Acquire takes permits of a counting semaphore the same way (a Permit:
+// Release, Lost, Revoked, Token); RevokePermits, ReleasePermit and
+// SetSemaphoreLimit act on any holder's lease or on the limit.
+//
+//	p, err := c.Acquire(ctx, "render-farm", 4) // one of 4 permits
+//	...
+//	defer p.Release(ctx)
+//
 // # Errors
 //
 // Broker errors are *Error values carrying the gRPC code; errors.Is

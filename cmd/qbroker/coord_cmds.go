@@ -13,11 +13,12 @@ import (
 	qbroker "github.com/qbroker/qbroker/clients/go"
 )
 
-// Client commands of the coordination services: lock, elect, counter.
+// Client commands of the coordination services: lock, elect, counter, sem.
 var coordCommands = []clientCommand{
 	{"lock", "hold a lock, or run a command while holding it", runLock},
 	{"elect", "campaign for leader and print leadership changes", runElect},
 	{"counter", "read or change a counter: get, add, cas, set (counter_cmds.go)", runCounter},
+	{"sem", "hold semaphore permits, or run a command while holding them", runSem},
 }
 
 func init() {

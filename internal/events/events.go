@@ -1,6 +1,7 @@
 // Package events defines the queue events a broker emits (published,
 // delivered, acked, ...), its coordination events (lock granted and
-// released, leader elected and ended) and the sink interface that
+// released, leader elected and ended, semaphore permits granted and
+// released) and the sink interface that
 // carries them out of the process, such as the NATS bridge.
 package events
 
@@ -39,6 +40,14 @@ const (
 // <prefix>.counter.<name>.counter_changed.
 const CounterChanged Kind = "counter_changed"
 
+// Semaphore event kinds: permits granted or given back through the
+// broker's Semaphore service. Their NATS subject is
+// <prefix>.semaphore.<name>.<kind>.
+const (
+	SemaphoreGranted  Kind = "semaphore_granted"
+	SemaphoreReleased Kind = "semaphore_released"
+)
+
 // Event is one queue event. Its JSON form is the body of a NATS message.
 type Event struct {
 	// ID identifies the event independently of the broker that emitted it:
@@ -63,6 +72,8 @@ type Event struct {
 	Lock string `json:"lock,omitempty"`
 	// Election is the election's name (election events).
 	Election string `json:"election,omitempty"`
+	// Semaphore is the semaphore's name (semaphore events).
+	Semaphore string `json:"semaphore,omitempty"`
 	// Key is the grant's or the leadership's node name (coordination
 	// events).
 	Key string `json:"key,omitempty"`

@@ -7,6 +7,7 @@
 //	  elections/<name>/   the Election service's elections, one per name (package election)
 //	  locks/<name>/       the Lock service's locks, one per name (package lock)
 //	  counters/<name>/    the Counter service's counters, one per name (package counter)
+//	  semaphores/<name>/  the Semaphore service's semaphores, one per name (package semaphore)
 //	  token-key           the key signing ack tokens (its ACL private to the brokers)
 //
 // A Root builds every path of that layout, checking the names that come
@@ -92,6 +93,14 @@ func (r Root) Counters() string { return r.path + "/counters" }
 // Counter returns the node of the service counter name.
 func (r Root) Counter(name string) (string, error) {
 	return child(r.Counters(), "counter name", name)
+}
+
+// Semaphores returns the parent of the Semaphore service's semaphores.
+func (r Root) Semaphores() string { return r.path + "/semaphores" }
+
+// Semaphore returns the node of the service semaphore name.
+func (r Root) Semaphore(name string) (string, error) {
+	return child(r.Semaphores(), "semaphore name", name)
 }
 
 // TokenKey is the name of the root's child that holds the ack tokens'

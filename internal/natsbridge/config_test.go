@@ -85,6 +85,7 @@ func TestEventSubject(t *testing.T) {
 		{events.Event{Lock: "db.main", Kind: events.LockGranted}, "qbroker.lock.db~main.lock_granted"},
 		{events.Event{Election: "sched", Kind: events.LeaderEnded}, "qbroker.election.sched.leader_ended"},
 		{events.Event{Counter: "hits.eu", Kind: events.CounterChanged}, "qbroker.counter.hits~eu.counter_changed"},
+		{events.Event{Semaphore: "db.pool", Kind: events.SemaphoreGranted}, "qbroker.semaphore.db~pool.semaphore_granted"},
 	}
 	for _, tt := range tests {
 		if got := EventSubject("qbroker", &tt.e); got != tt.want {

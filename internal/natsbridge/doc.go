@@ -19,8 +19,9 @@
 // queue. The mapping is one to one: two queues never share a subject.
 //
 // Coordination events (lock_granted, lock_released, leader_elected,
-// leader_ended) are on <prefix>.lock.<name>.<event> and
-// <prefix>.election.<name>.<event> (EventSubject): one token more than a
+// leader_ended, semaphore_granted, semaphore_released) are on
+// <prefix>.lock.<name>.<event>, <prefix>.election.<name>.<event> and
+// <prefix>.semaphore.<name>.<event> (EventSubject): one token more than a
 // queue's, so "qbroker.*.published" never matches them. Counter writes
 // (counter_changed) are on <prefix>.counter.<name>.counter_changed.
 //
@@ -37,6 +38,7 @@
 //	delivery_count  deliveries so far
 //	member          member id of sync events; absent otherwise
 //	lock, election  the lock's or election's name (coordination events)
+//	semaphore       the semaphore's name (semaphore events)
 //	key, token      the grant's or leadership's node name and fencing token
 //	counter, value  the counter's name and its value after the write (counter
 //	                events; value absent when 0)

@@ -22,6 +22,8 @@ func EventSubject(prefix string, e *events.Event) string {
 		return prefix + ".election." + SubjectToken(e.Election) + "." + SubjectToken(string(e.Kind))
 	case e.Counter != "":
 		return prefix + ".counter." + SubjectToken(e.Counter) + "." + SubjectToken(string(e.Kind))
+	case e.Semaphore != "":
+		return prefix + ".semaphore." + SubjectToken(e.Semaphore) + "." + SubjectToken(string(e.Kind))
 	}
 	return Subject(prefix, e.Queue, e.Kind)
 }
