@@ -39,6 +39,10 @@ var auditedMethods = map[string]func(req any) (action, kind, name string){
 	pb.Lock_Revoke_FullMethodName:       func(r any) (string, string, string) { return "revoke", "lock", r.(*pb.RevokeRequest).GetName() },
 	pb.Election_Resign_FullMethodName:   func(r any) (string, string, string) { return "resign", "election", r.(*pb.ResignRequest).GetName() },
 	pb.Election_Proclaim_FullMethodName: func(r any) (string, string, string) { return "proclaim", "election", r.(*pb.ProclaimRequest).GetName() },
+	pb.Barrier_Set_FullMethodName:       func(r any) (string, string, string) { return "set", "barrier", r.(*pb.SetBarrierRequest).GetName() },
+	pb.Barrier_Remove_FullMethodName: func(r any) (string, string, string) {
+		return "remove", "barrier", r.(*pb.RemoveBarrierRequest).GetName()
+	},
 }
 
 // audit logs an audited call of method with request req (nil when not

@@ -86,6 +86,22 @@ var methodAuths = map[string]methodAuth{
 	pb.Lock_Lock_FullMethodName:         {needs: lockNeeds},
 	pb.Lock_Unlock_FullMethodName:       {needs: onCoord(actLockByKey, func(m any) string { return m.(*pb.UnlockRequest).GetName() })},
 	pb.Lock_Revoke_FullMethodName:       {needs: onCoord(actLockByKey, func(m any) string { return m.(*pb.RevokeRequest).GetName() })},
+
+	pb.Barrier_Set_FullMethodName:         {needs: onCoord(ActBarrierAdmin, func(m any) string { return m.(*pb.SetBarrierRequest).GetName() })},
+	pb.Barrier_Remove_FullMethodName:      {needs: onCoord(ActBarrierAdmin, func(m any) string { return m.(*pb.RemoveBarrierRequest).GetName() })},
+	pb.Barrier_Wait_FullMethodName:        {needs: onCoord(ActBarrier, func(m any) string { return m.(*pb.WaitBarrierRequest).GetName() })},
+	pb.DoubleBarrier_Enter_FullMethodName: {needs: doubleBarrierNeeds},
+}
+
+// doubleBarrierNeeds: the request naming the double barrier needs
+// barrier on it; the later {leave} requests leave what the stream
+// entered.
+func doubleBarrierNeeds(m any) []access {
+	r := m.(*pb.DoubleBarrierRequest)
+	if r.GetName() == "" && r.GetLeave() {
+		return nil
+	}
+	return []access{{ActBarrier, "double_barrier", r.GetName()}}
 }
 
 // consumeNeeds: a Consume stream's subscription needs consume on its

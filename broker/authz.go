@@ -31,6 +31,10 @@ const (
 	ActElectionObserve = "election.observe"
 	// Proclaim and Resign of any candidate, another identity's too.
 	ActElectionAdmin = "election.admin"
+	// Barrier Wait; DoubleBarrier Enter.
+	ActBarrier = "barrier"
+	// Barrier Set and Remove (implies barrier).
+	ActBarrierAdmin = "barrier.admin"
 )
 
 // Checks of calls that act on a lock or a candidate by key, before the
@@ -46,9 +50,9 @@ const DebugName = "pprof"
 
 // actionGroups are names standing for several actions in a rules file.
 var actionGroups = map[string][]string{
-	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive, ActLockAdmin, ActElectionAdmin},
+	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive, ActLockAdmin, ActElectionAdmin, ActBarrierAdmin},
 	"all": {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActLockAdmin,
-		ActElection, ActElectionObserve, ActElectionAdmin, ActDebug},
+		ActElection, ActElectionObserve, ActElectionAdmin, ActDebug, ActBarrier, ActBarrierAdmin},
 }
 
 // queueActions are the actions on queues: each implies view.
@@ -60,6 +64,7 @@ var impliedBy = map[string][]string{
 	ActElectionObserve: {ActElection, ActElectionAdmin},
 	actLockByKey:       {ActLock, ActLockAdmin},
 	actElectionByKey:   {ActElection, ActElectionAdmin},
+	ActBarrier:         {ActBarrierAdmin},
 }
 
 // Rules are a parsed rules file.
@@ -83,9 +88,11 @@ func readRules(file string) (*Rules, error) { return readParsed(file, ParseRules
 // match a pattern (a glob: * matches any run of characters, ? one, [a-z]
 // a class). The identity * stands for any authenticated identity. Actions:
 // publish, consume, create, delete, purge, redrive, join, view, lock,
-// lock.admin, election, election.observe, election.admin, debug (the Go
-// profiles, name pprof); admin is create, delete, purge, redrive,
-// lock.admin and election.admin; all is every action. Blank lines and
+// lock.admin, election, election.observe, election.admin, barrier,
+// barrier.admin, debug (the Go profiles, name pprof); admin is create,
+// delete, purge, redrive, lock.admin, election.admin and barrier.admin;
+// all is every action. Barrier names (double barriers' too) share the
+// patterns' namespace with the others. Blank lines and
 // lines starting with # are ignored. What no rule allows is denied.
 func ParseRules(data []byte) (*Rules, error) {
 	r := &Rules{}
@@ -111,7 +118,7 @@ func ParseRules(data []byte) (*Rules, error) {
 			} else if slices.Contains(actionGroups["all"], a) {
 				ru.actions = append(ru.actions, a)
 			} else {
-				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, debug, admin or all)", n, a)
+				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, barrier, barrier.admin, debug, admin or all)", n, a)
 			}
 		}
 		for _, p := range strings.Split(f[2], ",") {

@@ -619,6 +619,8 @@ func (b *Broker) setServing(ok bool) {
 	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, st)
 	b.health.SetServingStatus(pb.Election_ServiceDesc.ServiceName, st)
 	b.health.SetServingStatus(pb.Lock_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Barrier_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.DoubleBarrier_ServiceDesc.ServiceName, st)
 }
 
 // GRPCServer returns a gRPC server with the Queue service, health,
@@ -650,6 +652,8 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	pb.RegisterQueueServer(s, b)
 	pb.RegisterElectionServer(s, electionServer{b: b})
 	pb.RegisterLockServer(s, lockServer{b: b})
+	pb.RegisterBarrierServer(s, barrierServer{b: b})
+	pb.RegisterDoubleBarrierServer(s, doubleBarrierServer{b: b})
 	healthpb.RegisterHealthServer(s, b.health)
 	reflection.Register(s)
 	b.metrics.grpc.InitializeMetrics(s)

@@ -25,6 +25,10 @@
 //	/<root>/elections/<name>/n-NNNNNNNNNN      EPHEMERAL_SEQUENTIAL, Election service candidates
 //	/<root>/locks/<name>/lock-<nonce>-NNNNNNNNNN  EPHEMERAL_SEQUENTIAL, Lock service contenders
 //	                                           (<name> deleted by the leader once idle)
+//	/<root>/barriers/<name>                    Barrier service: set while it exists
+//	/<root>/doublebarriers/<name>/p@NNNNNNNNNN EPHEMERAL_SEQUENTIAL, DoubleBarrier participants;
+//	                                           .../ready once count arrived (<name> deleted by
+//	                                           the leader once idle)
 //	/<root>/token-key                          random key signing ack tokens, created by
 //	                                           the first broker, read by all
 //
@@ -141,6 +145,9 @@
 //	qbroker_locks_held                             gauge: locks held by this broker's Lock streams
 //	qbroker_lock_revocations_total                 counter: Revoke calls that reached a holder
 //	qbroker_election_leaders                       gauge: elections led by this broker's Campaign streams
+//	qbroker_barrier_waits                          gauge: Barrier Wait calls waiting on this broker
+//	qbroker_double_barrier_participants            gauge: participants of this broker's DoubleBarrier Enter streams
+//	qbroker_double_barrier_enter_wait_seconds      histogram: Enter request to ENTERED
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //

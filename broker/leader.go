@@ -9,6 +9,7 @@ import (
 
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/lock"
+	"github.com/qbroker/qbroker/syncqueue"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -135,8 +136,8 @@ var coordReapInterval atomic.Int64
 
 func init() { coordReapInterval.Store(int64(30 * time.Second)) }
 
-// reapCoordination deletes the nodes of idle locks (locks/<name>) and
-// elections (elections/<name>) every coordReapInterval until ctx ends,
+// reapCoordination deletes the nodes of idle locks (locks/<name>),
+// elections (elections/<name>) and double barriers (doublebarriers/<name>) every coordReapInterval until ctx ends,
 // with the recipes' Reapers: otherwise every name ever used would stay in
 // ZooKeeper. A contender that finds its name's node gone makes it again.
 func (b *Broker) reapCoordination(ctx context.Context) {
@@ -148,6 +149,11 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 	er, err := election.NewReaper(b.conn, b.root.Elections())
 	if err != nil {
 		b.log.Error("election reaper", "err", err)
+		return
+	}
+	dr, err := syncqueue.NewDoubleBarrierReaper(b.conn, b.root.DoubleBarriers())
+	if err != nil {
+		b.log.Error("double barrier reaper", "err", err)
 		return
 	}
 	t := time.NewTicker(time.Duration(coordReapInterval.Load()))
@@ -170,6 +176,11 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 			b.log.Debug("reaping idle elections", "err", err)
 		} else if n > 0 {
 			b.log.Debug("deleted idle elections", "count", n)
+		}
+		if n, err := dr.Reap(ctx); err != nil && ctx.Err() == nil {
+			b.log.Debug("reaping idle double barriers", "err", err)
+		} else if n > 0 {
+			b.log.Debug("deleted idle double barriers", "count", n)
 		}
 	}
 }

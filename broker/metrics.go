@@ -57,6 +57,11 @@ type metrics struct {
 	locksHeld       prometheus.Gauge
 	lockRevocations prometheus.Counter
 	leaders         prometheus.Gauge
+
+	// The barrier services (coord_barrier.go).
+	barrierWaits     prometheus.Gauge
+	participants     prometheus.Gauge
+	barrierEnterWait prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -123,6 +128,13 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Revocation requests made through this broker (Revoke calls that reached a holder)."})
 	m.leaders = prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_election_leaders",
 		Help: "Elections led by this broker's Campaign streams."})
+	m.barrierWaits = prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_barrier_waits",
+		Help: "Barrier Wait calls waiting on this broker."})
+	m.participants = prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_double_barrier_participants",
+		Help: "Double barrier participants of this broker's Enter streams (entering, entered or leaving)."})
+	m.barrierEnterWait = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "qbroker_double_barrier_enter_wait_seconds",
+		Help:    "Time from a double barrier Enter stream's request to ENTERED.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60, 600}})
 	m.expiredUnsent = qv("qbroker_deliveries_expired_unsent_total",
 		"At-least-once deliveries claimed but given back unsent: their lease had (nearly) run out, or the ZooKeeper session was lost, before they could be sent.")
 	// Refusals have series from the start, at 0, so that a rate over
@@ -147,7 +159,8 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.delivered, m.acked, m.nacked, m.redelivered,
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.zkBudget, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
-		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired} {
+		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired,
+		m.barrierWaits, m.participants, m.barrierEnterWait} {
 		reg.MustRegister(c)
 	}
 	return m

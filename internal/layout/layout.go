@@ -6,6 +6,8 @@
 //	  election/n-<seq>    EPHEMERAL_SEQUENTIAL: the brokers' leader election (package election)
 //	  elections/<name>/   the Election service's elections, one per name (package election)
 //	  locks/<name>/       the Lock service's locks, one per name (package lock)
+//	  barriers/<name>     the Barrier service's barriers: set while the node exists (package syncqueue)
+//	  doublebarriers/<name>/  the DoubleBarrier service's barriers, one per name (package syncqueue)
 //	  token-key           the key signing ack tokens (its ACL private to the brokers)
 //
 // A Root builds every path of that layout, checking the names that come
@@ -83,6 +85,24 @@ func (r Root) Locks() string { return r.path + "/locks" }
 
 // Lock returns the node of the service lock name.
 func (r Root) Lock(name string) (string, error) { return child(r.Locks(), "lock name", name) }
+
+// Barriers returns the parent of the Barrier service's barriers. Unlike
+// the Parents, it is made by the first barrier set.
+func (r Root) Barriers() string { return r.path + "/barriers" }
+
+// Barrier returns the node of the service barrier name.
+func (r Root) Barrier(name string) (string, error) {
+	return child(r.Barriers(), "barrier name", name)
+}
+
+// DoubleBarriers returns the parent of the DoubleBarrier service's
+// barriers. Unlike the Parents, it is made by the first participant.
+func (r Root) DoubleBarriers() string { return r.path + "/doublebarriers" }
+
+// DoubleBarrier returns the node of the service double barrier name.
+func (r Root) DoubleBarrier(name string) (string, error) {
+	return child(r.DoubleBarriers(), "double barrier name", name)
+}
 
 // TokenKey is the name of the root's child that holds the ack tokens'
 // key.

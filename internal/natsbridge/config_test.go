@@ -84,6 +84,8 @@ func TestEventSubject(t *testing.T) {
 		{events.Event{Queue: "orders", Kind: events.Acked}, "qbroker.orders.acked"},
 		{events.Event{Lock: "db.main", Kind: events.LockGranted}, "qbroker.lock.db~main.lock_granted"},
 		{events.Event{Election: "sched", Kind: events.LeaderEnded}, "qbroker.election.sched.leader_ended"},
+		{events.Event{Barrier: "deploy.eu", Kind: events.BarrierRemoved}, "qbroker.barrier.deploy~eu.barrier_removed"},
+		{events.Event{DoubleBarrier: "round", Kind: events.DoubleBarrierEntered}, "qbroker.double_barrier.round.double_barrier_entered"},
 	}
 	for _, tt := range tests {
 		if got := EventSubject("qbroker", &tt.e); got != tt.want {

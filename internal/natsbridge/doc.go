@@ -21,7 +21,10 @@
 // Coordination events (lock_granted, lock_released, leader_elected,
 // leader_ended) are on <prefix>.lock.<name>.<event> and
 // <prefix>.election.<name>.<event> (EventSubject): one token more than a
-// queue's, so "qbroker.*.published" never matches them.
+// queue's, so "qbroker.*.published" never matches them. Barrier events
+// (barrier_set, barrier_removed) are on <prefix>.barrier.<name>.<event>,
+// double barrier events (double_barrier_entered, double_barrier_left, with
+// the participant's key) on <prefix>.double_barrier.<name>.<event>.
 //
 // # Body
 //
@@ -36,6 +39,7 @@
 //	delivery_count  deliveries so far
 //	member          member id of sync events; absent otherwise
 //	lock, election  the lock's or election's name (coordination events)
+//	barrier, double_barrier  the barrier's name (barrier events)
 //	key, token      the grant's or leadership's node name and fencing token
 //	broker          id of the emitting broker (Config.BrokerID when the event had none)
 //	time            RFC 3339 time of the event

@@ -10,8 +10,9 @@ func Subject(prefix, queue string, kind events.Kind) string {
 }
 
 // EventSubject returns the subject of e under prefix: Subject's for
-// queue events; "<prefix>.lock.<name>.<kind>" and
-// "<prefix>.election.<name>.<kind>" for coordination events, one token
+// queue events; "<prefix>.lock.<name>.<kind>",
+// "<prefix>.election.<name>.<kind>", "<prefix>.barrier.<name>.<kind>" and
+// "<prefix>.double_barrier.<name>.<kind>" for coordination events, one token
 // longer than a queue's subjects so the two never meet.
 func EventSubject(prefix string, e *events.Event) string {
 	switch {
@@ -19,6 +20,10 @@ func EventSubject(prefix string, e *events.Event) string {
 		return prefix + ".lock." + SubjectToken(e.Lock) + "." + SubjectToken(string(e.Kind))
 	case e.Election != "":
 		return prefix + ".election." + SubjectToken(e.Election) + "." + SubjectToken(string(e.Kind))
+	case e.Barrier != "":
+		return prefix + ".barrier." + SubjectToken(e.Barrier) + "." + SubjectToken(string(e.Kind))
+	case e.DoubleBarrier != "":
+		return prefix + ".double_barrier." + SubjectToken(e.DoubleBarrier) + "." + SubjectToken(string(e.Kind))
 	}
 	return Subject(prefix, e.Queue, e.Kind)
 }
