@@ -435,3 +435,71 @@ func TestKilledBrokerLeavesDoubleBarrier(t *testing.T) {
 		})
 	}
 }
+
+const barrierRules = `# identity  actions        patterns
+runner      barrier        jobs.*
+boss        barrier.admin  jobs.*
+other       lock           jobs.*
+`
+
+// Permissions per action: barrier lets an identity wait and enter,
+// barrier.admin set and remove (and wait); neither reaches beyond its
+// patterns, and other actions give none of it. Sets, removals and
+// refusals are in the audit log.
+func TestBarrierPermissions(t *testing.T) {
+	e := newAuthBroker(t, barrierRules, []string{"runner", "boss", "other"})
+	ctx := callCtx(t)
+	barrier := func(id string) pb.BarrierClient { return pb.NewBarrierClient(e.conn(t, id)) }
+	enter := func(id, name string) (*pb.DoubleBarrierEvent, error) {
+		s, err := pb.NewDoubleBarrierClient(e.conn(t, id)).Enter(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.Send(&pb.DoubleBarrierRequest{Name: name, Count: 1}); err != nil {
+			return nil, err
+		}
+		ev, err := s.Recv()
+		if err == nil {
+			_ = s.CloseSend()
+		}
+		return ev, err
+	}
+	runner, boss, other := barrier("runner"), barrier("boss"), barrier("other")
+
+	_, err := runner.Set(ctx, &pb.SetBarrierRequest{Name: "jobs.a"})
+	mustCode(t, "Set by runner (barrier)", err, codes.PermissionDenied)
+	_, err = runner.Remove(ctx, &pb.RemoveBarrierRequest{Name: "jobs.a"})
+	mustCode(t, "Remove by runner (barrier)", err, codes.PermissionDenied)
+	_, err = boss.Set(ctx, &pb.SetBarrierRequest{Name: "other.a"})
+	mustCode(t, "Set by boss outside its patterns", err, codes.PermissionDenied)
+	_, err = other.Wait(ctx, &pb.WaitBarrierRequest{Name: "jobs.a"})
+	mustCode(t, "Wait by other (lock)", err, codes.PermissionDenied)
+	_, err = enter("other", "jobs.a")
+	mustCode(t, "Enter by other (lock)", err, codes.PermissionDenied)
+	_, err = enter("runner", "other.a")
+	mustCode(t, "Enter by runner outside its patterns", err, codes.PermissionDenied)
+
+	_, err = boss.Set(ctx, &pb.SetBarrierRequest{Name: "jobs.a"})
+	mustCode(t, "Set by boss", err, codes.OK)
+	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = runner.Wait(sctx, &pb.WaitBarrierRequest{Name: "jobs.a"})
+	cancel()
+	mustCode(t, "Wait by runner on a set barrier", err, codes.DeadlineExceeded)
+	_, err = boss.Remove(ctx, &pb.RemoveBarrierRequest{Name: "jobs.a"})
+	mustCode(t, "Remove by boss", err, codes.OK)
+	_, err = runner.Wait(ctx, &pb.WaitBarrierRequest{Name: "jobs.a"})
+	mustCode(t, "Wait by runner", err, codes.OK)
+	_, err = boss.Wait(ctx, &pb.WaitBarrierRequest{Name: "jobs.a"})
+	mustCode(t, "Wait by boss (barrier.admin)", err, codes.OK)
+	for _, id := range []string{"runner", "boss"} {
+		ev, err := enter(id, "jobs.b")
+		if err != nil || ev.GetType() != pb.DoubleBarrierEvent_TYPE_ENTERED {
+			t.Fatalf("Enter by %s: got %v, %v; want ENTERED", id, ev, err)
+		}
+	}
+	e.wantAudit(t,
+		`action=set barrier=jobs.a .*grpc_code=OK identity=boss`,
+		`action=remove barrier=jobs.a .*grpc_code=OK identity=boss`,
+		`action=set barrier=jobs.a .*grpc_code=PermissionDenied identity=runner`,
+		`action=barrier double_barrier=jobs.a .*grpc_code=PermissionDenied identity=other`)
+}
