@@ -503,3 +503,22 @@ func TestBarrierPermissions(t *testing.T) {
 		`action=set barrier=jobs.a .*grpc_code=PermissionDenied identity=runner`,
 		`action=barrier double_barrier=jobs.a .*grpc_code=PermissionDenied identity=other`)
 }
+
+// A participant whose node is deleted while it is entered (as its
+// session's end would) is told LOST, and its stream ends with Aborted.
+func TestDoubleBarrierParticipantLost(t *testing.T) {
+	root := zktest.Root(t)
+	tb := newBroker(t, root)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var arrived atomic.Int32
+	p := arrive(ctx, t, pb.NewDoubleBarrierClient(tb.grpcConn), "solo", 1, &arrived)
+	key := p.want(ctx, t, pb.DoubleBarrierEvent_TYPE_ENTERED).GetKey()
+	if err := zktest.Conn(t).Delete(root+"/doublebarriers/solo/"+key, -1); err != nil {
+		t.Fatal(err)
+	}
+	p.want(ctx, t, pb.DoubleBarrierEvent_TYPE_LOST)
+	if ev, err := p.next(ctx); status.Code(err) != codes.Aborted {
+		t.Fatalf("after LOST: got %v, %v; want Aborted", ev, err)
+	}
+}

@@ -799,11 +799,11 @@ const (
 // broker's ZooKeeper session, present while its stream is open.
 //
 // Errors use gRPC status codes: InvalidArgument (bad name; count out of
-// 1..1000; a first request missing or naming nothing; a count that
-// differs from the first request's), ResourceExhausted (the broker's
-// stream limit), Aborted (the participant was lost while its stream was
-// open), Unavailable (ZooKeeper unreachable, or the broker is shutting
-// down: retry), DeadlineExceeded/Canceled (the caller's context).
+// 1..1000; a first request missing or naming nothing), ResourceExhausted
+// (the broker's stream limit), Aborted (the participant was lost while
+// its stream was open), Unavailable (ZooKeeper unreachable, or the broker
+// is shutting down: retry), DeadlineExceeded/Canceled (the caller's
+// context).
 type DoubleBarrierClient interface {
 	// Enter is one participant, present while the stream is open. The
 	// first request names the barrier and its count; the broker sends
@@ -851,11 +851,11 @@ type DoubleBarrier_EnterClient = grpc.BidiStreamingClient[DoubleBarrierRequest, 
 // broker's ZooKeeper session, present while its stream is open.
 //
 // Errors use gRPC status codes: InvalidArgument (bad name; count out of
-// 1..1000; a first request missing or naming nothing; a count that
-// differs from the first request's), ResourceExhausted (the broker's
-// stream limit), Aborted (the participant was lost while its stream was
-// open), Unavailable (ZooKeeper unreachable, or the broker is shutting
-// down: retry), DeadlineExceeded/Canceled (the caller's context).
+// 1..1000; a first request missing or naming nothing), ResourceExhausted
+// (the broker's stream limit), Aborted (the participant was lost while
+// its stream was open), Unavailable (ZooKeeper unreachable, or the broker
+// is shutting down: retry), DeadlineExceeded/Canceled (the caller's
+// context).
 type DoubleBarrierServer interface {
 	// Enter is one participant, present while the stream is open. The
 	// first request names the barrier and its count; the broker sends

@@ -583,11 +583,11 @@ class DoubleBarrierStub(object):
     broker's ZooKeeper session, present while its stream is open.
 
     Errors use gRPC status codes: InvalidArgument (bad name; count out of
-    1..1000; a first request missing or naming nothing; a count that
-    differs from the first request's), ResourceExhausted (the broker's
-    stream limit), Aborted (the participant was lost while its stream was
-    open), Unavailable (ZooKeeper unreachable, or the broker is shutting
-    down: retry), DeadlineExceeded/Canceled (the caller's context).
+    1..1000; a first request missing or naming nothing), ResourceExhausted
+    (the broker's stream limit), Aborted (the participant was lost while
+    its stream was open), Unavailable (ZooKeeper unreachable, or the broker
+    is shutting down: retry), DeadlineExceeded/Canceled (the caller's
+    context).
     """
 
     def __init__(self, channel):
@@ -611,11 +611,11 @@ class DoubleBarrierServicer(object):
     broker's ZooKeeper session, present while its stream is open.
 
     Errors use gRPC status codes: InvalidArgument (bad name; count out of
-    1..1000; a first request missing or naming nothing; a count that
-    differs from the first request's), ResourceExhausted (the broker's
-    stream limit), Aborted (the participant was lost while its stream was
-    open), Unavailable (ZooKeeper unreachable, or the broker is shutting
-    down: retry), DeadlineExceeded/Canceled (the caller's context).
+    1..1000; a first request missing or naming nothing), ResourceExhausted
+    (the broker's stream limit), Aborted (the participant was lost while
+    its stream was open), Unavailable (ZooKeeper unreachable, or the broker
+    is shutting down: retry), DeadlineExceeded/Canceled (the caller's
+    context).
     """
 
     def Enter(self, request_iterator, context):
@@ -658,11 +658,11 @@ class DoubleBarrier(object):
     broker's ZooKeeper session, present while its stream is open.
 
     Errors use gRPC status codes: InvalidArgument (bad name; count out of
-    1..1000; a first request missing or naming nothing; a count that
-    differs from the first request's), ResourceExhausted (the broker's
-    stream limit), Aborted (the participant was lost while its stream was
-    open), Unavailable (ZooKeeper unreachable, or the broker is shutting
-    down: retry), DeadlineExceeded/Canceled (the caller's context).
+    1..1000; a first request missing or naming nothing), ResourceExhausted
+    (the broker's stream limit), Aborted (the participant was lost while
+    its stream was open), Unavailable (ZooKeeper unreachable, or the broker
+    is shutting down: retry), DeadlineExceeded/Canceled (the caller's
+    context).
     """
 
     @staticmethod
