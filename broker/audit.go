@@ -14,7 +14,7 @@ import (
 // The audit log: one info line "audit" per call that changes or removes
 // what others use (a queue's creation, deletion, purge, redrive; a
 // release, revocation, resignation or proclamation by key; a sync
-// member's join), done or not, and per call refused for want of
+// member's join; a barrier set or removed), done or not, and per call refused for want of
 // credentials or permission, whatever its method. Each line names the
 // action, the kind and name of what it acts on, the caller (identity and
 // how it authenticated; its address always) and the outcome (grpc_code).

@@ -1,7 +1,9 @@
 // Package broker is qbroker's gRPC service (qbroker.v1.Queue, api/queue.proto)
 // over queues whose only state is in ZooKeeper, and its coordination
 // services (qbroker.v1.Election and qbroker.v1.Lock, api/coord.proto; see
-// coord.go) over the election and lock recipes. A Broker keeps no state of
+// coord.go) over the election and lock recipes, and its barriers
+// (qbroker.v1.Barrier and qbroker.v1.DoubleBarrier, coord_barrier.go) over
+// syncqueue's. A Broker keeps no state of
 // its own: any number of brokers can serve the same queues under the same
 // root, and any broker settles what another delivered.
 //
@@ -175,7 +177,7 @@
 // record the caller's identity in their node; a call by key on another
 // identity's node needs lock.admin or election.admin (coord.go). Changes
 // (queue creation, deletion, purge, redrive, JoinSync, Unlock, Revoke,
-// Resign, Proclaim) and refused calls are logged at info ("audit",
+// Resign, Proclaim, barrier Set and Remove) and refused calls are logged at info ("audit",
 // audit.go) with the identity, with or without Auth.
 //
 // A Broker is safe for concurrent use.
