@@ -415,6 +415,9 @@ func TestKilledBrokerLeavesDoubleBarrier(t *testing.T) {
 		t.Fatalf("the survivor's participant after the dead left: got %v, want to wait", ev)
 	default:
 	}
+	if ok, _, err := zktest.Conn(t).Exists(filling + "/ready"); err != nil || ok {
+		t.Fatalf("filling's ready with one live participant of 4: exists %v, %v; want none", ok, err)
+	}
 	var more []*participant
 	for range 3 {
 		more = append(more, arrive(ctx, t, live, "filling", 4, &fillArrived))
