@@ -89,7 +89,7 @@ python: deps
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends protobuf-compiler protobuf-compiler-grpc >/dev/null; }
 	protoc -Iapi --python_out=clients/python \
 		--plugin=protoc-gen-grpc_python=$(GRPC_PY_PLUGIN) --grpc_python_out=clients/python \
-		api/queue.proto
+		api/queue.proto api/coord.proto
 
 clean:
 	rm -rf bin

@@ -14,7 +14,7 @@ import (
 // The audit log: one info line "audit" per call that changes or removes
 // what others use (a queue's creation, deletion, purge, redrive; a
 // release, revocation, resignation or proclamation by key; a counter's
-// Set; a sync member's join), done or not, and per call refused for want of
+// Set; a sync member's join; a barrier set or removed), done or not, and per call refused for want of
 // credentials or permission, whatever its method. Each line names the
 // action, the kind and name of what it acts on, the caller (identity and
 // how it authenticated; its address always) and the outcome (grpc_code).
@@ -48,6 +48,10 @@ var auditedMethods = map[string]func(req any) (action, kind, name string){
 	},
 	pb.Semaphore_SetLimit_FullMethodName: func(r any) (string, string, string) {
 		return "set_limit", "semaphore", r.(*pb.SemaphoreSetLimitRequest).GetName()
+	},
+	pb.Barrier_Set_FullMethodName: func(r any) (string, string, string) { return "set", "barrier", r.(*pb.SetBarrierRequest).GetName() },
+	pb.Barrier_Remove_FullMethodName: func(r any) (string, string, string) {
+		return "remove", "barrier", r.(*pb.RemoveBarrierRequest).GetName()
 	},
 }
 

@@ -103,6 +103,10 @@ var methodAuths = map[string]methodAuth{
 	pb.Semaphore_SetLimit_FullMethodName: {needs: onCoord(ActSemaphoreAdmin, func(m any) string {
 		return m.(*pb.SemaphoreSetLimitRequest).GetName()
 	})},
+	pb.Barrier_Set_FullMethodName:         {needs: onCoord(ActBarrierAdmin, func(m any) string { return m.(*pb.SetBarrierRequest).GetName() })},
+	pb.Barrier_Remove_FullMethodName:      {needs: onCoord(ActBarrierAdmin, func(m any) string { return m.(*pb.RemoveBarrierRequest).GetName() })},
+	pb.Barrier_Wait_FullMethodName:        {needs: onCoord(ActBarrier, func(m any) string { return m.(*pb.WaitBarrierRequest).GetName() })},
+	pb.DoubleBarrier_Enter_FullMethodName: {needs: doubleBarrierNeeds},
 }
 
 // semaphoreNeeds: the request naming the semaphore needs semaphore on
@@ -113,6 +117,17 @@ func semaphoreNeeds(m any) []access {
 		return nil
 	}
 	return []access{{ActSemaphore, ActSemaphore, r.GetName()}}
+}
+
+// doubleBarrierNeeds: the request naming the double barrier needs
+// barrier on it; the later {leave} requests leave what the stream
+// entered.
+func doubleBarrierNeeds(m any) []access {
+	r := m.(*pb.DoubleBarrierRequest)
+	if r.GetName() == "" && r.GetLeave() {
+		return nil
+	}
+	return []access{{ActBarrier, "double_barrier", r.GetName()}}
 }
 
 // consumeNeeds: a Consume stream's subscription needs consume on its

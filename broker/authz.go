@@ -39,6 +39,10 @@ const (
 	ActSemaphore = "semaphore"
 	// Release and Revoke of any lease, another identity's too; SetLimit.
 	ActSemaphoreAdmin = "semaphore.admin"
+	// Barrier Wait; DoubleBarrier Enter.
+	ActBarrier = "barrier"
+	// Barrier Set and Remove (implies barrier).
+	ActBarrierAdmin = "barrier.admin"
 )
 
 // Checks of calls that act on a lock or a candidate by key, before the
@@ -55,9 +59,10 @@ const DebugName = "pprof"
 
 // actionGroups are names standing for several actions in a rules file.
 var actionGroups = map[string][]string{
-	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive, ActLockAdmin, ActElectionAdmin, ActSemaphoreAdmin},
+	"admin": {ActCreate, ActDelete, ActPurge, ActRedrive, ActLockAdmin, ActElectionAdmin, ActSemaphoreAdmin, ActBarrierAdmin},
 	"all": {ActPublish, ActConsume, ActCreate, ActDelete, ActPurge, ActRedrive, ActJoin, ActView, ActLock, ActLockAdmin,
-		ActElection, ActElectionObserve, ActElectionAdmin, ActDebug, ActCounter, ActCounterRead, ActSemaphore, ActSemaphoreAdmin},
+		ActElection, ActElectionObserve, ActElectionAdmin, ActDebug, ActCounter, ActCounterRead, ActSemaphore, ActSemaphoreAdmin,
+		ActBarrier, ActBarrierAdmin},
 }
 
 // queueActions are the actions on queues: each implies view.
@@ -71,6 +76,7 @@ var impliedBy = map[string][]string{
 	actElectionByKey:   {ActElection, ActElectionAdmin},
 	ActCounterRead:     {ActCounter},
 	actSemaphoreByKey:  {ActSemaphore, ActSemaphoreAdmin},
+	ActBarrier:         {ActBarrierAdmin},
 }
 
 // Rules are a parsed rules file.
@@ -95,9 +101,11 @@ func readRules(file string) (*Rules, error) { return readParsed(file, ParseRules
 // a class). The identity * stands for any authenticated identity. Actions:
 // publish, consume, create, delete, purge, redrive, join, view, lock,
 // lock.admin, election, election.observe, election.admin, counter,
-// counter.read, semaphore, semaphore.admin, debug (the Go profiles, name
-// pprof); admin is create, delete, purge, redrive, lock.admin,
-// election.admin and semaphore.admin; all is every action. Blank lines and
+// counter.read, semaphore, semaphore.admin, barrier, barrier.admin, debug
+// (the Go profiles, name pprof); admin is create, delete, purge, redrive,
+// lock.admin, election.admin, semaphore.admin and barrier.admin; all is
+// every action. Barrier names (double barriers' too) share the
+// patterns' namespace with the others. Blank lines and
 // lines starting with # are ignored. What no rule allows is denied.
 func ParseRules(data []byte) (*Rules, error) {
 	r := &Rules{}
@@ -123,7 +131,7 @@ func ParseRules(data []byte) (*Rules, error) {
 			} else if slices.Contains(actionGroups["all"], a) {
 				ru.actions = append(ru.actions, a)
 			} else {
-				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, counter, counter.read, semaphore, semaphore.admin, debug, admin or all)", n, a)
+				return nil, fmt.Errorf("line %d: unknown action %q (want publish, consume, create, delete, purge, redrive, join, view, lock, lock.admin, election, election.observe, election.admin, counter, counter.read, semaphore, semaphore.admin, barrier, barrier.admin, debug, admin or all)", n, a)
 			}
 		}
 		for _, p := range strings.Split(f[2], ",") {

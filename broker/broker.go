@@ -621,6 +621,8 @@ func (b *Broker) setServing(ok bool) {
 	b.health.SetServingStatus(pb.Lock_ServiceDesc.ServiceName, st)
 	b.health.SetServingStatus(pb.Counter_ServiceDesc.ServiceName, st)
 	b.health.SetServingStatus(pb.Semaphore_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Barrier_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.DoubleBarrier_ServiceDesc.ServiceName, st)
 }
 
 // GRPCServer returns a gRPC server with the Queue service, health,
@@ -654,6 +656,8 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	pb.RegisterLockServer(s, lockServer{b: b})
 	pb.RegisterCounterServer(s, counterServer{b: b})
 	pb.RegisterSemaphoreServer(s, semaphoreServer{b: b})
+	pb.RegisterBarrierServer(s, barrierServer{b: b})
+	pb.RegisterDoubleBarrierServer(s, doubleBarrierServer{b: b})
 	healthpb.RegisterHealthServer(s, b.health)
 	reflection.Register(s)
 	b.metrics.grpc.InitializeMetrics(s)

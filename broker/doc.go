@@ -1,8 +1,10 @@
 // Package broker is qbroker's gRPC service (qbroker.v1.Queue, api/queue.proto)
 // over queues whose only state is in ZooKeeper, and its coordination
-// services (qbroker.v1.Election, qbroker.v1.Lock and qbroker.v1.Counter,
-// api/coord.proto; see coord.go) over the election, lock and counter
-// recipes. A Broker keeps no state of
+// services (qbroker.v1.Election, qbroker.v1.Lock, qbroker.v1.Counter and
+// qbroker.v1.Semaphore, api/coord.proto; see coord.go) over the election,
+// lock, counter and semaphore recipes, and its barriers
+// (qbroker.v1.Barrier and qbroker.v1.DoubleBarrier, coord_barrier.go) over
+// syncqueue's. A Broker keeps no state of
 // its own: any number of brokers can serve the same queues under the same
 // root, and any broker settles what another delivered.
 //
@@ -31,6 +33,10 @@
 //	/<root>/semaphores/<name>                  Semaphore service: data its limit; queue/wait-<nonce>-NNNNNNNNNN
 //	                                           EPHEMERAL_SEQUENTIAL waiters, leases/lease-<n>-<nonce> EPHEMERAL
 //	                                           leases (coord_semaphore.go; deleted by the leader once idle)
+//	/<root>/barriers/<name>                    Barrier service: set while it exists
+//	/<root>/doublebarriers/<name>/p@NNNNNNNNNN EPHEMERAL_SEQUENTIAL, DoubleBarrier participants;
+//	                                           .../ready once count arrived (<name> deleted by
+//	                                           the leader once idle)
 //	/<root>/token-key                          random key signing ack tokens, created by
 //	                                           the first broker, read by all
 //
@@ -154,6 +160,9 @@
 //	qbroker_semaphore_wait_seconds                 histogram: semaphore Acquire request to grant
 //	qbroker_semaphore_permits_held                 gauge: permits held by this broker's Acquire streams
 //	qbroker_semaphore_revocations_total            counter: holders asked by semaphore Revoke calls
+//	qbroker_barrier_waits                          gauge: Barrier Wait calls waiting on this broker
+//	qbroker_double_barrier_participants            gauge: participants of this broker's DoubleBarrier Enter streams
+//	qbroker_double_barrier_enter_wait_seconds      histogram: Enter request to ENTERED
 //	qbroker_build_info{version}                    gauge: 1
 //	grpc_server_*                                  go-grpc-middleware server metrics
 //
@@ -182,7 +191,7 @@
 // identity's node needs lock.admin or election.admin (coord.go); so for
 // semaphore leases (semaphore.admin, which SetLimit needs too). Changes
 // (queue creation, deletion, purge, redrive, JoinSync, Unlock, Revoke,
-// Resign, Proclaim, a counter's Set) and refused calls are logged at info ("audit",
+// Resign, Proclaim, a counter's Set, barrier Set and Remove) and refused calls are logged at info ("audit",
 // audit.go) with the identity, with or without Auth.
 //
 // A Broker is safe for concurrent use.

@@ -10,6 +10,7 @@ import (
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/lock"
 	"github.com/qbroker/qbroker/semaphore"
+	"github.com/qbroker/qbroker/syncqueue"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -137,9 +138,10 @@ var coordReapInterval atomic.Int64
 func init() { coordReapInterval.Store(int64(30 * time.Second)) }
 
 // reapCoordination deletes the nodes of idle locks (locks/<name>),
-// elections (elections/<name>) and semaphores (semaphores/<name>) every
-// coordReapInterval until ctx ends, with the recipes' Reapers: otherwise
-// every name ever used would stay in ZooKeeper. A contender that finds its name's node gone makes it again.
+// elections (elections/<name>), semaphores (semaphores/<name>) and double
+// barriers (doublebarriers/<name>) every coordReapInterval until ctx ends,
+// with the recipes' Reapers: otherwise every name ever used would stay in
+// ZooKeeper. A contender that finds its name's node gone makes it again.
 func (b *Broker) reapCoordination(ctx context.Context) {
 	lr, err := lock.NewReaper(b.conn, b.root.Locks())
 	if err != nil {
@@ -154,6 +156,11 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 	sr, err := semaphore.NewReaper(b.conn, b.root.Semaphores())
 	if err != nil {
 		b.log.Error("semaphore reaper", "err", err)
+		return
+	}
+	dr, err := syncqueue.NewDoubleBarrierReaper(b.conn, b.root.DoubleBarriers())
+	if err != nil {
+		b.log.Error("double barrier reaper", "err", err)
 		return
 	}
 	t := time.NewTicker(time.Duration(coordReapInterval.Load()))
@@ -181,6 +188,11 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 			b.log.Debug("reaping idle semaphores", "err", err)
 		} else if n > 0 {
 			b.log.Debug("deleted idle semaphores", "count", n)
+		}
+		if n, err := dr.Reap(ctx); err != nil && ctx.Err() == nil {
+			b.log.Debug("reaping idle double barriers", "err", err)
+		} else if n > 0 {
+			b.log.Debug("deleted idle double barriers", "count", n)
 		}
 	}
 }

@@ -63,6 +63,10 @@ type metrics struct {
 	counterConflicts prometheus.Counter
 	counterRollovers prometheus.Counter
 	sem              semaphoreMetrics // coord_semaphore.go
+	// The barrier services (coord_barrier.go).
+	barrierWaits     prometheus.Gauge
+	participants     prometheus.Gauge
+	barrierEnterWait prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
@@ -140,6 +144,13 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Counter writes and checks refused because the counter had changed since it was read; each is retried."})
 	m.counterRollovers = prometheus.NewCounter(prometheus.CounterOpts{Name: "qbroker_counter_rollovers_total",
 		Help: "Counter writes that moved the value to a new node before its data version could wrap."})
+	m.barrierWaits = prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_barrier_waits",
+		Help: "Barrier Wait calls waiting on this broker."})
+	m.participants = prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_double_barrier_participants",
+		Help: "Double barrier participants of this broker's Enter streams (entering, entered or leaving)."})
+	m.barrierEnterWait = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "qbroker_double_barrier_enter_wait_seconds",
+		Help:    "Time from a double barrier Enter stream's request to ENTERED.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60, 600}})
 	m.expiredUnsent = qv("qbroker_deliveries_expired_unsent_total",
 		"At-least-once deliveries claimed but given back unsent: their lease had (nearly) run out, or the ZooKeeper session was lost, before they could be sent.")
 	// Refusals have series from the start, at 0, so that a rate over
@@ -166,7 +177,8 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.zkBudget, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
 		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired,
-		m.counterOps, m.counterWrites, m.counterConflicts, m.counterRollovers} {
+		m.counterOps, m.counterWrites, m.counterConflicts, m.counterRollovers,
+		m.barrierWaits, m.participants, m.barrierEnterWait} {
 		reg.MustRegister(c)
 	}
 	return m

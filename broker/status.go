@@ -89,7 +89,7 @@ func codeOf(err error) codes.Code {
 		errors.Is(err, errStalled):
 		return codes.Unavailable
 	case errors.Is(err, errLeadershipLost), errors.Is(err, errLockLost), errors.Is(err, election.ErrNodeLost),
-		errors.Is(err, lock.ErrLost), errors.Is(err, errPermitsLost), errors.Is(err, semaphore.ErrLost):
+		errors.Is(err, lock.ErrLost), errors.Is(err, errPermitsLost), errors.Is(err, semaphore.ErrLost), errors.Is(err, errParticipantLost):
 		// The client may campaign or lock again.
 		return codes.Aborted
 	case errors.Is(err, errQueueDeleting):

@@ -59,7 +59,11 @@
 //
 // Every wait takes a context. A cancelled Join or JoinAsync removes the
 // caller's member node; a cancelled DoubleBarrier Enter or Leave removes
-// the participant node. Nodes are removed only if they are still the
+// the participant node, and so does DoubleBarrier.Close. A double
+// barrier's ready node records the highest participant sequence its round
+// counted, so a ready left by a round whose last participant did not Leave
+// is known for stale and lets nobody in; DoubleBarrierReaper deletes idle
+// double barriers. Nodes are removed only if they are still the
 // caller's (same creation zxid), never a later session's node of the same
 // id. A lost session ends waits with its error (zk.ErrSessionExpired or
 // zk.ErrClosing).

@@ -31,7 +31,8 @@ var (
 // Layout under the barrier path B:
 //
 //	B/<id>@0000000007   one participant: EPHEMERAL_SEQUENTIAL
-//	B/ready             created by the participant whose arrival makes n
+//	B/ready             created by the participant whose arrival makes n;
+//	                    its data: the highest participant sequence counted
 //
 // Enter creates the participant node, sets an exists watch on B/ready and
 // counts the participants; the n-th arrival creates B/ready, which wakes
@@ -45,7 +46,11 @@ var (
 // A barrier path serves one round at a time: a participant entering while
 // the previous round is still leaving counts those participants and may
 // find their B/ready. Use a fresh path per round (B/<round>) when rounds
-// overlap. A round whose lowest participant crashed leaves B/ready behind.
+// overlap. A round whose last participant left without Leave (crashed, or
+// cancelled) leaves B/ready behind; B/ready records the highest sequence
+// its round counted, so the next round's arrivals know it for stale (none
+// of its participants is present) and wait for n of their own, then
+// reuse it. DoubleBarrierReaper deletes idle barriers, stale ready and all.
 //
 // A DoubleBarrier is one participant: Enter and Leave are meant to be
 // called in turn from one goroutine at a time (concurrent calls
@@ -152,7 +157,7 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	p, err := b.conn.Create(b.path+"/"+b.id+"@", nil, zk.FlagEphemeral|zk.FlagSequence, b.acl)
+	p, err := b.create()
 	if err != nil {
 		return b.wrap("enter", err)
 	}
@@ -165,28 +170,46 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 			b.abort()
 			return b.wrap("enter", err)
 		}
+		round, version := int64(-1), int32(-1)
 		if ok {
-			return nil
+			data, st, err := b.conn.Get(b.readyPath())
+			if errors.Is(err, zk.ErrNoNode) {
+				continue // deleted since: look again
+			}
+			if err != nil {
+				b.abort()
+				return b.wrap("enter", err)
+			}
+			round, version = readyRound(data), st.Version
 		}
 		ps, err := b.participants()
 		if err != nil {
 			b.abort()
 			return b.wrap("enter", err)
 		}
+		if ok && !staleReady(round, ps) {
+			return nil
+		}
 		if len(ps) >= b.n {
-			_, err := b.conn.Create(b.readyPath(), nil, 0, b.acl)
-			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			data := []byte(strconv.FormatInt(int64(ps[len(ps)-1].seq), 10))
+			if ok {
+				_, err = b.conn.Set(b.readyPath(), data, version) // a stale ready
+			} else {
+				_, err = b.conn.Create(b.readyPath(), data, 0, b.acl)
+			}
+			switch {
+			case err == nil:
+				return nil
+			case errors.Is(err, zk.ErrNodeExists), errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode):
+				continue // another arrival made it first: look again
+			default:
 				b.abort()
 				return b.wrap("enter", err)
 			}
-			return nil
 		}
 		select {
 		case ev := <-w:
-			switch ev.Type {
-			case zk.EventNodeCreated:
-				return nil
-			case zk.EventNotWatching:
+			if ev.Type == zk.EventNotWatching {
 				b.abort()
 				return b.wrap("enter", ev.Err)
 			}
@@ -195,6 +218,71 @@ func (b *DoubleBarrier) Enter(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// create creates our participant node, making the barrier node again if
+// a reaper (DoubleBarrierReaper) deleted it meanwhile.
+func (b *DoubleBarrier) create() (string, error) {
+	name := b.path + "/" + b.id + "@"
+	p, err := b.conn.Create(name, nil, zk.FlagEphemeral|zk.FlagSequence, b.acl)
+	if errors.Is(err, zk.ErrNoNode) {
+		if err := zkutil.EnsurePath(b.conn, b.path, b.acl); err != nil {
+			return "", err
+		}
+		p, err = b.conn.Create(name, nil, zk.FlagEphemeral|zk.FlagSequence, b.acl)
+	}
+	return p, err
+}
+
+// readyRound returns the round a ready node's data records: the highest
+// participant sequence counted when it was made; -1 for a ready without
+// one (made by an earlier version), which is never stale.
+func readyRound(data []byte) int64 {
+	r, err := strconv.ParseInt(string(data), 10, 64)
+	if err != nil || r < 0 {
+		return -1
+	}
+	return r
+}
+
+// staleReady reports whether a ready of round is left from a round that
+// is over: none of its participants (sequence at most round) is present
+// any more. That happens when the round's last participant left without
+// Leave (its stream, process or session ended): its ready would otherwise
+// let the next round's first arrival in alone.
+func staleReady(round int64, ps []participant) bool {
+	if round < 0 {
+		return false
+	}
+	return !slices.ContainsFunc(ps, func(p participant) bool { return int64(p.seq) <= round })
+}
+
+// Key returns the participant's node while it is entered (from a
+// successful Enter until Leave or Close), "" otherwise. Its deletion by
+// anyone but this participant, or by the end of the session, means the
+// participant was lost.
+func (b *DoubleBarrier) Key() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.node == "" {
+		return ""
+	}
+	return b.path + "/" + b.node
+}
+
+// Close leaves at once, without waiting for the others: it deletes the
+// participant node, if entered, as a participant that vanishes does. It
+// is a no-op when not entered. Errors: a ZooKeeper error (the node then
+// goes with the session).
+func (b *DoubleBarrier) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.node == "" {
+		return nil
+	}
+	err := b.deleteOwn()
+	b.node = ""
+	return b.wrap("close", err)
 }
 
 // Leave leaves the barrier and blocks until every participant has left. If

@@ -196,6 +196,61 @@ func (SemaphoreEvent_Type) EnumDescriptor() ([]byte, []int) {
 	return file_api_coord_proto_rawDescGZIP(), []int{23, 0}
 }
 
+type DoubleBarrierEvent_Type int32
+
+const (
+	DoubleBarrierEvent_TYPE_UNSPECIFIED DoubleBarrierEvent_Type = 0
+	// count participants were present: the participant entered.
+	DoubleBarrierEvent_TYPE_ENTERED DoubleBarrierEvent_Type = 1
+	// Every participant has left; the stream ends with OK.
+	DoubleBarrierEvent_TYPE_LEFT DoubleBarrierEvent_Type = 2
+	// The participant was lost; the stream ends with Aborted.
+	DoubleBarrierEvent_TYPE_LOST DoubleBarrierEvent_Type = 3
+)
+
+// Enum value maps for DoubleBarrierEvent_Type.
+var (
+	DoubleBarrierEvent_Type_name = map[int32]string{
+		0: "TYPE_UNSPECIFIED",
+		1: "TYPE_ENTERED",
+		2: "TYPE_LEFT",
+		3: "TYPE_LOST",
+	}
+	DoubleBarrierEvent_Type_value = map[string]int32{
+		"TYPE_UNSPECIFIED": 0,
+		"TYPE_ENTERED":     1,
+		"TYPE_LEFT":        2,
+		"TYPE_LOST":        3,
+	}
+)
+
+func (x DoubleBarrierEvent_Type) Enum() *DoubleBarrierEvent_Type {
+	p := new(DoubleBarrierEvent_Type)
+	*p = x
+	return p
+}
+
+func (x DoubleBarrierEvent_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DoubleBarrierEvent_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_coord_proto_enumTypes[3].Descriptor()
+}
+
+func (DoubleBarrierEvent_Type) Type() protoreflect.EnumType {
+	return &file_api_coord_proto_enumTypes[3]
+}
+
+func (x DoubleBarrierEvent_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DoubleBarrierEvent_Type.Descriptor instead.
+func (DoubleBarrierEvent_Type) EnumDescriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{38, 0}
+}
+
 type CampaignRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Election name.
@@ -1853,6 +1908,368 @@ func (*SemaphoreSetLimitResponse) Descriptor() ([]byte, []int) {
 	return file_api_coord_proto_rawDescGZIP(), []int{30}
 }
 
+type SetBarrierRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Barrier name.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBarrierRequest) Reset() {
+	*x = SetBarrierRequest{}
+	mi := &file_api_coord_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBarrierRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBarrierRequest) ProtoMessage() {}
+
+func (x *SetBarrierRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBarrierRequest.ProtoReflect.Descriptor instead.
+func (*SetBarrierRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SetBarrierRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type SetBarrierResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBarrierResponse) Reset() {
+	*x = SetBarrierResponse{}
+	mi := &file_api_coord_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBarrierResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBarrierResponse) ProtoMessage() {}
+
+func (x *SetBarrierResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBarrierResponse.ProtoReflect.Descriptor instead.
+func (*SetBarrierResponse) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{32}
+}
+
+type RemoveBarrierRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Barrier name.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveBarrierRequest) Reset() {
+	*x = RemoveBarrierRequest{}
+	mi := &file_api_coord_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveBarrierRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveBarrierRequest) ProtoMessage() {}
+
+func (x *RemoveBarrierRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveBarrierRequest.ProtoReflect.Descriptor instead.
+func (*RemoveBarrierRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RemoveBarrierRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RemoveBarrierResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveBarrierResponse) Reset() {
+	*x = RemoveBarrierResponse{}
+	mi := &file_api_coord_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveBarrierResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveBarrierResponse) ProtoMessage() {}
+
+func (x *RemoveBarrierResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveBarrierResponse.ProtoReflect.Descriptor instead.
+func (*RemoveBarrierResponse) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{34}
+}
+
+type WaitBarrierRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Barrier name.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitBarrierRequest) Reset() {
+	*x = WaitBarrierRequest{}
+	mi := &file_api_coord_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitBarrierRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitBarrierRequest) ProtoMessage() {}
+
+func (x *WaitBarrierRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitBarrierRequest.ProtoReflect.Descriptor instead.
+func (*WaitBarrierRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *WaitBarrierRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type WaitBarrierResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitBarrierResponse) Reset() {
+	*x = WaitBarrierResponse{}
+	mi := &file_api_coord_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitBarrierResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitBarrierResponse) ProtoMessage() {}
+
+func (x *WaitBarrierResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitBarrierResponse.ProtoReflect.Descriptor instead.
+func (*WaitBarrierResponse) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{36}
+}
+
+type DoubleBarrierRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// First request only: the barrier's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// First request only: how many participants enter together (1 to
+	// 1000). Participants of one round must agree on it.
+	Count int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// Leave the barrier: wait for the others to leave (after ENTERED), or
+	// stop waiting to enter (before).
+	Leave         bool `protobuf:"varint,3,opt,name=leave,proto3" json:"leave,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DoubleBarrierRequest) Reset() {
+	*x = DoubleBarrierRequest{}
+	mi := &file_api_coord_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DoubleBarrierRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DoubleBarrierRequest) ProtoMessage() {}
+
+func (x *DoubleBarrierRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DoubleBarrierRequest.ProtoReflect.Descriptor instead.
+func (*DoubleBarrierRequest) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *DoubleBarrierRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DoubleBarrierRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *DoubleBarrierRequest) GetLeave() bool {
+	if x != nil {
+		return x.Leave
+	}
+	return false
+}
+
+type DoubleBarrierEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened.
+	Type DoubleBarrierEvent_Type `protobuf:"varint,1,opt,name=type,proto3,enum=qbroker.v1.DoubleBarrierEvent_Type" json:"type,omitempty"`
+	// The participant's node name ("p@0000000007").
+	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DoubleBarrierEvent) Reset() {
+	*x = DoubleBarrierEvent{}
+	mi := &file_api_coord_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DoubleBarrierEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DoubleBarrierEvent) ProtoMessage() {}
+
+func (x *DoubleBarrierEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_api_coord_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DoubleBarrierEvent.ProtoReflect.Descriptor instead.
+func (*DoubleBarrierEvent) Descriptor() ([]byte, []int) {
+	return file_api_coord_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *DoubleBarrierEvent) GetType() DoubleBarrierEvent_Type {
+	if x != nil {
+		return x.Type
+	}
+	return DoubleBarrierEvent_TYPE_UNSPECIFIED
+}
+
+func (x *DoubleBarrierEvent) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
 var File_api_coord_proto protoreflect.FileDescriptor
 
 const file_api_coord_proto_rawDesc = "" +
@@ -1965,7 +2382,28 @@ const file_api_coord_proto_rawDesc = "" +
 	"\x18SemaphoreSetLimitRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\x1b\n" +
-	"\x19SemaphoreSetLimitResponse2\xd4\x02\n" +
+	"\x19SemaphoreSetLimitResponse\"'\n" +
+	"\x11SetBarrierRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
+	"\x12SetBarrierResponse\"*\n" +
+	"\x14RemoveBarrierRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x17\n" +
+	"\x15RemoveBarrierResponse\"(\n" +
+	"\x12WaitBarrierRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
+	"\x13WaitBarrierResponse\"V\n" +
+	"\x14DoubleBarrierRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x14\n" +
+	"\x05leave\x18\x03 \x01(\bR\x05leave\"\xad\x01\n" +
+	"\x12DoubleBarrierEvent\x127\n" +
+	"\x04type\x18\x01 \x01(\x0e2#.qbroker.v1.DoubleBarrierEvent.TypeR\x04type\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"L\n" +
+	"\x04Type\x12\x14\n" +
+	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fTYPE_ENTERED\x10\x01\x12\r\n" +
+	"\tTYPE_LEFT\x10\x02\x12\r\n" +
+	"\tTYPE_LOST\x10\x032\xd4\x02\n" +
 	"\bElection\x12B\n" +
 	"\bCampaign\x12\x1b.qbroker.v1.CampaignRequest\x1a\x17.qbroker.v1.LeaderEvent0\x01\x12E\n" +
 	"\bProclaim\x12\x1b.qbroker.v1.ProclaimRequest\x1a\x1c.qbroker.v1.ProclaimResponse\x12?\n" +
@@ -1985,7 +2423,13 @@ const file_api_coord_proto_rawDesc = "" +
 	"\aAcquire\x12#.qbroker.v1.SemaphoreAcquireRequest\x1a\x1a.qbroker.v1.SemaphoreEvent(\x010\x01\x12T\n" +
 	"\aRelease\x12#.qbroker.v1.SemaphoreReleaseRequest\x1a$.qbroker.v1.SemaphoreReleaseResponse\x12Q\n" +
 	"\x06Revoke\x12\".qbroker.v1.SemaphoreRevokeRequest\x1a#.qbroker.v1.SemaphoreRevokeResponse\x12W\n" +
-	"\bSetLimit\x12$.qbroker.v1.SemaphoreSetLimitRequest\x1a%.qbroker.v1.SemaphoreSetLimitResponseB(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
+	"\bSetLimit\x12$.qbroker.v1.SemaphoreSetLimitRequest\x1a%.qbroker.v1.SemaphoreSetLimitResponse2\xe7\x01\n" +
+	"\aBarrier\x12D\n" +
+	"\x03Set\x12\x1d.qbroker.v1.SetBarrierRequest\x1a\x1e.qbroker.v1.SetBarrierResponse\x12M\n" +
+	"\x06Remove\x12 .qbroker.v1.RemoveBarrierRequest\x1a!.qbroker.v1.RemoveBarrierResponse\x12G\n" +
+	"\x04Wait\x12\x1e.qbroker.v1.WaitBarrierRequest\x1a\x1f.qbroker.v1.WaitBarrierResponse2^\n" +
+	"\rDoubleBarrier\x12M\n" +
+	"\x05Enter\x12 .qbroker.v1.DoubleBarrierRequest\x1a\x1e.qbroker.v1.DoubleBarrierEvent(\x010\x01B(Z&github.com/qbroker/qbroker/api/queuepbb\x06proto3"
 
 var (
 	file_api_coord_proto_rawDescOnce sync.Once
@@ -1999,87 +2443,105 @@ func file_api_coord_proto_rawDescGZIP() []byte {
 	return file_api_coord_proto_rawDescData
 }
 
-var file_api_coord_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_coord_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_api_coord_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_api_coord_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_api_coord_proto_goTypes = []any{
 	(LeaderEvent_Type)(0),                // 0: qbroker.v1.LeaderEvent.Type
 	(LockEvent_Type)(0),                  // 1: qbroker.v1.LockEvent.Type
 	(SemaphoreEvent_Type)(0),             // 2: qbroker.v1.SemaphoreEvent.Type
-	(*CampaignRequest)(nil),              // 3: qbroker.v1.CampaignRequest
-	(*LeaderEvent)(nil),                  // 4: qbroker.v1.LeaderEvent
-	(*ProclaimRequest)(nil),              // 5: qbroker.v1.ProclaimRequest
-	(*ProclaimResponse)(nil),             // 6: qbroker.v1.ProclaimResponse
-	(*ResignRequest)(nil),                // 7: qbroker.v1.ResignRequest
-	(*ResignResponse)(nil),               // 8: qbroker.v1.ResignResponse
-	(*LeaderRequest)(nil),                // 9: qbroker.v1.LeaderRequest
-	(*ObserveRequest)(nil),               // 10: qbroker.v1.ObserveRequest
-	(*LeaderInfo)(nil),                   // 11: qbroker.v1.LeaderInfo
-	(*LockRequest)(nil),                  // 12: qbroker.v1.LockRequest
-	(*LockEvent)(nil),                    // 13: qbroker.v1.LockEvent
-	(*UnlockRequest)(nil),                // 14: qbroker.v1.UnlockRequest
-	(*UnlockResponse)(nil),               // 15: qbroker.v1.UnlockResponse
-	(*RevokeRequest)(nil),                // 16: qbroker.v1.RevokeRequest
-	(*RevokeResponse)(nil),               // 17: qbroker.v1.RevokeResponse
-	(*LockHolder)(nil),                   // 18: qbroker.v1.LockHolder
-	(*CounterGetRequest)(nil),            // 19: qbroker.v1.CounterGetRequest
-	(*CounterAddRequest)(nil),            // 20: qbroker.v1.CounterAddRequest
-	(*CounterCompareAndSetRequest)(nil),  // 21: qbroker.v1.CounterCompareAndSetRequest
-	(*CounterCompareAndSetResponse)(nil), // 22: qbroker.v1.CounterCompareAndSetResponse
-	(*CounterSetRequest)(nil),            // 23: qbroker.v1.CounterSetRequest
-	(*CounterValue)(nil),                 // 24: qbroker.v1.CounterValue
-	(*SemaphoreAcquireRequest)(nil),      // 25: qbroker.v1.SemaphoreAcquireRequest
-	(*SemaphoreEvent)(nil),               // 26: qbroker.v1.SemaphoreEvent
-	(*SemaphoreReleaseRequest)(nil),      // 27: qbroker.v1.SemaphoreReleaseRequest
-	(*SemaphoreReleaseResponse)(nil),     // 28: qbroker.v1.SemaphoreReleaseResponse
-	(*SemaphoreRevokeRequest)(nil),       // 29: qbroker.v1.SemaphoreRevokeRequest
-	(*SemaphoreRevokeResponse)(nil),      // 30: qbroker.v1.SemaphoreRevokeResponse
-	(*SemaphoreHolder)(nil),              // 31: qbroker.v1.SemaphoreHolder
-	(*SemaphoreSetLimitRequest)(nil),     // 32: qbroker.v1.SemaphoreSetLimitRequest
-	(*SemaphoreSetLimitResponse)(nil),    // 33: qbroker.v1.SemaphoreSetLimitResponse
+	(DoubleBarrierEvent_Type)(0),         // 3: qbroker.v1.DoubleBarrierEvent.Type
+	(*CampaignRequest)(nil),              // 4: qbroker.v1.CampaignRequest
+	(*LeaderEvent)(nil),                  // 5: qbroker.v1.LeaderEvent
+	(*ProclaimRequest)(nil),              // 6: qbroker.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),             // 7: qbroker.v1.ProclaimResponse
+	(*ResignRequest)(nil),                // 8: qbroker.v1.ResignRequest
+	(*ResignResponse)(nil),               // 9: qbroker.v1.ResignResponse
+	(*LeaderRequest)(nil),                // 10: qbroker.v1.LeaderRequest
+	(*ObserveRequest)(nil),               // 11: qbroker.v1.ObserveRequest
+	(*LeaderInfo)(nil),                   // 12: qbroker.v1.LeaderInfo
+	(*LockRequest)(nil),                  // 13: qbroker.v1.LockRequest
+	(*LockEvent)(nil),                    // 14: qbroker.v1.LockEvent
+	(*UnlockRequest)(nil),                // 15: qbroker.v1.UnlockRequest
+	(*UnlockResponse)(nil),               // 16: qbroker.v1.UnlockResponse
+	(*RevokeRequest)(nil),                // 17: qbroker.v1.RevokeRequest
+	(*RevokeResponse)(nil),               // 18: qbroker.v1.RevokeResponse
+	(*LockHolder)(nil),                   // 19: qbroker.v1.LockHolder
+	(*CounterGetRequest)(nil),            // 20: qbroker.v1.CounterGetRequest
+	(*CounterAddRequest)(nil),            // 21: qbroker.v1.CounterAddRequest
+	(*CounterCompareAndSetRequest)(nil),  // 22: qbroker.v1.CounterCompareAndSetRequest
+	(*CounterCompareAndSetResponse)(nil), // 23: qbroker.v1.CounterCompareAndSetResponse
+	(*CounterSetRequest)(nil),            // 24: qbroker.v1.CounterSetRequest
+	(*CounterValue)(nil),                 // 25: qbroker.v1.CounterValue
+	(*SemaphoreAcquireRequest)(nil),      // 26: qbroker.v1.SemaphoreAcquireRequest
+	(*SemaphoreEvent)(nil),               // 27: qbroker.v1.SemaphoreEvent
+	(*SemaphoreReleaseRequest)(nil),      // 28: qbroker.v1.SemaphoreReleaseRequest
+	(*SemaphoreReleaseResponse)(nil),     // 29: qbroker.v1.SemaphoreReleaseResponse
+	(*SemaphoreRevokeRequest)(nil),       // 30: qbroker.v1.SemaphoreRevokeRequest
+	(*SemaphoreRevokeResponse)(nil),      // 31: qbroker.v1.SemaphoreRevokeResponse
+	(*SemaphoreHolder)(nil),              // 32: qbroker.v1.SemaphoreHolder
+	(*SemaphoreSetLimitRequest)(nil),     // 33: qbroker.v1.SemaphoreSetLimitRequest
+	(*SemaphoreSetLimitResponse)(nil),    // 34: qbroker.v1.SemaphoreSetLimitResponse
+	(*SetBarrierRequest)(nil),            // 35: qbroker.v1.SetBarrierRequest
+	(*SetBarrierResponse)(nil),           // 36: qbroker.v1.SetBarrierResponse
+	(*RemoveBarrierRequest)(nil),         // 37: qbroker.v1.RemoveBarrierRequest
+	(*RemoveBarrierResponse)(nil),        // 38: qbroker.v1.RemoveBarrierResponse
+	(*WaitBarrierRequest)(nil),           // 39: qbroker.v1.WaitBarrierRequest
+	(*WaitBarrierResponse)(nil),          // 40: qbroker.v1.WaitBarrierResponse
+	(*DoubleBarrierRequest)(nil),         // 41: qbroker.v1.DoubleBarrierRequest
+	(*DoubleBarrierEvent)(nil),           // 42: qbroker.v1.DoubleBarrierEvent
 }
 var file_api_coord_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.LeaderEvent.type:type_name -> qbroker.v1.LeaderEvent.Type
 	1,  // 1: qbroker.v1.LockEvent.type:type_name -> qbroker.v1.LockEvent.Type
-	18, // 2: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
+	19, // 2: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
 	2,  // 3: qbroker.v1.SemaphoreEvent.type:type_name -> qbroker.v1.SemaphoreEvent.Type
-	31, // 4: qbroker.v1.SemaphoreRevokeResponse.holders:type_name -> qbroker.v1.SemaphoreHolder
-	3,  // 5: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
-	5,  // 6: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
-	7,  // 7: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
-	9,  // 8: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
-	10, // 9: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
-	12, // 10: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
-	14, // 11: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
-	16, // 12: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
-	19, // 13: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
-	20, // 14: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
-	21, // 15: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
-	23, // 16: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
-	25, // 17: qbroker.v1.Semaphore.Acquire:input_type -> qbroker.v1.SemaphoreAcquireRequest
-	27, // 18: qbroker.v1.Semaphore.Release:input_type -> qbroker.v1.SemaphoreReleaseRequest
-	29, // 19: qbroker.v1.Semaphore.Revoke:input_type -> qbroker.v1.SemaphoreRevokeRequest
-	32, // 20: qbroker.v1.Semaphore.SetLimit:input_type -> qbroker.v1.SemaphoreSetLimitRequest
-	4,  // 21: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
-	6,  // 22: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
-	8,  // 23: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
-	11, // 24: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
-	11, // 25: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
-	13, // 26: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
-	15, // 27: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
-	17, // 28: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
-	24, // 29: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
-	24, // 30: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
-	22, // 31: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
-	24, // 32: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
-	26, // 33: qbroker.v1.Semaphore.Acquire:output_type -> qbroker.v1.SemaphoreEvent
-	28, // 34: qbroker.v1.Semaphore.Release:output_type -> qbroker.v1.SemaphoreReleaseResponse
-	30, // 35: qbroker.v1.Semaphore.Revoke:output_type -> qbroker.v1.SemaphoreRevokeResponse
-	33, // 36: qbroker.v1.Semaphore.SetLimit:output_type -> qbroker.v1.SemaphoreSetLimitResponse
-	21, // [21:37] is the sub-list for method output_type
-	5,  // [5:21] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	32, // 4: qbroker.v1.SemaphoreRevokeResponse.holders:type_name -> qbroker.v1.SemaphoreHolder
+	3,  // 5: qbroker.v1.DoubleBarrierEvent.type:type_name -> qbroker.v1.DoubleBarrierEvent.Type
+	4,  // 6: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
+	6,  // 7: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
+	8,  // 8: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
+	10, // 9: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
+	11, // 10: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
+	13, // 11: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
+	15, // 12: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
+	17, // 13: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
+	20, // 14: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
+	21, // 15: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
+	22, // 16: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
+	24, // 17: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
+	26, // 18: qbroker.v1.Semaphore.Acquire:input_type -> qbroker.v1.SemaphoreAcquireRequest
+	28, // 19: qbroker.v1.Semaphore.Release:input_type -> qbroker.v1.SemaphoreReleaseRequest
+	30, // 20: qbroker.v1.Semaphore.Revoke:input_type -> qbroker.v1.SemaphoreRevokeRequest
+	33, // 21: qbroker.v1.Semaphore.SetLimit:input_type -> qbroker.v1.SemaphoreSetLimitRequest
+	35, // 22: qbroker.v1.Barrier.Set:input_type -> qbroker.v1.SetBarrierRequest
+	37, // 23: qbroker.v1.Barrier.Remove:input_type -> qbroker.v1.RemoveBarrierRequest
+	39, // 24: qbroker.v1.Barrier.Wait:input_type -> qbroker.v1.WaitBarrierRequest
+	41, // 25: qbroker.v1.DoubleBarrier.Enter:input_type -> qbroker.v1.DoubleBarrierRequest
+	5,  // 26: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
+	7,  // 27: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
+	9,  // 28: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
+	12, // 29: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
+	12, // 30: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
+	14, // 31: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
+	16, // 32: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
+	18, // 33: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
+	25, // 34: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
+	25, // 35: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
+	23, // 36: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
+	25, // 37: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
+	27, // 38: qbroker.v1.Semaphore.Acquire:output_type -> qbroker.v1.SemaphoreEvent
+	29, // 39: qbroker.v1.Semaphore.Release:output_type -> qbroker.v1.SemaphoreReleaseResponse
+	31, // 40: qbroker.v1.Semaphore.Revoke:output_type -> qbroker.v1.SemaphoreRevokeResponse
+	34, // 41: qbroker.v1.Semaphore.SetLimit:output_type -> qbroker.v1.SemaphoreSetLimitResponse
+	36, // 42: qbroker.v1.Barrier.Set:output_type -> qbroker.v1.SetBarrierResponse
+	38, // 43: qbroker.v1.Barrier.Remove:output_type -> qbroker.v1.RemoveBarrierResponse
+	40, // 44: qbroker.v1.Barrier.Wait:output_type -> qbroker.v1.WaitBarrierResponse
+	42, // 45: qbroker.v1.DoubleBarrier.Enter:output_type -> qbroker.v1.DoubleBarrierEvent
+	26, // [26:46] is the sub-list for method output_type
+	6,  // [6:26] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_api_coord_proto_init() }
@@ -2092,10 +2554,10 @@ func file_api_coord_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_coord_proto_rawDesc), len(file_api_coord_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   31,
+			NumEnums:      4,
+			NumMessages:   39,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   6,
 		},
 		GoTypes:           file_api_coord_proto_goTypes,
 		DependencyIndexes: file_api_coord_proto_depIdxs,

@@ -1126,3 +1126,353 @@ var Semaphore_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "api/coord.proto",
 }
+
+const (
+	Barrier_Set_FullMethodName    = "/qbroker.v1.Barrier/Set"
+	Barrier_Remove_FullMethodName = "/qbroker.v1.Barrier/Remove"
+	Barrier_Wait_FullMethodName   = "/qbroker.v1.Barrier/Wait"
+)
+
+// BarrierClient is the client API for Barrier service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Barrier is the ZooKeeper recipes' barrier: while a barrier is set (its
+// node exists), Wait blocks; removing it releases every waiter at once. A
+// barrier stays set until someone removes it: it is not tied to a stream.
+//
+// Errors use gRPC status codes: InvalidArgument (bad name),
+// ResourceExhausted (Wait: the broker's stream limit), Unavailable
+// (ZooKeeper unreachable, or the broker is shutting down: retry),
+// DeadlineExceeded/Canceled (the caller's context, which bounds Wait).
+type BarrierClient interface {
+	// Set raises the barrier; setting a set barrier changes nothing.
+	Set(ctx context.Context, in *SetBarrierRequest, opts ...grpc.CallOption) (*SetBarrierResponse, error)
+	// Remove lowers the barrier, releasing every Wait; removing a barrier
+	// that is not set changes nothing.
+	Remove(ctx context.Context, in *RemoveBarrierRequest, opts ...grpc.CallOption) (*RemoveBarrierResponse, error)
+	// Wait returns once the barrier is not set: at once when it is not. It
+	// counts as a stream under the broker's stream limits while it waits.
+	Wait(ctx context.Context, in *WaitBarrierRequest, opts ...grpc.CallOption) (*WaitBarrierResponse, error)
+}
+
+type barrierClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewBarrierClient(cc grpc.ClientConnInterface) BarrierClient {
+	return &barrierClient{cc}
+}
+
+func (c *barrierClient) Set(ctx context.Context, in *SetBarrierRequest, opts ...grpc.CallOption) (*SetBarrierResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetBarrierResponse)
+	err := c.cc.Invoke(ctx, Barrier_Set_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *barrierClient) Remove(ctx context.Context, in *RemoveBarrierRequest, opts ...grpc.CallOption) (*RemoveBarrierResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveBarrierResponse)
+	err := c.cc.Invoke(ctx, Barrier_Remove_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *barrierClient) Wait(ctx context.Context, in *WaitBarrierRequest, opts ...grpc.CallOption) (*WaitBarrierResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WaitBarrierResponse)
+	err := c.cc.Invoke(ctx, Barrier_Wait_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// BarrierServer is the server API for Barrier service.
+// All implementations must embed UnimplementedBarrierServer
+// for forward compatibility.
+//
+// Barrier is the ZooKeeper recipes' barrier: while a barrier is set (its
+// node exists), Wait blocks; removing it releases every waiter at once. A
+// barrier stays set until someone removes it: it is not tied to a stream.
+//
+// Errors use gRPC status codes: InvalidArgument (bad name),
+// ResourceExhausted (Wait: the broker's stream limit), Unavailable
+// (ZooKeeper unreachable, or the broker is shutting down: retry),
+// DeadlineExceeded/Canceled (the caller's context, which bounds Wait).
+type BarrierServer interface {
+	// Set raises the barrier; setting a set barrier changes nothing.
+	Set(context.Context, *SetBarrierRequest) (*SetBarrierResponse, error)
+	// Remove lowers the barrier, releasing every Wait; removing a barrier
+	// that is not set changes nothing.
+	Remove(context.Context, *RemoveBarrierRequest) (*RemoveBarrierResponse, error)
+	// Wait returns once the barrier is not set: at once when it is not. It
+	// counts as a stream under the broker's stream limits while it waits.
+	Wait(context.Context, *WaitBarrierRequest) (*WaitBarrierResponse, error)
+	mustEmbedUnimplementedBarrierServer()
+}
+
+// UnimplementedBarrierServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedBarrierServer struct{}
+
+func (UnimplementedBarrierServer) Set(context.Context, *SetBarrierRequest) (*SetBarrierResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Set not implemented")
+}
+func (UnimplementedBarrierServer) Remove(context.Context, *RemoveBarrierRequest) (*RemoveBarrierResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Remove not implemented")
+}
+func (UnimplementedBarrierServer) Wait(context.Context, *WaitBarrierRequest) (*WaitBarrierResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Wait not implemented")
+}
+func (UnimplementedBarrierServer) mustEmbedUnimplementedBarrierServer() {}
+func (UnimplementedBarrierServer) testEmbeddedByValue()                 {}
+
+// UnsafeBarrierServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to BarrierServer will
+// result in compilation errors.
+type UnsafeBarrierServer interface {
+	mustEmbedUnimplementedBarrierServer()
+}
+
+func RegisterBarrierServer(s grpc.ServiceRegistrar, srv BarrierServer) {
+	// If the following call panics, it indicates UnimplementedBarrierServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Barrier_ServiceDesc, srv)
+}
+
+func _Barrier_Set_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetBarrierRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BarrierServer).Set(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Barrier_Set_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BarrierServer).Set(ctx, req.(*SetBarrierRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Barrier_Remove_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveBarrierRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BarrierServer).Remove(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Barrier_Remove_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BarrierServer).Remove(ctx, req.(*RemoveBarrierRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Barrier_Wait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitBarrierRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BarrierServer).Wait(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Barrier_Wait_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BarrierServer).Wait(ctx, req.(*WaitBarrierRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Barrier_ServiceDesc is the grpc.ServiceDesc for Barrier service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Barrier_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "qbroker.v1.Barrier",
+	HandlerType: (*BarrierServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Set",
+			Handler:    _Barrier_Set_Handler,
+		},
+		{
+			MethodName: "Remove",
+			Handler:    _Barrier_Remove_Handler,
+		},
+		{
+			MethodName: "Wait",
+			Handler:    _Barrier_Wait_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "api/coord.proto",
+}
+
+const (
+	DoubleBarrier_Enter_FullMethodName = "/qbroker.v1.DoubleBarrier/Enter"
+)
+
+// DoubleBarrierClient is the client API for DoubleBarrier service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// DoubleBarrier is the ZooKeeper recipes' double barrier: count
+// participants enter together once all of them have arrived, and leave
+// together once all of them have left, so a group starts and ends a
+// computation together. A participant is an ephemeral node of the serving
+// broker's ZooKeeper session, present while its stream is open.
+//
+// Errors use gRPC status codes: InvalidArgument (bad name; count out of
+// 1..1000; a first request missing or naming nothing), ResourceExhausted
+// (the broker's stream limit), Aborted (the participant was lost while
+// its stream was open), Unavailable (ZooKeeper unreachable, or the broker
+// is shutting down: retry), DeadlineExceeded/Canceled (the caller's
+// context).
+type DoubleBarrierClient interface {
+	// Enter is one participant, present while the stream is open. The
+	// first request names the barrier and its count; the broker sends
+	// ENTERED once count participants are present. The client then sends
+	// leave; the broker sends LEFT once every participant has left, and the
+	// stream ends with OK. Ending the stream (or sending leave before
+	// ENTERED) leaves at once, without waiting for the others: the
+	// participant no longer counts, as when a client vanishes or its broker
+	// dies (its participants go with its ZooKeeper session). When the
+	// participant is lost while entered (its node deleted, the broker's
+	// session expired) the broker sends LOST and ends the stream with
+	// Aborted.
+	Enter(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DoubleBarrierRequest, DoubleBarrierEvent], error)
+}
+
+type doubleBarrierClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewDoubleBarrierClient(cc grpc.ClientConnInterface) DoubleBarrierClient {
+	return &doubleBarrierClient{cc}
+}
+
+func (c *doubleBarrierClient) Enter(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DoubleBarrierRequest, DoubleBarrierEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DoubleBarrier_ServiceDesc.Streams[0], DoubleBarrier_Enter_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DoubleBarrierRequest, DoubleBarrierEvent]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DoubleBarrier_EnterClient = grpc.BidiStreamingClient[DoubleBarrierRequest, DoubleBarrierEvent]
+
+// DoubleBarrierServer is the server API for DoubleBarrier service.
+// All implementations must embed UnimplementedDoubleBarrierServer
+// for forward compatibility.
+//
+// DoubleBarrier is the ZooKeeper recipes' double barrier: count
+// participants enter together once all of them have arrived, and leave
+// together once all of them have left, so a group starts and ends a
+// computation together. A participant is an ephemeral node of the serving
+// broker's ZooKeeper session, present while its stream is open.
+//
+// Errors use gRPC status codes: InvalidArgument (bad name; count out of
+// 1..1000; a first request missing or naming nothing), ResourceExhausted
+// (the broker's stream limit), Aborted (the participant was lost while
+// its stream was open), Unavailable (ZooKeeper unreachable, or the broker
+// is shutting down: retry), DeadlineExceeded/Canceled (the caller's
+// context).
+type DoubleBarrierServer interface {
+	// Enter is one participant, present while the stream is open. The
+	// first request names the barrier and its count; the broker sends
+	// ENTERED once count participants are present. The client then sends
+	// leave; the broker sends LEFT once every participant has left, and the
+	// stream ends with OK. Ending the stream (or sending leave before
+	// ENTERED) leaves at once, without waiting for the others: the
+	// participant no longer counts, as when a client vanishes or its broker
+	// dies (its participants go with its ZooKeeper session). When the
+	// participant is lost while entered (its node deleted, the broker's
+	// session expired) the broker sends LOST and ends the stream with
+	// Aborted.
+	Enter(grpc.BidiStreamingServer[DoubleBarrierRequest, DoubleBarrierEvent]) error
+	mustEmbedUnimplementedDoubleBarrierServer()
+}
+
+// UnimplementedDoubleBarrierServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedDoubleBarrierServer struct{}
+
+func (UnimplementedDoubleBarrierServer) Enter(grpc.BidiStreamingServer[DoubleBarrierRequest, DoubleBarrierEvent]) error {
+	return status.Error(codes.Unimplemented, "method Enter not implemented")
+}
+func (UnimplementedDoubleBarrierServer) mustEmbedUnimplementedDoubleBarrierServer() {}
+func (UnimplementedDoubleBarrierServer) testEmbeddedByValue()                       {}
+
+// UnsafeDoubleBarrierServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to DoubleBarrierServer will
+// result in compilation errors.
+type UnsafeDoubleBarrierServer interface {
+	mustEmbedUnimplementedDoubleBarrierServer()
+}
+
+func RegisterDoubleBarrierServer(s grpc.ServiceRegistrar, srv DoubleBarrierServer) {
+	// If the following call panics, it indicates UnimplementedDoubleBarrierServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&DoubleBarrier_ServiceDesc, srv)
+}
+
+func _DoubleBarrier_Enter_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DoubleBarrierServer).Enter(&grpc.GenericServerStream[DoubleBarrierRequest, DoubleBarrierEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DoubleBarrier_EnterServer = grpc.BidiStreamingServer[DoubleBarrierRequest, DoubleBarrierEvent]
+
+// DoubleBarrier_ServiceDesc is the grpc.ServiceDesc for DoubleBarrier service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var DoubleBarrier_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "qbroker.v1.DoubleBarrier",
+	HandlerType: (*DoubleBarrierServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Enter",
+			Handler:       _DoubleBarrier_Enter_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "api/coord.proto",
+}

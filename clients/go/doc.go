@@ -73,6 +73,15 @@
 //	...
 //	defer p.Release(ctx)
 //
+// # Barriers
+//
+// SetBarrier, RemoveBarrier and WaitBarrier are the Barrier service: a
+// set barrier holds every WaitBarrier until someone removes it.
+// EnterBarrier is one participant of a double barrier: it returns once
+// count participants are present; Participant.Leave returns once all of
+// them left. Like a lock, a participant is present while its stream is
+// open: Close, this process's death or its broker's leave at once.
+//
 // # Errors
 //
 // Broker errors are *Error values carrying the gRPC code; errors.Is
@@ -98,6 +107,7 @@
 // A Client starts none of its own beyond gRPC's. Each Consumer and
 // Membership runs one goroutine that owns its stream (with a helper that
 // receives from it); Close and Leave stop them and wait. Each Lock and
-// Leadership runs one goroutine receiving from its stream; it ends with
-// the holding (Unlock, Resign, or the loss).
+// Leadership (and Participant) runs one goroutine receiving from its
+// stream; it ends with the holding (Unlock, Resign, Leave, Close, or the
+// loss).
 package qbroker

@@ -13,7 +13,8 @@ import (
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
 
-// ErrLost: a lock or a leadership ended without Unlock or Resign: it was
+// ErrLost: a lock, a leadership or a double barrier participation ended
+// without Unlock, Resign, Leave or Close: it was
 // released by key, its node deleted, the broker's ZooKeeper session
 // expired, or the stream to the broker broke (the broker died, or the
 // connection to it did). The error also matches the stream's cause

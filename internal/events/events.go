@@ -48,6 +48,17 @@ const (
 	SemaphoreReleased Kind = "semaphore_released"
 )
 
+// Barrier event kinds, through the broker's Barrier and DoubleBarrier
+// services: a barrier set or removed (NATS subject
+// <prefix>.barrier.<name>.<kind>), a double barrier's participant entered
+// or left (<prefix>.double_barrier.<name>.<kind>).
+const (
+	BarrierSet           Kind = "barrier_set"
+	BarrierRemoved       Kind = "barrier_removed"
+	DoubleBarrierEntered Kind = "double_barrier_entered"
+	DoubleBarrierLeft    Kind = "double_barrier_left"
+)
+
 // Event is one queue event. Its JSON form is the body of a NATS message.
 type Event struct {
 	// ID identifies the event independently of the broker that emitted it:
@@ -74,8 +85,12 @@ type Event struct {
 	Election string `json:"election,omitempty"`
 	// Semaphore is the semaphore's name (semaphore events).
 	Semaphore string `json:"semaphore,omitempty"`
+	// Barrier is the barrier's name (barrier events).
+	Barrier string `json:"barrier,omitempty"`
+	// DoubleBarrier is the double barrier's name (double barrier events).
+	DoubleBarrier string `json:"double_barrier,omitempty"`
 	// Key is the grant's or the leadership's node name (coordination
-	// events).
+	// events), or the double barrier participant's.
 	Key string `json:"key,omitempty"`
 	// Token is the grant's or the leadership's fencing token
 	// (coordination events).

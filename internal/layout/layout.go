@@ -8,6 +8,8 @@
 //	  locks/<name>/       the Lock service's locks, one per name (package lock)
 //	  counters/<name>/    the Counter service's counters, one per name (package counter)
 //	  semaphores/<name>/  the Semaphore service's semaphores, one per name (package semaphore)
+//	  barriers/<name>     the Barrier service's barriers: set while the node exists (package syncqueue)
+//	  doublebarriers/<name>/  the DoubleBarrier service's barriers, one per name (package syncqueue)
 //	  token-key           the key signing ack tokens (its ACL private to the brokers)
 //
 // A Root builds every path of that layout, checking the names that come
@@ -101,6 +103,24 @@ func (r Root) Semaphores() string { return r.path + "/semaphores" }
 // Semaphore returns the node of the service semaphore name.
 func (r Root) Semaphore(name string) (string, error) {
 	return child(r.Semaphores(), "semaphore name", name)
+}
+
+// Barriers returns the parent of the Barrier service's barriers. Unlike
+// the Parents, it is made by the first barrier set.
+func (r Root) Barriers() string { return r.path + "/barriers" }
+
+// Barrier returns the node of the service barrier name.
+func (r Root) Barrier(name string) (string, error) {
+	return child(r.Barriers(), "barrier name", name)
+}
+
+// DoubleBarriers returns the parent of the DoubleBarrier service's
+// barriers. Unlike the Parents, it is made by the first participant.
+func (r Root) DoubleBarriers() string { return r.path + "/doublebarriers" }
+
+// DoubleBarrier returns the node of the service double barrier name.
+func (r Root) DoubleBarrier(name string) (string, error) {
+	return child(r.DoubleBarriers(), "double barrier name", name)
 }
 
 // TokenKey is the name of the root's child that holds the ack tokens'

@@ -86,6 +86,8 @@ func TestEventSubject(t *testing.T) {
 		{events.Event{Election: "sched", Kind: events.LeaderEnded}, "qbroker.election.sched.leader_ended"},
 		{events.Event{Counter: "hits.eu", Kind: events.CounterChanged}, "qbroker.counter.hits~eu.counter_changed"},
 		{events.Event{Semaphore: "db.pool", Kind: events.SemaphoreGranted}, "qbroker.semaphore.db~pool.semaphore_granted"},
+		{events.Event{Barrier: "deploy.eu", Kind: events.BarrierRemoved}, "qbroker.barrier.deploy~eu.barrier_removed"},
+		{events.Event{DoubleBarrier: "round", Kind: events.DoubleBarrierEntered}, "qbroker.double_barrier.round.double_barrier_entered"},
 	}
 	for _, tt := range tests {
 		if got := EventSubject("qbroker", &tt.e); got != tt.want {

@@ -24,6 +24,10 @@
 // <prefix>.semaphore.<name>.<event> (EventSubject): one token more than a
 // queue's, so "qbroker.*.published" never matches them. Counter writes
 // (counter_changed) are on <prefix>.counter.<name>.counter_changed.
+// Barrier events (barrier_set, barrier_removed) are on
+// <prefix>.barrier.<name>.<event>, double barrier events
+// (double_barrier_entered, double_barrier_left, with the participant's
+// key) on <prefix>.double_barrier.<name>.<event>.
 //
 // # Body
 //
@@ -39,6 +43,7 @@
 //	member          member id of sync events; absent otherwise
 //	lock, election  the lock's or election's name (coordination events)
 //	semaphore       the semaphore's name (semaphore events)
+//	barrier, double_barrier  the barrier's name (barrier events)
 //	key, token      the grant's or leadership's node name and fencing token
 //	counter, value  the counter's name and its value after the write (counter
 //	                events; value absent when 0)

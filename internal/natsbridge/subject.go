@@ -11,8 +11,9 @@ func Subject(prefix, queue string, kind events.Kind) string {
 
 // EventSubject returns the subject of e under prefix: Subject's for
 // queue events; "<prefix>.lock.<name>.<kind>",
-// "<prefix>.election.<name>.<kind>" and "<prefix>.counter.<name>.<kind>"
-// for coordination events, one token
+// "<prefix>.election.<name>.<kind>", "<prefix>.counter.<name>.<kind>",
+// "<prefix>.semaphore.<name>.<kind>", "<prefix>.barrier.<name>.<kind>" and
+// "<prefix>.double_barrier.<name>.<kind>" for coordination events, one token
 // longer than a queue's subjects so the two never meet.
 func EventSubject(prefix string, e *events.Event) string {
 	switch {
@@ -24,6 +25,10 @@ func EventSubject(prefix string, e *events.Event) string {
 		return prefix + ".counter." + SubjectToken(e.Counter) + "." + SubjectToken(string(e.Kind))
 	case e.Semaphore != "":
 		return prefix + ".semaphore." + SubjectToken(e.Semaphore) + "." + SubjectToken(string(e.Kind))
+	case e.Barrier != "":
+		return prefix + ".barrier." + SubjectToken(e.Barrier) + "." + SubjectToken(string(e.Kind))
+	case e.DoubleBarrier != "":
+		return prefix + ".double_barrier." + SubjectToken(e.DoubleBarrier) + "." + SubjectToken(string(e.Kind))
 	}
 	return Subject(prefix, e.Queue, e.Kind)
 }
