@@ -18,10 +18,11 @@ import (
 // Unlock or its loss. Its watcher goroutine follows the node until then.
 // A Grant is safe for concurrent use.
 type Grant struct {
-	conn  *zk.Conn
-	log   *slog.Logger
-	key   string
-	token int64
+	conn   *zk.Conn
+	log    *slog.Logger
+	key    string
+	token  int64
+	marked bool // a lock-delay marker goes with the node
 
 	lost    chan struct{} // closed when the grant ends
 	revoked chan struct{} // closed at the first revocation request
@@ -37,9 +38,9 @@ type Grant struct {
 
 // startGrant starts the grant of the node key, whose Stat st and exists
 // watch w were just read.
-func startGrant(conn *zk.Conn, log *slog.Logger, key string, st *zk.Stat, w <-chan zk.Event) *Grant {
+func startGrant(conn *zk.Conn, log *slog.Logger, key string, st *zk.Stat, w <-chan zk.Event, marked bool) *Grant {
 	g := &Grant{
-		conn: conn, log: log, key: key, token: st.Czxid,
+		conn: conn, log: log, key: key, token: st.Czxid, marked: marked,
 		lost: make(chan struct{}), revoked: make(chan struct{}),
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
@@ -81,8 +82,9 @@ func (g *Grant) Err() error {
 	return g.err
 }
 
-// Unlock releases the lock: it deletes the grant's node, closes Lost and
-// waits for the grant's watcher. It is idempotent and safe to retry: after
+// Unlock releases the lock: it deletes the grant's node (with WithDelay,
+// in one multi with its marker: the lock is free at once, no delay),
+// closes Lost and waits for the grant's watcher. It is idempotent and safe to retry: after
 // the grant ended it returns nil. When the delete fails (the connection
 // is down) or ctx has ended, it returns the error, and the grant's watcher
 // goes on deleting the node in the background until it is gone or the
@@ -100,7 +102,7 @@ func (g *Grant) Unlock(ctx context.Context) error {
 		g.kick()
 		return err
 	}
-	err := g.conn.Delete(g.key, -1)
+	err := release(g.conn, g.key, g.marked)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		g.kick()
 		return errfmt.Errorf("lock: unlock %s: %w", g.key, err)
@@ -194,7 +196,7 @@ func (g *Grant) watch(w <-chan zk.Event) {
 		if !g.isReleasing() {
 			continue
 		}
-		err := g.conn.Delete(g.key, -1)
+		err := release(g.conn, g.key, g.marked)
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
 			g.end(nil, "unlocked in the background")
 			return
