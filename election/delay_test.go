@@ -195,3 +195,40 @@ func TestTokensOneSpaceAcrossKinds(t *testing.T) {
 		}
 	}
 }
+
+// Abandon ends the leadership as a loss would: the next candidate leads
+// only once the delay has passed, and no node is left.
+func TestDelayAbandon(t *testing.T) {
+	const delay = 1500 * time.Millisecond
+	root := zktest.Root(t) + "/election"
+	admin := zktest.Conn(t)
+	a := newElection(t, zktest.Conn(t), root, election.WithDelay(delay))
+	b := newElection(t, zktest.Conn(t), root)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a.Campaign(ctx, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	done := a.Done()
+	bRes := campaign(ctx, b, "b")
+	zktest.WaitFor(t, 20*time.Second, "b's node", func() bool { return b.Key() != "" })
+	abandoned := time.Now()
+	if err := a.Abandon(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !isClosed(done) {
+		t.Fatal("Done open after Abandon")
+	}
+	if err := waitErr(t, bRes, 30*time.Second, "b to lead after the delay"); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(abandoned); waited < delay {
+		t.Fatalf("b led %v after Abandon, want at least the delay %v", waited, delay)
+	}
+	if err := b.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := children(t, admin, root); len(got) != 0 {
+		t.Fatalf("nodes left: %v", got)
+	}
+}

@@ -173,7 +173,17 @@ func (e *Election) Done() <-chan struct{} {
 // leadership it returns nil; when the delete fails (the connection is
 // lost) it returns the error and the leadership stands (Done stays open).
 // A Campaign still under way is ended by its ctx, not by Resign.
-func (e *Election) Resign(ctx context.Context) error {
+func (e *Election) Resign(ctx context.Context) error { return e.resign(ctx, false) }
+
+// Abandon ends our leadership as a loss would: it deletes our candidate
+// node but leaves its lock-delay marker (WithDelay), so no other
+// candidate leads until the delay has passed. For a service that
+// campaigns for its clients and sees one vanish without resigning: the
+// client may only be cut off, still believing it leads. Without a delay,
+// or while not leading, it is Resign. Errors as Resign's.
+func (e *Election) Abandon(ctx context.Context) error { return e.resign(ctx, true) }
+
+func (e *Election) resign(ctx context.Context, keep bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -185,7 +195,11 @@ func (e *Election) Resign(ctx context.Context) error {
 		nodes = append(nodes, t.key)
 	}
 	for _, n := range nodes {
-		if err := e.remove(n); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		remove := e.remove
+		if keep && t != nil && n == t.key {
+			remove = func(n string) error { return e.conn.Delete(n, -1) }
+		}
+		if err := remove(n); err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return errfmt.Errorf("election: resign: delete %s: %w", n, err)
 		}
 		e.mu.Lock()
@@ -193,7 +207,11 @@ func (e *Election) Resign(ctx context.Context) error {
 		e.mu.Unlock()
 	}
 	if t != nil {
-		e.endTerm(t, "resigned")
+		why := "resigned"
+		if keep {
+			why = "abandoned"
+		}
+		e.endTerm(t, why)
 	}
 	return nil
 }

@@ -217,3 +217,40 @@ func TestDelayInvalid(t *testing.T) {
 		}
 	}
 }
+
+// Abandon releases as a loss would: the next in line holds only once the
+// delay has passed, and no node is left.
+func TestDelayAbandon(t *testing.T) {
+	const delay = 1500 * time.Millisecond
+	root := zktest.Root(t) + "/lock"
+	admin := zktest.Conn(t)
+	a := newMutex(t, zktest.Conn(t), root, lock.WithDelay(delay))
+	b := newMutex(t, zktest.Conn(t), root)
+	ctx := testCtx(t, time.Minute)
+	ga, err := a.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bRes := async(ctx, b.Lock)
+	zktest.WaitFor(t, 30*time.Second, "b's node", func() bool { return len(children(t, admin, root)) == 3 })
+	abandoned := time.Now()
+	if err := ga.Abandon(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ga.Err() != nil {
+		t.Fatalf("Err after Abandon: %v", ga.Err())
+	}
+	rb := await(t, bRes, "b's grant after the delay")
+	if rb.err != nil {
+		t.Fatal(rb.err)
+	}
+	if waited := time.Since(abandoned); waited < delay {
+		t.Fatalf("b held %v after Abandon, want at least the delay %v", waited, delay)
+	}
+	if err := rb.g.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := children(t, admin, root); len(got) != 0 {
+		t.Fatalf("nodes left: %v", got)
+	}
+}

@@ -300,17 +300,20 @@ func Wait(ctx context.Context, conn *zk.Conn, dir string, blocks func(holder str
 			if left == 0 {
 				continue
 			}
-			if next == 0 || left < next {
-				next = left
-			}
+			// Woken by the first blocking marker's deletion (a release
+			// by key, its delay ended elsewhere), or by the timer.
 			if watch == nil {
 				ok, _, w, err := conn.ExistsW(p)
 				if err != nil {
 					return waited, errfmt.Errorf("lockdelay: exists %s: %w", p, err)
 				}
-				if ok {
-					watch = w
+				if !ok {
+					continue // gone since step read it
 				}
+				watch = w
+			}
+			if next == 0 || left < next {
+				next = left
 			}
 		}
 		if next == 0 {
