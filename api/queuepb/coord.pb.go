@@ -23,6 +23,7 @@ package queuepb
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -146,7 +147,14 @@ type CampaignRequest struct {
 	// Election name.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The candidate's value, readable through Leader and Observe.
-	Value         []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Lock-delay of the leadership: when it is lost without a resignation
+	// (the client left without ending the stream cleanly, the broker's
+	// session expired), no other candidate leads until this delay has
+	// passed. Resign, or ending the stream by cancelling it, frees the
+	// election at once. Unset or 0: none; at most 60 s (InvalidArgument
+	// naming lock_delay otherwise).
+	LockDelay     *durationpb.Duration `protobuf:"bytes,3,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -191,6 +199,13 @@ func (x *CampaignRequest) GetName() string {
 func (x *CampaignRequest) GetValue() []byte {
 	if x != nil {
 		return x.Value
+	}
+	return nil
+}
+
+func (x *CampaignRequest) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
 	}
 	return nil
 }
@@ -607,7 +622,14 @@ type LockRequest struct {
 	// First request only: the holder's value, readable through Revoke.
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// Release the lock (or stop waiting for it) and end the stream.
-	Unlock        bool `protobuf:"varint,3,opt,name=unlock,proto3" json:"unlock,omitempty"`
+	Unlock bool `protobuf:"varint,3,opt,name=unlock,proto3" json:"unlock,omitempty"`
+	// First request only: lock-delay of the grant. When the grant is lost
+	// without an unlock (the client left without sending unlock, the
+	// broker's session expired), no other holder gets the lock until this
+	// delay has passed. Sending unlock, and Unlock by key, free it at once.
+	// Unset or 0: none; at most 60 s (InvalidArgument naming lock_delay
+	// otherwise).
+	LockDelay     *durationpb.Duration `protobuf:"bytes,4,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -661,6 +683,13 @@ func (x *LockRequest) GetUnlock() bool {
 		return x.Unlock
 	}
 	return false
+}
+
+func (x *LockRequest) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
+	}
+	return nil
 }
 
 type LockEvent struct {
@@ -983,10 +1012,12 @@ var File_api_coord_proto protoreflect.FileDescriptor
 const file_api_coord_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/coord.proto\x12\n" +
-	"qbroker.v1\";\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\"u\n" +
 	"\x0fCampaignRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xa6\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x128\n" +
+	"\n" +
+	"lock_delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"\xa6\x01\n" +
 	"\vLeaderEvent\x120\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1c.qbroker.v1.LeaderEvent.TypeR\x04type\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -1012,11 +1043,13 @@ const file_api_coord_proto_rawDesc = "" +
 	"LeaderInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x03R\x05token\"O\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\"\x89\x01\n" +
 	"\vLockRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x16\n" +
-	"\x06unlock\x18\x03 \x01(\bR\x06unlock\"\xbd\x01\n" +
+	"\x06unlock\x18\x03 \x01(\bR\x06unlock\x128\n" +
+	"\n" +
+	"lock_delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"\xbd\x01\n" +
 	"\tLockEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.qbroker.v1.LockEvent.TypeR\x04type\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -1066,50 +1099,53 @@ func file_api_coord_proto_rawDescGZIP() []byte {
 var file_api_coord_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_api_coord_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_api_coord_proto_goTypes = []any{
-	(LeaderEvent_Type)(0),    // 0: qbroker.v1.LeaderEvent.Type
-	(LockEvent_Type)(0),      // 1: qbroker.v1.LockEvent.Type
-	(*CampaignRequest)(nil),  // 2: qbroker.v1.CampaignRequest
-	(*LeaderEvent)(nil),      // 3: qbroker.v1.LeaderEvent
-	(*ProclaimRequest)(nil),  // 4: qbroker.v1.ProclaimRequest
-	(*ProclaimResponse)(nil), // 5: qbroker.v1.ProclaimResponse
-	(*ResignRequest)(nil),    // 6: qbroker.v1.ResignRequest
-	(*ResignResponse)(nil),   // 7: qbroker.v1.ResignResponse
-	(*LeaderRequest)(nil),    // 8: qbroker.v1.LeaderRequest
-	(*ObserveRequest)(nil),   // 9: qbroker.v1.ObserveRequest
-	(*LeaderInfo)(nil),       // 10: qbroker.v1.LeaderInfo
-	(*LockRequest)(nil),      // 11: qbroker.v1.LockRequest
-	(*LockEvent)(nil),        // 12: qbroker.v1.LockEvent
-	(*UnlockRequest)(nil),    // 13: qbroker.v1.UnlockRequest
-	(*UnlockResponse)(nil),   // 14: qbroker.v1.UnlockResponse
-	(*RevokeRequest)(nil),    // 15: qbroker.v1.RevokeRequest
-	(*RevokeResponse)(nil),   // 16: qbroker.v1.RevokeResponse
-	(*LockHolder)(nil),       // 17: qbroker.v1.LockHolder
+	(LeaderEvent_Type)(0),       // 0: qbroker.v1.LeaderEvent.Type
+	(LockEvent_Type)(0),         // 1: qbroker.v1.LockEvent.Type
+	(*CampaignRequest)(nil),     // 2: qbroker.v1.CampaignRequest
+	(*LeaderEvent)(nil),         // 3: qbroker.v1.LeaderEvent
+	(*ProclaimRequest)(nil),     // 4: qbroker.v1.ProclaimRequest
+	(*ProclaimResponse)(nil),    // 5: qbroker.v1.ProclaimResponse
+	(*ResignRequest)(nil),       // 6: qbroker.v1.ResignRequest
+	(*ResignResponse)(nil),      // 7: qbroker.v1.ResignResponse
+	(*LeaderRequest)(nil),       // 8: qbroker.v1.LeaderRequest
+	(*ObserveRequest)(nil),      // 9: qbroker.v1.ObserveRequest
+	(*LeaderInfo)(nil),          // 10: qbroker.v1.LeaderInfo
+	(*LockRequest)(nil),         // 11: qbroker.v1.LockRequest
+	(*LockEvent)(nil),           // 12: qbroker.v1.LockEvent
+	(*UnlockRequest)(nil),       // 13: qbroker.v1.UnlockRequest
+	(*UnlockResponse)(nil),      // 14: qbroker.v1.UnlockResponse
+	(*RevokeRequest)(nil),       // 15: qbroker.v1.RevokeRequest
+	(*RevokeResponse)(nil),      // 16: qbroker.v1.RevokeResponse
+	(*LockHolder)(nil),          // 17: qbroker.v1.LockHolder
+	(*durationpb.Duration)(nil), // 18: google.protobuf.Duration
 }
 var file_api_coord_proto_depIdxs = []int32{
-	0,  // 0: qbroker.v1.LeaderEvent.type:type_name -> qbroker.v1.LeaderEvent.Type
-	1,  // 1: qbroker.v1.LockEvent.type:type_name -> qbroker.v1.LockEvent.Type
-	17, // 2: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
-	2,  // 3: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
-	4,  // 4: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
-	6,  // 5: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
-	8,  // 6: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
-	9,  // 7: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
-	11, // 8: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
-	13, // 9: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
-	15, // 10: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
-	3,  // 11: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
-	5,  // 12: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
-	7,  // 13: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
-	10, // 14: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
-	10, // 15: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
-	12, // 16: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
-	14, // 17: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
-	16, // 18: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
-	11, // [11:19] is the sub-list for method output_type
-	3,  // [3:11] is the sub-list for method input_type
-	3,  // [3:3] is the sub-list for extension type_name
-	3,  // [3:3] is the sub-list for extension extendee
-	0,  // [0:3] is the sub-list for field type_name
+	18, // 0: qbroker.v1.CampaignRequest.lock_delay:type_name -> google.protobuf.Duration
+	0,  // 1: qbroker.v1.LeaderEvent.type:type_name -> qbroker.v1.LeaderEvent.Type
+	18, // 2: qbroker.v1.LockRequest.lock_delay:type_name -> google.protobuf.Duration
+	1,  // 3: qbroker.v1.LockEvent.type:type_name -> qbroker.v1.LockEvent.Type
+	17, // 4: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
+	2,  // 5: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
+	4,  // 6: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
+	6,  // 7: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
+	8,  // 8: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
+	9,  // 9: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
+	11, // 10: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
+	13, // 11: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
+	15, // 12: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
+	3,  // 13: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
+	5,  // 14: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
+	7,  // 15: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
+	10, // 16: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
+	10, // 17: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
+	12, // 18: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
+	14, // 19: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
+	16, // 20: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
+	13, // [13:21] is the sub-list for method output_type
+	5,  // [5:13] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_api_coord_proto_init() }
