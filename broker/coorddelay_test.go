@@ -242,3 +242,48 @@ func TestLockDelayMarkerSwept(t *testing.T) {
 		return childCount(zc, root+"/locks") == 0
 	})
 }
+
+// Over gRPC too, tokens of locks and leaderships compare in one space
+// (creation zxids): a lock granted after a leadership began has a greater
+// token, a leadership won after that lock a greater one still, whichever
+// broker serves them.
+func TestTokensOneSpaceOverGRPC(t *testing.T) {
+	root := zktest.Root(t)
+	b1, b2 := newBroker(t, root), newBroker(t, root)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var last int64
+	for i, tb := range []*testBroker{b1, b2, b1} {
+		cctx, resign := context.WithCancel(ctx)
+		s, err := electionClient(tb).Campaign(cctx, &pb.CampaignRequest{Name: "e"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := s.Recv()
+		if err != nil || ev.GetType() != pb.LeaderEvent_TYPE_LEADING {
+			t.Fatalf("round %d: campaign: %v, %v", i, ev, err)
+		}
+		if ev.GetToken() <= last {
+			t.Fatalf("round %d: leadership's token %d after a lock's %d: want greater", i, ev.GetToken(), last)
+		}
+		other := b2
+		if tb == b2 {
+			other = b1
+		}
+		l, g, err := lockGranted(ctx, pb.NewLockClient(other.grpcConn), "l", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.GetToken() <= ev.GetToken() {
+			t.Fatalf("round %d: lock's token %d after a leadership's %d: want greater", i, g.GetToken(), ev.GetToken())
+		}
+		last = g.GetToken()
+		if err := unlockStream(l); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := electionClient(other).Resign(ctx, &pb.ResignRequest{Name: "e", Key: ev.GetKey()}); err != nil {
+			t.Fatal(err)
+		}
+		resign()
+	}
+}

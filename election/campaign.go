@@ -190,7 +190,8 @@ func (e *Election) waitDelay(ctx context.Context, key string) error {
 }
 
 // dropOrphans deletes this session's candidate nodes other than me (all
-// of them when me is "") and returns children without them.
+// of them when me is "") and returns children without them (names that
+// are not candidates' stay).
 func (e *Election) dropOrphans(children []string, me string) ([]string, error) {
 	sid := e.conn.SessionID()
 	out := children[:0:0]
@@ -200,6 +201,7 @@ func (e *Election) dropOrphans(children []string, me string) ([]string, error) {
 			continue
 		}
 		if _, ok := parseSeq(c); !ok {
+			out = append(out, c) // not a candidate (a lock-delay marker): kept for the caller
 			continue
 		}
 		p := e.path + "/" + c

@@ -232,3 +232,30 @@ func TestDelayAbandon(t *testing.T) {
 		t.Fatalf("nodes left: %v", got)
 	}
 }
+
+// A candidate that arrives after the leader was lost is held off too:
+// the marker is among the names it finds at its first look.
+func TestDelayCandidateAfterLoss(t *testing.T) {
+	const delay = 1500 * time.Millisecond
+	root := zktest.Root(t) + "/election"
+	a := newElection(t, zktest.Conn(t), root, election.WithDelay(delay))
+	b := newElection(t, zktest.Conn(t), root)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := a.Campaign(ctx, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	abandoned := time.Now()
+	if err := a.Abandon(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Campaign(ctx, []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(abandoned); waited < delay {
+		t.Fatalf("b led %v after a's loss, want at least the delay %v", waited, delay)
+	}
+	if err := b.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -254,3 +254,30 @@ func TestDelayAbandon(t *testing.T) {
 		t.Fatalf("nodes left: %v", got)
 	}
 }
+
+// A contender that arrives after the holder was lost is held off too.
+func TestDelayContenderAfterLoss(t *testing.T) {
+	const delay = 1500 * time.Millisecond
+	root := zktest.Root(t) + "/lock"
+	a := newMutex(t, zktest.Conn(t), root, lock.WithDelay(delay))
+	b := newMutex(t, zktest.Conn(t), root)
+	ctx := testCtx(t, time.Minute)
+	ga, err := a.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandoned := time.Now()
+	if err := ga.Abandon(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gb, err := b.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(abandoned); waited < delay {
+		t.Fatalf("b held %v after a's loss, want at least the delay %v", waited, delay)
+	}
+	if err := gb.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

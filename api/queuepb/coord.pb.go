@@ -148,12 +148,12 @@ type CampaignRequest struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The candidate's value, readable through Leader and Observe.
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
-	// Lock-delay of the leadership: when it is lost without a resignation
-	// (the client left without ending the stream cleanly, the broker's
-	// session expired), no other candidate leads until this delay has
-	// passed. Resign, or ending the stream by cancelling it, frees the
-	// election at once. Unset or 0: none; at most 60 s (InvalidArgument
-	// naming lock_delay otherwise).
+	// Lock-delay of the leadership: when it ends without Resign (the
+	// stream ended: the client cancelled it, died or was cut off from the
+	// broker; or the broker's session expired), no other candidate leads
+	// until this delay has passed. Resign by key frees the election at
+	// once, as does a broker shutting down. Unset or 0: none; at most 60 s
+	// (InvalidArgument naming lock_delay otherwise).
 	LockDelay     *durationpb.Duration `protobuf:"bytes,3,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -623,12 +623,13 @@ type LockRequest struct {
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// Release the lock (or stop waiting for it) and end the stream.
 	Unlock bool `protobuf:"varint,3,opt,name=unlock,proto3" json:"unlock,omitempty"`
-	// First request only: lock-delay of the grant. When the grant is lost
-	// without an unlock (the client left without sending unlock, the
+	// First request only: lock-delay of the grant. When the grant ends
+	// without a release (the stream ended without unlock or a half-close:
+	// the client cancelled it, died or was cut off from the broker; or the
 	// broker's session expired), no other holder gets the lock until this
-	// delay has passed. Sending unlock, and Unlock by key, free it at once.
-	// Unset or 0: none; at most 60 s (InvalidArgument naming lock_delay
-	// otherwise).
+	// delay has passed. Sending unlock, half-closing, Unlock by key and a
+	// broker shutting down free it at once. Unset or 0: none; at most 60 s
+	// (InvalidArgument naming lock_delay otherwise).
 	LockDelay     *durationpb.Duration `protobuf:"bytes,4,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
