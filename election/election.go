@@ -168,8 +168,8 @@ func (e *Election) Done() <-chan struct{} {
 
 // Resign ends our leadership: it deletes our candidate node (with
 // WithDelay, in one multi with its marker: no delay), so the next
-// candidate leads at once, and closes Done. It also deletes the nodes an earlier
-// failed delete left behind. It is idempotent and safe to retry: without a
+// candidate leads at once, and closes Done. It also deletes the nodes an
+// earlier failed delete left behind. It is idempotent and safe to retry: without a
 // leadership it returns nil; when the delete fails (the connection is
 // lost) it returns the error and the leadership stands (Done stays open).
 // A Campaign still under way is ended by its ctx, not by Resign.
