@@ -166,9 +166,10 @@ func Release(conn *zk.Conn, dir, holder string) error {
 }
 
 // Clear deletes holder's marker alone, if any: for a release by key
-// (UnlockKey, ResignKey) after the holder's node was deleted. A
-// contender that saw the marker between the two deletes wakes when it
-// goes.
+// (UnlockKey, ResignKey), which does not know whether the holder has a
+// delay. Call it just before deleting the holder's node: a marker whose
+// holder's node exists holds nothing, so the name is free as soon as the
+// node goes.
 func Clear(conn *zk.Conn, dir, holder string) error {
 	if err := checkHolder(holder); err != nil {
 		return err
@@ -215,7 +216,7 @@ func (t *tracker) step(p string) (left time.Duration, deleted bool, err error) {
 		case err == nil:
 			version = nst.Version
 		case errors.Is(err, zk.ErrBadVersion):
-			version = -1 // another observer noted it first
+			version = 1 // another observer noted it first: 0 -> 1, once
 		case errors.Is(err, zk.ErrNoNode):
 			delete(t.seen, p)
 			return 0, false, nil
