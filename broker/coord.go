@@ -8,8 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/internal/layout"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // The coordination services (Election in coord_election.go, Lock in
@@ -70,6 +73,22 @@ var (
 	errLeadershipLost = errors.New("leadership lost")
 	errLockLost       = errors.New("lock lost")
 )
+
+// lockDelayOf checks a request's lock_delay: unset or 0 is none; at most
+// lockdelay.Max.
+func lockDelayOf(d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalidf("lock_delay: %v", err)
+	}
+	v := d.AsDuration()
+	if v < 0 || v > lockdelay.Max {
+		return 0, invalidf("lock_delay %v out of range [0, %v]", v, lockdelay.Max)
+	}
+	return v, nil
+}
 
 // checkValue refuses a value over maxCoordValue.
 func checkValue(v []byte) error {

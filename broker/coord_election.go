@@ -53,6 +53,10 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 	if err == nil {
 		err = checkValue(req.GetValue())
 	}
+	var delay time.Duration
+	if err == nil {
+		delay, err = lockDelayOf(req.GetLockDelay())
+	}
 	if err != nil {
 		return b.fail(err)
 	}
@@ -65,7 +69,8 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 	if err := b.zkmem.admitNode(len(owner)+len(req.GetValue()), "this campaign"); err != nil {
 		return b.fail(err)
 	}
-	e, err := election.New(b.conn, p, election.WithOwner(owner), election.WithLogger(b.log), election.WithACL(b.acl))
+	e, err := election.New(b.conn, p, election.WithOwner(owner), election.WithLogger(b.log), election.WithACL(b.acl),
+		election.WithDelay(delay))
 	if err != nil {
 		return b.fail(err)
 	}
@@ -79,7 +84,11 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 	return b.holdLeadership(ctx, stream, req.GetName(), e)
 }
 
-// holdLeadership holds a won leadership until the stream or the leadership ends.
+// holdLeadership holds a won leadership until the stream or the
+// leadership ends. A stream that the client cancelled or lost ends the
+// leadership as a loss (Election.Abandon): a lock-delay then runs, since
+// the client may only be cut off from this broker; Resign by key is the
+// explicit end.
 func (b *Broker) holdLeadership(ctx context.Context, stream pb.Election_CampaignServer, name string, e *election.Election) error {
 	done, key, token := e.Done(), e.Key(), e.Token()
 	if key == "" {
@@ -100,6 +109,13 @@ func (b *Broker) holdLeadership(ctx context.Context, stream pb.Election_Campaign
 		_ = out.send(ctx, &pb.LeaderEvent{Type: pb.LeaderEvent_TYPE_LOST, Key: key, Token: token})
 		return b.fail(errLeadershipLost)
 	case <-ctx.Done():
+		if b.ctx.Err() == nil {
+			actx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+			defer cancel()
+			if err := e.Abandon(actx); err != nil {
+				b.log.Warn("election: abandon failed; the node goes with the next campaign here or the session", "election", name, "err", err)
+			}
+		}
 		return b.streamEnd()
 	}
 }

@@ -57,6 +57,10 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 	if err == nil {
 		err = checkValue(first.GetValue())
 	}
+	var delay time.Duration
+	if err == nil {
+		delay, err = lockDelayOf(first.GetLockDelay())
+	}
 	if err != nil {
 		return b.fail(err)
 	}
@@ -68,7 +72,7 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 		return b.fail(err)
 	}
 	m, err := lock.NewMutex(b.conn, p, lock.WithValue(first.GetValue()), lock.WithOwner(owner),
-		lock.WithLogger(b.log), lock.WithACL(b.acl))
+		lock.WithLogger(b.log), lock.WithACL(b.acl), lock.WithDelay(delay))
 	if err != nil {
 		return b.fail(err)
 	}
@@ -87,7 +91,10 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 
 // holdLock tells the client of its grant and of revocation requests
 // until the client releases it (released), the stream ends, or the grant
-// is lost (LOST, then Aborted). It unlocks in every case.
+// is lost (LOST, then Aborted). It unlocks in every case; a stream that
+// the client cancelled or lost without its unlock (or half-close)
+// releases as a loss (Grant.Abandon): a lock-delay then runs, since the
+// client may only be cut off from this broker.
 func (b *Broker) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *receiver[*pb.LockRequest], name string, g *lock.Grant) error {
 	key, token := path.Base(g.Key()), g.Token()
 	b.metrics.locksHeld.Inc()
@@ -95,7 +102,11 @@ func (b *Broker) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *re
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
-		if err := g.Unlock(uctx); err != nil {
+		release := g.Unlock
+		if !rx.saidLast() && b.ctx.Err() == nil {
+			release = g.Abandon
+		}
+		if err := release(uctx); err != nil {
 			// The grant goes on deleting its node until the session ends.
 			b.log.Warn("lock: unlock failed; retried until the session ends", "lock", name, "znode", g.Key(), "err", err)
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/lock"
+	"github.com/qbroker/qbroker/lockdelay"
 	"github.com/qbroker/qbroker/semaphore"
 	"github.com/qbroker/qbroker/syncqueue"
 	"github.com/qbroker/qbroker/zkqueue"
@@ -142,6 +143,9 @@ func init() { coordReapInterval.Store(int64(30 * time.Second)) }
 // barriers (doublebarriers/<name>) every coordReapInterval until ctx ends,
 // with the recipes' Reapers: otherwise every name ever used would stay in
 // ZooKeeper. A contender that finds its name's node gone makes it again.
+// Before that it ends the lock-delays of lost holders and leaders that
+// nobody contends for (lockdelay.Sweeper): their markers go once their
+// delay has passed, and the names can then be reaped.
 func (b *Broker) reapCoordination(ctx context.Context) {
 	lr, err := lock.NewReaper(b.conn, b.root.Locks())
 	if err != nil {
@@ -163,6 +167,10 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 		b.log.Error("double barrier reaper", "err", err)
 		return
 	}
+	sweepers := []*lockdelay.Sweeper{
+		lockdelay.NewSweeper(b.conn, b.root.Locks()),
+		lockdelay.NewSweeper(b.conn, b.root.Elections()),
+	}
 	t := time.NewTicker(time.Duration(coordReapInterval.Load()))
 	defer t.Stop()
 	for {
@@ -173,6 +181,13 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 		}
 		if !b.hasSession.Load() {
 			continue
+		}
+		for _, s := range sweepers {
+			if n, err := s.Pass(ctx); err != nil && ctx.Err() == nil {
+				b.log.Debug("ending lock-delays", "err", err)
+			} else if n > 0 {
+				b.log.Debug("ended lock-delays", "count", n)
+			}
 		}
 		if n, err := lr.Reap(ctx); err != nil && ctx.Err() == nil {
 			b.log.Debug("reaping idle locks", "err", err)

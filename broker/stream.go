@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -60,6 +61,7 @@ type receiver[T any] struct {
 	stop  chan struct{}   // closed when the handler reads no more
 	once  sync.Once       // closes stop
 	ended context.Context // ends with the client's last word, or with ctx
+	said  atomic.Bool     // the client's last word, or its half-close, came
 }
 
 // newReceiver starts the receiver of a stream whose requests recv reads,
@@ -77,6 +79,7 @@ func newReceiver[T any](b *Broker, ctx context.Context, recv func() (T, error), 
 			req, err := recv()
 			if err != nil {
 				r.err = err
+				r.said.Store(errors.Is(err, io.EOF))
 				close(r.reqs)
 				return
 			}
@@ -88,6 +91,7 @@ func newReceiver[T any](b *Broker, ctx context.Context, recv func() (T, error), 
 				}
 			}
 			if last != nil && last(req) {
+				r.said.Store(true)
 				return
 			}
 		}
@@ -98,6 +102,11 @@ func newReceiver[T any](b *Broker, ctx context.Context, recv func() (T, error), 
 // close tells the receiver that the handler reads no more requests. It
 // may be called more than once.
 func (r *receiver[T]) close() { r.once.Do(func() { close(r.stop) }) }
+
+// saidLast reports, once ended is done, whether the client ended the
+// stream deliberately: its last word (last) or a half-close, rather than
+// cancelling the stream or vanishing.
+func (r *receiver[T]) saidLast() bool { return r.said.Load() }
 
 // failed reports whether Recv failed (the client left or half-closed),
 // for a handler that gave up waiting for a request. It takes a request

@@ -12,6 +12,7 @@ import (
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // prefix starts every candidate node's name: "n-" then ZooKeeper's
@@ -125,8 +126,16 @@ func (e *Election) wait(ctx context.Context, key string) error {
 			first = false
 		}
 		pred, ok := predecessor(children, mine)
-		if !ok {
+		if !ok && !lockdelay.Blocked(children, nil) {
 			return nil
+		}
+		if !ok {
+			// First in line, but a lost leader's lock-delay runs: wait
+			// it out, then look again.
+			if err := e.waitDelay(ctx, key); err != nil {
+				return err
+			}
+			continue
 		}
 		p := e.path + "/" + pred
 		exists, _, w, err := e.conn.ExistsW(p)
@@ -151,8 +160,38 @@ func (e *Election) wait(ctx context.Context, key string) error {
 	}
 }
 
+// waitDelay waits, first in line, until no lost leader's lock-delay
+// holds the election, or ctx ends, or Close.
+func (e *Election) waitDelay(ctx context.Context, key string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-e.closed:
+			cancel()
+		case <-done:
+		}
+	}()
+	waited, err := lockdelay.Wait(ctx, e.conn, e.path, nil)
+	if waited {
+		e.log.Debug("waited for a lost leader's lock-delay", "znode", key)
+	}
+	select {
+	case <-e.closed:
+		return ErrClosed
+	default:
+	}
+	if err != nil {
+		return errfmt.Errorf("election: campaign: %w", err)
+	}
+	return nil
+}
+
 // dropOrphans deletes this session's candidate nodes other than me (all
-// of them when me is "") and returns children without them.
+// of them when me is "") and returns children without them (names that
+// are not candidates' stay).
 func (e *Election) dropOrphans(children []string, me string) ([]string, error) {
 	sid := e.conn.SessionID()
 	out := children[:0:0]
@@ -162,6 +201,7 @@ func (e *Election) dropOrphans(children []string, me string) ([]string, error) {
 			continue
 		}
 		if _, ok := parseSeq(c); !ok {
+			out = append(out, c) // not a candidate (a lock-delay marker): kept for the caller
 			continue
 		}
 		p := e.path + "/" + c
@@ -185,7 +225,7 @@ func (e *Election) dropOrphans(children []string, me string) ([]string, error) {
 
 func (e *Election) deleteOrphan(p string) error {
 	e.log.Info("removing an orphaned candidate node of this session", "znode", p)
-	if err := e.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+	if err := e.remove(p); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return errfmt.Errorf("election: campaign: delete orphan %s: %w", p, err)
 	}
 	return nil
@@ -195,7 +235,7 @@ func (e *Election) deleteOrphan(p string) error {
 // too, Resign and Close retry it (and the next Campaign finds it an
 // orphan).
 func (e *Election) drop(key string) {
-	err := e.conn.Delete(key, -1)
+	err := e.remove(key)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {

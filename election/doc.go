@@ -11,6 +11,9 @@
 //	<path>/n-0000000041     one candidate: EPHEMERAL_SEQUENTIAL,
 //	<path>/n-0000000042     data = its value (Campaign, Proclaim); with
 //	                        WithOwner, the owner, then the value
+//	<path>/delay-n-0000000041  with WithDelay, the leader's lock-delay marker:
+//	                        PERSISTENT, while it leads and, once the
+//	                        leadership is lost, for the delay (package lockdelay)
 //
 // A Reaper, run periodically by one process, deletes the election nodes
 // under a directory of elections that had no candidate for a whole pass;
@@ -42,6 +45,17 @@
 //     process (ErrCampaigning); do not share a session between processes.
 //   - Campaign honours its context: when it ends, Campaign deletes its
 //     node and returns. Resign is idempotent and safe to retry.
+//
+// Lock-delay (WithDelay, package lockdelay): a leadership lost with its
+// node (the session expired, the node deleted without ResignKey; Abandon)
+// leaves the election without a leader until the delay has passed since
+// the next candidate noted the loss, so a leader that was only cut off
+// can notice and stop first; Resign, Close and ResignKey free it at once.
+// Candidates honour earlier leaders' delays whatever their own option.
+//
+// Fencing tokens are zxids, which ZooKeeper orders across the whole
+// ensemble: a leadership's token and a lock's (package lock) compare in
+// one space.
 //
 // What it does not guarantee: that a leader knows at once when it stops
 // leading. Done closes when the client learns it: our node deleted, or

@@ -14,6 +14,7 @@ import (
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // Sentinel errors, wrapped with the operation and node; use errors.Is.
@@ -65,6 +66,7 @@ type Election struct {
 	log       *slog.Logger
 	owner     string // WithOwner
 	mayCreate bool   // the election's node may be created (again) when missing
+	delay     time.Duration
 
 	closed chan struct{}  // closed by Close: ends campaigns, watchers, observers
 	wg     sync.WaitGroup // leadership watchers and observers
@@ -116,13 +118,16 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Election, error) {
 	if p == "" || p[0] != '/' || p == "/" || path.Clean(p) != p {
 		return nil, fmt.Errorf("%w: path %q: want an absolute, clean ZooKeeper path other than /", ErrInvalid, p)
 	}
+	if lockdelay.Validate(o.delay) != nil {
+		return nil, fmt.Errorf("%w: delay %v: want 0 (none) to %v", ErrInvalid, o.delay, lockdelay.Max)
+	}
 	if o.createParents {
 		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
 			return nil, errfmt.Errorf("election: %w", err)
 		}
 	}
 	return &Election{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), log: o.logger.With("election", p), owner: o.owner,
-		mayCreate: o.createParents, closed: make(chan struct{})}, nil
+		mayCreate: o.createParents, delay: o.delay, closed: make(chan struct{})}, nil
 }
 
 // Path returns the election's node.
@@ -161,13 +166,24 @@ func (e *Election) Done() <-chan struct{} {
 	return e.term.done
 }
 
-// Resign ends our leadership: it deletes our candidate node, so the next
-// candidate leads, and closes Done. It also deletes the nodes an earlier
-// failed delete left behind. It is idempotent and safe to retry: without a
+// Resign ends our leadership: it deletes our candidate node (with
+// WithDelay, in one multi with its marker: no delay), so the next
+// candidate leads at once, and closes Done. It also deletes the nodes an
+// earlier failed delete left behind. It is idempotent and safe to retry: without a
 // leadership it returns nil; when the delete fails (the connection is
 // lost) it returns the error and the leadership stands (Done stays open).
 // A Campaign still under way is ended by its ctx, not by Resign.
-func (e *Election) Resign(ctx context.Context) error {
+func (e *Election) Resign(ctx context.Context) error { return e.resign(ctx, false) }
+
+// Abandon ends our leadership as a loss would: it deletes our candidate
+// node but leaves its lock-delay marker (WithDelay), so no other
+// candidate leads until the delay has passed. For a service that
+// campaigns for its clients and sees one vanish without resigning: the
+// client may only be cut off, still believing it leads. Without a delay,
+// or while not leading, it is Resign. Errors as Resign's.
+func (e *Election) Abandon(ctx context.Context) error { return e.resign(ctx, true) }
+
+func (e *Election) resign(ctx context.Context, keep bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -179,7 +195,11 @@ func (e *Election) Resign(ctx context.Context) error {
 		nodes = append(nodes, t.key)
 	}
 	for _, n := range nodes {
-		if err := e.conn.Delete(n, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		remove := e.remove
+		if keep && t != nil && n == t.key {
+			remove = func(n string) error { return e.conn.Delete(n, -1) }
+		}
+		if err := remove(n); err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return errfmt.Errorf("election: resign: delete %s: %w", n, err)
 		}
 		e.mu.Lock()
@@ -187,7 +207,11 @@ func (e *Election) Resign(ctx context.Context) error {
 		e.mu.Unlock()
 	}
 	if t != nil {
-		e.endTerm(t, "resigned")
+		why := "resigned"
+		if keep {
+			why = "abandoned"
+		}
+		e.endTerm(t, why)
 	}
 	return nil
 }
@@ -318,6 +342,14 @@ func (e *Election) lead(key string) error {
 	if !ok || st.EphemeralOwner != e.conn.SessionID() {
 		return errfmt.Errorf("election: campaign: %s: %w", key, ErrNodeLost)
 	}
+	// The marker of our lock-delay, before we lead.
+	err = lockdelay.Mark(e.conn, e.path, path.Base(key), e.delay, e.acl)
+	if errors.Is(err, lockdelay.ErrHolderGone) {
+		return errfmt.Errorf("election: campaign: %s: %w", key, ErrNodeLost)
+	}
+	if err != nil {
+		return errfmt.Errorf("election: campaign: %w", err)
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.isClosed {
@@ -329,6 +361,15 @@ func (e *Election) lead(key string) error {
 	go e.watchTerm(t, w)
 	e.log.Debug("leadership acquired", "znode", key, "token", t.token)
 	return nil
+}
+
+// remove deletes our candidate node n, with its lock-delay marker when
+// we campaign with a delay (a marker exists only while n leads).
+func (e *Election) remove(n string) error {
+	if e.delay > 0 {
+		return lockdelay.Release(e.conn, e.path, path.Base(n))
+	}
+	return e.conn.Delete(n, -1)
 }
 
 // endTerm ends the leadership t, once.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // ErrNoCandidate: ProclaimKey or ResignKey named a candidate node that is
@@ -79,7 +80,8 @@ func ProclaimKey(ctx context.Context, conn *zk.Conn, key string, value []byte, o
 	}
 }
 
-// ResignKey removes the candidate node key (leading or waiting) from any
+// ResignKey removes the candidate node key (leading or waiting), with its
+// lock-delay marker (the next candidate leads at once), from any
 // session: for a service that resigns for its clients. The Election that
 // campaigned with it sees its Done close (or its Campaign fail with
 // ErrNodeLost). It returns ErrNoCandidate when the node is gone already,
@@ -107,6 +109,12 @@ func ResignKey(ctx context.Context, conn *zk.Conn, key string, opts ...KeyOption
 				return errfmt.Errorf("election: resign %s: %w", key, ErrNotOwner)
 			}
 			version = st.Version // the node whose owner was checked
+		}
+		// An explicit resignation frees the election at once: the
+		// leader's lock-delay marker, if any, goes first (a marker whose
+		// node lives holds nothing by itself).
+		if err := lockdelay.Clear(conn, path.Dir(key), path.Base(key)); err != nil {
+			return errfmt.Errorf("election: resign %s: %w", key, err)
 		}
 		err := conn.Delete(key, version)
 		switch {

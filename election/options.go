@@ -2,6 +2,7 @@ package election
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -14,6 +15,7 @@ type options struct {
 	createParents bool
 	acl           []zk.ACL
 	owner         string
+	delay         time.Duration
 }
 
 // defaults are the options New starts from.
@@ -57,6 +59,20 @@ func WithACL(acl []zk.ACL) Option {
 // owner.
 func WithOwner(owner string) Option {
 	return func(o *options) { o.owner = owner }
+}
+
+// WithDelay sets the lock-delay of the leaderships this Election wins
+// (package lockdelay): when a leadership is lost with its node (the
+// session expired after a crash or a partition, or someone deleted the
+// node without ResignKey), no other candidate leads until d has passed
+// since the loss was first observed, so a leader that was only cut off
+// can notice and stop first. Resign, Close and ResignKey free the
+// election at once. A leader keeps a persistent marker node beside its
+// own while it leads. 0, the default, means no delay; New returns
+// ErrInvalid for d below 0 or above lockdelay.Max (a minute). Candidates
+// honour the delays of earlier leaders whatever their own.
+func WithDelay(d time.Duration) Option {
+	return func(o *options) { o.delay = d }
 }
 
 // KeyOption conditions a call that acts on a candidate by key

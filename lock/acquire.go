@@ -11,6 +11,7 @@ import (
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // Test hooks, set by tests only (export_test.go). testHookCreate stands
@@ -102,11 +103,18 @@ const maxRecreate = 8
 
 // list returns the lock nodes under the lock's node.
 func (l *locker) list() ([]node, error) {
+	nodes, _, err := l.listAll()
+	return nodes, err
+}
+
+// listAll returns the lock nodes under the lock's node, and all its
+// children (with the lock-delay markers).
+func (l *locker) listAll() ([]node, []string, error) {
 	children, _, err := l.conn.Children(l.path)
 	if err != nil {
-		return nil, errfmt.Errorf("lock: children %s: %w", l.path, err)
+		return nil, nil, errfmt.Errorf("lock: children %s: %w", l.path, err)
 	}
-	return parseAll(children), nil
+	return parseAll(children), children, nil
 }
 
 // wait blocks until the node key holds the lock and returns its grant.
@@ -132,7 +140,16 @@ func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error)
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		w, holds, err := l.check(me, try)
+		w, holds, delayed, err := l.check(me, try)
+		if holds && delayed {
+			// First in line, but a lost holder's lock-delay runs: wait
+			// it out, then look again.
+			err = l.waitDelay(ctx, me)
+			holds = false
+			if err == nil {
+				continue
+			}
+		}
 		if holds {
 			wg.Wait()
 			return l.grant(key, mine)
@@ -169,34 +186,76 @@ func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error)
 
 // check lists the lock's nodes once: holds when me holds the lock, else
 // the exists watch on the node me waits for (nil when that node is gone
-// already).
-func (l *locker) check(me node, try bool) (w <-chan zk.Event, holds bool, err error) {
-	nodes, err := l.list()
+// already). delayed says that me is first in line but a lost holder's
+// lock-delay marker may still hold the lock (TryLock: ErrLocked).
+func (l *locker) check(me node, try bool) (w <-chan zk.Event, holds, delayed bool, err error) {
+	nodes, children, err := l.listAll()
 	if err != nil {
-		return nil, false, err
+		return nil, false, false, err
 	}
 	if _, ok := withNonce(nodes, me.nonce); !ok {
-		return nil, false, errVanished
+		return nil, false, false, errVanished
 	}
 	b, blocked := blocker(nodes, me)
 	if !blocked {
-		return nil, true, nil
+		delayed = lockdelay.Blocked(children, delayBlocks(me))
+		if delayed && try {
+			return nil, false, false, errfmt.Errorf("lock: trylock %s: %w (lock-delay)", l.path, ErrLocked)
+		}
+		return nil, true, delayed, nil
 	}
 	if try {
-		return nil, false, errfmt.Errorf("lock: trylock %s: %w", l.path, ErrLocked)
+		return nil, false, false, errfmt.Errorf("lock: trylock %s: %w", l.path, ErrLocked)
 	}
 	p := l.path + "/" + b.name
 	ok, _, w, err := l.conn.ExistsW(p)
 	if err != nil {
-		return nil, false, errfmt.Errorf("lock: exists %s: %w", p, err)
+		return nil, false, false, errfmt.Errorf("lock: exists %s: %w", p, err)
 	}
 	if !ok {
-		return nil, false, nil
+		return nil, false, false, nil
 	}
 	if testHookWaiting != nil {
 		testHookWaiting(l.path+"/"+me.name, p)
 	}
-	return w, false, nil
+	return w, false, false, nil
+}
+
+// delayBlocks says which lost holders' lock-delays hold me off: every
+// holder's for an exclusive node, a writer's (or Mutex's) for a reader,
+// which would have shared the lock with a reader.
+func delayBlocks(me node) func(holder string) bool {
+	if me.exclusive() {
+		return nil
+	}
+	return func(holder string) bool {
+		n, ok := parseNode(holder)
+		return !ok || n.exclusive()
+	}
+}
+
+// waitDelay waits, first in line, until no lost holder's lock-delay
+// holds the lock, or ctx ends, or Close.
+func (l *locker) waitDelay(ctx context.Context, me node) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-l.done:
+			cancel()
+		case <-done:
+		}
+	}()
+	waited, err := lockdelay.Wait(ctx, l.conn, l.path, delayBlocks(me))
+	if waited {
+		l.log.Debug("waited for a lost holder's lock-delay", "znode", l.path+"/"+me.name)
+	}
+	if err != nil && l.isClosed() {
+		return ErrClosed
+	}
+	return err
 }
 
 // transient reports an error that a reconnection may cure.
@@ -246,17 +305,34 @@ func (l *locker) grant(key string, mine watched) (*Grant, error) {
 	if mine.st.EphemeralOwner != l.conn.SessionID() {
 		return nil, errVanished
 	}
-	return startGrant(l.conn, l.log, key, mine.st, mine.w), nil
+	// The marker of our lock-delay, before the holder is told.
+	err := lockdelay.Mark(l.conn, l.path, path.Base(key), l.delay, l.acl)
+	if errors.Is(err, lockdelay.ErrHolderGone) {
+		return nil, errVanished
+	}
+	if err != nil {
+		return nil, errfmt.Errorf("lock: %w", err)
+	}
+	return startGrant(l.conn, l.log, key, mine.st, mine.w, l.delay > 0), nil
 }
 
 // abandon deletes the node of an attempt that failed; when the delete
 // fails, the background removes it.
 func (l *locker) abandon(key, nonce string) {
-	err := l.conn.Delete(key, -1)
+	err := release(l.conn, key, l.delay > 0)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		l.log.Debug("contender's node left behind", "znode", key, "err", err)
 		l.reap(nonce)
 	}
+}
+
+// release deletes a lock node, and its lock-delay marker when it may have
+// one: a release frees the lock at once.
+func release(conn *zk.Conn, key string, marked bool) error {
+	if marked {
+		return lockdelay.Release(conn, path.Dir(key), path.Base(key))
+	}
+	return conn.Delete(key, -1)
 }
 
 // Bounds of the background retries: between tries, and how long without
@@ -320,7 +396,7 @@ func (l *locker) reapOnce(nonce string) (done bool, err error) {
 		return true, nil
 	}
 	p := l.path + "/" + n.name
-	if err := l.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+	if err := release(l.conn, p, l.delay > 0); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return false, errfmt.Errorf("lock: delete %s: %w (%w)", p, err, errAnswered)
 	}
 	l.log.Info("removed a node left behind by a failed call", "znode", p)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // Holder describes a holder of a lock.
@@ -138,7 +139,8 @@ func Revoke(ctx context.Context, conn *zk.Conn, p string, opts ...KeyOption) (Ho
 	}
 }
 
-// UnlockKey deletes the grant's node key when its fencing token is token:
+// UnlockKey deletes the grant's node key when its fencing token is token,
+// with its lock-delay marker (the lock is free at once):
 // the release of a grant by someone other than its Grant (a service that
 // holds locks on its clients' behalf). The grant's holder sees Lost close.
 // It returns ErrNotHeld when the node is gone or has another token, and
@@ -166,6 +168,12 @@ func UnlockKey(ctx context.Context, conn *zk.Conn, key string, token int64, opts
 	}
 	if owner, _ := zkutil.DecodeOwned(data); !o.mayTouch(owner) {
 		return errfmt.Errorf("lock: unlock %s: %w", key, ErrNotOwner)
+	}
+	// An explicit release frees the lock at once: the grant's lock-delay
+	// marker, if any, goes first (a marker whose node lives holds
+	// nothing by itself).
+	if err := lockdelay.Clear(conn, path.Dir(key), path.Base(key)); err != nil {
+		return errfmt.Errorf("lock: unlock %s: %w", key, err)
 	}
 	// Node names are never reused (the nonce, the sequence): the node
 	// checked is the one deleted.

@@ -13,6 +13,9 @@
 //	<path>/write-<nonce>-0000000042      an RWMutex writer,
 //	<path>/read-<nonce>-0000000043       an RWMutex reader; data = WithValue
 //	                                     (with WithOwner: the owner, then the value)
+//	<path>/delay-write-<nonce>-0000000042  with WithDelay, a holder's lock-delay marker:
+//	                                     PERSISTENT, while it holds and, once it is
+//	                                     lost, for the delay (package lockdelay)
 //
 // A Reaper, run periodically by one process, deletes the lock nodes under
 // a directory of locks that stayed empty for a whole pass; a contender
@@ -74,6 +77,19 @@
 //     (the client sets it again when it reconnects); a session expiry
 //     ends it, and the waiter, its node gone with the session, queues
 //     again with a new node.
+//
+// Lock-delay (WithDelay, package lockdelay): a grant lost with its node
+// (the session expired, the node deleted without UnlockKey; Abandon)
+// leaves the lock to nobody until the delay has passed since the first
+// contender in line noted the loss, so a holder that was only cut off can
+// notice and stop first; Unlock and UnlockKey free it at once. A
+// contender honours earlier holders' delays whatever its own option; a
+// reader is held off by a lost writer's delay only. TryLock returns
+// ErrLocked while a delay runs.
+//
+// Fencing tokens are zxids, which ZooKeeper orders across the whole
+// ensemble: tokens of locks of different paths, and of the election
+// package's leaderships, compare in one space.
 //
 // What it does not guarantee: that a holder knows at once when another
 // may hold the lock. A holder cut off from ZooKeeper keeps its grant

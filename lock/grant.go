@@ -18,10 +18,11 @@ import (
 // Unlock or its loss. Its watcher goroutine follows the node until then.
 // A Grant is safe for concurrent use.
 type Grant struct {
-	conn  *zk.Conn
-	log   *slog.Logger
-	key   string
-	token int64
+	conn   *zk.Conn
+	log    *slog.Logger
+	key    string
+	token  int64
+	marked bool // a lock-delay marker goes with the node
 
 	lost    chan struct{} // closed when the grant ends
 	revoked chan struct{} // closed at the first revocation request
@@ -31,15 +32,16 @@ type Grant struct {
 	mu        sync.Mutex
 	ended     bool
 	releasing bool  // Unlock was called: the node must go
+	keep      bool  // Abandon was called: the lock-delay marker stays
 	err       error // why the grant was lost; nil while held or after Unlock
 	isRevoked bool
 }
 
 // startGrant starts the grant of the node key, whose Stat st and exists
 // watch w were just read.
-func startGrant(conn *zk.Conn, log *slog.Logger, key string, st *zk.Stat, w <-chan zk.Event) *Grant {
+func startGrant(conn *zk.Conn, log *slog.Logger, key string, st *zk.Stat, w <-chan zk.Event, marked bool) *Grant {
 	g := &Grant{
-		conn: conn, log: log, key: key, token: st.Czxid,
+		conn: conn, log: log, key: key, token: st.Czxid, marked: marked,
 		lost: make(chan struct{}), revoked: make(chan struct{}),
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
@@ -81,26 +83,39 @@ func (g *Grant) Err() error {
 	return g.err
 }
 
-// Unlock releases the lock: it deletes the grant's node, closes Lost and
-// waits for the grant's watcher. It is idempotent and safe to retry: after
-// the grant ended it returns nil. When the delete fails (the connection
+// Unlock releases the lock: it deletes the grant's node (with WithDelay,
+// in one multi with its marker: the lock is free at once, no delay),
+// closes Lost and waits for the grant's watcher. It is idempotent and
+// safe to retry: after the grant ended it returns nil. When the delete fails (the connection
 // is down) or ctx has ended, it returns the error, and the grant's watcher
 // goes on deleting the node in the background until it is gone or the
 // session ends (Lost closes then): a failed Unlock never leaves the lock
 // held by a live session.
-func (g *Grant) Unlock(ctx context.Context) error {
+func (g *Grant) Unlock(ctx context.Context) error { return g.unlock(ctx, false) }
+
+// Abandon releases the lock as a loss would: it deletes the grant's node
+// but leaves its lock-delay marker (WithDelay), so no other contender
+// holds until the delay has passed. For a service that holds locks for
+// its clients and sees one vanish without unlocking: the client may only
+// be cut off, still believing it holds. Without a delay it is Unlock.
+// After Unlock or Abandon, the first call decides; errors as Unlock's.
+func (g *Grant) Abandon(ctx context.Context) error { return g.unlock(ctx, true) }
+
+func (g *Grant) unlock(ctx context.Context, keep bool) error {
 	g.mu.Lock()
 	if g.ended {
 		g.mu.Unlock()
 		return nil
 	}
-	g.releasing = true
+	if !g.releasing {
+		g.releasing, g.keep = true, keep
+	}
 	g.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		g.kick()
 		return err
 	}
-	err := g.conn.Delete(g.key, -1)
+	err := g.release()
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		g.kick()
 		return errfmt.Errorf("lock: unlock %s: %w", g.key, err)
@@ -112,6 +127,15 @@ func (g *Grant) Unlock(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// release deletes the grant's node, with its marker unless Abandon asked
+// to keep it.
+func (g *Grant) release() error {
+	g.mu.Lock()
+	keep := g.keep
+	g.mu.Unlock()
+	return release(g.conn, g.key, g.marked && !keep)
 }
 
 func (g *Grant) kick() {
@@ -194,7 +218,7 @@ func (g *Grant) watch(w <-chan zk.Event) {
 		if !g.isReleasing() {
 			continue
 		}
-		err := g.conn.Delete(g.key, -1)
+		err := g.release()
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
 			g.end(nil, "unlocked in the background")
 			return

@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"path"
 	"sync"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // Sentinel errors, wrapped with the operation and node; use errors.Is.
@@ -59,6 +61,7 @@ type locker struct {
 	acl       []zk.ACL
 	value     []byte // node data: the value, with the owner when there is one
 	mayCreate bool   // the lock's node may be created (again) when missing
+	delay     time.Duration
 	log       *slog.Logger
 
 	done chan struct{}  // closed by Close: ends waits and cleanups
@@ -102,6 +105,9 @@ func newLocker(conn *zk.Conn, p string, opts []Option) (*locker, error) {
 	if len(o.value) > maxValue {
 		return nil, fmt.Errorf("%w: value of %d bytes, at most %d", ErrInvalid, len(o.value), maxValue)
 	}
+	if lockdelay.Validate(o.delay) != nil {
+		return nil, fmt.Errorf("%w: delay %v: want 0 (none) to %v", ErrInvalid, o.delay, lockdelay.Max)
+	}
 	if o.create {
 		if err := zkutil.EnsurePath(conn, p, o.acl); err != nil {
 			return nil, errfmt.Errorf("lock: %w", err)
@@ -109,7 +115,7 @@ func newLocker(conn *zk.Conn, p string, opts []Option) (*locker, error) {
 	}
 	data := zkutil.EncodeOwned(o.owner, o.value)
 	return &locker{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), value: data, mayCreate: o.create,
-		log: o.logger.With("lock", p), done: make(chan struct{})}, nil
+		delay: o.delay, log: o.logger.With("lock", p), done: make(chan struct{})}, nil
 }
 
 // maxValue bounds a node's value well under ZooKeeper's jute.maxbuffer.

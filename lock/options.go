@@ -2,6 +2,7 @@ package lock
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -15,6 +16,7 @@ type options struct {
 	logger *slog.Logger
 	create bool
 	acl    []zk.ACL
+	delay  time.Duration
 }
 
 // defaults are the options NewMutex and NewRWMutex start from.
@@ -38,6 +40,20 @@ func WithValue(v []byte) Option {
 // (Holder.Value is the value alone).
 func WithOwner(owner string) Option {
 	return func(o *options) { o.owner = owner }
+}
+
+// WithDelay sets the lock-delay of the grants this Mutex or RWMutex makes
+// (package lockdelay): when a grant is lost with its node (its session
+// expired after a crash or a partition, or someone deleted the node
+// without UnlockKey), no other contender is granted the lock until d has
+// passed since the loss was first observed, so a holder that was only
+// cut off can notice and stop first. Unlock and UnlockKey free the lock
+// at once. Each grant keeps a persistent marker node beside its own while
+// it holds. 0, the default, means no delay; NewMutex and NewRWMutex
+// return ErrInvalid for d below 0 or above lockdelay.Max (a minute).
+// Contenders honour the delays of earlier holders whatever their own.
+func WithDelay(d time.Duration) Option {
+	return func(o *options) { o.delay = d }
 }
 
 // KeyOption conditions a call that acts on another contender's node

@@ -23,6 +23,7 @@ package queuepb
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -256,7 +257,14 @@ type CampaignRequest struct {
 	// Election name.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The candidate's value, readable through Leader and Observe.
-	Value         []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// Lock-delay of the leadership: when it ends without Resign (the
+	// stream ended: the client cancelled it, died or was cut off from the
+	// broker; or the broker's session expired), no other candidate leads
+	// until this delay has passed. Resign by key frees the election at
+	// once, as does a broker shutting down. Unset or 0: none; at most 60 s
+	// (InvalidArgument naming lock_delay otherwise).
+	LockDelay     *durationpb.Duration `protobuf:"bytes,3,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,6 +309,13 @@ func (x *CampaignRequest) GetName() string {
 func (x *CampaignRequest) GetValue() []byte {
 	if x != nil {
 		return x.Value
+	}
+	return nil
+}
+
+func (x *CampaignRequest) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
 	}
 	return nil
 }
@@ -717,7 +732,15 @@ type LockRequest struct {
 	// First request only: the holder's value, readable through Revoke.
 	Value []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	// Release the lock (or stop waiting for it) and end the stream.
-	Unlock        bool `protobuf:"varint,3,opt,name=unlock,proto3" json:"unlock,omitempty"`
+	Unlock bool `protobuf:"varint,3,opt,name=unlock,proto3" json:"unlock,omitempty"`
+	// First request only: lock-delay of the grant. When the grant ends
+	// without a release (the stream ended without unlock or a half-close:
+	// the client cancelled it, died or was cut off from the broker; or the
+	// broker's session expired), no other holder gets the lock until this
+	// delay has passed. Sending unlock, half-closing, Unlock by key and a
+	// broker shutting down free it at once. Unset or 0: none; at most 60 s
+	// (InvalidArgument naming lock_delay otherwise).
+	LockDelay     *durationpb.Duration `protobuf:"bytes,4,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -771,6 +794,13 @@ func (x *LockRequest) GetUnlock() bool {
 		return x.Unlock
 	}
 	return false
+}
+
+func (x *LockRequest) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
+	}
+	return nil
 }
 
 type LockEvent struct {
@@ -2275,10 +2305,12 @@ var File_api_coord_proto protoreflect.FileDescriptor
 const file_api_coord_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/coord.proto\x12\n" +
-	"qbroker.v1\";\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\"u\n" +
 	"\x0fCampaignRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xa6\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x128\n" +
+	"\n" +
+	"lock_delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"\xa6\x01\n" +
 	"\vLeaderEvent\x120\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1c.qbroker.v1.LeaderEvent.TypeR\x04type\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -2304,11 +2336,13 @@ const file_api_coord_proto_rawDesc = "" +
 	"LeaderInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
-	"\x05token\x18\x03 \x01(\x03R\x05token\"O\n" +
+	"\x05token\x18\x03 \x01(\x03R\x05token\"\x89\x01\n" +
 	"\vLockRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x16\n" +
-	"\x06unlock\x18\x03 \x01(\bR\x06unlock\"\xbd\x01\n" +
+	"\x06unlock\x18\x03 \x01(\bR\x06unlock\x128\n" +
+	"\n" +
+	"lock_delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"\xbd\x01\n" +
 	"\tLockEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.qbroker.v1.LockEvent.TypeR\x04type\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -2489,59 +2523,62 @@ var file_api_coord_proto_goTypes = []any{
 	(*WaitBarrierResponse)(nil),          // 40: qbroker.v1.WaitBarrierResponse
 	(*DoubleBarrierRequest)(nil),         // 41: qbroker.v1.DoubleBarrierRequest
 	(*DoubleBarrierEvent)(nil),           // 42: qbroker.v1.DoubleBarrierEvent
+	(*durationpb.Duration)(nil),          // 43: google.protobuf.Duration
 }
 var file_api_coord_proto_depIdxs = []int32{
-	0,  // 0: qbroker.v1.LeaderEvent.type:type_name -> qbroker.v1.LeaderEvent.Type
-	1,  // 1: qbroker.v1.LockEvent.type:type_name -> qbroker.v1.LockEvent.Type
-	19, // 2: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
-	2,  // 3: qbroker.v1.SemaphoreEvent.type:type_name -> qbroker.v1.SemaphoreEvent.Type
-	32, // 4: qbroker.v1.SemaphoreRevokeResponse.holders:type_name -> qbroker.v1.SemaphoreHolder
-	3,  // 5: qbroker.v1.DoubleBarrierEvent.type:type_name -> qbroker.v1.DoubleBarrierEvent.Type
-	4,  // 6: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
-	6,  // 7: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
-	8,  // 8: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
-	10, // 9: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
-	11, // 10: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
-	13, // 11: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
-	15, // 12: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
-	17, // 13: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
-	20, // 14: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
-	21, // 15: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
-	22, // 16: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
-	24, // 17: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
-	26, // 18: qbroker.v1.Semaphore.Acquire:input_type -> qbroker.v1.SemaphoreAcquireRequest
-	28, // 19: qbroker.v1.Semaphore.Release:input_type -> qbroker.v1.SemaphoreReleaseRequest
-	30, // 20: qbroker.v1.Semaphore.Revoke:input_type -> qbroker.v1.SemaphoreRevokeRequest
-	33, // 21: qbroker.v1.Semaphore.SetLimit:input_type -> qbroker.v1.SemaphoreSetLimitRequest
-	35, // 22: qbroker.v1.Barrier.Set:input_type -> qbroker.v1.SetBarrierRequest
-	37, // 23: qbroker.v1.Barrier.Remove:input_type -> qbroker.v1.RemoveBarrierRequest
-	39, // 24: qbroker.v1.Barrier.Wait:input_type -> qbroker.v1.WaitBarrierRequest
-	41, // 25: qbroker.v1.DoubleBarrier.Enter:input_type -> qbroker.v1.DoubleBarrierRequest
-	5,  // 26: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
-	7,  // 27: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
-	9,  // 28: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
-	12, // 29: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
-	12, // 30: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
-	14, // 31: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
-	16, // 32: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
-	18, // 33: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
-	25, // 34: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
-	25, // 35: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
-	23, // 36: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
-	25, // 37: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
-	27, // 38: qbroker.v1.Semaphore.Acquire:output_type -> qbroker.v1.SemaphoreEvent
-	29, // 39: qbroker.v1.Semaphore.Release:output_type -> qbroker.v1.SemaphoreReleaseResponse
-	31, // 40: qbroker.v1.Semaphore.Revoke:output_type -> qbroker.v1.SemaphoreRevokeResponse
-	34, // 41: qbroker.v1.Semaphore.SetLimit:output_type -> qbroker.v1.SemaphoreSetLimitResponse
-	36, // 42: qbroker.v1.Barrier.Set:output_type -> qbroker.v1.SetBarrierResponse
-	38, // 43: qbroker.v1.Barrier.Remove:output_type -> qbroker.v1.RemoveBarrierResponse
-	40, // 44: qbroker.v1.Barrier.Wait:output_type -> qbroker.v1.WaitBarrierResponse
-	42, // 45: qbroker.v1.DoubleBarrier.Enter:output_type -> qbroker.v1.DoubleBarrierEvent
-	26, // [26:46] is the sub-list for method output_type
-	6,  // [6:26] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	43, // 0: qbroker.v1.CampaignRequest.lock_delay:type_name -> google.protobuf.Duration
+	0,  // 1: qbroker.v1.LeaderEvent.type:type_name -> qbroker.v1.LeaderEvent.Type
+	43, // 2: qbroker.v1.LockRequest.lock_delay:type_name -> google.protobuf.Duration
+	1,  // 3: qbroker.v1.LockEvent.type:type_name -> qbroker.v1.LockEvent.Type
+	19, // 4: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
+	2,  // 5: qbroker.v1.SemaphoreEvent.type:type_name -> qbroker.v1.SemaphoreEvent.Type
+	32, // 6: qbroker.v1.SemaphoreRevokeResponse.holders:type_name -> qbroker.v1.SemaphoreHolder
+	3,  // 7: qbroker.v1.DoubleBarrierEvent.type:type_name -> qbroker.v1.DoubleBarrierEvent.Type
+	4,  // 8: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
+	6,  // 9: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
+	8,  // 10: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
+	10, // 11: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
+	11, // 12: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
+	13, // 13: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
+	15, // 14: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
+	17, // 15: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
+	20, // 16: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
+	21, // 17: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
+	22, // 18: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
+	24, // 19: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
+	26, // 20: qbroker.v1.Semaphore.Acquire:input_type -> qbroker.v1.SemaphoreAcquireRequest
+	28, // 21: qbroker.v1.Semaphore.Release:input_type -> qbroker.v1.SemaphoreReleaseRequest
+	30, // 22: qbroker.v1.Semaphore.Revoke:input_type -> qbroker.v1.SemaphoreRevokeRequest
+	33, // 23: qbroker.v1.Semaphore.SetLimit:input_type -> qbroker.v1.SemaphoreSetLimitRequest
+	35, // 24: qbroker.v1.Barrier.Set:input_type -> qbroker.v1.SetBarrierRequest
+	37, // 25: qbroker.v1.Barrier.Remove:input_type -> qbroker.v1.RemoveBarrierRequest
+	39, // 26: qbroker.v1.Barrier.Wait:input_type -> qbroker.v1.WaitBarrierRequest
+	41, // 27: qbroker.v1.DoubleBarrier.Enter:input_type -> qbroker.v1.DoubleBarrierRequest
+	5,  // 28: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
+	7,  // 29: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
+	9,  // 30: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
+	12, // 31: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
+	12, // 32: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
+	14, // 33: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
+	16, // 34: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
+	18, // 35: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
+	25, // 36: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
+	25, // 37: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
+	23, // 38: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
+	25, // 39: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
+	27, // 40: qbroker.v1.Semaphore.Acquire:output_type -> qbroker.v1.SemaphoreEvent
+	29, // 41: qbroker.v1.Semaphore.Release:output_type -> qbroker.v1.SemaphoreReleaseResponse
+	31, // 42: qbroker.v1.Semaphore.Revoke:output_type -> qbroker.v1.SemaphoreRevokeResponse
+	34, // 43: qbroker.v1.Semaphore.SetLimit:output_type -> qbroker.v1.SemaphoreSetLimitResponse
+	36, // 44: qbroker.v1.Barrier.Set:output_type -> qbroker.v1.SetBarrierResponse
+	38, // 45: qbroker.v1.Barrier.Remove:output_type -> qbroker.v1.RemoveBarrierResponse
+	40, // 46: qbroker.v1.Barrier.Wait:output_type -> qbroker.v1.WaitBarrierResponse
+	42, // 47: qbroker.v1.DoubleBarrier.Enter:output_type -> qbroker.v1.DoubleBarrierEvent
+	28, // [28:48] is the sub-list for method output_type
+	8,  // [8:28] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_api_coord_proto_init() }

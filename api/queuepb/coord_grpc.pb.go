@@ -57,7 +57,8 @@ const (
 type ElectionClient interface {
 	// Campaign campaigns while the stream is open. The first event comes
 	// when the candidate leads (LEADING, with its key and token). Ending the
-	// stream (cancelling the call) resigns. When the leadership ends
+	// stream (cancelling the call) resigns (with a lock_delay, the delay
+	// then runs: see CampaignRequest). When the leadership ends
 	// otherwise (Resign by key, its node deleted, the broker's ZooKeeper
 	// session lost) the broker sends LOST and ends the stream with Aborted; a
 	// broker that dies ends it with Unavailable, and its session's end ends
@@ -172,7 +173,8 @@ type Election_ObserveClient = grpc.ServerStreamingClient[LeaderInfo]
 type ElectionServer interface {
 	// Campaign campaigns while the stream is open. The first event comes
 	// when the candidate leads (LEADING, with its key and token). Ending the
-	// stream (cancelling the call) resigns. When the leadership ends
+	// stream (cancelling the call) resigns (with a lock_delay, the delay
+	// then runs: see CampaignRequest). When the leadership ends
 	// otherwise (Resign by key, its node deleted, the broker's ZooKeeper
 	// session lost) the broker sends LOST and ends the stream with Aborted; a
 	// broker that dies ends it with Unavailable, and its session's end ends

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
@@ -39,15 +42,36 @@ type Leadership struct {
 	err      error
 }
 
+// CampaignOption configures Campaign.
+type CampaignOption func(*campaignOptions)
+
+type campaignOptions struct{ delay time.Duration }
+
+// CampaignDelay sets the leadership's lock-delay (at most a minute; 0, the
+// default, is none): when the leadership is lost without Resign (this
+// process died or was cut off from the broker, or the broker's ZooKeeper
+// session ended), nobody else leads until d has passed, so a leader that
+// was only cut off can notice (Done) and stop first. Resign frees the
+// election at once.
+func CampaignDelay(d time.Duration) CampaignOption { return func(o *campaignOptions) { o.delay = d } }
+
 // Campaign campaigns in the election name ([A-Za-z0-9._-]{1,200}) with
 // value (at most 64 KiB) and waits until it leads, or ctx ends (which
 // withdraws the candidate). ctx bounds the wait only: once won, the
 // leadership lasts until Resign or its loss (Done). Errors:
 // ErrInvalidArgument, ErrResourceExhausted (the broker's stream limit),
 // ErrUnavailable, the context's error.
-func (c *Client) Campaign(ctx context.Context, name string, value []byte) (*Leadership, error) {
+func (c *Client) Campaign(ctx context.Context, name string, value []byte, opts ...CampaignOption) (*Leadership, error) {
+	var o campaignOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	req := &pb.CampaignRequest{Name: name, Value: value}
+	if o.delay != 0 {
+		req.LockDelay = durationpb.New(o.delay)
+	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s, err := c.elect.Campaign(sctx, &pb.CampaignRequest{Name: name, Value: value})
+	s, err := c.elect.Campaign(sctx, req)
 	var ev *pb.LeaderEvent
 	if err == nil {
 		ev, err = recvFirst(ctx, cancel, s.Recv)

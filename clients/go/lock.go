@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
@@ -24,11 +26,22 @@ var ErrLost = errors.New("qbroker: lost")
 // LockOption configures Lock.
 type LockOption func(*lockOptions)
 
-type lockOptions struct{ value []byte }
+type lockOptions struct {
+	value []byte
+	delay time.Duration
+}
 
 // LockValue sets the holder's value, which Revoke returns (at most 64
 // KiB): who holds the lock, for operators.
 func LockValue(v []byte) LockOption { return func(o *lockOptions) { o.value = v } }
+
+// LockDelay sets the grant's lock-delay (at most a minute; 0, the
+// default, is none): when the grant is lost without Unlock (this process
+// died or was cut off from the broker, or the broker's ZooKeeper session
+// ended), nobody else gets the lock until d has passed, so a holder that
+// was only cut off can notice (Lost) and stop first. Unlock and UnlockKey
+// free the lock at once.
+func LockDelay(d time.Duration) LockOption { return func(o *lockOptions) { o.delay = d } }
 
 // Lock is one holding of a distributed lock (the broker's Lock service):
 // held while its stream to the broker is open, released by Unlock, or by
@@ -62,7 +75,11 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lo
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s, err := c.locks.Lock(sctx)
 	if err == nil {
-		err = s.Send(&pb.LockRequest{Name: name, Value: o.value})
+		req := &pb.LockRequest{Name: name, Value: o.value}
+		if o.delay != 0 {
+			req.LockDelay = durationpb.New(o.delay)
+		}
+		err = s.Send(req)
 	}
 	var ev *pb.LockEvent
 	if err == nil {

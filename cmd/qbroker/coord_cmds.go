@@ -46,9 +46,16 @@ The lock is held while this process's stream to the broker is open: if
 this process dies the broker releases it, and if the broker dies the lock
 is released when the broker's ZooKeeper session times out. When the lock
 is lost while the command runs, the command gets SIGTERM, then SIGKILL
-after --kill-after, and lock exits with an error.`, std)
+after --kill-after, and lock exits with an error.
+
+With --lock-delay, a lock lost without its release (this process killed
+or cut off from the broker, or the broker's session expired) stays
+unavailable to everyone for that long, so that a holder that was only cut
+off stops its command first; a release when the command exits, or at
+Ctrl-C, frees it at once.`, std)
 	killAfter := fs.Duration("kill-after", 5*time.Second, "after SIGTERM, how long a command may take to exit before SIGKILL")
 	value := fs.String("value", "", "the holder's value, shown to Revoke (default: host and pid)")
+	delay := fs.Duration("lock-delay", 0, "after the lock is lost without a release, keep it unavailable this long (at most 1m; 0: none)")
 	pos, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
@@ -62,7 +69,7 @@ after --kill-after, and lock exits with an error.`, std)
 		return err
 	}
 	defer c.Close()
-	l, err := c.Lock(ctx, pos[0], qbroker.LockValue([]byte(*value)))
+	l, err := c.Lock(ctx, pos[0], qbroker.LockValue([]byte(*value)), qbroker.LockDelay(*delay))
 	if err != nil {
 		return ignoreCanceled(err)
 	}
@@ -125,8 +132,12 @@ only watches. Either way it prints the election's leaders as they change,
 one line each:
 	<key> <token> <value>
 A campaign whose leadership is lost (resigned by key, or the broker lost
-its ZooKeeper session) exits with an error.`, std)
+its ZooKeeper session) exits with an error. With --lock-delay, a
+leadership lost without resigning (this process killed or cut off, or the
+broker's session expired) leaves the election without a leader that long;
+Ctrl-C resigns at once.`, std)
 	observeOnly := fs.Bool("observe", false, "only print the leaders; do not campaign")
+	delay := fs.Duration("lock-delay", 0, "after the leadership is lost without resigning, keep the election without a leader this long (at most 1m; 0: none)")
 	pos, err := parse(fs, args, 1, 2)
 	if err != nil {
 		return err
@@ -148,12 +159,13 @@ its ZooKeeper session) exits with an error.`, std)
 	if *observeOnly || len(pos) == 1 {
 		return ignoreCanceled(<-observed)
 	}
-	return campaignAndHold(ctx, c, pos[0], []byte(pos[1]), observed, stop)
+	return campaignAndHold(ctx, c, pos[0], []byte(pos[1]), observed, stop, qbroker.CampaignDelay(*delay))
 }
 
 // campaignAndHold campaigns, then holds the leadership until Ctrl-C (then
 // resigns), its loss, or the observer's failure (stop ends the observer).
-func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value []byte, observed <-chan error, stop func()) error {
+func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value []byte, observed <-chan error, stop func(),
+	opts ...qbroker.CampaignOption) error {
 	type won struct {
 		l   *qbroker.Leadership
 		err error
@@ -162,7 +174,7 @@ func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value 
 	defer giveUp()
 	ch := make(chan won, 1)
 	go func() {
-		l, err := c.Campaign(cctx, name, value)
+		l, err := c.Campaign(cctx, name, value, opts...)
 		ch <- won{l, err}
 	}()
 	observerDone := false

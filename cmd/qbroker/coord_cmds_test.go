@@ -119,3 +119,35 @@ func TestElectCommand(t *testing.T) {
 		t.Fatalf("elect --observe ended by Ctrl-C: %v", err)
 	}
 }
+
+// --lock-delay: a lock taken with a minute's delay and released when its
+// command exits is free at once; a bad delay is refused.
+func TestLockDelayFlag(t *testing.T) {
+	c := cli{t: t, addr: startBroker(t)}
+	if _, _, err := c.run("", "lock", "--lock-delay", "1m", "L", "--", "true"); err != nil {
+		t.Fatalf("lock --lock-delay 1m -- true: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	qc, err := qbroker.Dial(ctx, c.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qc.Close()
+	l, err := qc.Lock(ctx, "L") // the delay would outlast ctx
+	if err != nil {
+		t.Fatalf("Lock after the command released: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"lock", "--lock-delay", "-1s", "L", "--", "true"},
+		{"lock", "--lock-delay", "2m", "L", "--", "true"},
+		{"elect", "--lock-delay", "2m", "E", "v"},
+	} {
+		if _, _, err := c.run("", args...); !errors.Is(err, qbroker.ErrInvalidArgument) {
+			t.Errorf("%v: got %v, want ErrInvalidArgument", args, err)
+		}
+	}
+}
