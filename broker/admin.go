@@ -58,6 +58,9 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	if req.GetSingleActiveConsumer() && kind == kindSync {
+		return nil, b.fail(invalidf("single_active_consumer is for FIFO and PRIORITY queues, not SYNC"))
+	}
 	s := zkqueue.Spec{
 		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
@@ -66,6 +69,7 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 		Created:     time.Now().UTC().Truncate(time.Millisecond),
 	}
 	s.MessageTTL, s.ExpireToDeadLetter = ttl, req.GetExpireToDeadLetter()
+	s.SingleActive = req.GetSingleActiveConsumer()
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
 	if err != nil {
 		return nil, b.fail(err)

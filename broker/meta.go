@@ -53,5 +53,6 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		DedupWindow:       durationpb.New(s.Dedup()),
 	}
 	info.MessageTtl, info.ExpireToDeadLetter = durationpb.New(s.MessageTTL), s.ExpireToDeadLetter
+	info.SingleActiveConsumer = s.SingleActive
 	return info
 }

@@ -229,8 +229,15 @@ type CreateQueueRequest struct {
 	MessageTtl *durationpb.Duration `protobuf:"bytes,9,opt,name=message_ttl,json=messageTtl,proto3" json:"message_ttl,omitempty"`
 	// Expired messages go to the dead letters instead of being dropped.
 	ExpireToDeadLetter bool `protobuf:"varint,10,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Single active consumer: one Consume stream at a time, across all
+	// brokers, receives the queue's messages; the others wait as standbys
+	// and one takes over when it ends or its broker dies (within the
+	// ZooKeeper session timeout). FIFO and PRIORITY queues only
+	// (INVALID_ARGUMENT on a SYNC queue). Receive is refused
+	// (FAILED_PRECONDITION) on such a queue: only streams take turns.
+	SingleActiveConsumer bool `protobuf:"varint,20,opt,name=single_active_consumer,json=singleActiveConsumer,proto3" json:"single_active_consumer,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *CreateQueueRequest) Reset() {
@@ -340,6 +347,13 @@ func (x *CreateQueueRequest) GetExpireToDeadLetter() bool {
 	return false
 }
 
+func (x *CreateQueueRequest) GetSingleActiveConsumer() bool {
+	if x != nil {
+		return x.SingleActiveConsumer
+	}
+	return false
+}
+
 // QueueInfo is a queue's configuration.
 type QueueInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -366,8 +380,10 @@ type QueueInfo struct {
 	MessageTtl *durationpb.Duration `protobuf:"bytes,10,opt,name=message_ttl,json=messageTtl,proto3" json:"message_ttl,omitempty"`
 	// Whether expired messages are kept as dead letters.
 	ExpireToDeadLetter bool `protobuf:"varint,11,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Single active consumer (see CreateQueueRequest).
+	SingleActiveConsumer bool `protobuf:"varint,20,opt,name=single_active_consumer,json=singleActiveConsumer,proto3" json:"single_active_consumer,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
@@ -480,6 +496,13 @@ func (x *QueueInfo) GetMessageTtl() *durationpb.Duration {
 func (x *QueueInfo) GetExpireToDeadLetter() bool {
 	if x != nil {
 		return x.ExpireToDeadLetter
+	}
+	return false
+}
+
+func (x *QueueInfo) GetSingleActiveConsumer() bool {
+	if x != nil {
+		return x.SingleActiveConsumer
 	}
 	return false
 }
@@ -1398,7 +1421,12 @@ type Subscribe struct {
 	VisibilityTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=visibility_timeout,json=visibilityTimeout,proto3" json:"visibility_timeout,omitempty"`
 	// Initial credit: deliveries the broker may send before more credit is
 	// granted. Unset means 1.
-	Prefetch      uint32 `protobuf:"varint,4,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
+	Prefetch uint32 `protobuf:"varint,4,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
+	// Stream priority, -1000..1000, unset means 0: among a queue's streams
+	// on one broker, a stream gets messages only while no stream of higher
+	// priority has credit. Across brokers priorities are not compared (see
+	// docs/design.md, "Consumer priority").
+	Priority      int32 `protobuf:"varint,20,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1457,6 +1485,13 @@ func (x *Subscribe) GetVisibilityTimeout() *durationpb.Duration {
 func (x *Subscribe) GetPrefetch() uint32 {
 	if x != nil {
 		return x.Prefetch
+	}
+	return 0
+}
+
+func (x *Subscribe) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
 	}
 	return 0
 }
@@ -2494,7 +2529,7 @@ var File_api_queue_proto protoreflect.FileDescriptor
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\x03\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa5\x04\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2509,7 +2544,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vmessage_ttl\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"messageTtl\x121\n" +
 	"\x15expire_to_dead_letter\x18\n" +
-	" \x01(\bR\x12expireToDeadLetter\"\xa1\x04\n" +
+	" \x01(\bR\x12expireToDeadLetter\x124\n" +
+	"\x16single_active_consumer\x18\x14 \x01(\bR\x14singleActiveConsumer\"\xd7\x04\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2526,7 +2562,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vmessage_ttl\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"messageTtl\x121\n" +
-	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\"%\n" +
+	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\x124\n" +
+	"\x16single_active_consumer\x18\x14 \x01(\bR\x14singleActiveConsumer\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +
@@ -2598,12 +2635,13 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x05group\x18\v \x01(\tR\x05group\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x01\n" +
 	"\tSubscribe\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12,\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x18.qbroker.v1.DeliveryModeR\x04mode\x12H\n" +
 	"\x12visibility_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11visibilityTimeout\x12\x1a\n" +
-	"\bprefetch\x18\x04 \x01(\rR\bprefetch\"j\n" +
+	"\bprefetch\x18\x04 \x01(\rR\bprefetch\x12\x1a\n" +
+	"\bpriority\x18\x14 \x01(\x05R\bpriority\"j\n" +
 	"\x06Settle\x12\x1b\n" +
 	"\tack_token\x18\x01 \x01(\tR\backToken\x12\x12\n" +
 	"\x04nack\x18\x02 \x01(\bR\x04nack\x12/\n" +
