@@ -105,6 +105,11 @@ type QueueOptions struct {
 	MessageTTL time.Duration
 	// ExpireToDeadLetter keeps expired messages as dead letters.
 	ExpireToDeadLetter bool
+	// SingleActiveConsumer: one Consume stream at a time, across all
+	// brokers, receives the queue's messages; the others wait and one
+	// takes over when it ends or its broker dies. KindFIFO and
+	// KindPriority queues only. Receive is refused (ErrFailedPrecondition).
+	SingleActiveConsumer bool
 }
 
 // QueueInfo is a queue's configuration.
@@ -122,6 +127,8 @@ type QueueInfo struct {
 	// MessageTTL and ExpireToDeadLetter: see QueueOptions.
 	MessageTTL         time.Duration
 	ExpireToDeadLetter bool
+	// SingleActiveConsumer: see QueueOptions.
+	SingleActiveConsumer bool
 }
 
 func infoFromPB(q *pb.QueueInfo) QueueInfo {
@@ -138,6 +145,8 @@ func infoFromPB(q *pb.QueueInfo) QueueInfo {
 		DedupWindow:        q.GetDedupWindow().AsDuration(),
 		MessageTTL:         q.GetMessageTtl().AsDuration(),
 		ExpireToDeadLetter: q.GetExpireToDeadLetter(),
+
+		SingleActiveConsumer: q.GetSingleActiveConsumer(),
 	}
 }
 
@@ -200,6 +209,8 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		DedupWindow:        durationOrNil(o.DedupWindow),
 		MessageTtl:         durationOrNil(o.MessageTTL),
 		ExpireToDeadLetter: o.ExpireToDeadLetter,
+
+		SingleActiveConsumer: o.SingleActiveConsumer,
 	})
 	if err != nil {
 		return QueueInfo{}, errorf("qbroker: create queue %s: %w", name, convErr(err))
