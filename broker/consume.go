@@ -58,9 +58,17 @@ func (c *consumeState) addCredit(n int) {
 func (c *consumeState) endTake(unused int) {
 	c.mu.Lock()
 	c.taking = false
+	if unused > 0 {
+		c.credit = min(c.credit+unused, maxPrefetch)
+	}
 	c.mu.Unlock()
-	c.addCredit(unused)
-	if unused <= 0 && c.board != nil {
+	if unused > 0 {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	if c.board != nil {
 		c.board.creditChanged()
 	}
 }
