@@ -51,6 +51,7 @@ type activeGate struct {
 	line []*activeTurn
 	wake chan struct{} // a turn joined or left
 	done chan struct{} // closed when run returned
+	gone chan struct{} // closed when the election's node is gone: the queue was deleted
 }
 
 // activeTurn is one stream's place in its queue's line.
@@ -80,7 +81,8 @@ func (b *Broker) joinActive(q *queue, prio int) *activeTurn {
 	}
 	g := a.gates[q.name]
 	if g == nil {
-		g = &activeGate{b: b, name: q.name, path: q.h.Active, wake: make(chan struct{}, 1), done: make(chan struct{})}
+		g = &activeGate{b: b, name: q.name, path: q.h.Active, wake: make(chan struct{}, 1), done: make(chan struct{}),
+			gone: make(chan struct{})}
 		prev := a.last[q.name]
 		a.gates[q.name], a.last[q.name] = g, g.done
 		b.wg.Add(1)
@@ -120,6 +122,8 @@ func (t *activeTurn) leave() {
 func (t *activeTurn) wait(ctx context.Context) error {
 	select {
 	case <-t.ready:
+	case <-t.g.gone:
+		return fmt.Errorf("%w: %s (deleted)", errQueueNotFound, t.g.name)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -227,11 +231,28 @@ func (g *activeGate) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, zk.ErrNoNode) {
+			g.deleted(ctx)
+			return
+		}
 		if err != nil {
 			b.log.Debug("single active consumer", "queue", g.name, "err", err)
 			if !sleepCtx(ctx, activeRetry) {
 				return
 			}
+		}
+	}
+}
+
+// deleted ends the waits of the streams in line, whose queue was deleted
+// (its election's node is gone), and waits for them to leave.
+func (g *activeGate) deleted(ctx context.Context) {
+	close(g.gone)
+	for !g.idle() {
+		select {
+		case <-g.wake:
+		case <-ctx.Done():
+			return
 		}
 	}
 }

@@ -336,3 +336,49 @@ func TestConsumerPriority(t *testing.T) {
 	}
 	t.Logf("low stream got %v", *low)
 }
+
+// Deleting a single-active queue ends its active stream and its
+// standbys with NotFound.
+func TestSingleActiveQueueDeletedUnderStandbys(t *testing.T) {
+	b := newBroker(t, zktest.Root(t))
+	const queue = "gone"
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: queue, SingleActiveConsumer: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ends := make(chan error, 3)
+	for i := range 3 {
+		st, err := b.client.Consume(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The last one has the highest priority: it stands first in line.
+		if err := st.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: queue, Mode: alo, Priority: int32(i)}}); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for {
+				if _, err := st.Recv(); err != nil {
+					ends <- err
+					return
+				}
+			}
+		}()
+	}
+	zktest.WaitFor(t, 30*time.Second, "3 consumers", func() bool {
+		st, err := b.client.Stats(context.Background(), &pb.StatsRequest{Name: queue})
+		return err == nil && st.GetConsumers() == 3
+	})
+	if _, err := b.client.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: queue}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		select {
+		case err := <-ends:
+			if status.Code(err) != codes.NotFound {
+				t.Errorf("stream ended with %v, want NotFound", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("streams of the deleted queue did not end")
+		}
+	}
+}

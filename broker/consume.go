@@ -179,9 +179,11 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	defer unregister()
 
 	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1), prio: sub.prio}
-	b.prio.join(sub.q.name, st)
-	defer b.prio.leave(st)
-	if sub.q.h.Active != "" {
+	if sub.q.h.Active == "" {
+		b.prio.join(sub.q.name, st)
+		defer b.prio.leave(st)
+	} else {
+		// One stream receives at a time: priority orders the line.
 		st.turn = b.joinActive(sub.q, sub.prio)
 		defer st.turn.leave() // after releaseHeld: the next turn waits for no lease
 	}

@@ -138,10 +138,12 @@ func (bd *prioBoard) creditChanged() {
 // admit waits until no member of higher priority than st has credit and
 // returns the context of st's next claim: it is cancelled (cancel must be
 // called when the claim returns) as soon as a higher member gets credit.
-// Without mixed priorities it returns ctx.
+// Without mixed priorities, or without a board (a stream of a
+// single-active queue, where priority only orders the line), it returns
+// ctx.
 func (bd *prioBoard) admit(ctx context.Context, st *consumeState) (context.Context, context.CancelFunc, error) {
 	for {
-		if !bd.mixed.Load() {
+		if bd == nil || !bd.mixed.Load() {
 			return ctx, func() {}, nil
 		}
 		bd.mu.Lock()
