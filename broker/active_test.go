@@ -180,7 +180,7 @@ func TestSingleActiveConsumerAcrossBrokers(t *testing.T) {
 	if err != nil || !info.GetSingleActiveConsumer() {
 		t.Fatalf("GetQueue: %v, single_active_consumer %v, want true", err, info.GetSingleActiveConsumer())
 	}
-	publishN(t, survivor.client, queue, 3000)
+	publishN(t, survivor.client, queue, 1000)
 	cmd, conn := startQbrokerProcess(t, root, "--session-timeout", sessionTimeout.String())
 	victim := pb.NewQueueClient(conn)
 	waitConsumers := func(n int) {
