@@ -10,6 +10,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/election"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // Single active consumer (queues created with single_active_consumer).
@@ -325,6 +326,7 @@ func (g *activeGate) serve(ctx context.Context, el *election.Election) error {
 // clear waits until no delivery of the queue can be settled, the turn's
 // stream left, or the leadership is lost.
 func (g *activeGate) clear(ctx context.Context, el *election.Election, t *activeTurn) error {
+	b := g.b
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -336,7 +338,7 @@ func (g *activeGate) clear(ctx context.Context, el *election.Election, t *active
 		cancel()
 	}()
 	for {
-		err := t.q.leases.WaitUnheld(wctx)
+		err := t.q.leases.WaitUnheld(wctx, t.q.policy, func(m zkqueue.Message, out zkqueue.Outcome) { b.released(t.q, m, out) })
 		if err == nil {
 			return nil
 		}

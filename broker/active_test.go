@@ -42,6 +42,7 @@ type sacStream struct {
 
 	mu    sync.Mutex
 	holds []held
+	order []string  // payloads in order of arrival
 	first time.Time // the first delivery's arrival
 	err   error     // how the stream ended
 }
@@ -86,6 +87,7 @@ func (s *sacStream) run(c pb.QueueClient) {
 		if s.first.IsZero() {
 			s.first = now
 		}
+		s.order = append(s.order, h.id)
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, aerr := c.Ack(ctx, &pb.AckRequest{AckToken: m.GetAckToken()})
@@ -169,7 +171,7 @@ func checkNoOverlap(t *testing.T, streams ...*sacStream) {
 // process: one stream at a time receives; the next takes over when the
 // active one ends (on either broker) and when the active stream's broker
 // is killed (SIGKILL), within the session timeout plus a second; no two
-// streams ever hold deliveries at once.
+// streams ever hold deliveries at once, and each gets the queue in order.
 func TestSingleActiveConsumerAcrossBrokers(t *testing.T) {
 	root := zktest.Root(t)
 	survivor := newBroker(t, root)
@@ -231,6 +233,15 @@ func TestSingleActiveConsumerAcrossBrokers(t *testing.T) {
 	s2.end(t)
 	<-v2.done
 	checkNoOverlap(t, v1, s1, v2, s2)
+	// Each stream got the queue in order: what the one before held was
+	// back at its place before it started.
+	for _, s := range []*sacStream{v1, s1, v2, s2} {
+		for i := 1; i < len(s.order); i++ {
+			if s.order[i] <= s.order[i-1] {
+				t.Errorf("%s got %s after %s", s.name, s.order[i], s.order[i-1])
+			}
+		}
+	}
 	t.Logf("deliveries: v1 %d, s1 %d, v2 %d, s2 %d", v1.count(), s1.count(), v2.count(), s2.count())
 }
 

@@ -34,12 +34,21 @@ const activeParent = "active"
 // Extend refuse it then). It lists leases/ with a watch and reads each
 // lease; it then waits for the list to change or for the latest live
 // deadline, whichever comes first, and looks again (an Extend moves a
-// deadline later: the next look sees it). Deadlines are compared with
-// this process's clock, as every Ack compares them with its own: the
-// processes' clocks are assumed to agree within a lease's send margin.
-// Errors: the context's; ZooKeeper's, wrapped (zk.ErrNoNode when the
-// queue was deleted).
-func (l *Leases) WaitUnheld(ctx context.Context) error {
+// deadline later: the next look sees it).
+//
+// A lease found past its deadline is released at once, as the leader's
+// sweep would (requeued at its place in the queue, or dead-lettered past
+// p.MaxDeliveries; released, when set, is told of each), so that the
+// messages the previous consumer held are back in the queue, in order,
+// before the next one starts; when that fails (the sweep or another
+// process released it first, or ZooKeeper is away) the sweep's release
+// stands.
+//
+// Deadlines are compared with this process's clock, as every Ack compares
+// them with its own: the processes' clocks are assumed to agree within a
+// lease's send margin. Errors: the context's; ZooKeeper's, wrapped
+// (zk.ErrNoNode when the queue was deleted).
+func (l *Leases) WaitUnheld(ctx context.Context, p Policy, released func(Message, Outcome)) error {
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -48,7 +57,7 @@ func (l *Leases) WaitUnheld(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("zkqueue: wait unheld: children %s: %w", l.leases, err)
 		}
-		latest, err := l.latestLive(names)
+		latest, err := l.latestLive(ctx, names, p, released)
 		if err != nil {
 			return err
 		}
@@ -66,25 +75,41 @@ func (l *Leases) WaitUnheld(ctx context.Context) error {
 }
 
 // latestLive returns the latest deadline of the live (not nacked, not
-// expired) leases among names; zero when there is none.
-func (l *Leases) latestLive(names []string) (time.Time, error) {
+// expired) leases among names, zero when there is none, and releases the
+// expired ones.
+func (l *Leases) latestLive(ctx context.Context, names []string, p Policy, released func(Message, Outcome)) (time.Time, error) {
 	var latest time.Time
 	now := time.Now()
 	for _, n := range names {
-		p := l.leases + "/" + n
-		data, _, err := l.items.zk.Get(p)
+		lp := l.leases + "/" + n
+		data, stat, err := l.items.zk.Get(lp)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
 		if err != nil {
-			return time.Time{}, fmt.Errorf("zkqueue: wait unheld: get %s: %w", p, err)
+			return time.Time{}, fmt.Errorf("zkqueue: wait unheld: get %s: %w", lp, err)
 		}
-		deadline, _, nacked, err := decodeLeaseState(data)
-		if err != nil || nacked || !deadline.After(now) {
+		deadline, itemData, nacked, err := decodeLeaseState(data)
+		if err != nil || nacked {
 			continue // unreadable leases cannot be acked either
 		}
-		if deadline.After(latest) {
-			latest = deadline
+		if deadline.After(now) {
+			if deadline.After(latest) {
+				latest = deadline
+			}
+			continue
+		}
+		item, ok := ParseLeaseName(n)
+		if !ok {
+			continue
+		}
+		m, err := decodeMessage(item, itemData, 0)
+		if err != nil {
+			continue
+		}
+		out, err := l.release(ctx, heldLease{token: n, version: stat.Version, item: item, data: itemData, m: m}, p)
+		if err == nil && released != nil {
+			released(m, out)
 		}
 	}
 	return latest, nil

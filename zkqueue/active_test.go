@@ -25,7 +25,7 @@ func TestWaitUnheld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := leases.WaitUnheld(ctx); err != nil {
+	if err := leases.WaitUnheld(ctx, zkqueue.Policy{}, nil); err != nil {
 		t.Fatalf("WaitUnheld without leases: %v", err)
 	}
 	for range 3 {
@@ -39,12 +39,12 @@ func TestWaitUnheld(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if err := leases.WaitUnheld(short); !errors.Is(err, context.DeadlineExceeded) {
+	if err := leases.WaitUnheld(short, zkqueue.Policy{}, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitUnheld with live leases: %v, want the context's deadline", err)
 	}
 
 	done := make(chan error, 1)
-	go func() { done <- leases.WaitUnheld(ctx) }()
+	go func() { done <- leases.WaitUnheld(ctx, zkqueue.Policy{}, nil) }()
 	if _, err := leases.Ack(ctx, ls[0].Token); err != nil {
 		t.Fatal(err)
 	}
@@ -60,19 +60,32 @@ func TestWaitUnheld(t *testing.T) {
 		t.Fatal("WaitUnheld did not return once the leases were acked and nacked")
 	}
 
-	// A lease nobody settles: WaitUnheld returns after its deadline.
+	// A lease nobody settles: WaitUnheld returns after its deadline, the
+	// message back in the queue.
 	ls, err = leases.Take(ctx, 1, zkqueue.Room{}, time.Second, false)
 	if err != nil || len(ls) != 1 {
 		t.Fatalf("Take: %v, %v", ls, err)
 	}
-	if err := leases.WaitUnheld(ctx); err != nil {
+	var back []string
+	if err := leases.WaitUnheld(ctx, zkqueue.Policy{}, func(m zkqueue.Message, out zkqueue.Outcome) {
+		if out == zkqueue.Requeued {
+			back = append(back, m.ID)
+		}
+	}); err != nil {
 		t.Fatalf("WaitUnheld: %v", err)
+	}
+	if len(back) != 1 || back[0] != ls[0].ID {
+		t.Fatalf("requeued %v, want %s", back, ls[0].ID)
 	}
 	if now := time.Now(); now.Before(ls[0].Deadline) {
 		t.Fatalf("WaitUnheld returned at %v, before the lease's deadline %v", now, ls[0].Deadline)
 	}
 	if _, err := leases.Ack(ctx, ls[0].Token); !errors.Is(err, zkqueue.ErrUnknownLease) {
 		t.Fatalf("Ack after WaitUnheld: %v, want ErrUnknownLease", err)
+	}
+	again, err := leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
+	if err != nil || len(again) != 1 || again[0].ID != ls[0].ID || again[0].Deliveries != 2 {
+		t.Fatalf("Take after WaitUnheld: %+v, %v; want %s delivered a second time", again, err, ls[0].ID)
 	}
 }
 
