@@ -307,6 +307,11 @@ func (g *activeGate) serve(ctx context.Context, el *election.Election) error {
 			}
 			continue // clear looks again once the session is back
 		}
+		select {
+		case <-el.Done():
+			return fmt.Errorf("single active consumer of %s: leadership lost", g.name)
+		default:
+		}
 		t.session = b.sessions.Load()
 		t.q.items.Rescan() // from the head: another broker may have put messages back
 		close(t.ready)
@@ -323,13 +328,14 @@ func (g *activeGate) serve(ctx context.Context, el *election.Election) error {
 	}
 }
 
-// clear waits until no delivery of the queue can be settled, the turn's
-// stream left, or the leadership is lost.
+// clear waits until no delivery of the queue can be settled, or the
+// turn's stream left (nil both), or the leadership is lost.
 func (g *activeGate) clear(ctx context.Context, el *election.Election, t *activeTurn) error {
 	b := g.b
 	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	exited := make(chan struct{})
 	go func() {
+		defer close(exited)
 		select {
 		case <-el.Done():
 		case <-t.left:
@@ -337,11 +343,8 @@ func (g *activeGate) clear(ctx context.Context, el *election.Election, t *active
 		}
 		cancel()
 	}()
+	defer func() { cancel(); <-exited }()
 	for {
-		err := t.q.leases.WaitUnheld(wctx, t.q.policy, func(m zkqueue.Message, out zkqueue.Outcome) { b.released(t.q, m, out) })
-		if err == nil {
-			return nil
-		}
 		select {
 		case <-el.Done():
 			return fmt.Errorf("single active consumer of %s: leadership lost", g.name)
@@ -349,14 +352,18 @@ func (g *activeGate) clear(ctx context.Context, el *election.Election, t *active
 			return nil
 		default:
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		if errors.Is(err, zk.ErrNoNode) {
+		err := t.q.leases.WaitUnheld(wctx, t.q.policy, func(m zkqueue.Message, out zkqueue.Outcome) { b.released(t.q, m, out) })
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, zk.ErrNoNode):
 			return fmt.Errorf("single active consumer of %s: %w", g.name, err)
-		}
-		if !sleepCtx(wctx, activeRetry) {
-			return ctx.Err()
+		case wctx.Err() == nil:
+			b.log.Debug("single active consumer: waiting for the leases", "queue", g.name, "err", err)
+			sleepCtx(wctx, activeRetry)
 		}
 	}
 }
