@@ -393,3 +393,35 @@ func TestSingleActiveQueueDeletedUnderStandbys(t *testing.T) {
 		}
 	}
 }
+
+// On a single-active queue, priority orders the line only: a standby of
+// higher priority does not hold up the active stream, and is the next
+// one active, ahead of an earlier standby of lower priority.
+func TestSingleActivePriorityOrdersTheLine(t *testing.T) {
+	b := newBroker(t, zktest.Root(t))
+	const queue = "line"
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: queue, SingleActiveConsumer: true})
+	waitConsumers := func(n int) {
+		zktest.WaitFor(t, 30*time.Second, fmt.Sprintf("%d consumers", n), func() bool {
+			st, err := b.client.Stats(context.Background(), &pb.StatsRequest{Name: queue})
+			return err == nil && int(st.GetConsumers()) == n
+		})
+	}
+	receives := func(s *sacStream, n int) {
+		zktest.WaitFor(t, 30*time.Second, fmt.Sprintf("%s receiving %d", s.name, n), func() bool { return s.count() >= n })
+	}
+	first := openSAC(t, "first", b.client, queue, 0)
+	waitConsumers(1)
+	low := openSAC(t, "low", b.client, queue, 1)
+	high := openSAC(t, "high", b.client, queue, 9)
+	waitConsumers(3)
+	publishN(t, b.client, queue, 10)
+	receives(first, 10)
+	first.end(t)
+	publishN(t, b.client, queue, 10)
+	receives(high, 10)
+	if n := low.count(); n != 0 {
+		t.Fatalf("low got %d messages, want none: high stood before it", n)
+	}
+	checkNoOverlap(t, first, low, high)
+}
