@@ -58,6 +58,9 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	if req.GetSingleActiveConsumer() && kind == kindSync {
+		return nil, b.fail(invalidf("single_active_consumer is for FIFO and PRIORITY queues, not SYNC"))
+	}
 	var backoff *zkqueue.Backoff
 	if r := req.GetRetryBackoff(); r != nil {
 		if backoff, err = backoffToSpec(r); err != nil {
@@ -73,6 +76,7 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	}
 	s.MessageTTL, s.ExpireToDeadLetter = ttl, req.GetExpireToDeadLetter()
 	s.Backoff = backoff
+	s.SingleActive = req.GetSingleActiveConsumer()
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
 	if err != nil {
 		return nil, b.fail(err)

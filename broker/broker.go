@@ -408,6 +408,9 @@ type Broker struct {
 
 	coord coordState // the Election and Lock services' local state (coord.go)
 
+	active activeGates // single-active queues' lines of streams (active.go)
+	prio   prioBoards  // the queues' streams by priority (streamprio.go)
+
 	clients     clientUse   // streams and connections per client (clients.go)
 	authStreams authStreams // open streams, re-checked when auth files change (authstreams.go)
 

@@ -25,10 +25,16 @@ const maxClaimBatch = 32
 
 // consumeState is one Consume stream's credit and unsettled leases.
 type consumeState struct {
-	mu     sync.Mutex
-	credit int
-	held   map[string]time.Time // lease token -> deadline
-	wake   chan struct{}        // signalled when credit grows
+	mu      sync.Mutex
+	credit  int
+	taking  bool                 // a claim runs with credit taken (takeCredit to endTake)
+	held    map[string]time.Time // lease token -> deadline
+	wake    chan struct{}        // signalled when credit grows
+	preempt context.CancelFunc   // cancels the claim under way (streamprio.go)
+
+	prio  int         // the stream's priority
+	board *prioBoard  // the queue's streams on this broker (streamprio.go)
+	turn  *activeTurn // single-active queues: the stream's turn (active.go)
 }
 
 func (c *consumeState) addCredit(n int) {
@@ -42,15 +48,66 @@ func (c *consumeState) addCredit(n int) {
 	case c.wake <- struct{}{}:
 	default:
 	}
+	if c.board != nil {
+		c.board.creditChanged()
+	}
 }
 
-// takeCredit waits for credit and takes up to max of it.
+// endTake ends a claim begun with takeCredit, giving back the credit it
+// did not use.
+func (c *consumeState) endTake(unused int) {
+	c.mu.Lock()
+	c.taking = false
+	if unused > 0 {
+		c.credit = min(c.credit+unused, maxPrefetch)
+	}
+	c.mu.Unlock()
+	if unused > 0 {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	if c.board != nil {
+		c.board.creditChanged()
+	}
+}
+
+// ready reports whether the stream has credit: left, or taken by a claim
+// under way.
+func (c *consumeState) ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.credit > 0 || c.taking
+}
+
+// setPreempt sets (nil: clears) the cancel of the claim under way.
+func (c *consumeState) setPreempt(f context.CancelFunc) {
+	c.mu.Lock()
+	c.preempt = f
+	c.mu.Unlock()
+}
+
+// preemptTake cancels the claim under way, if any: a stream of higher
+// priority got credit.
+func (c *consumeState) preemptTake() {
+	c.mu.Lock()
+	f := c.preempt
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// takeCredit waits for credit and takes up to max of it; endTake ends
+// the claim it begins.
 func (c *consumeState) takeCredit(ctx context.Context, max int) (int, error) {
 	for {
 		c.mu.Lock()
 		if c.credit > 0 {
 			n := min(c.credit, max)
 			c.credit -= n
+			c.taking = true
 			c.mu.Unlock()
 			return n, nil
 		}
@@ -121,7 +178,15 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	unregister := b.registerConsumer(ctx, sub.q)
 	defer unregister()
 
-	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1)}
+	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1), prio: sub.prio}
+	if sub.q.h.Active == "" {
+		b.prio.join(sub.q.name, st)
+		defer b.prio.leave(st)
+	} else {
+		// One stream receives at a time: priority orders the line.
+		st.turn = b.joinActive(sub.q, sub.prio)
+		defer st.turn.leave() // after releaseHeld: the next turn waits for no lease
+	}
 	st.addCredit(sub.prefetch + int(first.GetCredit()))
 	defer b.releaseHeld(sub.q, st)
 	b.settle(ctx, st, first.GetSettle())
@@ -133,6 +198,7 @@ type subscription struct {
 	q        *queue
 	d        delivery
 	prefetch int
+	prio     int
 }
 
 // subscribe checks a Consume stream's first request.
@@ -161,7 +227,11 @@ func (b *Broker) subscribe(ctx context.Context, first *pb.ConsumeRequest) (subsc
 	if prefetch > maxPrefetch {
 		return subscription{}, invalidf("prefetch %d > %d", prefetch, maxPrefetch)
 	}
-	return subscription{q: q, d: d, prefetch: prefetch}, nil
+	prio := int(sub.GetPriority())
+	if prio < minStreamPriority || prio > maxStreamPriority {
+		return subscription{}, invalidf("priority %d out of range [%d, %d]", prio, minStreamPriority, maxStreamPriority)
+	}
+	return subscription{q: q, d: d, prefetch: prefetch, prio: prio}, nil
 }
 
 // serveConsume runs a subscribed stream until the client leaves or
@@ -236,18 +306,37 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 	snd := newOutbox(b, stream.Send)
 	defer snd.close()
 	for {
+		if st.turn != nil {
+			if err := st.turn.wait(ctx); err != nil {
+				if ctx.Err() != nil {
+					return errStreamDone
+				}
+				return b.fail(err)
+			}
+		}
 		credit, err := st.takeCredit(ctx, maxClaimBatch)
 		if err != nil {
 			return errStreamDone
 		}
-		cs, err := b.take(ctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
+		tctx, done, err := st.board.admit(ctx, st)
+		if err != nil {
+			return errStreamDone
+		}
+		cs, err := b.take(tctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
+		done()
+		st.endTake(credit - len(cs))
 		if err != nil {
 			if ctx.Err() != nil {
 				return errStreamDone
 			}
+			if tctx.Err() != nil {
+				continue // a stream of higher priority got credit
+			}
 			return b.fail(err)
 		}
-		st.addCredit(credit - len(cs))
+		if st.turn != nil {
+			st.turn.fence(cs)
+		}
 		if sub.d.ack {
 			for _, c := range cs {
 				st.hold(c.lease, c.expires)

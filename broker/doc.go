@@ -57,7 +57,10 @@
 // (zkqueue.Handles.Run: the delay mover and the TTL expiry timer) until
 // the queue's handle goes stale or the broker shuts down (schedule.go), and
 // keeps its consumer registrations through session expiry with one
-// zkqueue.Registry (registry.go).
+// zkqueue.Registry (registry.go). A single-active queue's streams wait in
+// line per broker, the broker campaigning for the queue in its active/
+// election (active.go); stream priorities order a queue's streams on one
+// broker (streamprio.go).
 //
 // # Dispatch
 //

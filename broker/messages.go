@@ -153,6 +153,9 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	if q.meta.SingleActive {
+		return nil, b.fail(fmt.Errorf("%w: queue %s has a single active consumer: consume it with a Consume stream", errWrongKind, q.name))
+	}
 	d, err := b.deliverySettings(q, req.GetMode(), req.GetVisibilityTimeout().AsDuration())
 	if err != nil {
 		return nil, b.fail(err)

@@ -56,5 +56,6 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 	if s.Backoff != nil {
 		info.RetryBackoff = backoffToPB(s.Backoff)
 	}
+	info.SingleActiveConsumer = s.SingleActive
 	return info
 }

@@ -154,8 +154,16 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithMemory(b.recent),
 		zkqueue.WithReaders(b.readers...),
 		// Every scan is a use: a queue whose consumers wait here is
-		// served here. q.consumers is set before q is shared.
-		zkqueue.WithOwners(func() zkqueue.Share { q.touch(); return q.consumers.Share() }),
+		// served here. q.consumers and q.meta are set before q is shared.
+		// A single-active queue has one consumer at a time: its whole
+		// queue, in order, is the active stream's (active.go).
+		zkqueue.WithOwners(func() zkqueue.Share {
+			q.touch()
+			if q.meta.SingleActive {
+				return zkqueue.Share{Rank: 0, N: 1}
+			}
+			return q.consumers.Share()
+		}),
 		zkqueue.WithPublisher(b.cfg.ID),
 		zkqueue.WithLogger(b.log.With("queue", name)),
 	)

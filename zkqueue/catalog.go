@@ -30,6 +30,7 @@ import (
 //	start       KindSync: exists once the group is complete
 //	dedup/      the records of dedup ids (WithDedup), created when first used
 //	groups/     message groups' order and state (WithGroups), created when first used
+//	active/     Spec.SingleActive: the election of the consumer that receives (active.go)
 //
 // Create makes the node and its parents in one Multi. Nothing else
 // creates them: open a queue's Queue and Leases WithoutCreate, so that a
@@ -175,6 +176,9 @@ func (c *Catalog) Create(ctx context.Context, name string, s Spec) (Spec, error)
 	ops := []any{&zk.CreateRequest{Path: p, Data: data, Acl: acl}}
 	for _, sub := range queueParents {
 		ops = append(ops, &zk.CreateRequest{Path: p + "/" + sub, Acl: acl})
+	}
+	if s.SingleActive {
+		ops = append(ops, &zk.CreateRequest{Path: p + "/" + activeParent, Acl: acl})
 	}
 	for attempt := 0; attempt < createAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {

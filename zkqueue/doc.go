@@ -45,6 +45,8 @@
 //	groups.go    message groups part (WithGroups): per-group order by sequential
 //	             entries created with the message, one in flight per group
 //	baddata.go   skipping message nodes whose data does not decode
+//	active.go    single active consumer (Spec.SingleActive): the active/ election
+//	             node, and WaitUnheld, the wait for the previous consumer's leases
 //	observe.go   Observer: per-request latency for metrics
 //	errors.go    sentinel errors, all prefixed "zkqueue: "
 //

@@ -35,6 +35,9 @@ type Handles struct {
 	// Path is the queue's node (Catalog.Path), for recipes built on the
 	// queue (package syncqueue).
 	Path string
+	// Active is the node of the election among the queue's consumers
+	// when Spec.SingleActive (see active.go), "" otherwise.
+	Active string
 }
 
 // OpenConfig configures the Handles Open returns.
@@ -101,8 +104,12 @@ func (c *Catalog) Open(name string, cfg OpenConfig, opts ...Option) (*Handles, e
 	if err != nil {
 		return nil, err
 	}
-	return &Handles{Name: name, Spec: spec, Watch: watch, Items: items, Leases: leases,
-		Delayed: delayed, Consumers: group, Path: p}, nil
+	h := &Handles{Name: name, Spec: spec, Watch: watch, Items: items, Leases: leases,
+		Delayed: delayed, Consumers: group, Path: p}
+	if spec.SingleActive {
+		h.Active = p + "/" + activeParent
+	}
+	return h, nil
 }
 
 // Stale reports whether the Handles' metadata watch fired: the queue was

@@ -52,6 +52,10 @@ type Spec struct {
 	// Backoff, when set, is the queue's redelivery schedule (backoff.go);
 	// stored in milliseconds.
 	Backoff *Backoff
+	// SingleActive: one consumer at a time receives the queue's messages
+	// (see active.go); KindFIFO and KindPriority only. The queue has an
+	// active/ parent, the election of its consumers.
+	SingleActive bool
 }
 
 // specVersion is the version of the encoding; decoders reject the
@@ -75,6 +79,7 @@ type specJSON struct {
 	Deleting      bool      `json:"deleting,omitempty"`
 
 	RetryBackoff *backoffJSON `json:"retry_backoff,omitempty"`
+	SingleActive bool         `json:"single_active,omitempty"`
 }
 
 // Policy returns the delivery policy the spec sets for leases.
@@ -113,6 +118,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: expiring to the dead letters needs a message TTL", ErrBadSpec)
 	case s.Deleting:
 		return fmt.Errorf("%w: a new queue cannot be marked deleting", ErrBadSpec)
+	case s.SingleActive && s.Kind == KindSync:
+		return fmt.Errorf("%w: single active consumer is for %s and %s queues only", ErrBadSpec, KindFIFO, KindPriority)
 	case s.Backoff != nil:
 		return s.Backoff.Check()
 	}
@@ -137,7 +144,7 @@ func (s Spec) Encode() ([]byte, error) {
 		VisibilityMS: s.Visibility.Milliseconds(), MaxDeliveries: s.MaxDeliveries,
 		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, DedupWindowMS: s.DedupWindow.Milliseconds(),
 		Created: s.Created, Deleting: s.Deleting,
-		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter}
+		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter, SingleActive: s.SingleActive}
 	if s.Backoff != nil {
 		j.RetryBackoff = s.Backoff.toJSON()
 	}
@@ -155,7 +162,8 @@ func DecodeSpec(data []byte) (Spec, error) {
 	s := Spec{Kind: j.Kind, SyncMembers: j.SyncMembers, Visibility: time.Duration(j.VisibilityMS) * time.Millisecond,
 		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, MaxDepth: j.MaxDepth, MaxBytes: j.MaxBytes,
 		DedupWindow: time.Duration(j.DedupWindowMS) * time.Millisecond, Created: j.Created, Deleting: j.Deleting,
-		MessageTTL: time.Duration(j.MessageTTLMS) * time.Millisecond, ExpireToDeadLetter: j.ExpireToDead}
+		MessageTTL: time.Duration(j.MessageTTLMS) * time.Millisecond, ExpireToDeadLetter: j.ExpireToDead,
+		SingleActive: j.SingleActive}
 	if j.RetryBackoff != nil {
 		s.Backoff = j.RetryBackoff.backoff()
 	}

@@ -232,9 +232,16 @@ type CreateQueueRequest struct {
 	// Redelivery schedule: a nack without a delay, and a lease that expired,
 	// make the message deliverable again only after the schedule's step for
 	// its deliveries so far (see RetryBackoff). Unset: at once, as always.
-	RetryBackoff  *RetryBackoff `protobuf:"bytes,12,opt,name=retry_backoff,json=retryBackoff,proto3" json:"retry_backoff,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RetryBackoff *RetryBackoff `protobuf:"bytes,12,opt,name=retry_backoff,json=retryBackoff,proto3" json:"retry_backoff,omitempty"`
+	// Single active consumer: one Consume stream at a time, across all
+	// brokers, receives the queue's messages; the others wait as standbys
+	// and one takes over when it ends or its broker dies (within the
+	// ZooKeeper session timeout). FIFO and PRIORITY queues only
+	// (INVALID_ARGUMENT on a SYNC queue). Receive is refused
+	// (FAILED_PRECONDITION) on such a queue: only streams take turns.
+	SingleActiveConsumer bool `protobuf:"varint,13,opt,name=single_active_consumer,json=singleActiveConsumer,proto3" json:"single_active_consumer,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *CreateQueueRequest) Reset() {
@@ -351,6 +358,13 @@ func (x *CreateQueueRequest) GetRetryBackoff() *RetryBackoff {
 	return nil
 }
 
+func (x *CreateQueueRequest) GetSingleActiveConsumer() bool {
+	if x != nil {
+		return x.SingleActiveConsumer
+	}
+	return false
+}
+
 // QueueInfo is a queue's configuration.
 type QueueInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -378,9 +392,11 @@ type QueueInfo struct {
 	// Whether expired messages are kept as dead letters.
 	ExpireToDeadLetter bool `protobuf:"varint,11,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
 	// Redelivery schedule (see CreateQueueRequest); unset when none.
-	RetryBackoff  *RetryBackoff `protobuf:"bytes,13,opt,name=retry_backoff,json=retryBackoff,proto3" json:"retry_backoff,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RetryBackoff *RetryBackoff `protobuf:"bytes,13,opt,name=retry_backoff,json=retryBackoff,proto3" json:"retry_backoff,omitempty"`
+	// Single active consumer (see CreateQueueRequest).
+	SingleActiveConsumer bool `protobuf:"varint,14,opt,name=single_active_consumer,json=singleActiveConsumer,proto3" json:"single_active_consumer,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
@@ -502,6 +518,13 @@ func (x *QueueInfo) GetRetryBackoff() *RetryBackoff {
 		return x.RetryBackoff
 	}
 	return nil
+}
+
+func (x *QueueInfo) GetSingleActiveConsumer() bool {
+	if x != nil {
+		return x.SingleActiveConsumer
+	}
+	return false
 }
 
 type GetQueueRequest struct {
@@ -1435,7 +1458,12 @@ type Subscribe struct {
 	VisibilityTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=visibility_timeout,json=visibilityTimeout,proto3" json:"visibility_timeout,omitempty"`
 	// Initial credit: deliveries the broker may send before more credit is
 	// granted. Unset means 1.
-	Prefetch      uint32 `protobuf:"varint,4,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
+	Prefetch uint32 `protobuf:"varint,4,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
+	// Stream priority, -1000..1000, unset means 0: among a queue's streams
+	// on one broker, a stream gets messages only while no stream of higher
+	// priority has credit. Across brokers priorities are not compared (see
+	// docs/design.md, "Consumer priority").
+	Priority      int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1494,6 +1522,13 @@ func (x *Subscribe) GetVisibilityTimeout() *durationpb.Duration {
 func (x *Subscribe) GetPrefetch() uint32 {
 	if x != nil {
 		return x.Prefetch
+	}
+	return 0
+}
+
+func (x *Subscribe) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
 	}
 	return 0
 }
@@ -2617,7 +2652,7 @@ var File_api_queue_proto protoreflect.FileDescriptor
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x04\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x04\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2633,7 +2668,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"messageTtl\x121\n" +
 	"\x15expire_to_dead_letter\x18\n" +
 	" \x01(\bR\x12expireToDeadLetter\x12=\n" +
-	"\rretry_backoff\x18\f \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\"\xe0\x04\n" +
+	"\rretry_backoff\x18\f \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\x124\n" +
+	"\x16single_active_consumer\x18\r \x01(\bR\x14singleActiveConsumer\"\x96\x05\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2651,7 +2687,8 @@ const file_api_queue_proto_rawDesc = "" +
 	" \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"messageTtl\x121\n" +
 	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\x12=\n" +
-	"\rretry_backoff\x18\r \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\"%\n" +
+	"\rretry_backoff\x18\r \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\x124\n" +
+	"\x16single_active_consumer\x18\x0e \x01(\bR\x14singleActiveConsumer\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +
@@ -2724,12 +2761,13 @@ const file_api_queue_proto_rawDesc = "" +
 	"\rfencing_token\x18\f \x01(\x04R\ffencingToken\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x01\n" +
 	"\tSubscribe\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12,\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x18.qbroker.v1.DeliveryModeR\x04mode\x12H\n" +
 	"\x12visibility_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11visibilityTimeout\x12\x1a\n" +
-	"\bprefetch\x18\x04 \x01(\rR\bprefetch\"j\n" +
+	"\bprefetch\x18\x04 \x01(\rR\bprefetch\x12\x1a\n" +
+	"\bpriority\x18\x05 \x01(\x05R\bpriority\"j\n" +
 	"\x06Settle\x12\x1b\n" +
 	"\tack_token\x18\x01 \x01(\tR\backToken\x12\x12\n" +
 	"\x04nack\x18\x02 \x01(\bR\x04nack\x12/\n" +

@@ -108,6 +108,11 @@ type QueueOptions struct {
 	// RetryBackoff, when set, is the queue's redelivery schedule; nil
 	// redelivers at once.
 	RetryBackoff *RetryBackoff
+	// SingleActiveConsumer: one Consume stream at a time, across all
+	// brokers, receives the queue's messages; the others wait and one
+	// takes over when it ends or its broker dies. KindFIFO and
+	// KindPriority queues only. Receive is refused (ErrFailedPrecondition).
+	SingleActiveConsumer bool
 }
 
 // QueueInfo is a queue's configuration.
@@ -127,23 +132,26 @@ type QueueInfo struct {
 	ExpireToDeadLetter bool
 	// RetryBackoff: see QueueOptions; nil when none.
 	RetryBackoff *RetryBackoff
+	// SingleActiveConsumer: see QueueOptions.
+	SingleActiveConsumer bool
 }
 
 func infoFromPB(q *pb.QueueInfo) QueueInfo {
 	return QueueInfo{
-		Name:               q.GetName(),
-		Kind:               kindFromPB(q.GetKind()),
-		SyncMembers:        int(q.GetSyncMembers()),
-		VisibilityTimeout:  q.GetVisibilityTimeout().AsDuration(),
-		MaxDeliveries:      int(q.GetMaxDeliveries()),
-		DeadLetter:         q.GetDeadLetter(),
-		CreatedAt:          q.GetCreatedAt().AsTime(),
-		MaxDepth:           int(q.GetMaxDepth()),
-		MaxBytes:           int64(q.GetMaxBytes()),
-		DedupWindow:        q.GetDedupWindow().AsDuration(),
-		MessageTTL:         q.GetMessageTtl().AsDuration(),
-		ExpireToDeadLetter: q.GetExpireToDeadLetter(),
-		RetryBackoff:       backoffFromPB(q.GetRetryBackoff()),
+		Name:                 q.GetName(),
+		Kind:                 kindFromPB(q.GetKind()),
+		SyncMembers:          int(q.GetSyncMembers()),
+		VisibilityTimeout:    q.GetVisibilityTimeout().AsDuration(),
+		MaxDeliveries:        int(q.GetMaxDeliveries()),
+		DeadLetter:           q.GetDeadLetter(),
+		CreatedAt:            q.GetCreatedAt().AsTime(),
+		MaxDepth:             int(q.GetMaxDepth()),
+		MaxBytes:             int64(q.GetMaxBytes()),
+		DedupWindow:          q.GetDedupWindow().AsDuration(),
+		MessageTTL:           q.GetMessageTtl().AsDuration(),
+		ExpireToDeadLetter:   q.GetExpireToDeadLetter(),
+		RetryBackoff:         backoffFromPB(q.GetRetryBackoff()),
+		SingleActiveConsumer: q.GetSingleActiveConsumer(),
 	}
 }
 
@@ -195,18 +203,19 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	q, err := c.rpc.CreateQueue(ctx, &pb.CreateQueueRequest{
-		Name:               name,
-		Kind:               kind,
-		SyncMembers:        uint32(o.SyncMembers),
-		VisibilityTimeout:  durationOrNil(o.VisibilityTimeout),
-		MaxDeliveries:      uint32(o.MaxDeliveries),
-		DeadLetter:         o.DeadLetter,
-		MaxDepth:           uint64(o.MaxDepth),
-		MaxBytes:           uint64(o.MaxBytes),
-		DedupWindow:        durationOrNil(o.DedupWindow),
-		MessageTtl:         durationOrNil(o.MessageTTL),
-		ExpireToDeadLetter: o.ExpireToDeadLetter,
-		RetryBackoff:       o.RetryBackoff.toPB(),
+		Name:                 name,
+		Kind:                 kind,
+		SyncMembers:          uint32(o.SyncMembers),
+		VisibilityTimeout:    durationOrNil(o.VisibilityTimeout),
+		MaxDeliveries:        uint32(o.MaxDeliveries),
+		DeadLetter:           o.DeadLetter,
+		MaxDepth:             uint64(o.MaxDepth),
+		MaxBytes:             uint64(o.MaxBytes),
+		DedupWindow:          durationOrNil(o.DedupWindow),
+		MessageTtl:           durationOrNil(o.MessageTTL),
+		ExpireToDeadLetter:   o.ExpireToDeadLetter,
+		RetryBackoff:         o.RetryBackoff.toPB(),
+		SingleActiveConsumer: o.SingleActiveConsumer,
 	})
 	if err != nil {
 		return QueueInfo{}, errorf("qbroker: create queue %s: %w", name, convErr(err))

@@ -42,7 +42,18 @@ type ConsumeOptions struct {
 	// stream limit) before it ends with ErrResourceExhausted; 0 means
 	// 30s.
 	ExhaustedTimeout time.Duration
+	// Priority of the stream, -1000..1000 (default 0): among a queue's
+	// streams on one broker, a stream gets messages only while no stream
+	// of higher priority has credit. On a single-active queue, the
+	// broker's waiting stream of highest priority is the next active one.
+	Priority int
 }
+
+// Stream priorities (ConsumeOptions.Priority).
+const (
+	MinConsumerPriority = -1000
+	MaxConsumerPriority = 1000
+)
 
 // defaultExhaustedTimeout is ConsumeOptions.ExhaustedTimeout's default.
 const defaultExhaustedTimeout = 30 * time.Second
@@ -101,6 +112,10 @@ func (c *Client) Consume(ctx context.Context, queue string, opts ConsumeOptions)
 	if opts.Prefetch < 0 || opts.Prefetch > maxPrefetch || opts.Max < 0 || opts.Visibility < 0 || opts.ExhaustedTimeout < 0 {
 		return nil, errorf("qbroker: consume %s: prefetch %d not in [0, %d], or negative option: %w",
 			queue, opts.Prefetch, maxPrefetch, ErrInvalidArgument)
+	}
+	if opts.Priority < MinConsumerPriority || opts.Priority > MaxConsumerPriority {
+		return nil, errorf("qbroker: consume %s: priority %d not in [%d, %d]: %w",
+			queue, opts.Priority, MinConsumerPriority, MaxConsumerPriority, ErrInvalidArgument)
 	}
 	if opts.Prefetch == 0 {
 		opts.Prefetch = 1
@@ -401,6 +416,7 @@ func (l *consumeLoop) subscribe(ctx context.Context) {
 		Mode:              l.k.mode,
 		VisibilityTimeout: durationOrNil(l.k.opts.Visibility),
 		Prefetch:          uint32(l.credit),
+		Priority:          int32(l.k.opts.Priority),
 	}
 	go l.k.receive(sctx, l.gen, &pb.ConsumeRequest{Subscribe: sub}, l.events, l.exited)
 }

@@ -190,6 +190,10 @@ func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 		if q.MaxDeliveries > 0 {
 			maxDel = strconv.Itoa(q.MaxDeliveries)
 		}
+		kind := q.Kind.String()
+		if q.SingleActiveConsumer {
+			kind += "+single-active" // one consumer at a time
+		}
 		ttl := "-"
 		if q.MessageTTL > 0 {
 			ttl = q.MessageTTL.String()
@@ -201,7 +205,7 @@ func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 		if dedup == 0 {
 			dedup = defaultDedupWindow
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\t%s\t%s\t%v\t%s\t%s\n", q.Name, q.Kind, members, q.VisibilityTimeout, maxDel,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%v\t%s\t%s\t%s\t%v\t%s\t%s\n", q.Name, kind, members, q.VisibilityTimeout, maxDel,
 			q.DeadLetter, quota(q.MaxDepth), quota(q.MaxBytes), ttl, dedup, backoffString(q.RetryBackoff), q.CreatedAt.Local().Format(time.DateTime))
 	}
 	tw.Flush()
@@ -238,6 +242,7 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 	fs.DurationVar(&o.MessageTTL, "message-ttl", 0, "ready messages older than this (1s..336h) are removed instead of delivered; 0 means never")
 	fs.BoolVar(&o.ExpireToDeadLetter, "expire-to-dead-letter", false, "keep messages past --message-ttl as dead letters instead of dropping them")
 	fs.Var(backoffFlag{&o}, "retry-backoff", "redelivery `schedule` of nacks without a delay and expired leases: increasing waits (1s,5s,30s,5m; the last repeats) or exp:INITIAL[,MULTIPLIER[,MAX]]")
+	fs.BoolVar(&o.SingleActiveConsumer, "single-active-consumer", false, "one Consume stream at a time, across brokers, receives messages; the others stand by (fifo and priority queues)")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
@@ -430,6 +435,7 @@ but not printed: up to --prefetch streaming, up to one poll's (at most
 	wait := fs.Duration("wait", 0, "long-poll with Receive, waiting this long for a message (at most 60s)")
 	visibility := fs.Duration("visibility", 0, "at-least-once lease; 0 means the queue's")
 	noAck := fs.Bool("no-ack", false, "at least once: do not ack")
+	priority := fs.Int("priority", 0, "stream priority (-1000..1000): a broker sends to a stream only while none of higher priority has credit")
 	pos, err := parse(fs, args, 1, 1)
 	if err != nil {
 		return err
@@ -437,6 +443,12 @@ but not printed: up to --prefetch streaming, up to one poll's (at most
 	queue := pos[0]
 	if *n < 0 {
 		return usagef("-n %d: want 0 or more", *n)
+	}
+	if *priority < qbroker.MinConsumerPriority || *priority > qbroker.MaxConsumerPriority {
+		return usagef("--priority %d: want %d..%d", *priority, qbroker.MinConsumerPriority, qbroker.MaxConsumerPriority)
+	}
+	if *priority != 0 && *wait > 0 {
+		return usagef("--priority is for streams, not --wait")
 	}
 	if mode == qbroker.AtLeastOnce && *noAck && *wait == 0 {
 		if err := noAckPrefetch(fs, *n, prefetch); err != nil {
@@ -462,7 +474,7 @@ but not printed: up to --prefetch streaming, up to one poll's (at most
 	}
 	// The consumer ends with Close, not with ctx, so that Ctrl-C ends
 	// the stream gracefully: acks already sent are applied.
-	k, err := c.Consume(context.WithoutCancel(ctx), queue, qbroker.ConsumeOptions{Mode: mode, Prefetch: *prefetch, Visibility: *visibility, Max: *n})
+	k, err := c.Consume(context.WithoutCancel(ctx), queue, qbroker.ConsumeOptions{Mode: mode, Prefetch: *prefetch, Visibility: *visibility, Max: *n, Priority: *priority})
 	if err != nil {
 		return err
 	}
