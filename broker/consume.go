@@ -120,6 +120,9 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	}
 	unregister := b.registerConsumer(ctx, sub.q)
 	defer unregister()
+	var detach func()
+	sub.ahead, detach = b.attachAhead(sub)
+	defer detach()
 
 	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1)}
 	st.addCredit(sub.prefetch + int(first.GetCredit()))
@@ -133,6 +136,7 @@ type subscription struct {
 	q        *queue
 	d        delivery
 	prefetch int
+	ahead    *ahead // the buffer the stream takes from (ahead.go); nil: it claims for itself
 }
 
 // subscribe checks a Consume stream's first request.
@@ -225,7 +229,8 @@ func (b *Broker) receiveRequests(ctx context.Context, rx *receiver[*pb.ConsumeRe
 // ctx ends or a delivery fails. It never returns nil.
 //
 // Deliveries are claimed in batches bounded by count and bytes (about
-// what the transport takes without waiting), each only after the
+// what the transport takes without waiting), or taken from the queue's
+// messages claimed ahead (ahead.go), each only after the
 // previous one was sent, and each is checked just before its send: a
 // delivery whose lease ran out (or nearly) meanwhile is given back
 // unsent. A send held up by flow control (a client that stopped reading)
@@ -240,7 +245,12 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 		if err != nil {
 			return errStreamDone
 		}
-		cs, err := b.take(ctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
+		var cs []claimed
+		if sub.ahead != nil {
+			cs, err = sub.ahead.get(ctx, credit, consumeBatchBytes)
+		} else {
+			cs, err = b.take(ctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return errStreamDone

@@ -1,0 +1,337 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/qbroker/qbroker/zkqueue"
+)
+
+// Claim ahead of credit. A Consume stream with little prefetch waits for
+// a ZooKeeper claim after every settlement that gives it credit: the
+// claim's round trip sits in each of its consumer's cycles. A queue handle
+// therefore keeps a small buffer of at-least-once messages claimed ahead,
+// for the streams on this broker that consume the queue with the same
+// visibility timeout and at most aheadMaxPrefetch prefetch: whichever of
+// them gets credit next takes the buffer's first messages (in queue
+// order) without a round trip, while the buffer's filler claims the next
+// ones.
+//
+// The buffer is sized by its streams' recent demand (the messages they
+// took in the last aheadWindow, and the streams waiting) and bounded by
+// aheadMaxCount messages and aheadMaxBytes on the wire. A buffered
+// message is held at most aheadMaxHold, and is given back (Unclaim: it
+// keeps its place and its delivery count) once its lease has less than
+// twice the send margin left, or when the broker's ZooKeeper session
+// changed since its claim, so a stream never receives a lease shorter
+// than the send margin plus as much again. When the last stream of the
+// buffer ends (also on Shutdown) the filler stops and every buffered
+// message is given back at once. A broker that dies with a full buffer
+// leaves its leases to the sweep: the messages come back when they
+// expire, as the ones its streams held do.
+//
+// At-most-once streams do not claim ahead: an at-most-once claim deletes
+// the message from ZooKeeper, so a buffered one would be lost with the
+// broker, widening the documented loss window from the messages in
+// transit to those waiting in the buffer.
+const (
+	aheadMaxCount    = 64
+	aheadMaxBytes    = 256 << 10
+	aheadMaxPrefetch = 16
+	aheadWindow      = 250 * time.Millisecond
+	aheadCheck       = 50 * time.Millisecond
+	aheadMaxHold     = time.Second
+)
+
+// ahead is one queue handle's buffer of messages claimed ahead of credit
+// for its streams of one delivery (see above). Safe for concurrent use.
+type ahead struct {
+	b *Broker
+	q *queue
+	d delivery
+
+	users  int // attached streams; guarded by q.aheadMu
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the filler has ended
+
+	mu      sync.Mutex
+	buf     []aheadItem
+	bytes   int
+	waiters int           // streams waiting in get
+	served  [2]int        // messages taken in the previous and the current window
+	window  time.Time     // when the current window began
+	err     error         // the filler's last claim failed with it
+	ready   chan struct{} // closed (and replaced) when messages arrive or a claim fails
+	want    chan struct{} // signalled when a stream waits or took messages
+}
+
+type aheadItem struct {
+	c    claimed
+	size int       // on the wire
+	by   time.Time // given back from then on
+}
+
+// attachAhead returns the claim-ahead buffer a subscribed stream takes
+// its deliveries from, and the func that detaches it; nil when the stream
+// claims for itself: at most once, a sync queue, a large prefetch, or
+// another visibility than the buffer's streams'.
+func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
+	q := sub.q
+	if !sub.d.ack || q.sync != nil || sub.prefetch > aheadMaxPrefetch {
+		return nil, func() {}
+	}
+	q.aheadMu.Lock()
+	defer q.aheadMu.Unlock()
+	a := q.ahead
+	if a == nil {
+		ctx, cancel := context.WithCancel(b.ctx)
+		a = &ahead{b: b, q: q, d: sub.d, cancel: cancel, done: make(chan struct{}),
+			window: time.Now(), ready: make(chan struct{}), want: make(chan struct{}, 1)}
+		q.ahead = a
+		go a.run(ctx)
+	} else if a.d != sub.d {
+		return nil, func() {}
+	}
+	a.users++
+	return a, func() { a.detach() }
+}
+
+// detach ends one stream's use of the buffer. The last one stops the
+// filler and gives back what is buffered.
+func (a *ahead) detach() {
+	q := a.q
+	q.aheadMu.Lock()
+	a.users--
+	last := a.users == 0
+	if last && q.ahead == a {
+		q.ahead = nil
+	}
+	q.aheadMu.Unlock()
+	if !last {
+		return
+	}
+	a.cancel()
+	<-a.done
+	a.mu.Lock()
+	items := a.buf
+	a.buf, a.bytes = nil, 0
+	a.mu.Unlock()
+	a.giveBack(items)
+}
+
+// get takes up to max buffered deliveries, no more than maxBytes of them
+// on the wire (the first always), waiting for the first until ctx ends.
+// It returns the filler's error when a claim failed and nothing is
+// buffered.
+func (a *ahead) get(ctx context.Context, max, maxBytes int) ([]claimed, error) {
+	a.mu.Lock()
+	a.waiters++
+	defer func() {
+		a.mu.Lock()
+		a.waiters--
+		a.mu.Unlock()
+	}()
+	for {
+		now := time.Now()
+		var out []claimed
+		var stale []aheadItem
+		bytes := 0
+		for len(a.buf) > 0 && len(out) < max {
+			it := a.buf[0]
+			if !a.keep(it, now) {
+				stale = append(stale, it)
+				a.pop()
+				continue
+			}
+			if len(out) > 0 && bytes+it.size > maxBytes {
+				break
+			}
+			a.pop()
+			out = append(out, it.c)
+			bytes += it.size
+		}
+		a.roll(now)
+		a.served[1] += len(out)
+		err, ready := a.err, a.ready
+		a.mu.Unlock()
+		a.poke()
+		a.giveBack(stale)
+		if len(out) > 0 {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		a.mu.Lock()
+	}
+}
+
+// pop drops the first buffered message; a.mu is held.
+func (a *ahead) pop() {
+	a.bytes -= a.buf[0].size
+	a.buf[0] = aheadItem{}
+	a.buf = a.buf[1:]
+}
+
+// keep reports whether a buffered message may still be handed out.
+func (a *ahead) keep(it aheadItem, now time.Time) bool {
+	return now.Before(it.by) && a.b.sendable(a.d, it.c)
+}
+
+// roll starts a new demand window when the current one is over; a.mu is
+// held.
+func (a *ahead) roll(now time.Time) {
+	switch el := now.Sub(a.window); {
+	case el >= 2*aheadWindow:
+		a.served = [2]int{}
+		a.window = now
+	case el >= aheadWindow:
+		a.served = [2]int{a.served[1], 0}
+		a.window = a.window.Add(aheadWindow)
+	}
+}
+
+func (a *ahead) poke() {
+	select {
+	case a.want <- struct{}{}:
+	default:
+	}
+}
+
+// need returns how many messages, and bytes, the filler claims next, and
+// whether it waits for the first: only when a stream waits and nothing is
+// buffered.
+func (a *ahead) need() (n, bytes int, block bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(time.Now())
+	demand := max(a.served[0], a.served[1])
+	target := min(aheadMaxCount, a.waiters+(demand+7)/8)
+	n = min(target-len(a.buf), maxClaimBatch)
+	bytes = aheadMaxBytes - a.bytes
+	if n <= 0 || bytes <= 0 {
+		return 0, 0, false
+	}
+	return n, bytes, a.waiters > 0 && len(a.buf) == 0
+}
+
+// run is the filler: it claims what need asks for and gives back the
+// buffered messages that may no longer be handed out, until ctx ends.
+func (a *ahead) run(ctx context.Context) {
+	defer close(a.done)
+	t := time.NewTicker(aheadCheck)
+	defer t.Stop()
+	for {
+		a.expire()
+		if n, bytes, block := a.need(); n > 0 {
+			a.retry()
+			cs, err := a.b.take(ctx, a.q, a.d, want{max: n, maxBytes: bytes, block: block})
+			if ctx.Err() != nil {
+				a.giveBack(items(cs, a.d))
+				return
+			}
+			switch {
+			case err != nil && !errors.Is(err, zkqueue.ErrEmpty):
+				a.failed(err)
+			case len(cs) > 0:
+				a.add(cs)
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.want:
+		}
+	}
+}
+
+// items wraps fresh claims for the buffer.
+func items(cs []claimed, d delivery) []aheadItem {
+	out := make([]aheadItem, len(cs))
+	now := time.Now()
+	for i, c := range cs {
+		by := c.expires.Add(-2 * sendMargin(d.ttl))
+		if hold := now.Add(aheadMaxHold); hold.Before(by) {
+			by = hold
+		}
+		out[i] = aheadItem{c: c, size: len(c.m.Payload) + msgOverhead(c.msg.GetQueue()), by: by}
+	}
+	return out
+}
+
+func (a *ahead) add(cs []claimed) {
+	its := items(cs, a.d)
+	a.mu.Lock()
+	for _, it := range its {
+		a.buf = append(a.buf, it)
+		a.bytes += it.size
+	}
+	a.err = nil
+	close(a.ready)
+	a.ready = make(chan struct{})
+	a.mu.Unlock()
+}
+
+// failed hands a claim's error to the waiting streams, as their own claim
+// would have.
+func (a *ahead) failed(err error) {
+	a.mu.Lock()
+	a.err = err
+	close(a.ready)
+	a.ready = make(chan struct{})
+	a.mu.Unlock()
+}
+
+// retry clears the last claim's error before the next claim: it stands
+// for the streams that waited for that one only.
+func (a *ahead) retry() {
+	a.mu.Lock()
+	a.err = nil
+	a.mu.Unlock()
+}
+
+// expire gives back the buffered messages that may no longer be handed
+// out.
+func (a *ahead) expire() {
+	now := time.Now()
+	a.mu.Lock()
+	var stale []aheadItem
+	kept := a.buf[:0]
+	for _, it := range a.buf {
+		if a.keep(it, now) {
+			kept = append(kept, it)
+		} else {
+			stale = append(stale, it)
+			a.bytes -= it.size
+		}
+	}
+	clear(a.buf[len(kept):])
+	a.buf = kept
+	a.mu.Unlock()
+	a.giveBack(stale)
+}
+
+// giveBack undoes buffered claims: the messages keep their place and
+// delivery count and are ready at once. A failed give-back leaves the
+// lease to the sweep.
+func (a *ahead) giveBack(its []aheadItem) {
+	if len(its) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	for _, it := range its {
+		if err := a.q.leases.Unclaim(ctx, it.c.lease); err != nil {
+			a.b.log.Debug("giving back a message claimed ahead failed; the sweep releases it", "queue", a.q.name, "err", err)
+		}
+	}
+}
