@@ -27,7 +27,7 @@ import (
 // twice the send margin left, or when the broker's ZooKeeper session
 // changed since its claim, so a stream never receives a lease shorter
 // than the send margin plus as much again. When the last stream of the
-// buffer ends (also on Shutdown) the filler stops and every buffered
+// buffer ends (also on Shutdown) the fillers stop and every buffered
 // message is given back at once. A broker that dies with a full buffer
 // leaves its leases to the sweep: the messages come back when they
 // expire, as the ones its streams held do.
@@ -43,6 +43,10 @@ const (
 	aheadWindow      = 250 * time.Millisecond
 	aheadCheck       = 50 * time.Millisecond
 	aheadMaxHold     = time.Second
+	// aheadFillers is the number of claims under way at once: one, as
+	// concurrent claims could complete out of order and a stream would
+	// then receive a message after a later one.
+	aheadFillers = 1
 )
 
 // ahead is one queue handle's buffer of messages claimed ahead of credit
@@ -54,17 +58,20 @@ type ahead struct {
 
 	users  int // attached streams; guarded by q.aheadMu
 	cancel context.CancelFunc
-	done   chan struct{} // closed when the filler has ended
+	fill   sync.WaitGroup // the fillers
 
-	mu      sync.Mutex
-	buf     []aheadItem
-	bytes   int
-	waiters int           // streams waiting in get
-	served  [2]int        // messages taken in the previous and the current window
-	window  time.Time     // when the current window began
-	err     error         // the filler's last claim failed with it
-	ready   chan struct{} // closed (and replaced) when messages arrive or a claim fails
-	want    chan struct{} // signalled when a stream waits or took messages
+	mu           sync.Mutex
+	buf          []aheadItem
+	bytes        int
+	waiters      int // streams waiting in get
+	pending      int // messages asked for by the claims under way
+	pendingBytes int
+	blocking     bool          // a claim under way waits for the first message
+	served       [2]int        // messages taken in the previous and the current window
+	window       time.Time     // when the current window began
+	err          error         // the filler's last claim failed with it
+	ready        chan struct{} // closed (and replaced) when messages arrive or a claim fails
+	want         chan struct{} // signalled when a stream waits or took messages
 }
 
 type aheadItem struct {
@@ -87,10 +94,13 @@ func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
 	a := q.ahead
 	if a == nil {
 		ctx, cancel := context.WithCancel(b.ctx)
-		a = &ahead{b: b, q: q, d: sub.d, cancel: cancel, done: make(chan struct{}),
-			window: time.Now(), ready: make(chan struct{}), want: make(chan struct{}, 1)}
+		a = &ahead{b: b, q: q, d: sub.d, cancel: cancel,
+			window: time.Now(), ready: make(chan struct{}), want: make(chan struct{}, aheadFillers)}
 		q.ahead = a
-		go a.run(ctx)
+		a.fill.Add(aheadFillers)
+		for range aheadFillers {
+			go a.run(ctx)
+		}
 	} else if a.d != sub.d {
 		return nil, func() {}
 	}
@@ -113,7 +123,7 @@ func (a *ahead) detach() {
 		return
 	}
 	a.cancel()
-	<-a.done
+	a.fill.Wait()
 	a.mu.Lock()
 	items := a.buf
 	a.buf, a.bytes = nil, 0
@@ -205,43 +215,63 @@ func (a *ahead) poke() {
 	}
 }
 
-// need returns how many messages, and bytes, the filler claims next, and
-// whether it waits for the first: only when a stream waits and nothing is
-// buffered.
-func (a *ahead) need() (n, bytes int, block bool) {
+// need reserves the messages, and bytes, a filler claims next, and
+// whether it waits for the first: only when a stream waits, nothing is
+// buffered and no other claim waits. The target is what the streams took
+// in the last aheadWindow / 4, plus the streams waiting; a claim tops the
+// buffer up to it once it is half empty (or a stream waits), so each
+// round trip claims many; done returns the reservation.
+func (a *ahead) need() (n, bytes int, block bool, done func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(time.Now())
 	demand := max(a.served[0], a.served[1])
-	target := min(aheadMaxCount, a.waiters+(demand+7)/8)
-	n = min(target-len(a.buf), maxClaimBatch)
-	bytes = aheadMaxBytes - a.bytes
-	if n <= 0 || bytes <= 0 {
-		return 0, 0, false
+	target := min(aheadMaxCount, a.waiters+(demand+3)/4)
+	have := len(a.buf) + a.pending
+	n = target - have
+	bytes = aheadMaxBytes - a.bytes - a.pendingBytes
+	if n <= 0 || bytes <= 0 || (a.waiters == 0 && have > target/2) {
+		return 0, 0, false, nil
 	}
-	return n, bytes, a.waiters > 0 && len(a.buf) == 0
+	block = a.waiters > 0 && len(a.buf) == 0 && !a.blocking
+	a.pending += n
+	a.pendingBytes += bytes
+	a.blocking = a.blocking || block
+	return n, bytes, block, func() {
+		a.mu.Lock()
+		a.pending -= n
+		a.pendingBytes -= bytes
+		if block {
+			a.blocking = false
+		}
+		a.mu.Unlock()
+	}
 }
 
-// run is the filler: it claims what need asks for and gives back the
+// run is one filler: it claims what need asks for and gives back the
 // buffered messages that may no longer be handed out, until ctx ends.
 func (a *ahead) run(ctx context.Context) {
-	defer close(a.done)
+	defer a.fill.Done()
 	t := time.NewTicker(aheadCheck)
 	defer t.Stop()
 	for {
 		a.expire()
-		if n, bytes, block := a.need(); n > 0 {
+		if n, bytes, block, done := a.need(); n > 0 {
 			a.retry()
 			cs, err := a.b.take(ctx, a.q, a.d, want{max: n, maxBytes: bytes, block: block})
 			if ctx.Err() != nil {
-				a.giveBack(items(cs, a.d))
+				done()
+				a.giveBack(items(cs, a.d)) // detach drains the buffer once the fillers end
 				return
 			}
+			if len(cs) > 0 {
+				a.add(cs)
+			}
+			done()
 			switch {
 			case err != nil && !errors.Is(err, zkqueue.ErrEmpty):
 				a.failed(err)
 			case len(cs) > 0:
-				a.add(cs)
 				continue
 			}
 		}
