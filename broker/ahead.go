@@ -82,11 +82,11 @@ type aheadItem struct {
 
 // attachAhead returns the claim-ahead buffer a subscribed stream takes
 // its deliveries from, and the func that detaches it; nil when the stream
-// claims for itself: at most once, a sync queue, a large prefetch, or
+// claims for itself: without Config.ClaimAhead, at most once, a sync queue, a large prefetch, or
 // another visibility than the buffer's streams'.
 func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
 	q := sub.q
-	if !sub.d.ack || q.sync != nil || sub.prefetch > aheadMaxPrefetch {
+	if !b.cfg.ClaimAhead || !sub.d.ack || q.sync != nil || sub.prefetch > aheadMaxPrefetch {
 		return nil, func() {}
 	}
 	q.aheadMu.Lock()

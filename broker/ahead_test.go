@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/broker"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -42,6 +43,9 @@ func aheadStream(t *testing.T, ctx context.Context, c pb.QueueClient, queue stri
 	}
 	return s
 }
+
+// claimAhead turns on claiming ahead of credit.
+func claimAhead(c *broker.Config) { c.ClaimAhead = true }
 
 // waitClaimedAhead waits until the queue's left messages (once the acks
 // are applied) include more leases than the one the stream holds: the
@@ -75,7 +79,7 @@ func endStream(t *testing.T, s pb.Queue_ConsumeClient) {
 // messages claimed ahead: each message is delivered exactly once, and
 // each stream receives its messages in queue order.
 func TestConsumeClaimAheadExactlyOnceInOrder(t *testing.T) {
-	b := newBroker(t, zktest.Root(t))
+	b := newBroker(t, zktest.Root(t), claimAhead)
 	const queue, n, streams = "ahead-order", 400, 4
 	createQueue(t, b.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(30 * time.Second)})
 	publishN(t, b.client, queue, n)
@@ -134,7 +138,7 @@ func TestConsumeClaimAheadExactlyOnceInOrder(t *testing.T) {
 // elsewhere, rather than sent with a lease about to end.
 func TestConsumeClaimAheadGivesBackShortLease(t *testing.T) {
 	root := zktest.Root(t)
-	a, other := newBroker(t, root), newBroker(t, root)
+	a, other := newBroker(t, root, claimAhead), newBroker(t, root)
 	const queue = "ahead-short"
 	createQueue(t, a.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(time.Second)})
 	publishN(t, a.client, queue, 2)
@@ -164,7 +168,7 @@ func TestConsumeClaimAheadGivesBackShortLease(t *testing.T) {
 // ready for any consumer, not held until their leases expire.
 func TestConsumeClaimAheadGivenBackOnStreamEndAndShutdown(t *testing.T) {
 	root := zktest.Root(t)
-	a, other := newBroker(t, root), newBroker(t, root)
+	a, other := newBroker(t, root, claimAhead), newBroker(t, root)
 	const queue, n, acked = "ahead-end", 40, 3
 	createQueue(t, a.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(time.Minute)})
 	publishN(t, a.client, queue, n)
@@ -207,7 +211,7 @@ func TestConsumeClaimAheadKilledBrokerLosesNothing(t *testing.T) {
 	const queue, n, acked = "ahead-kill", 60, 3
 	createQueue(t, survivor.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(2 * time.Second)})
 	publishN(t, survivor.client, queue, n)
-	cmd, conn := startQbrokerProcess(t, root)
+	cmd, conn := startQbrokerProcess(t, root, "--claim-ahead")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
