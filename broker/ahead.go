@@ -37,7 +37,7 @@ import (
 // broker, widening the documented loss window from the messages in
 // transit to those waiting in the buffer.
 const (
-	aheadMaxCount    = 64
+	aheadMaxCount    = 256
 	aheadMaxBytes    = 256 << 10
 	aheadMaxPrefetch = 16
 	aheadWindow      = 250 * time.Millisecond
@@ -228,7 +228,7 @@ func (a *ahead) need() (n, bytes int, block bool, done func()) {
 	demand := max(a.served[0], a.served[1])
 	target := min(aheadMaxCount, a.waiters+(demand+3)/4)
 	have := len(a.buf) + a.pending
-	n = target - have
+	n = min(target-have, aheadMaxCount/2)
 	bytes = aheadMaxBytes - a.bytes - a.pendingBytes
 	if n <= 0 || bytes <= 0 || (a.waiters == 0 && have > target/2) {
 		return 0, 0, false, nil
