@@ -58,7 +58,8 @@ bench: deps
 
 # pathfiles lists the hand-written files a plain publish, a consume, an
 # ack and a lease expiry run code in, measured with coverage counters
-# cleared before and written after each call (internal/pathfiles).
+# cleared before and written after each call (internal/pathfiles). It
+# fails when one of them runs code of an optional feature's file.
 pathfiles: deps
 	$(GO) build -cover -covermode=atomic -coverpkg=github.com/qbroker/qbroker/... \
 		-o bin/pathfiles ./internal/pathfiles

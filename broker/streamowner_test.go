@@ -26,6 +26,11 @@ type heldStream struct {
 
 const holdFor = 2 * time.Second
 
+// settle bounds how long the check waits for goroutines that Shutdown
+// waited for to finish returning; a goroutine it did not wait for is held
+// for holdFor, longer than that.
+const settle = 500 * time.Millisecond
+
 func (s heldStream) RecvMsg(m any) error {
 	err := s.ServerStream.RecvMsg(m)
 	if err != nil {
@@ -65,8 +70,10 @@ func consumeGoroutines() []string {
 // before Shutdown returns, whether the client ended the stream before or
 // Shutdown ends it, even one that gRPC lets out of its Recv only after the
 // handler returned: here a Recv that failed is held until the check below
-// (or for 2s), so a goroutine that Shutdown does not wait for is still
-// there when it returns.
+// (or for holdFor), so a goroutine that Shutdown does not wait for is
+// still there when it returns. A goroutine Shutdown waited for may still
+// be returning from its last deferred call when Shutdown returns: the
+// check gives those up to settle, a fraction of holdFor.
 func TestConsumeStreamGoroutinesEndBeforeShutdownReturns(t *testing.T) {
 	t.Run("client cancels", func(t *testing.T) { testStreamGoroutinesOwned(t, true) })
 	t.Run("broker shuts down", func(t *testing.T) { testStreamGoroutinesOwned(t, false) })
@@ -122,6 +129,9 @@ func testStreamGoroutinesOwned(t *testing.T, clientCancels bool) {
 	}
 	b.Shutdown()
 	left := consumeGoroutines()
+	for deadline := time.Now().Add(settle); len(left) > 0 && time.Now().Before(deadline); left = consumeGoroutines() {
+		time.Sleep(10 * time.Millisecond)
+	}
 	close(checked)
 	if len(left) > 0 {
 		t.Fatalf("%d Consume goroutines still running after Shutdown returned:\n%s", len(left), strings.Join(left, "\n\n"))

@@ -151,14 +151,5 @@ func (p *natsProc) exited() bool {
 	}
 }
 
-// stop ends the server: SIGTERM to its process group, SIGKILL after 5s.
-func (p *natsProc) stop() {
-	pid := p.cmd.Process.Pid
-	_ = syscall.Kill(-pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		<-p.done
-	}
-}
+// stop ends the server (stopGroup).
+func (p *natsProc) stop() { stopGroup(p.cmd, p.done) }

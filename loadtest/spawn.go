@@ -257,15 +257,19 @@ func tail(path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// stop ends a broker: SIGTERM to its process group, SIGKILL after 5s.
-func (p *brokerProc) stop() {
-	pid := p.cmd.Process.Pid
+// stop ends a broker (stopGroup).
+func (p *brokerProc) stop() { stopGroup(p.cmd, p.done) }
+
+// stopGroup ends a spawned server: SIGTERM to the process group of cmd,
+// SIGKILL after 5s; it returns once done (cmd waited for) is closed.
+func stopGroup(cmd *exec.Cmd, done <-chan struct{}) {
+	pid := cmd.Process.Pid
 	_ = syscall.Kill(-pid, syscall.SIGTERM)
 	select {
-	case <-p.done:
+	case <-done:
 	case <-time.After(5 * time.Second):
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		<-p.done
+		<-done
 	}
 }
 

@@ -9,9 +9,9 @@ import (
 	"github.com/qbroker/qbroker/internal/zkserver"
 )
 
-// The plain message's path runs no optional feature's code: pathcover,
-// built with coverage as docs/design.md says, succeeds and lists each
-// step's files.
+// A plain publish, consume, ack and lease expiry run no optional
+// feature's code: pathfiles, built with coverage as `make pathfiles`
+// builds it, succeeds and lists each call's files.
 func TestPlainPathCrossesNoFeature(t *testing.T) {
 	if !zkserver.Installed() {
 		if os.Getenv("CI") != "" {
@@ -22,10 +22,9 @@ func TestPlainPathCrossesNoFeature(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a coverage binary")
 	}
-	bin := filepath.Join(t.TempDir(), "pathcover")
+	bin := filepath.Join(t.TempDir(), "pathfiles")
 	build := exec.Command("go", "build", "-cover", "-covermode=atomic",
-		"-coverpkg=github.com/qbroker/qbroker/zkqueue/...,github.com/qbroker/qbroker/internal/pathcover",
-		"-o", bin, ".")
+		"-coverpkg=github.com/qbroker/qbroker/...", "-o", bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
@@ -34,6 +33,6 @@ func TestPlainPathCrossesNoFeature(t *testing.T) {
 	out, err := run.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
-		t.Fatalf("pathcover: %v", err)
+		t.Fatalf("pathfiles: %v", err)
 	}
 }
