@@ -32,6 +32,20 @@ import (
 // leaves its leases to the sweep: the messages come back when they
 // expire, as the ones its streams held do.
 //
+// Order. The buffer holds its messages in queue order, and its streams
+// take them from the front, so first deliveries keep the queue's order
+// as they do when streams claim for themselves; a message given back
+// must not break it by coming back after younger ones were handed out.
+// Hence: a stream takes nothing at or past the first buffered message
+// that may no longer be handed out; the filler gives that message back
+// together with every one behind it (all younger), and only then claims
+// again, so its next claim (the queue re-read after the give-back) takes
+// them first. A message a stream took but does not send goes back to the
+// front of the buffer (putBack), not straight to ZooKeeper, so that the
+// same rule gives it back. A queue's next buffer, once its last stream
+// on the broker ended, claims only after the previous buffer's messages
+// are all back.
+//
 // At-most-once streams do not claim ahead: an at-most-once claim deletes
 // the message from ZooKeeper, so a buffered one would be lost with the
 // broker, widening the documented loss window from the messages in
@@ -58,7 +72,9 @@ type ahead struct {
 
 	users  int // attached streams; guarded by q.aheadMu
 	cancel context.CancelFunc
-	fill   sync.WaitGroup // the fillers
+	fill   sync.WaitGroup  // the fillers
+	after  <-chan struct{} // closed once the queue's previous buffer gave back its messages; nil: none
+	gone   chan struct{}   // closed once this buffer gave back its messages (detach)
 
 	mu           sync.Mutex
 	buf          []aheadItem
@@ -94,7 +110,7 @@ func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
 	a := q.ahead
 	if a == nil {
 		ctx, cancel := context.WithCancel(b.ctx)
-		a = &ahead{b: b, q: q, d: sub.d, cancel: cancel,
+		a = &ahead{b: b, q: q, d: sub.d, cancel: cancel, after: q.aheadGone, gone: make(chan struct{}),
 			window: time.Now(), ready: make(chan struct{}), want: make(chan struct{}, aheadFillers)}
 		q.ahead = a
 		a.fill.Add(aheadFillers)
@@ -109,7 +125,10 @@ func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
 }
 
 // detach ends one stream's use of the buffer. The last one stops the
-// filler and gives back what is buffered.
+// filler and gives back what is buffered; the queue's next buffer claims
+// only once that is done (and, before it, the previous buffer's
+// give-back), so none of its streams receives a message younger than one
+// still being given back.
 func (a *ahead) detach() {
 	q := a.q
 	q.aheadMu.Lock()
@@ -117,6 +136,7 @@ func (a *ahead) detach() {
 	last := a.users == 0
 	if last && q.ahead == a {
 		q.ahead = nil
+		q.aheadGone = a.gone
 	}
 	q.aheadMu.Unlock()
 	if !last {
@@ -129,12 +149,17 @@ func (a *ahead) detach() {
 	a.buf, a.bytes = nil, 0
 	a.mu.Unlock()
 	a.giveBack(items)
+	if a.after != nil {
+		<-a.after // bounded: a give-back runs under releaseTimeout
+	}
+	close(a.gone)
 }
 
 // get takes up to max buffered deliveries, no more than maxBytes of them
 // on the wire (the first always), waiting for the first until ctx ends.
-// It returns the filler's error when a claim failed and nothing is
-// buffered.
+// It stops at the first buffered message that may no longer be handed
+// out: the filler gives it back with the ones behind it. It returns the
+// filler's error when a claim failed and nothing is buffered.
 func (a *ahead) get(ctx context.Context, max, maxBytes int) ([]claimed, error) {
 	a.mu.Lock()
 	a.waiters++
@@ -146,16 +171,10 @@ func (a *ahead) get(ctx context.Context, max, maxBytes int) ([]claimed, error) {
 	for {
 		now := time.Now()
 		var out []claimed
-		var stale []aheadItem
 		bytes := 0
 		for len(a.buf) > 0 && len(out) < max {
 			it := a.buf[0]
-			if !a.keep(it, now) {
-				stale = append(stale, it)
-				a.pop()
-				continue
-			}
-			if len(out) > 0 && bytes+it.size > maxBytes {
+			if !a.keep(it, now) || len(out) > 0 && bytes+it.size > maxBytes {
 				break
 			}
 			a.pop()
@@ -167,7 +186,6 @@ func (a *ahead) get(ctx context.Context, max, maxBytes int) ([]claimed, error) {
 		err, ready := a.err, a.ready
 		a.mu.Unlock()
 		a.poke()
-		a.giveBack(stale)
 		if len(out) > 0 {
 			return out, nil
 		}
@@ -188,6 +206,26 @@ func (a *ahead) pop() {
 	a.bytes -= a.buf[0].size
 	a.buf[0] = aheadItem{}
 	a.buf = a.buf[1:]
+}
+
+// putBack returns to the front of the buffer, in their order, messages a
+// stream took from it but did not send (their lease ran short, or the
+// stream stalled): they are older than every buffered one. They are
+// not handed out again: the filler gives them back, with the ones behind
+// them, before it claims again, and no stream takes past them meanwhile.
+func (a *ahead) putBack(cs []claimed) {
+	if len(cs) == 0 {
+		return
+	}
+	a.mu.Lock()
+	its := make([]aheadItem, len(cs), len(cs)+len(a.buf))
+	for i, c := range cs {
+		its[i] = aheadItem{c: c, size: len(c.m.Payload) + msgOverhead(c.msg.GetQueue())} // by: zero, given back
+		a.bytes += its[i].size
+	}
+	a.buf = append(its, a.buf...)
+	a.mu.Unlock()
+	a.poke()
 }
 
 // keep reports whether a buffered message may still be handed out.
@@ -249,9 +287,18 @@ func (a *ahead) need() (n, bytes int, block bool, done func()) {
 }
 
 // run is one filler: it claims what need asks for and gives back the
-// buffered messages that may no longer be handed out, until ctx ends.
+// buffered messages that may no longer be handed out (expire), until ctx
+// ends. It claims only once the queue's previous buffer gave back its
+// messages.
 func (a *ahead) run(ctx context.Context) {
 	defer a.fill.Done()
+	if a.after != nil {
+		select {
+		case <-a.after:
+		case <-ctx.Done():
+			return
+		}
+	}
 	t := time.NewTicker(aheadCheck)
 	defer t.Stop()
 	for {
@@ -329,30 +376,35 @@ func (a *ahead) retry() {
 	a.mu.Unlock()
 }
 
-// expire gives back the buffered messages that may no longer be handed
-// out.
+// expire gives back the first buffered message that may no longer be
+// handed out and every one behind it, in order; the filler claims again
+// only after, so the queue re-read by its next claim has them back ahead
+// of anything it did not claim yet. Giving back only the stale ones would
+// let the streams take the younger ones behind them first.
 func (a *ahead) expire() {
 	now := time.Now()
 	a.mu.Lock()
+	i := 0
+	for i < len(a.buf) && a.keep(a.buf[i], now) {
+		i++
+	}
 	var stale []aheadItem
-	kept := a.buf[:0]
-	for _, it := range a.buf {
-		if a.keep(it, now) {
-			kept = append(kept, it)
-		} else {
-			stale = append(stale, it)
+	if i < len(a.buf) {
+		stale = append(stale, a.buf[i:]...)
+		for _, it := range stale {
 			a.bytes -= it.size
 		}
+		clear(a.buf[i:])
+		a.buf = a.buf[:i]
 	}
-	clear(a.buf[len(kept):])
-	a.buf = kept
 	a.mu.Unlock()
 	a.giveBack(stale)
 }
 
-// giveBack undoes buffered claims: the messages keep their place and
-// delivery count and are ready at once. A failed give-back leaves the
-// lease to the sweep.
+// giveBack undoes buffered claims, in order: the messages keep their
+// place and delivery count and are ready at once (the queue is re-read).
+// A failed give-back leaves the lease to the sweep: that message comes
+// back when its lease expires, like a redelivery.
 func (a *ahead) giveBack(its []aheadItem) {
 	if len(its) == 0 {
 		return

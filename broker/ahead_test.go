@@ -244,3 +244,107 @@ func TestConsumeClaimAheadKilledBrokerLosesNothing(t *testing.T) {
 		}
 	}
 }
+
+// Messages claimed ahead and given back unsent (held too long while their
+// stream paused, or left when the queue's last stream on the broker
+// ended) reach the broker's streams in queue order: no younger message of
+// the queue is first delivered before them. One prefetch-1 stream at a
+// time consumes, pauses until the broker starts giving back what it
+// claimed ahead and at once consumes again (twice), then is cancelled;
+// the next stream opens as soon as the broker started giving back the
+// cancelled one's messages.
+func TestConsumeClaimAheadGivenBackKeepsOrder(t *testing.T) {
+	root := zktest.Root(t)
+	b := newBroker(t, root, claimAhead)
+	conn := zktest.Conn(t)
+	const queue, rounds, per = "ahead-given-back", 6, 60
+	const n = rounds*3*per + 200
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(30 * time.Second)})
+	publishN(t, b.client, queue, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	var first []string // the payloads of first deliveries, as received
+	acked := 0
+	// take receives k deliveries on s, acking all but the last on the
+	// stream with new credit, and returns the last one's token.
+	take := func(s pb.Queue_ConsumeClient, k int) string {
+		t.Helper()
+		for i := 1; ; i++ {
+			d, err := s.Recv()
+			if err != nil {
+				t.Fatalf("Consume: %v", err)
+			}
+			m := d.GetMessage()
+			if m.GetDeliveryCount() == 1 {
+				first = append(first, string(m.GetPayload()))
+			}
+			if i == k {
+				return m.GetAckToken()
+			}
+			if err := s.Send(&pb.ConsumeRequest{Credit: 1, Settle: []*pb.Settle{{AckToken: m.GetAckToken()}}}); err != nil {
+				t.Fatal(err)
+			}
+			acked++
+		}
+	}
+	// givingBack returns as soon as the queue has at least fewer leases
+	// than once the stream's acks were applied: the broker started giving
+	// back what it claimed ahead (a watch on the leases, to catch the
+	// start of a give-back).
+	leases := root + "/queues/" + queue + "/leases"
+	givingBack := func(what string, fewer int) {
+		t.Helper()
+		zktest.WaitFor(t, 20*time.Second, "acks applied", func() bool {
+			st := stats(t, b.client, queue)
+			return st.GetReady()+st.GetInFlight() == uint64(n-acked)
+		})
+		ls, _, err := conn.Children(leases)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ls) <= fewer {
+			return // nothing claimed ahead
+		}
+		for {
+			now, _, ev, err := conn.ChildrenW(leases)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(now) <= len(ls)-fewer {
+				return
+			}
+			select {
+			case <-ev:
+			case <-ctx.Done():
+				t.Fatalf("%s: %d leases, none given back", what, len(ls))
+			}
+		}
+	}
+	for range rounds {
+		sctx, scancel := context.WithCancel(ctx)
+		s, err := b.client.Consume(sctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: queue, Mode: alo, Prefetch: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		held := take(s, per)
+		for range 2 {
+			givingBack("stream paused", 1) // the buffer's hold ran out
+			if err := s.Send(&pb.ConsumeRequest{Credit: 1, Settle: []*pb.Settle{{AckToken: held}}}); err != nil {
+				t.Fatal(err)
+			}
+			acked++
+			held = take(s, per)
+		}
+		scancel()
+		givingBack("stream cancelled", 2) // its held message, one claimed ahead
+	}
+	for i := 1; i < len(first); i++ {
+		if first[i] <= first[i-1] {
+			t.Errorf("%s first delivered after %s", first[i], first[i-1])
+		}
+	}
+}

@@ -270,11 +270,25 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 }
 
 // sendBatch sends the claimed deliveries cs, in order, giving back the
-// ones whose lease ran out before their turn. The leases of the ones it
-// could not send stay held, for releaseHeld.
+// ones whose lease ran out before their turn. Deliveries taken from the
+// messages claimed ahead go back to that buffer instead, from the first
+// that cannot be sent on (ahead.putBack), to keep their order. The
+// leases of the ones it could not send stay held, for releaseHeld.
 func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub subscription, st *consumeState, cs []claimed) error {
 	q, d := sub.q, sub.d
 	for i, c := range cs {
+		if !b.sendable(d, c) && sub.ahead != nil {
+			// Taken from the messages claimed ahead: this one and the
+			// rest go back through the buffer, which gives them back
+			// before any younger message reaches its streams.
+			for _, r := range cs[i:] {
+				st.settled(r.lease)
+			}
+			b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - i))
+			sub.ahead.putBack(cs[i:])
+			st.addCredit(len(cs) - i)
+			return nil
+		}
 		if !b.sendable(d, c) {
 			st.settled(c.lease)
 			b.unsent(q, c)
@@ -292,7 +306,13 @@ func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub s
 			b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
 			for _, r := range cs[i+1:] {
 				st.settled(r.lease)
-				b.unsent(q, r)
+				if sub.ahead == nil {
+					b.unsent(q, r)
+				}
+			}
+			if sub.ahead != nil {
+				b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - i - 1))
+				sub.ahead.putBack(cs[i+1:])
 			}
 			b.log.Debug("consume stream stalled: ending it", "queue", q.name)
 			return b.fail(err)

@@ -48,8 +48,9 @@ type queue struct {
 
 	delayed *zkqueue.Scheduled // the messages published with a delay (schedule.go)
 
-	aheadMu sync.Mutex
-	ahead   *ahead // the messages claimed ahead for this broker's streams (ahead.go); nil without streams
+	aheadMu   sync.Mutex
+	ahead     *ahead          // the messages claimed ahead for this broker's streams (ahead.go); nil without streams
+	aheadGone <-chan struct{} // closed once the last ended buffer gave back its messages; nil: none yet
 }
 
 // published counts n messages this broker added into the cached depth.
