@@ -257,7 +257,7 @@ func TestConsumeClaimAheadGivenBackKeepsOrder(t *testing.T) {
 	root := zktest.Root(t)
 	b := newBroker(t, root, claimAhead)
 	conn := zktest.Conn(t)
-	const queue, rounds, per = "ahead-given-back", 6, 60
+	const queue, rounds, per = "ahead-given-back", 8, 60
 	const n = rounds*3*per + 200
 	createQueue(t, b.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(30 * time.Second)})
 	publishN(t, b.client, queue, n)
