@@ -209,10 +209,11 @@ func (a *ahead) pop() {
 }
 
 // putBack returns to the front of the buffer, in their order, messages a
-// stream took from it but did not send (their lease ran short, or the
-// stream stalled): they are older than every buffered one. They are
-// not handed out again: the filler gives them back, with the ones behind
-// them, before it claims again, and no stream takes past them meanwhile.
+// stream took from it but did not send (their lease ran short, or they
+// were behind a send that stalled): they are older than every buffered
+// one. They are not handed out again: the filler gives them back, with
+// the ones behind them, before it claims again, and no stream takes past
+// them meanwhile.
 func (a *ahead) putBack(cs []claimed) {
 	if len(cs) == 0 {
 		return
