@@ -358,12 +358,12 @@ func (r *sendRecorder) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamSe
 
 // startRecordedBroker is newBroker with a sendRecorder and a metrics
 // registry.
-func startRecordedBroker(t *testing.T, root string) (*testBroker, *sendRecorder, *prometheus.Registry) {
+func startRecordedBroker(t *testing.T, root string, mods ...func(*broker.Config)) (*testBroker, *sendRecorder, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	rec := &sendRecorder{}
 	o := brokertest.Options{ServerOptions: []grpc.ServerOption{grpc.ChainStreamInterceptor(rec.intercept)}}
-	tb := launchBroker(t, []string{zktest.Addr(t)}, root, o, func(c *broker.Config) { c.Registerer = reg })
+	tb := launchBroker(t, []string{zktest.Addr(t)}, root, o, append(mods, func(c *broker.Config) { c.Registerer = reg })...)
 	return tb, rec, reg
 }
 
@@ -377,8 +377,16 @@ func startRecordedBroker(t *testing.T, root string) (*testBroker, *sendRecorder,
 // expired when it reads again all went into the transport in time (flow
 // control buffers them): the broker cannot take those back, so a consumer
 // must check lease_deadline (clients/go does).
-func TestPausedReaderGetsNoLateSends(t *testing.T) {
-	tb, rec, reg := startRecordedBroker(t, zktest.Root(t))
+func TestPausedReaderGetsNoLateSends(t *testing.T) { pausedReaderGetsNoLateSends(t) }
+
+// The same with both streams taking messages claimed ahead: the paused
+// stream's deliveries it could not send go back through the buffer.
+func TestPausedReaderGetsNoLateSendsClaimAhead(t *testing.T) {
+	pausedReaderGetsNoLateSends(t, claimAhead)
+}
+
+func pausedReaderGetsNoLateSends(t *testing.T, mods ...func(*broker.Config)) {
+	tb, rec, reg := startRecordedBroker(t, zktest.Root(t), mods...)
 	const queue, n, size = "paused", 20, 60 << 10
 	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(time.Second)})
 	publishBig(t, tb.client, queue, n, size)

@@ -59,6 +59,10 @@ type Config struct {
 	// earlier writes have committed; several sessions because one client
 	// session tops out well below what ZooKeeper serves.
 	ZKSessions int
+	// ClaimAhead makes at-least-once Consume streams with a prefetch of
+	// at most 16 take their deliveries from a small buffer of messages
+	// the broker claims ahead of their credit (ahead.go). Off by default.
+	ClaimAhead bool
 	// MaxPayload, MaxBatchBytes, MaxBatchCount: publish limits (defaults
 	// 512 KiB, 900 KiB or MaxPayload when larger, 1000). MaxPayload is at
 	// most zkqueue.HardMaxPayload (1008 KiB); MaxBatchBytes is at least

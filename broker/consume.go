@@ -177,6 +177,9 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	}
 	unregister := b.registerConsumer(ctx, sub.q)
 	defer unregister()
+	var detach func()
+	sub.ahead, detach = b.attachAhead(sub)
+	defer detach()
 
 	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1), prio: sub.prio}
 	if sub.q.h.Active == "" {
@@ -199,6 +202,7 @@ type subscription struct {
 	d        delivery
 	prefetch int
 	prio     int
+	ahead    *ahead // the buffer the stream takes from (ahead.go); nil: it claims for itself
 }
 
 // subscribe checks a Consume stream's first request.
@@ -295,7 +299,8 @@ func (b *Broker) receiveRequests(ctx context.Context, rx *receiver[*pb.ConsumeRe
 // ctx ends or a delivery fails. It never returns nil.
 //
 // Deliveries are claimed in batches bounded by count and bytes (about
-// what the transport takes without waiting), each only after the
+// what the transport takes without waiting), or taken from the queue's
+// messages claimed ahead (ahead.go), each only after the
 // previous one was sent, and each is checked just before its send: a
 // delivery whose lease ran out (or nearly) meanwhile is given back
 // unsent. A send held up by flow control (a client that stopped reading)
@@ -322,7 +327,12 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 		if err != nil {
 			return errStreamDone
 		}
-		cs, err := b.take(tctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
+		var cs []claimed
+		if sub.ahead != nil {
+			cs, err = sub.ahead.get(tctx, credit, consumeBatchBytes)
+		} else {
+			cs, err = b.take(tctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
+		}
 		done()
 		st.endTake(credit - len(cs))
 		if err != nil {
@@ -349,11 +359,25 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 }
 
 // sendBatch sends the claimed deliveries cs, in order, giving back the
-// ones whose lease ran out before their turn. The leases of the ones it
-// could not send stay held, for releaseHeld.
+// ones whose lease ran out before their turn. Deliveries taken from the
+// messages claimed ahead go back to that buffer instead, from the first
+// that cannot be sent on (ahead.putBack), to keep their order. The
+// leases of the ones it could not send stay held, for releaseHeld.
 func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub subscription, st *consumeState, cs []claimed) error {
 	q, d := sub.q, sub.d
 	for i, c := range cs {
+		if !b.sendable(d, c) && sub.ahead != nil {
+			// Taken from the messages claimed ahead: this one and the
+			// rest go back through the buffer, which gives them back
+			// before any younger message reaches its streams.
+			for _, r := range cs[i:] {
+				st.settled(r.lease)
+			}
+			b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - i))
+			sub.ahead.putBack(cs[i:])
+			st.addCredit(len(cs) - i)
+			return nil
+		}
 		if !b.sendable(d, c) {
 			st.settled(c.lease)
 			b.unsent(q, c)
@@ -371,7 +395,13 @@ func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub s
 			b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
 			for _, r := range cs[i+1:] {
 				st.settled(r.lease)
-				b.unsent(q, r)
+				if sub.ahead == nil {
+					b.unsent(q, r)
+				}
+			}
+			if sub.ahead != nil {
+				b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - i - 1))
+				sub.ahead.putBack(cs[i+1:])
 			}
 			b.log.Debug("consume stream stalled: ending it", "queue", q.name)
 			return b.fail(err)

@@ -47,6 +47,10 @@ type queue struct {
 	consumers *zkqueue.ConsumerGroup // the Consume streams on all brokers: registrations, rank
 
 	delayed *zkqueue.Scheduled // the messages published with a delay (schedule.go)
+
+	aheadMu   sync.Mutex
+	ahead     *ahead          // the messages claimed ahead for this broker's streams (ahead.go); nil without streams
+	aheadGone <-chan struct{} // closed once the last ended buffer gave back its messages; nil: none yet
 }
 
 // published counts n messages this broker added into the cached depth.

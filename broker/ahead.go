@@ -1,0 +1,423 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/qbroker/qbroker/zkqueue"
+)
+
+// Claim ahead of credit. A Consume stream with little prefetch waits for
+// a ZooKeeper claim after every settlement that gives it credit: the
+// claim's round trip sits in each of its consumer's cycles. A queue handle
+// therefore keeps a small buffer of at-least-once messages claimed ahead,
+// for the streams on this broker that consume the queue with the same
+// visibility timeout and at most aheadMaxPrefetch prefetch: whichever of
+// them gets credit next takes the buffer's first messages (in queue
+// order) without a round trip, while the buffer's filler claims the next
+// ones.
+//
+// The buffer is sized by its streams' recent demand (the messages they
+// took in the last aheadWindow, and the streams waiting) and bounded by
+// aheadMaxCount messages and aheadMaxBytes on the wire. A buffered
+// message is held at most aheadMaxHold, and is given back (Unclaim: it
+// keeps its place and its delivery count) once its lease has less than
+// twice the send margin left, or when the broker's ZooKeeper session
+// changed since its claim, so a stream never receives a lease shorter
+// than the send margin plus as much again. When the last stream of the
+// buffer ends (also on Shutdown) the fillers stop and every buffered
+// message is given back at once. A broker that dies with a full buffer
+// leaves its leases to the sweep: the messages come back when they
+// expire, as the ones its streams held do.
+//
+// Order. The buffer holds its messages in queue order, and its streams
+// take them from the front, so first deliveries keep the queue's order
+// as they do when streams claim for themselves; a message given back
+// must not break it by coming back after younger ones were handed out.
+// Hence: a stream takes nothing at or past the first buffered message
+// that may no longer be handed out; the filler gives that message back
+// together with every one behind it (all younger), and only then claims
+// again, so its next claim (the queue re-read after the give-back) takes
+// them first. A message a stream took but does not send goes back to the
+// front of the buffer (putBack), not straight to ZooKeeper, so that the
+// same rule gives it back. A queue's next buffer, once its last stream
+// on the broker ended, claims only after the previous buffer's messages
+// are all back.
+//
+// At-most-once streams do not claim ahead: an at-most-once claim deletes
+// the message from ZooKeeper, so a buffered one would be lost with the
+// broker, widening the documented loss window from the messages in
+// transit to those waiting in the buffer.
+const (
+	aheadMaxCount    = 256
+	aheadMaxBytes    = 256 << 10
+	aheadMaxPrefetch = 16
+	aheadWindow      = 250 * time.Millisecond
+	aheadCheck       = 50 * time.Millisecond
+	aheadMaxHold     = time.Second
+	// aheadFillers is the number of claims under way at once: one, as
+	// concurrent claims could complete out of order and a stream would
+	// then receive a message after a later one.
+	aheadFillers = 1
+)
+
+// ahead is one queue handle's buffer of messages claimed ahead of credit
+// for its streams of one delivery (see above). Safe for concurrent use.
+type ahead struct {
+	b *Broker
+	q *queue
+	d delivery
+
+	users  int // attached streams; guarded by q.aheadMu
+	cancel context.CancelFunc
+	fill   sync.WaitGroup  // the fillers
+	after  <-chan struct{} // closed once the queue's previous buffer gave back its messages; nil: none
+	gone   chan struct{}   // closed once this buffer gave back its messages (detach)
+
+	mu           sync.Mutex
+	buf          []aheadItem
+	bytes        int
+	waiters      int // streams waiting in get
+	pending      int // messages asked for by the claims under way
+	pendingBytes int
+	blocking     bool          // a claim under way waits for the first message
+	served       [2]int        // messages taken in the previous and the current window
+	window       time.Time     // when the current window began
+	err          error         // the filler's last claim failed with it
+	ready        chan struct{} // closed (and replaced) when messages arrive or a claim fails
+	want         chan struct{} // signalled when a stream waits or took messages
+}
+
+type aheadItem struct {
+	c    claimed
+	size int       // on the wire
+	by   time.Time // given back from then on
+}
+
+// attachAhead returns the claim-ahead buffer a subscribed stream takes
+// its deliveries from, and the func that detaches it; nil when the stream
+// claims for itself: without Config.ClaimAhead, at most once, a sync queue, a large prefetch, or
+// another visibility than the buffer's streams'.
+func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
+	q := sub.q
+	// A single-active queue's one stream claims for itself: its turn
+	// fences each claim by session (active.go), and a buffer would hold
+	// leases that keep the next turn waiting.
+	if !b.cfg.ClaimAhead || !sub.d.ack || q.sync != nil || sub.prefetch > aheadMaxPrefetch || q.h.Active != "" {
+		return nil, func() {}
+	}
+	q.aheadMu.Lock()
+	defer q.aheadMu.Unlock()
+	a := q.ahead
+	if a == nil {
+		ctx, cancel := context.WithCancel(b.ctx)
+		a = &ahead{b: b, q: q, d: sub.d, cancel: cancel, after: q.aheadGone, gone: make(chan struct{}),
+			window: time.Now(), ready: make(chan struct{}), want: make(chan struct{}, aheadFillers)}
+		q.ahead = a
+		a.fill.Add(aheadFillers)
+		for range aheadFillers {
+			go a.run(ctx)
+		}
+	} else if a.d != sub.d {
+		return nil, func() {}
+	}
+	a.users++
+	return a, func() { a.detach() }
+}
+
+// detach ends one stream's use of the buffer. The last one stops the
+// filler and gives back what is buffered; the queue's next buffer claims
+// only once that is done (and, before it, the previous buffer's
+// give-back), so none of its streams receives a message younger than one
+// still being given back.
+func (a *ahead) detach() {
+	q := a.q
+	q.aheadMu.Lock()
+	a.users--
+	last := a.users == 0
+	if last && q.ahead == a {
+		q.ahead = nil
+		q.aheadGone = a.gone
+	}
+	q.aheadMu.Unlock()
+	if !last {
+		return
+	}
+	a.cancel()
+	a.fill.Wait()
+	a.mu.Lock()
+	items := a.buf
+	a.buf, a.bytes = nil, 0
+	a.mu.Unlock()
+	a.giveBack(items)
+	if a.after != nil {
+		<-a.after // bounded: a give-back runs under releaseTimeout
+	}
+	close(a.gone)
+}
+
+// get takes up to max buffered deliveries, no more than maxBytes of them
+// on the wire (the first always), waiting for the first until ctx ends.
+// It stops at the first buffered message that may no longer be handed
+// out: the filler gives it back with the ones behind it. It returns the
+// filler's error when a claim failed and nothing is buffered.
+func (a *ahead) get(ctx context.Context, max, maxBytes int) ([]claimed, error) {
+	a.mu.Lock()
+	a.waiters++
+	defer func() {
+		a.mu.Lock()
+		a.waiters--
+		a.mu.Unlock()
+	}()
+	for {
+		now := time.Now()
+		var out []claimed
+		bytes := 0
+		for len(a.buf) > 0 && len(out) < max {
+			it := a.buf[0]
+			if !a.keep(it, now) || len(out) > 0 && bytes+it.size > maxBytes {
+				break
+			}
+			a.pop()
+			out = append(out, it.c)
+			bytes += it.size
+		}
+		a.roll(now)
+		a.served[1] += len(out)
+		err, ready := a.err, a.ready
+		a.mu.Unlock()
+		a.poke()
+		if len(out) > 0 {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		a.mu.Lock()
+	}
+}
+
+// pop drops the first buffered message; a.mu is held.
+func (a *ahead) pop() {
+	a.bytes -= a.buf[0].size
+	a.buf[0] = aheadItem{}
+	a.buf = a.buf[1:]
+}
+
+// putBack returns to the front of the buffer, in their order, messages a
+// stream took from it but did not send (their lease ran short, or they
+// were behind a send that stalled): they are older than every buffered
+// one. They are not handed out again: the filler gives them back, with
+// the ones behind them, before it claims again, and no stream takes past
+// them meanwhile.
+func (a *ahead) putBack(cs []claimed) {
+	if len(cs) == 0 {
+		return
+	}
+	a.mu.Lock()
+	its := make([]aheadItem, len(cs), len(cs)+len(a.buf))
+	for i, c := range cs {
+		its[i] = aheadItem{c: c, size: len(c.m.Payload) + msgOverhead(c.msg.GetQueue())} // by: zero, given back
+		a.bytes += its[i].size
+	}
+	a.buf = append(its, a.buf...)
+	a.mu.Unlock()
+	a.poke()
+}
+
+// keep reports whether a buffered message may still be handed out.
+func (a *ahead) keep(it aheadItem, now time.Time) bool {
+	return now.Before(it.by) && a.b.sendable(a.d, it.c)
+}
+
+// roll starts a new demand window when the current one is over; a.mu is
+// held.
+func (a *ahead) roll(now time.Time) {
+	switch el := now.Sub(a.window); {
+	case el >= 2*aheadWindow:
+		a.served = [2]int{}
+		a.window = now
+	case el >= aheadWindow:
+		a.served = [2]int{a.served[1], 0}
+		a.window = a.window.Add(aheadWindow)
+	}
+}
+
+func (a *ahead) poke() {
+	select {
+	case a.want <- struct{}{}:
+	default:
+	}
+}
+
+// need reserves the messages, and bytes, a filler claims next, and
+// whether it waits for the first: only when a stream waits, nothing is
+// buffered and no other claim waits. The target is what the streams took
+// in the last aheadWindow / 4, plus the streams waiting; a claim tops the
+// buffer up to it once it is half empty (or a stream waits), so each
+// round trip claims many; done returns the reservation.
+func (a *ahead) need() (n, bytes int, block bool, done func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.roll(time.Now())
+	demand := max(a.served[0], a.served[1])
+	target := min(aheadMaxCount, a.waiters+(demand+3)/4)
+	have := len(a.buf) + a.pending
+	n = min(target-have, aheadMaxCount/2)
+	bytes = aheadMaxBytes - a.bytes - a.pendingBytes
+	if n <= 0 || bytes <= 0 || (a.waiters == 0 && have > target/2) {
+		return 0, 0, false, nil
+	}
+	block = a.waiters > 0 && len(a.buf) == 0 && !a.blocking
+	a.pending += n
+	a.pendingBytes += bytes
+	a.blocking = a.blocking || block
+	return n, bytes, block, func() {
+		a.mu.Lock()
+		a.pending -= n
+		a.pendingBytes -= bytes
+		if block {
+			a.blocking = false
+		}
+		a.mu.Unlock()
+	}
+}
+
+// run is one filler: it claims what need asks for and gives back the
+// buffered messages that may no longer be handed out (expire), until ctx
+// ends. It claims only once the queue's previous buffer gave back its
+// messages.
+func (a *ahead) run(ctx context.Context) {
+	defer a.fill.Done()
+	if a.after != nil {
+		select {
+		case <-a.after:
+		case <-ctx.Done():
+			return
+		}
+	}
+	t := time.NewTicker(aheadCheck)
+	defer t.Stop()
+	for {
+		a.expire()
+		if n, bytes, block, done := a.need(); n > 0 {
+			a.retry()
+			cs, err := a.b.take(ctx, a.q, a.d, want{max: n, maxBytes: bytes, block: block})
+			if ctx.Err() != nil {
+				done()
+				a.giveBack(items(cs, a.d)) // detach drains the buffer once the fillers end
+				return
+			}
+			if len(cs) > 0 {
+				a.add(cs)
+			}
+			done()
+			switch {
+			case err != nil && !errors.Is(err, zkqueue.ErrEmpty):
+				a.failed(err)
+			case len(cs) > 0:
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-a.want:
+		}
+	}
+}
+
+// items wraps fresh claims for the buffer.
+func items(cs []claimed, d delivery) []aheadItem {
+	out := make([]aheadItem, len(cs))
+	now := time.Now()
+	for i, c := range cs {
+		by := c.expires.Add(-2 * sendMargin(d.ttl))
+		if hold := now.Add(aheadMaxHold); hold.Before(by) {
+			by = hold
+		}
+		out[i] = aheadItem{c: c, size: len(c.m.Payload) + msgOverhead(c.msg.GetQueue()), by: by}
+	}
+	return out
+}
+
+func (a *ahead) add(cs []claimed) {
+	its := items(cs, a.d)
+	a.mu.Lock()
+	for _, it := range its {
+		a.buf = append(a.buf, it)
+		a.bytes += it.size
+	}
+	a.err = nil
+	close(a.ready)
+	a.ready = make(chan struct{})
+	a.mu.Unlock()
+}
+
+// failed hands a claim's error to the waiting streams, as their own claim
+// would have.
+func (a *ahead) failed(err error) {
+	a.mu.Lock()
+	a.err = err
+	close(a.ready)
+	a.ready = make(chan struct{})
+	a.mu.Unlock()
+}
+
+// retry clears the last claim's error before the next claim: it stands
+// for the streams that waited for that one only.
+func (a *ahead) retry() {
+	a.mu.Lock()
+	a.err = nil
+	a.mu.Unlock()
+}
+
+// expire gives back the first buffered message that may no longer be
+// handed out and every one behind it, in order; the filler claims again
+// only after, so the queue re-read by its next claim has them back ahead
+// of anything it did not claim yet. Giving back only the stale ones would
+// let the streams take the younger ones behind them first.
+func (a *ahead) expire() {
+	now := time.Now()
+	a.mu.Lock()
+	i := 0
+	for i < len(a.buf) && a.keep(a.buf[i], now) {
+		i++
+	}
+	var stale []aheadItem
+	if i < len(a.buf) {
+		stale = append(stale, a.buf[i:]...)
+		for _, it := range stale {
+			a.bytes -= it.size
+		}
+		clear(a.buf[i:])
+		a.buf = a.buf[:i]
+	}
+	a.mu.Unlock()
+	a.giveBack(stale)
+}
+
+// giveBack undoes buffered claims, in order: the messages keep their
+// place and delivery count and are ready at once (the queue is re-read).
+// A failed give-back leaves the lease to the sweep: that message comes
+// back when its lease expires, like a redelivery.
+func (a *ahead) giveBack(its []aheadItem) {
+	if len(its) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	for _, it := range its {
+		if err := a.q.leases.Unclaim(ctx, it.c.lease); err != nil {
+			a.b.log.Debug("giving back a message claimed ahead failed; the sweep releases it", "queue", a.q.name, "err", err)
+		}
+	}
+}
