@@ -3,6 +3,7 @@ package zkqueue
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -48,6 +49,10 @@ type Spec struct {
 	// milliseconds. ExpireToDeadLetter keeps them as dead letters.
 	MessageTTL         time.Duration
 	ExpireToDeadLetter bool
+
+	// Fairness: the queue's fair dispatch by key (fairness.go); the zero
+	// Fairness means none.
+	Fairness Fairness
 }
 
 // specVersion is the version of the encoding; decoders reject the
@@ -69,6 +74,10 @@ type specJSON struct {
 	ExpireToDead  bool      `json:"expire_to_dead_letter,omitempty"`
 	Created       time.Time `json:"created"`
 	Deleting      bool      `json:"deleting,omitempty"`
+
+	// Fair dispatch (fairness.go).
+	FairnessKey     string         `json:"fairness_key,omitempty"`
+	FairnessWeights map[string]int `json:"fairness_weights,omitempty"`
 }
 
 // Policy returns the delivery policy the spec sets for leases.
@@ -107,6 +116,10 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: expiring to the dead letters needs a message TTL", ErrBadSpec)
 	case s.Deleting:
 		return fmt.Errorf("%w: a new queue cannot be marked deleting", ErrBadSpec)
+	case (s.Fairness.Key != "" || s.Fairness.Weights != nil) && s.Fairness.Validate() != nil:
+		return fmt.Errorf("%w: %v", ErrBadSpec, s.Fairness.Validate())
+	case s.Fairness.Key != "" && s.Kind == KindSync:
+		return fmt.Errorf("%w: fairness is for %s and %s queues only", ErrBadSpec, KindFIFO, KindPriority)
 	}
 	return nil
 }
@@ -114,7 +127,12 @@ func (s Spec) Validate() error {
 // sameConfig reports whether two specs are equal, creation time aside.
 func (s Spec) sameConfig(o Spec) bool {
 	s.Created, o.Created = time.Time{}, time.Time{}
-	return s == o
+	if s.Fairness.Key+o.Fairness.Key != "" && !s.Fairness.equal(o.Fairness) {
+		return false
+	}
+	// Fairness holds a map, so the rest is compared field by field.
+	s.Fairness, o.Fairness = Fairness{}, Fairness{}
+	return reflect.DeepEqual(s, o)
 }
 
 // Encode returns the stored form of s (Visibility in whole milliseconds).
@@ -123,7 +141,8 @@ func (s Spec) Encode() ([]byte, error) {
 		VisibilityMS: s.Visibility.Milliseconds(), MaxDeliveries: s.MaxDeliveries,
 		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, DedupWindowMS: s.DedupWindow.Milliseconds(),
 		Created: s.Created, Deleting: s.Deleting,
-		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter})
+		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter,
+		FairnessKey: s.Fairness.Key, FairnessWeights: s.Fairness.Weights})
 }
 
 // DecodeSpec parses a stored spec. A spec marked Deleting decodes whatever
@@ -137,7 +156,8 @@ func DecodeSpec(data []byte) (Spec, error) {
 	s := Spec{Kind: j.Kind, SyncMembers: j.SyncMembers, Visibility: time.Duration(j.VisibilityMS) * time.Millisecond,
 		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, MaxDepth: j.MaxDepth, MaxBytes: j.MaxBytes,
 		DedupWindow: time.Duration(j.DedupWindowMS) * time.Millisecond, Created: j.Created, Deleting: j.Deleting,
-		MessageTTL: time.Duration(j.MessageTTLMS) * time.Millisecond, ExpireToDeadLetter: j.ExpireToDead}
+		MessageTTL: time.Duration(j.MessageTTLMS) * time.Millisecond, ExpireToDeadLetter: j.ExpireToDead,
+		Fairness: Fairness{Key: j.FairnessKey, Weights: j.FairnessWeights}}
 	switch {
 	case err != nil:
 		return s, fmt.Errorf("queue metadata: %w", err)

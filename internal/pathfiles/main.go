@@ -61,11 +61,12 @@ var calls = []string{"publish", "consume", "ack", "lease expiry"}
 
 // featureFiles hold the optional features' code: a call that uses none
 // of them runs none of it. The engine's: dedup ids, message groups, TTL,
-// delayed delivery, the undecodable-message path. The broker's: delay and
+// delayed delivery, the undecodable-message path, fair dispatch. The broker's: delay and
 // TTL (schedule.go), dedup ids, quotas, events, authentication and
 // authorization.
 var featureFiles = []string{
 	"zkqueue/dedup.go", "zkqueue/groups.go", "zkqueue/ttl.go", "zkqueue/delay.go", "zkqueue/baddata.go",
+	"zkqueue/fairness.go",
 	"broker/schedule.go", "broker/dedup.go", "broker/quota.go", "broker/emit.go",
 	"broker/auth.go", "broker/authz.go", "broker/jwt.go", "broker/authstreams.go",
 }
