@@ -58,6 +58,10 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	fair, err := fairnessToSpec(req.GetFairness(), kind)
+	if err != nil {
+		return nil, b.fail(err)
+	}
 	s := zkqueue.Spec{
 		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
@@ -66,6 +70,7 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 		Created:     time.Now().UTC().Truncate(time.Millisecond),
 	}
 	s.MessageTTL, s.ExpireToDeadLetter = ttl, req.GetExpireToDeadLetter()
+	s.Fairness = fair
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
 	if err != nil {
 		return nil, b.fail(err)

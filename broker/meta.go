@@ -53,5 +53,8 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		DedupWindow:       durationpb.New(s.Dedup()),
 	}
 	info.MessageTtl, info.ExpireToDeadLetter = durationpb.New(s.MessageTTL), s.ExpireToDeadLetter
+	if s.Fairness.Key != "" {
+		info.Fairness = fairnessToPB(s.Fairness)
+	}
 	return info
 }

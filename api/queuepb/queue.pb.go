@@ -188,7 +188,7 @@ func (x SyncEvent_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SyncEvent_State.Descriptor instead.
 func (SyncEvent_State) EnumDescriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{28, 0}
+	return file_api_queue_proto_rawDescGZIP(), []int{29, 0}
 }
 
 type CreateQueueRequest struct {
@@ -229,8 +229,10 @@ type CreateQueueRequest struct {
 	MessageTtl *durationpb.Duration `protobuf:"bytes,9,opt,name=message_ttl,json=messageTtl,proto3" json:"message_ttl,omitempty"`
 	// Expired messages go to the dead letters instead of being dropped.
 	ExpireToDeadLetter bool `protobuf:"varint,10,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Fair dispatch by key: unset means none (deliveries in queue order).
+	Fairness      *Fairness `protobuf:"bytes,40,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateQueueRequest) Reset() {
@@ -340,6 +342,74 @@ func (x *CreateQueueRequest) GetExpireToDeadLetter() bool {
 	return false
 }
 
+func (x *CreateQueueRequest) GetFairness() *Fairness {
+	if x != nil {
+		return x.Fairness
+	}
+	return nil
+}
+
+// Fairness shares a queue's deliveries between the keys of its messages in
+// weighted round robin, so that one key's backlog does not delay the
+// others' messages beyond their share. Order within a key is not kept
+// unless the key is the message group. FIFO and PRIORITY queues.
+type Fairness struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What a message's key is: "group" (its message group) or
+	// "header:<name>" (the value of that header, e.g. "header:tenant").
+	// Messages without one share the empty key.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Weights of keys, each 1..100: a key of weight w is served w messages
+	// a turn. Keys not listed weigh 1. At most 1000 entries.
+	Weights       map[string]uint32 `protobuf:"bytes,2,rep,name=weights,proto3" json:"weights,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fairness) Reset() {
+	*x = Fairness{}
+	mi := &file_api_queue_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fairness) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fairness) ProtoMessage() {}
+
+func (x *Fairness) ProtoReflect() protoreflect.Message {
+	mi := &file_api_queue_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fairness.ProtoReflect.Descriptor instead.
+func (*Fairness) Descriptor() ([]byte, []int) {
+	return file_api_queue_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Fairness) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Fairness) GetWeights() map[string]uint32 {
+	if x != nil {
+		return x.Weights
+	}
+	return nil
+}
+
 // QueueInfo is a queue's configuration.
 type QueueInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -366,13 +436,15 @@ type QueueInfo struct {
 	MessageTtl *durationpb.Duration `protobuf:"bytes,10,opt,name=message_ttl,json=messageTtl,proto3" json:"message_ttl,omitempty"`
 	// Whether expired messages are kept as dead letters.
 	ExpireToDeadLetter bool `protobuf:"varint,11,opt,name=expire_to_dead_letter,json=expireToDeadLetter,proto3" json:"expire_to_dead_letter,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Fair dispatch by key (see CreateQueueRequest); unset when none.
+	Fairness      *Fairness `protobuf:"bytes,40,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
 	*x = QueueInfo{}
-	mi := &file_api_queue_proto_msgTypes[1]
+	mi := &file_api_queue_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +456,7 @@ func (x *QueueInfo) String() string {
 func (*QueueInfo) ProtoMessage() {}
 
 func (x *QueueInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[1]
+	mi := &file_api_queue_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +469,7 @@ func (x *QueueInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueInfo.ProtoReflect.Descriptor instead.
 func (*QueueInfo) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{1}
+	return file_api_queue_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *QueueInfo) GetName() string {
@@ -484,6 +556,13 @@ func (x *QueueInfo) GetExpireToDeadLetter() bool {
 	return false
 }
 
+func (x *QueueInfo) GetFairness() *Fairness {
+	if x != nil {
+		return x.Fairness
+	}
+	return nil
+}
+
 type GetQueueRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Queue name.
@@ -494,7 +573,7 @@ type GetQueueRequest struct {
 
 func (x *GetQueueRequest) Reset() {
 	*x = GetQueueRequest{}
-	mi := &file_api_queue_proto_msgTypes[2]
+	mi := &file_api_queue_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +585,7 @@ func (x *GetQueueRequest) String() string {
 func (*GetQueueRequest) ProtoMessage() {}
 
 func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[2]
+	mi := &file_api_queue_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +598,7 @@ func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueRequest.ProtoReflect.Descriptor instead.
 func (*GetQueueRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{2}
+	return file_api_queue_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetQueueRequest) GetName() string {
@@ -544,7 +623,7 @@ type ListQueuesRequest struct {
 
 func (x *ListQueuesRequest) Reset() {
 	*x = ListQueuesRequest{}
-	mi := &file_api_queue_proto_msgTypes[3]
+	mi := &file_api_queue_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +635,7 @@ func (x *ListQueuesRequest) String() string {
 func (*ListQueuesRequest) ProtoMessage() {}
 
 func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[3]
+	mi := &file_api_queue_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +648,7 @@ func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesRequest.ProtoReflect.Descriptor instead.
 func (*ListQueuesRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{3}
+	return file_api_queue_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListQueuesRequest) GetPrefix() string {
@@ -605,7 +684,7 @@ type ListQueuesResponse struct {
 
 func (x *ListQueuesResponse) Reset() {
 	*x = ListQueuesResponse{}
-	mi := &file_api_queue_proto_msgTypes[4]
+	mi := &file_api_queue_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -617,7 +696,7 @@ func (x *ListQueuesResponse) String() string {
 func (*ListQueuesResponse) ProtoMessage() {}
 
 func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[4]
+	mi := &file_api_queue_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -630,7 +709,7 @@ func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesResponse.ProtoReflect.Descriptor instead.
 func (*ListQueuesResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{4}
+	return file_api_queue_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListQueuesResponse) GetQueues() []*QueueInfo {
@@ -657,7 +736,7 @@ type DeleteQueueRequest struct {
 
 func (x *DeleteQueueRequest) Reset() {
 	*x = DeleteQueueRequest{}
-	mi := &file_api_queue_proto_msgTypes[5]
+	mi := &file_api_queue_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -669,7 +748,7 @@ func (x *DeleteQueueRequest) String() string {
 func (*DeleteQueueRequest) ProtoMessage() {}
 
 func (x *DeleteQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[5]
+	mi := &file_api_queue_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -682,7 +761,7 @@ func (x *DeleteQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteQueueRequest.ProtoReflect.Descriptor instead.
 func (*DeleteQueueRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{5}
+	return file_api_queue_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteQueueRequest) GetName() string {
@@ -700,7 +779,7 @@ type DeleteQueueResponse struct {
 
 func (x *DeleteQueueResponse) Reset() {
 	*x = DeleteQueueResponse{}
-	mi := &file_api_queue_proto_msgTypes[6]
+	mi := &file_api_queue_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +791,7 @@ func (x *DeleteQueueResponse) String() string {
 func (*DeleteQueueResponse) ProtoMessage() {}
 
 func (x *DeleteQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[6]
+	mi := &file_api_queue_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +804,7 @@ func (x *DeleteQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteQueueResponse.ProtoReflect.Descriptor instead.
 func (*DeleteQueueResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{6}
+	return file_api_queue_proto_rawDescGZIP(), []int{7}
 }
 
 type PurgeRequest struct {
@@ -738,7 +817,7 @@ type PurgeRequest struct {
 
 func (x *PurgeRequest) Reset() {
 	*x = PurgeRequest{}
-	mi := &file_api_queue_proto_msgTypes[7]
+	mi := &file_api_queue_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +829,7 @@ func (x *PurgeRequest) String() string {
 func (*PurgeRequest) ProtoMessage() {}
 
 func (x *PurgeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[7]
+	mi := &file_api_queue_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +842,7 @@ func (x *PurgeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeRequest.ProtoReflect.Descriptor instead.
 func (*PurgeRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{7}
+	return file_api_queue_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PurgeRequest) GetName() string {
@@ -783,7 +862,7 @@ type PurgeResponse struct {
 
 func (x *PurgeResponse) Reset() {
 	*x = PurgeResponse{}
-	mi := &file_api_queue_proto_msgTypes[8]
+	mi := &file_api_queue_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +874,7 @@ func (x *PurgeResponse) String() string {
 func (*PurgeResponse) ProtoMessage() {}
 
 func (x *PurgeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[8]
+	mi := &file_api_queue_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +887,7 @@ func (x *PurgeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeResponse.ProtoReflect.Descriptor instead.
 func (*PurgeResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{8}
+	return file_api_queue_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PurgeResponse) GetPurged() uint64 {
@@ -828,7 +907,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_queue_proto_msgTypes[9]
+	mi := &file_api_queue_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +919,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[9]
+	mi := &file_api_queue_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +932,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{9}
+	return file_api_queue_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StatsRequest) GetName() string {
@@ -894,7 +973,7 @@ type QueueStats struct {
 
 func (x *QueueStats) Reset() {
 	*x = QueueStats{}
-	mi := &file_api_queue_proto_msgTypes[10]
+	mi := &file_api_queue_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +985,7 @@ func (x *QueueStats) String() string {
 func (*QueueStats) ProtoMessage() {}
 
 func (x *QueueStats) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[10]
+	mi := &file_api_queue_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +998,7 @@ func (x *QueueStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueStats.ProtoReflect.Descriptor instead.
 func (*QueueStats) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{10}
+	return file_api_queue_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *QueueStats) GetName() string {
@@ -1039,7 +1118,7 @@ type OutMessage struct {
 
 func (x *OutMessage) Reset() {
 	*x = OutMessage{}
-	mi := &file_api_queue_proto_msgTypes[11]
+	mi := &file_api_queue_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1130,7 @@ func (x *OutMessage) String() string {
 func (*OutMessage) ProtoMessage() {}
 
 func (x *OutMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[11]
+	mi := &file_api_queue_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1143,7 @@ func (x *OutMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutMessage.ProtoReflect.Descriptor instead.
 func (*OutMessage) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{11}
+	return file_api_queue_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OutMessage) GetPayload() []byte {
@@ -1146,7 +1225,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_api_queue_proto_msgTypes[12]
+	mi := &file_api_queue_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1158,7 +1237,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[12]
+	mi := &file_api_queue_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1250,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{12}
+	return file_api_queue_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PublishRequest) GetQueue() string {
@@ -1204,7 +1283,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_api_queue_proto_msgTypes[13]
+	mi := &file_api_queue_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1295,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[13]
+	mi := &file_api_queue_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1308,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{13}
+	return file_api_queue_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PublishResponse) GetIds() []string {
@@ -1282,7 +1361,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_api_queue_proto_msgTypes[14]
+	mi := &file_api_queue_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1294,7 +1373,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[14]
+	mi := &file_api_queue_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1307,7 +1386,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{14}
+	return file_api_queue_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Message) GetQueue() string {
@@ -1405,7 +1484,7 @@ type Subscribe struct {
 
 func (x *Subscribe) Reset() {
 	*x = Subscribe{}
-	mi := &file_api_queue_proto_msgTypes[15]
+	mi := &file_api_queue_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1496,7 @@ func (x *Subscribe) String() string {
 func (*Subscribe) ProtoMessage() {}
 
 func (x *Subscribe) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[15]
+	mi := &file_api_queue_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1509,7 @@ func (x *Subscribe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscribe.ProtoReflect.Descriptor instead.
 func (*Subscribe) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{15}
+	return file_api_queue_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Subscribe) GetQueue() string {
@@ -1476,7 +1555,7 @@ type Settle struct {
 
 func (x *Settle) Reset() {
 	*x = Settle{}
-	mi := &file_api_queue_proto_msgTypes[16]
+	mi := &file_api_queue_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1567,7 @@ func (x *Settle) String() string {
 func (*Settle) ProtoMessage() {}
 
 func (x *Settle) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[16]
+	mi := &file_api_queue_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1580,7 @@ func (x *Settle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Settle.ProtoReflect.Descriptor instead.
 func (*Settle) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{16}
+	return file_api_queue_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Settle) GetAckToken() string {
@@ -1539,7 +1618,7 @@ type ConsumeRequest struct {
 
 func (x *ConsumeRequest) Reset() {
 	*x = ConsumeRequest{}
-	mi := &file_api_queue_proto_msgTypes[17]
+	mi := &file_api_queue_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1630,7 @@ func (x *ConsumeRequest) String() string {
 func (*ConsumeRequest) ProtoMessage() {}
 
 func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[17]
+	mi := &file_api_queue_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1643,7 @@ func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{17}
+	return file_api_queue_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ConsumeRequest) GetSubscribe() *Subscribe {
@@ -1598,7 +1677,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_api_queue_proto_msgTypes[18]
+	mi := &file_api_queue_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1689,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[18]
+	mi := &file_api_queue_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1702,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{18}
+	return file_api_queue_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Delivery) GetMessage() *Message {
@@ -1652,7 +1731,7 @@ type ReceiveRequest struct {
 
 func (x *ReceiveRequest) Reset() {
 	*x = ReceiveRequest{}
-	mi := &file_api_queue_proto_msgTypes[19]
+	mi := &file_api_queue_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1743,7 @@ func (x *ReceiveRequest) String() string {
 func (*ReceiveRequest) ProtoMessage() {}
 
 func (x *ReceiveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[19]
+	mi := &file_api_queue_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1756,7 @@ func (x *ReceiveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveRequest.ProtoReflect.Descriptor instead.
 func (*ReceiveRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{19}
+	return file_api_queue_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReceiveRequest) GetQueue() string {
@@ -1727,7 +1806,7 @@ type ReceiveResponse struct {
 
 func (x *ReceiveResponse) Reset() {
 	*x = ReceiveResponse{}
-	mi := &file_api_queue_proto_msgTypes[20]
+	mi := &file_api_queue_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1818,7 @@ func (x *ReceiveResponse) String() string {
 func (*ReceiveResponse) ProtoMessage() {}
 
 func (x *ReceiveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[20]
+	mi := &file_api_queue_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1831,7 @@ func (x *ReceiveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResponse.ProtoReflect.Descriptor instead.
 func (*ReceiveResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{20}
+	return file_api_queue_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReceiveResponse) GetMessages() []*Message {
@@ -1772,7 +1851,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_api_queue_proto_msgTypes[21]
+	mi := &file_api_queue_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +1863,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[21]
+	mi := &file_api_queue_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +1876,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{21}
+	return file_api_queue_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AckRequest) GetAckToken() string {
@@ -1815,7 +1894,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_api_queue_proto_msgTypes[22]
+	mi := &file_api_queue_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +1906,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[22]
+	mi := &file_api_queue_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +1919,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{22}
+	return file_api_queue_proto_rawDescGZIP(), []int{23}
 }
 
 type NackRequest struct {
@@ -1856,7 +1935,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_api_queue_proto_msgTypes[23]
+	mi := &file_api_queue_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1868,7 +1947,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[23]
+	mi := &file_api_queue_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1881,7 +1960,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{23}
+	return file_api_queue_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NackRequest) GetAckToken() string {
@@ -1906,7 +1985,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_api_queue_proto_msgTypes[24]
+	mi := &file_api_queue_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +1997,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[24]
+	mi := &file_api_queue_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2010,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{24}
+	return file_api_queue_proto_rawDescGZIP(), []int{25}
 }
 
 type ExtendLeaseRequest struct {
@@ -1946,7 +2025,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_api_queue_proto_msgTypes[25]
+	mi := &file_api_queue_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2037,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[25]
+	mi := &file_api_queue_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2050,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{25}
+	return file_api_queue_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExtendLeaseRequest) GetAckToken() string {
@@ -1998,7 +2077,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_api_queue_proto_msgTypes[26]
+	mi := &file_api_queue_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2089,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[26]
+	mi := &file_api_queue_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2102,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{26}
+	return file_api_queue_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExtendLeaseResponse) GetLeaseDeadline() *timestamppb.Timestamp {
@@ -2045,7 +2124,7 @@ type JoinSyncRequest struct {
 
 func (x *JoinSyncRequest) Reset() {
 	*x = JoinSyncRequest{}
-	mi := &file_api_queue_proto_msgTypes[27]
+	mi := &file_api_queue_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2136,7 @@ func (x *JoinSyncRequest) String() string {
 func (*JoinSyncRequest) ProtoMessage() {}
 
 func (x *JoinSyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[27]
+	mi := &file_api_queue_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2149,7 @@ func (x *JoinSyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinSyncRequest.ProtoReflect.Descriptor instead.
 func (*JoinSyncRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{27}
+	return file_api_queue_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *JoinSyncRequest) GetQueue() string {
@@ -2102,7 +2181,7 @@ type SyncEvent struct {
 
 func (x *SyncEvent) Reset() {
 	*x = SyncEvent{}
-	mi := &file_api_queue_proto_msgTypes[28]
+	mi := &file_api_queue_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2114,7 +2193,7 @@ func (x *SyncEvent) String() string {
 func (*SyncEvent) ProtoMessage() {}
 
 func (x *SyncEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[28]
+	mi := &file_api_queue_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2127,7 +2206,7 @@ func (x *SyncEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncEvent.ProtoReflect.Descriptor instead.
 func (*SyncEvent) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{28}
+	return file_api_queue_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SyncEvent) GetState() SyncEvent_State {
@@ -2167,7 +2246,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_queue_proto_msgTypes[29]
+	mi := &file_api_queue_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2258,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[29]
+	mi := &file_api_queue_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2271,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{29}
+	return file_api_queue_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListDeadLettersRequest) GetQueue() string {
@@ -2228,7 +2307,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_queue_proto_msgTypes[30]
+	mi := &file_api_queue_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2240,7 +2319,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[30]
+	mi := &file_api_queue_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2253,7 +2332,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{30}
+	return file_api_queue_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListDeadLettersResponse) GetMessages() []*Message {
@@ -2282,7 +2361,7 @@ type RedriveRequest struct {
 
 func (x *RedriveRequest) Reset() {
 	*x = RedriveRequest{}
-	mi := &file_api_queue_proto_msgTypes[31]
+	mi := &file_api_queue_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2373,7 @@ func (x *RedriveRequest) String() string {
 func (*RedriveRequest) ProtoMessage() {}
 
 func (x *RedriveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[31]
+	mi := &file_api_queue_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2386,7 @@ func (x *RedriveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveRequest.ProtoReflect.Descriptor instead.
 func (*RedriveRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{31}
+	return file_api_queue_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RedriveRequest) GetQueue() string {
@@ -2334,7 +2413,7 @@ type RedriveResponse struct {
 
 func (x *RedriveResponse) Reset() {
 	*x = RedriveResponse{}
-	mi := &file_api_queue_proto_msgTypes[32]
+	mi := &file_api_queue_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2425,7 @@ func (x *RedriveResponse) String() string {
 func (*RedriveResponse) ProtoMessage() {}
 
 func (x *RedriveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[32]
+	mi := &file_api_queue_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2438,7 @@ func (x *RedriveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveResponse.ProtoReflect.Descriptor instead.
 func (*RedriveResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{32}
+	return file_api_queue_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RedriveResponse) GetRedriven() uint64 {
@@ -2385,7 +2464,7 @@ type BrowseRequest struct {
 
 func (x *BrowseRequest) Reset() {
 	*x = BrowseRequest{}
-	mi := &file_api_queue_proto_msgTypes[33]
+	mi := &file_api_queue_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2476,7 @@ func (x *BrowseRequest) String() string {
 func (*BrowseRequest) ProtoMessage() {}
 
 func (x *BrowseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[33]
+	mi := &file_api_queue_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2489,7 @@ func (x *BrowseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrowseRequest.ProtoReflect.Descriptor instead.
 func (*BrowseRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{33}
+	return file_api_queue_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BrowseRequest) GetQueue() string {
@@ -2447,7 +2526,7 @@ type BrowseResponse struct {
 
 func (x *BrowseResponse) Reset() {
 	*x = BrowseResponse{}
-	mi := &file_api_queue_proto_msgTypes[34]
+	mi := &file_api_queue_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2459,7 +2538,7 @@ func (x *BrowseResponse) String() string {
 func (*BrowseResponse) ProtoMessage() {}
 
 func (x *BrowseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[34]
+	mi := &file_api_queue_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2472,7 +2551,7 @@ func (x *BrowseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrowseResponse.ProtoReflect.Descriptor instead.
 func (*BrowseResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{34}
+	return file_api_queue_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BrowseResponse) GetMessages() []*Message {
@@ -2494,7 +2573,7 @@ var File_api_queue_proto protoreflect.FileDescriptor
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\x03\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x04\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2509,7 +2588,14 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vmessage_ttl\x18\t \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"messageTtl\x121\n" +
 	"\x15expire_to_dead_letter\x18\n" +
-	" \x01(\bR\x12expireToDeadLetter\"\xa1\x04\n" +
+	" \x01(\bR\x12expireToDeadLetter\x120\n" +
+	"\bfairness\x18( \x01(\v2\x14.qbroker.v1.FairnessR\bfairness\"\x95\x01\n" +
+	"\bFairness\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12;\n" +
+	"\aweights\x18\x02 \x03(\v2!.qbroker.v1.Fairness.WeightsEntryR\aweights\x1a:\n" +
+	"\fWeightsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xd3\x04\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2526,7 +2612,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\vmessage_ttl\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"messageTtl\x121\n" +
-	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\"%\n" +
+	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\x120\n" +
+	"\bfairness\x18( \x01(\v2\x14.qbroker.v1.FairnessR\bfairness\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +
@@ -2709,123 +2796,128 @@ func file_api_queue_proto_rawDescGZIP() []byte {
 }
 
 var file_api_queue_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_api_queue_proto_goTypes = []any{
 	(QueueKind)(0),                  // 0: qbroker.v1.QueueKind
 	(DeliveryMode)(0),               // 1: qbroker.v1.DeliveryMode
 	(SyncEvent_State)(0),            // 2: qbroker.v1.SyncEvent.State
 	(*CreateQueueRequest)(nil),      // 3: qbroker.v1.CreateQueueRequest
-	(*QueueInfo)(nil),               // 4: qbroker.v1.QueueInfo
-	(*GetQueueRequest)(nil),         // 5: qbroker.v1.GetQueueRequest
-	(*ListQueuesRequest)(nil),       // 6: qbroker.v1.ListQueuesRequest
-	(*ListQueuesResponse)(nil),      // 7: qbroker.v1.ListQueuesResponse
-	(*DeleteQueueRequest)(nil),      // 8: qbroker.v1.DeleteQueueRequest
-	(*DeleteQueueResponse)(nil),     // 9: qbroker.v1.DeleteQueueResponse
-	(*PurgeRequest)(nil),            // 10: qbroker.v1.PurgeRequest
-	(*PurgeResponse)(nil),           // 11: qbroker.v1.PurgeResponse
-	(*StatsRequest)(nil),            // 12: qbroker.v1.StatsRequest
-	(*QueueStats)(nil),              // 13: qbroker.v1.QueueStats
-	(*OutMessage)(nil),              // 14: qbroker.v1.OutMessage
-	(*PublishRequest)(nil),          // 15: qbroker.v1.PublishRequest
-	(*PublishResponse)(nil),         // 16: qbroker.v1.PublishResponse
-	(*Message)(nil),                 // 17: qbroker.v1.Message
-	(*Subscribe)(nil),               // 18: qbroker.v1.Subscribe
-	(*Settle)(nil),                  // 19: qbroker.v1.Settle
-	(*ConsumeRequest)(nil),          // 20: qbroker.v1.ConsumeRequest
-	(*Delivery)(nil),                // 21: qbroker.v1.Delivery
-	(*ReceiveRequest)(nil),          // 22: qbroker.v1.ReceiveRequest
-	(*ReceiveResponse)(nil),         // 23: qbroker.v1.ReceiveResponse
-	(*AckRequest)(nil),              // 24: qbroker.v1.AckRequest
-	(*AckResponse)(nil),             // 25: qbroker.v1.AckResponse
-	(*NackRequest)(nil),             // 26: qbroker.v1.NackRequest
-	(*NackResponse)(nil),            // 27: qbroker.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),      // 28: qbroker.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),     // 29: qbroker.v1.ExtendLeaseResponse
-	(*JoinSyncRequest)(nil),         // 30: qbroker.v1.JoinSyncRequest
-	(*SyncEvent)(nil),               // 31: qbroker.v1.SyncEvent
-	(*ListDeadLettersRequest)(nil),  // 32: qbroker.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil), // 33: qbroker.v1.ListDeadLettersResponse
-	(*RedriveRequest)(nil),          // 34: qbroker.v1.RedriveRequest
-	(*RedriveResponse)(nil),         // 35: qbroker.v1.RedriveResponse
-	(*BrowseRequest)(nil),           // 36: qbroker.v1.BrowseRequest
-	(*BrowseResponse)(nil),          // 37: qbroker.v1.BrowseResponse
-	nil,                             // 38: qbroker.v1.OutMessage.HeadersEntry
-	nil,                             // 39: qbroker.v1.Message.HeadersEntry
-	(*durationpb.Duration)(nil),     // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 41: google.protobuf.Timestamp
+	(*Fairness)(nil),                // 4: qbroker.v1.Fairness
+	(*QueueInfo)(nil),               // 5: qbroker.v1.QueueInfo
+	(*GetQueueRequest)(nil),         // 6: qbroker.v1.GetQueueRequest
+	(*ListQueuesRequest)(nil),       // 7: qbroker.v1.ListQueuesRequest
+	(*ListQueuesResponse)(nil),      // 8: qbroker.v1.ListQueuesResponse
+	(*DeleteQueueRequest)(nil),      // 9: qbroker.v1.DeleteQueueRequest
+	(*DeleteQueueResponse)(nil),     // 10: qbroker.v1.DeleteQueueResponse
+	(*PurgeRequest)(nil),            // 11: qbroker.v1.PurgeRequest
+	(*PurgeResponse)(nil),           // 12: qbroker.v1.PurgeResponse
+	(*StatsRequest)(nil),            // 13: qbroker.v1.StatsRequest
+	(*QueueStats)(nil),              // 14: qbroker.v1.QueueStats
+	(*OutMessage)(nil),              // 15: qbroker.v1.OutMessage
+	(*PublishRequest)(nil),          // 16: qbroker.v1.PublishRequest
+	(*PublishResponse)(nil),         // 17: qbroker.v1.PublishResponse
+	(*Message)(nil),                 // 18: qbroker.v1.Message
+	(*Subscribe)(nil),               // 19: qbroker.v1.Subscribe
+	(*Settle)(nil),                  // 20: qbroker.v1.Settle
+	(*ConsumeRequest)(nil),          // 21: qbroker.v1.ConsumeRequest
+	(*Delivery)(nil),                // 22: qbroker.v1.Delivery
+	(*ReceiveRequest)(nil),          // 23: qbroker.v1.ReceiveRequest
+	(*ReceiveResponse)(nil),         // 24: qbroker.v1.ReceiveResponse
+	(*AckRequest)(nil),              // 25: qbroker.v1.AckRequest
+	(*AckResponse)(nil),             // 26: qbroker.v1.AckResponse
+	(*NackRequest)(nil),             // 27: qbroker.v1.NackRequest
+	(*NackResponse)(nil),            // 28: qbroker.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),      // 29: qbroker.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),     // 30: qbroker.v1.ExtendLeaseResponse
+	(*JoinSyncRequest)(nil),         // 31: qbroker.v1.JoinSyncRequest
+	(*SyncEvent)(nil),               // 32: qbroker.v1.SyncEvent
+	(*ListDeadLettersRequest)(nil),  // 33: qbroker.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil), // 34: qbroker.v1.ListDeadLettersResponse
+	(*RedriveRequest)(nil),          // 35: qbroker.v1.RedriveRequest
+	(*RedriveResponse)(nil),         // 36: qbroker.v1.RedriveResponse
+	(*BrowseRequest)(nil),           // 37: qbroker.v1.BrowseRequest
+	(*BrowseResponse)(nil),          // 38: qbroker.v1.BrowseResponse
+	nil,                             // 39: qbroker.v1.Fairness.WeightsEntry
+	nil,                             // 40: qbroker.v1.OutMessage.HeadersEntry
+	nil,                             // 41: qbroker.v1.Message.HeadersEntry
+	(*durationpb.Duration)(nil),     // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 43: google.protobuf.Timestamp
 }
 var file_api_queue_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.CreateQueueRequest.kind:type_name -> qbroker.v1.QueueKind
-	40, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	40, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
-	40, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
-	0,  // 4: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
-	40, // 5: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
-	41, // 6: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
-	40, // 7: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
-	40, // 8: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
-	4,  // 9: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
-	40, // 10: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
-	40, // 11: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
-	41, // 12: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
-	38, // 13: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
-	14, // 14: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
-	41, // 15: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
-	41, // 16: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
-	39, // 17: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
-	1,  // 18: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
-	40, // 19: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
-	40, // 20: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
-	18, // 21: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
-	19, // 22: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
-	17, // 23: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
-	40, // 24: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 25: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	40, // 26: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	17, // 27: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	40, // 28: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	40, // 29: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	41, // 30: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 31: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	17, // 32: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	17, // 33: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
-	3,  // 34: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	5,  // 35: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	6,  // 36: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	8,  // 37: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	10, // 38: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	12, // 39: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	15, // 40: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	20, // 41: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	22, // 42: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	24, // 43: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	26, // 44: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	28, // 45: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	30, // 46: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	32, // 47: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	34, // 48: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	36, // 49: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
-	4,  // 50: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	4,  // 51: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	7,  // 52: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	9,  // 53: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	11, // 54: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	13, // 55: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	16, // 56: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	21, // 57: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	23, // 58: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	25, // 59: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	27, // 60: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	29, // 61: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	31, // 62: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	33, // 63: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	35, // 64: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	37, // 65: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
-	50, // [50:66] is the sub-list for method output_type
-	34, // [34:50] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	42, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	42, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
+	42, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
+	4,  // 4: qbroker.v1.CreateQueueRequest.fairness:type_name -> qbroker.v1.Fairness
+	39, // 5: qbroker.v1.Fairness.weights:type_name -> qbroker.v1.Fairness.WeightsEntry
+	0,  // 6: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
+	42, // 7: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
+	43, // 8: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
+	42, // 9: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
+	42, // 10: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
+	4,  // 11: qbroker.v1.QueueInfo.fairness:type_name -> qbroker.v1.Fairness
+	5,  // 12: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
+	42, // 13: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
+	42, // 14: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
+	43, // 15: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
+	40, // 16: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
+	15, // 17: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
+	43, // 18: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
+	43, // 19: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
+	41, // 20: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
+	1,  // 21: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
+	42, // 22: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
+	42, // 23: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
+	19, // 24: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
+	20, // 25: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
+	18, // 26: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
+	42, // 27: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 28: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	42, // 29: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	18, // 30: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	42, // 31: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	42, // 32: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	43, // 33: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 34: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	18, // 35: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	18, // 36: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
+	3,  // 37: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	6,  // 38: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	7,  // 39: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	9,  // 40: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	11, // 41: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	13, // 42: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	16, // 43: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	21, // 44: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	23, // 45: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	25, // 46: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	27, // 47: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	29, // 48: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	31, // 49: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	33, // 50: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	35, // 51: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	37, // 52: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
+	5,  // 53: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	5,  // 54: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	8,  // 55: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	10, // 56: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	12, // 57: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	14, // 58: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	17, // 59: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	22, // 60: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	24, // 61: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	26, // 62: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	28, // 63: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	30, // 64: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	32, // 65: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	34, // 66: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	36, // 67: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	38, // 68: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
+	53, // [53:69] is the sub-list for method output_type
+	37, // [37:53] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }
@@ -2839,7 +2931,7 @@ func file_api_queue_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_queue_proto_rawDesc), len(file_api_queue_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   37,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
