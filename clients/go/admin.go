@@ -105,6 +105,8 @@ type QueueOptions struct {
 	MessageTTL time.Duration
 	// ExpireToDeadLetter keeps expired messages as dead letters.
 	ExpireToDeadLetter bool
+	// Fairness: fair dispatch by key; the zero Fairness means none.
+	Fairness Fairness
 }
 
 // QueueInfo is a queue's configuration.
@@ -122,6 +124,8 @@ type QueueInfo struct {
 	// MessageTTL and ExpireToDeadLetter: see QueueOptions.
 	MessageTTL         time.Duration
 	ExpireToDeadLetter bool
+	// Fairness: see QueueOptions.
+	Fairness Fairness
 }
 
 func infoFromPB(q *pb.QueueInfo) QueueInfo {
@@ -138,6 +142,7 @@ func infoFromPB(q *pb.QueueInfo) QueueInfo {
 		DedupWindow:        q.GetDedupWindow().AsDuration(),
 		MessageTTL:         q.GetMessageTtl().AsDuration(),
 		ExpireToDeadLetter: q.GetExpireToDeadLetter(),
+		Fairness:           fairnessFromPB(q.GetFairness()),
 	}
 }
 
@@ -186,6 +191,10 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 || o.MaxDepth < 0 || o.MaxBytes < 0 || o.DedupWindow < 0 || o.MessageTTL < 0 {
 		return QueueInfo{}, errorf("qbroker: create %s: negative option: %w", name, ErrInvalidArgument)
 	}
+	fair, ok := o.Fairness.toPB()
+	if !ok {
+		return QueueInfo{}, errorf("qbroker: create %s: negative fairness weight: %w", name, ErrInvalidArgument)
+	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	q, err := c.rpc.CreateQueue(ctx, &pb.CreateQueueRequest{
@@ -200,6 +209,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		DedupWindow:        durationOrNil(o.DedupWindow),
 		MessageTtl:         durationOrNil(o.MessageTTL),
 		ExpireToDeadLetter: o.ExpireToDeadLetter,
+		Fairness:           fair,
 	})
 	if err != nil {
 		return QueueInfo{}, errorf("qbroker: create queue %s: %w", name, convErr(err))

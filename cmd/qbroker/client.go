@@ -237,9 +237,15 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 	fs.DurationVar(&o.DedupWindow, "dedup-window", 0, "how long publishes' dedup ids are remembered (1s..1h); 0 means 5m")
 	fs.DurationVar(&o.MessageTTL, "message-ttl", 0, "ready messages older than this (1s..336h) are removed instead of delivered; 0 means never")
 	fs.BoolVar(&o.ExpireToDeadLetter, "expire-to-dead-letter", false, "keep messages past --message-ttl as dead letters instead of dropping them")
+	fs.StringVar(&o.Fairness.Key, "fairness-key", "", "fair dispatch: serve the messages' keys in weighted round robin; `key`: group (the message group) or header:<name>")
+	weights := weightFlag{}
+	fs.Var(weights, "fairness-weight", "with --fairness-key: a key's weight `key=n` (1..100, default 1); repeat for several")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
+	}
+	if len(weights) > 0 {
+		o.Fairness.Weights = weights
 	}
 	if err := checkCreateFlags(o); err != nil {
 		return err
@@ -278,6 +284,9 @@ func checkCreateFlags(o qbroker.QueueOptions) error {
 	}
 	if o.ExpireToDeadLetter && o.MessageTTL == 0 {
 		return usagef("--expire-to-dead-letter needs --message-ttl")
+	}
+	if len(o.Fairness.Weights) > 0 && o.Fairness.Key == "" {
+		return usagef("--fairness-weight needs --fairness-key")
 	}
 	return nil
 }
