@@ -250,6 +250,11 @@ func (d *dispatcher) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, m
 		if fired && d.opt.priorities && !scanned {
 			d.pending, d.others = nil, nil
 		}
+		if fired && d.fair != nil && !scanned && d.fair.relistDue() {
+			// New messages may be of a key waiting for its turn: list
+			// them now, not once the snapshot is used up.
+			d.pending, d.others = nil, nil
+		}
 		if len(d.pending) == 0 && fired && !scanned {
 			// Something changed since the last scan (or there was none).
 			if err := d.scan(); err != nil {

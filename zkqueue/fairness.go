@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Fair dispatch by key. A queue with a Fairness (WithFairness) shares its
@@ -21,7 +22,9 @@ import (
 // name, key included.
 //
 // Each take of the dispatcher picks, among the candidates of its snapshot
-// (the head segment's messages of this process's share), the first
+// (the head segment's messages of this process's share; a change of the
+// heads drops it, at most every fairRelist, so new messages of a quiet
+// key do not wait for the snapshot to be used up), the first
 // message of the key whose turn it is: a key keeps its turn for as many
 // messages as its weight, then the next key, in the order of their hashes,
 // that has a candidate takes it. The position in that rotation is the
@@ -153,6 +156,24 @@ type fairPicker struct {
 	left    int            // messages left in pos's turn
 	first   map[string]int // scratch: first index of each tag
 	tags    []string       // scratch
+	// listed is when a change of the heads last dropped the snapshot.
+	listed time.Time
+}
+
+// fairRelist is how often at most a change of the heads drops a fair
+// dispatcher's snapshot before it is used up: a FIFO snapshot is
+// otherwise walked to its end first, and a key's new message would wait
+// behind another key's whole listed backlog.
+const fairRelist = 10 * time.Millisecond
+
+// relistDue reports whether the snapshot may be dropped for a change,
+// noting that it is.
+func (p *fairPicker) relistDue() bool {
+	if now := time.Now(); now.Sub(p.listed) >= fairRelist {
+		p.listed = now
+		return true
+	}
+	return false
 }
 
 func newFairPicker(f Fairness) *fairPicker {
