@@ -67,6 +67,10 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 			return nil, b.fail(err)
 		}
 	}
+	fair, err := fairnessToSpec(req.GetFairness(), kind)
+	if err != nil {
+		return nil, b.fail(err)
+	}
 	s := zkqueue.Spec{
 		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
@@ -77,6 +81,7 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	s.MessageTTL, s.ExpireToDeadLetter = ttl, req.GetExpireToDeadLetter()
 	s.Backoff = backoff
 	s.SingleActive = req.GetSingleActiveConsumer()
+	s.Fairness = fair
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
 	if err != nil {
 		return nil, b.fail(err)

@@ -57,5 +57,8 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		info.RetryBackoff = backoffToPB(s.Backoff)
 	}
 	info.SingleActiveConsumer = s.SingleActive
+	if s.Fairness.Key != "" {
+		info.Fairness = fairnessToPB(s.Fairness)
+	}
 	return info
 }

@@ -64,6 +64,14 @@ type Config struct {
 	Queue string `json:"queue"`
 	Order string `json:"order"`
 
+	// Tenants (tenants.go): producers publish for this many tenants, t0
+	// at NoisyFactor times the others' rate; Fair creates the queue with
+	// fair dispatch by tenant; consumers spend Work on each message.
+	Tenants     int           `json:"tenants,omitempty"`
+	NoisyFactor float64       `json:"noisy_factor,omitempty"`
+	Fair        bool          `json:"fair,omitempty"`
+	Work        time.Duration `json:"-"`
+
 	// Baselines.
 	Baselines        []string      `json:"baselines"`
 	BaselineDuration time.Duration `json:"-"`
@@ -170,6 +178,10 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
 	fs.BoolVar(&c.ConfirmAcks, "confirm-acks", false, "at least once: consumers take up to --prefetch (at most 100) messages with Receive and ack each with the Ack call, which returns once the ack is committed, instead of acking on a Consume stream")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
+	fs.IntVar(&c.Tenants, "tenants", 0, "publish for this many tenants (a \"tenant\" header), tenant t0 at --noisy-factor times the others' rate, sharing the open-loop --rate; the report gives each tenant's time in queue")
+	fs.Float64Var(&c.NoisyFactor, "noisy-factor", 1, "with --tenants: tenant t0 publishes this many times the rate of each other tenant")
+	fs.BoolVar(&c.Fair, "fair", false, "with --tenants: create the queue with fair dispatch by the tenant header")
+	fs.DurationVar(&c.Work, "work", 0, "time each consumer spends on a message before settling it (0..1s): bounds the consumers' rate")
 	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
 	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw, naive, create (latency of one bare create per call, one session per producer), jetstream (NATS JetStream work queue on a nats-server process, default sync), jetstream-sync (sync_interval: always); at least once each runs with Ack and with DoubleAck, or none (default raw,naive when ZooKeeper is known)")
 	fs.DurationVar(&c.BaselineDuration, "baseline-duration", 10*time.Second, "bound of each baseline")
@@ -272,6 +284,9 @@ flags:
 
 // validate checks ranges and the topology.
 func (c *Config) validate() error {
+	if err := c.validateTenants(); err != nil {
+		return err
+	}
 	switch {
 	case c.SpawnBrokers < 0:
 		return fmt.Errorf("--spawn-brokers %d < 0", c.SpawnBrokers)

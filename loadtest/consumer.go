@@ -107,6 +107,12 @@ func (c *consumer) handle(ctx context.Context, m *qbroker.Message) {
 	first := m.DeliveryCount <= 1
 	if first {
 		record(c.hist, now.Sub(h.Sent))
+		if c.tenants != nil {
+			c.tenants.record(tenantOf(c.cfg, h.msgKey.Producer), now.Sub(h.Sent))
+		}
+	}
+	if c.cfg.Work > 0 {
+		sleepUntil(ctx, time.Now().Add(c.cfg.Work))
 	}
 	c.checker.Delivered(c.id, h.msgKey, m.Priority, m.ID, m.DeliveryCount)
 	if !ackMode {

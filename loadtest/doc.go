@@ -46,6 +46,13 @@
 // with the consumers subscribed first; the report shows the deep and the
 // shallow publish and consume rates side by side (deep.go).
 //
+// --tenants N publishes for N tenants (a "tenant" header; producer i for
+// tenant i mod N), tenant t0 at --noisy-factor times each other's rate,
+// sharing the open-loop --rate; --fair creates the queue with fair
+// dispatch by that header, and --work makes each consumer spend that long
+// on a message, so a rate above the consumers' capacity builds a backlog.
+// The report gives each tenant's time in queue (tenants.go).
+//
 // --probe times, while the producers publish, the two hops of a publish
 // each alone: a round trip to a broker (a ping: gRPC health check) and a
 // bare ZooKeeper create on a session of its own, one of each every 2 ms

@@ -118,7 +118,7 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	if err != nil {
 		return nil, err
 	}
-	if _, err := admin.CreateQueue(ctx, cfg.Queue, qbroker.QueueOptions{Kind: cfg.Kind}); err != nil {
+	if _, err := admin.CreateQueue(ctx, cfg.Queue, cfg.queueOptions()); err != nil {
 		return nil, err
 	}
 	queueDeleted := false
@@ -323,7 +323,7 @@ func warmup(ctx context.Context, cfg Config, admin *qbroker.Client, pool *connPo
 		return warmRun(ctx, cfg, pool, progress)
 	}
 	cfg.Queue += "-warmup"
-	if _, err := admin.CreateQueue(ctx, cfg.Queue, qbroker.QueueOptions{Kind: cfg.Kind}); err != nil {
+	if _, err := admin.CreateQueue(ctx, cfg.Queue, cfg.queueOptions()); err != nil {
 		return fmt.Errorf("warmup: %w", err)
 	}
 	defer deleteQueue(ctx, admin, cfg.Queue)

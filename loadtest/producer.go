@@ -63,6 +63,9 @@ func (p *producer) run(ctx context.Context) {
 		for i := range n {
 			bufs[i] = encodePayload(bufs[i], p.cfg.Payload, msgKey{p.id, seq + uint64(i)}, sent)
 			m := qbroker.OutMessage{Payload: bufs[i]}
+			if p.cfg.Tenants > 0 {
+				m.Headers = map[string]string{tenantHeader: tenantName(tenantOf(p.cfg, p.id))}
+			}
 			if len(p.cfg.PriorityMix) > 0 {
 				m.Priority = pickPriority(p.cfg.PriorityMix, 100*p.rng.Float64())
 			}

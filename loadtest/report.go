@@ -50,6 +50,9 @@ type Report struct {
 	// Deep: with a backlog, the deep queue's figures (deep.go).
 	Deep     *DeepReport     `json:"deep,omitempty"`
 	Timeline []TimelinePoint `json:"timeline"`
+
+	// Tenants: with --tenants, each tenant's time in queue (tenants.go).
+	Tenants []TenantLatency `json:"tenants,omitempty"`
 }
 
 const reportVersion = 1
@@ -154,6 +157,7 @@ func buildReport(in reportInput) *Report {
 		Timeline:       w.Timeline,
 		Deep:           in.Deep,
 		Probe:          in.Probe,
+		Tenants:        w.Tenants,
 	}
 	delivered := w.Verdict.Delivered
 	if c.Mode == qbroker.AtLeastOnce {
@@ -282,6 +286,7 @@ func writeSummary(out io.Writer, r *Report) {
 			ms(p.Ping.P50MS), ms(p.Ping.P99MS), ms(p.Create.P50MS), ms(p.Create.P99MS), p.IntervalMS, p.PingErrors, p.CreateErrors)
 	}
 	writeLatency(&b, "end to end", r.Latency.EndToEnd)
+	writeTenants(&b, r.Tenants, r.Config.Fair)
 	if r.Conflicts != nil {
 		fmt.Fprintf(&b, "conflicts    %.0f lost claims for %.0f broker deliveries = %.3f per message\n",
 			r.Conflicts.Broker.Conflicts, r.Conflicts.Broker.Delivered, r.Conflicts.PerDelivered)

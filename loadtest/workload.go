@@ -36,6 +36,7 @@ type workloadResult struct {
 	// due time. Much more than a publish latency means the producers
 	// could not keep the rate (add producers).
 	MaxSendLag time.Duration
+	Tenants    []TenantLatency // with --tenants
 }
 
 // shared is what every producer and consumer of a run reports to.
@@ -44,6 +45,7 @@ type shared struct {
 	checker *Checker
 	live    *liveCounters
 	errs    *errorCounts
+	tenants *tenantHists // with --tenants
 }
 
 // runWorkload runs producers and consumers on the existing queue
@@ -57,6 +59,9 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	ackMode := cfg.Mode == qbroker.AtLeastOnce
 	live := &liveCounters{}
 	sh := &shared{cfg: cfg, checker: NewChecker(cfg.Producers, ackMode), live: live, errs: newErrorCounts(live)}
+	if cfg.Tenants > 0 {
+		sh.tenants = newTenantHists(cfg.Tenants)
+	}
 	res := &workloadResult{}
 
 	// Consumers first, so producers publish into a consumed queue; with
@@ -161,6 +166,7 @@ func finishWorkload(ctx context.Context, cfg *Config, pool *connPool, sh *shared
 	}
 	res.Publish = mergeHists(pubHists)
 	res.EndToEnd = mergeHists(consumers.hists)
+	res.Tenants = sh.tenants.summaries(cfg)
 	res.ErrorsByCode, res.ErrorsByOp = sh.errs.snapshot()
 	res.Timeline = s.points
 	return res
@@ -240,6 +246,9 @@ func newProducers(ctx context.Context, sh *shared, pool *connPool, start time.Ti
 		}
 		if cfg.Rate > 0 {
 			p.next, p.interval = openLoopSchedule(cfg, i, start)
+			if cfg.Tenants > 0 {
+				p.interval = tenantInterval(cfg, i)
+			}
 		}
 		out = append(out, p)
 	}

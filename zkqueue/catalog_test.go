@@ -3,6 +3,7 @@ package zkqueue_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -74,11 +75,11 @@ func TestCatalogCreate(t *testing.T) {
 	}
 	later := s
 	later.Created = s.Created.Add(time.Hour)
-	if again, err := c.Create(ctx, "a.jobs", later); err != nil || again != got {
+	if again, err := c.Create(ctx, "a.jobs", later); err != nil || !reflect.DeepEqual(again, got) {
 		t.Fatalf("create again: got %+v, %v; want %+v", again, err, got)
 	}
 	prio := zkqueue.Spec{Kind: zkqueue.KindPriority, Visibility: time.Second}
-	if old, err := c.Create(ctx, "a.jobs", prio); !errors.Is(err, zkqueue.ErrQueueExists) || old != got {
+	if old, err := c.Create(ctx, "a.jobs", prio); !errors.Is(err, zkqueue.ErrQueueExists) || !reflect.DeepEqual(old, got) {
 		t.Fatalf("create with another configuration: got %+v, %v; want ErrQueueExists and %+v", old, err, got)
 	}
 	mustCreate(t, c, "a.sync", zkqueue.Spec{Kind: zkqueue.KindSync, SyncMembers: 3})
@@ -258,7 +259,7 @@ func TestCatalogMarkedQueue(t *testing.T) {
 		t.Fatalf("Lookup of a marked queue: %+v, %v", st, err)
 	}
 	fresh := mustCreate(t, c, "q", zkqueue.Spec{Kind: zkqueue.KindPriority, Visibility: time.Second})
-	if info, err := c.Info("q"); err != nil || info != fresh {
+	if info, err := c.Info("q"); err != nil || !reflect.DeepEqual(info, fresh) {
 		t.Fatalf("Info after Create over a marked queue: %+v, %v; want %+v", info, err, fresh)
 	}
 	if err := c.FinishDelete(ctx, "q", version); err != nil {
@@ -285,7 +286,7 @@ func TestCatalogRepair(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := mustCreate(t, c, "q", s); got != s {
+	if got := mustCreate(t, c, "q", s); !reflect.DeepEqual(got, s) {
 		t.Fatalf("create again: %+v, want %+v", got, s)
 	}
 	want := []string{"consumers", "dead", "delayed", "expired", "items", "leases", "members"}
@@ -307,7 +308,7 @@ func TestSpecEncoding(t *testing.T) {
 	if string(data) != stored {
 		t.Fatalf("encoded %s, want %s", data, stored)
 	}
-	if got, err := zkqueue.DecodeSpec(data); err != nil || got != s {
+	if got, err := zkqueue.DecodeSpec(data); err != nil || !reflect.DeepEqual(got, s) {
 		t.Fatalf("decoded %+v, %v; want %+v", got, err, s)
 	}
 	for _, bad := range []string{`{"v":2,"kind":"fifo"}`, `{"v":1,"kind":"lifo"}`, `not json`} {

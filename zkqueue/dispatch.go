@@ -38,8 +38,9 @@ type dispatcher struct {
 	recent *recent
 	pubs   *publishes
 	reads  *readGroup
-	groups *groups   // nil without WithGroups
-	bad    *badNodes // nodes that do not decode (baddata.go)
+	groups *groups     // nil without WithGroups
+	bad    *badNodes   // nodes that do not decode (baddata.go)
+	fair   *fairPicker // nil without WithFairness (fairness.go)
 
 	mu      sync.Mutex
 	pending []Name // sorted candidates of this process's share, not yet handed out
@@ -72,8 +73,29 @@ type dispatcher struct {
 
 func newDispatcher(c *core, r *recent, p *publishes, reads *readGroup, g *groups) *dispatcher {
 	bad := &badNodes{core: c}
-	return &dispatcher{core: c, chain: newChain(c, bad), bad: bad, recent: r, pubs: p, reads: reads, groups: g,
+	d := &dispatcher{core: c, chain: newChain(c, bad), bad: bad, recent: r, pubs: p, reads: reads, groups: g,
 		foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
+	if c.opt.fairness.Key != "" {
+		d.fair = newFairPicker(c.opt.fairness)
+	}
+	return d
+}
+
+// popLocked removes and returns the next candidate of names (sorted,
+// non-empty): the first, or with fair dispatch the first of the key
+// whose turn it is (fairness.go). names stays sorted.
+func (d *dispatcher) popLocked(names *[]Name) Name {
+	i := 0
+	if d.fair != nil {
+		i = d.fair.pick(*names)
+	}
+	n := (*names)[i]
+	if i == 0 {
+		*names = (*names)[1:]
+	} else {
+		*names = slices.Delete(*names, i, i+1)
+	}
+	return n
 }
 
 // listingPubs returns the publishes begun before the current snapshot's
@@ -228,6 +250,11 @@ func (d *dispatcher) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, m
 		if fired && d.opt.priorities && !scanned {
 			d.pending, d.others = nil, nil
 		}
+		if fired && d.fair != nil && !scanned && d.fair.relistDue() {
+			// New messages may be of a key waiting for its turn: list
+			// them now, not once the snapshot is used up.
+			d.pending, d.others = nil, nil
+		}
 		if len(d.pending) == 0 && fired && !scanned {
 			// Something changed since the last scan (or there was none).
 			if err := d.scan(); err != nil {
@@ -237,13 +264,11 @@ func (d *dispatcher) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, m
 		}
 		switch {
 		case len(d.pending) > 0:
-			n = d.pending[0]
-			d.pending = d.pending[1:]
+			n = d.popLocked(&d.pending)
 		case len(d.others) > 0 && time.Since(d.othersSince) >= stealGrace:
 			// Our share is used up, nothing new arrived, and the
 			// others' head has not moved: help them, in queue order.
-			n = d.others[0]
-			d.others = d.others[1:]
+			n = d.popLocked(&d.others)
 			if len(d.others) > 0 {
 				// Taken by us, not moved by them: still stuck.
 				d.othersHead = d.others[0]

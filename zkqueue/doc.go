@@ -26,6 +26,8 @@
 //	delay.go     Scheduled: delayed messages until due, and their mover (one
 //	             watch, one timer per queue)
 //	ttl.go       message TTL part: expiry at claim and by one timer per queue
+//	fairness.go  fair dispatch by key (WithFairness): key tags in names, weighted
+//	             round robin over a snapshot's keys
 //	commit.go    Committer: group commit of concurrent writes into one Multi
 //	consumers.go ConsumerGroup: the processes consuming a queue, their rank (share)
 //	registry.go  Registry: a process's consumer registrations, kept through

@@ -43,7 +43,7 @@ func TestEmptyTailRolledPast(t *testing.T) {
 	if _, err := conn.Multi(&zk.SetDataRequest{Path: s1, Data: sealedData, Version: 0}, createSegmentOp(s2, acl)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := conn.Create(s2+"/"+messagePrefix(false, segment{0, 2}, ""), EncodeData(Message{Payload: []byte("second")}), zk.FlagSequence, acl); err != nil {
+	if _, err := conn.Create(s2+"/"+messagePrefix(false, segment{0, 2}, "", ""), EncodeData(Message{Payload: []byte("second")}), zk.FlagSequence, acl); err != nil {
 		t.Fatal(err)
 	}
 	m, err := q.Dequeue(ctx)

@@ -29,6 +29,11 @@ import (
 // consuming the queue give a message of one of them to that process first
 // (splitShare in dispatch.go), which remembers its data from publishing
 // it and so claims it without reading it back.
+//
+// A queue with fair dispatch (WithFairness) writes its message's key tag
+// after that, "qn-12-3fa0-k1b2c3d4e-0000000042": "k" and 8 hex digits of
+// a hash of the key (KeyTag), which the dispatcher reads to serve the keys
+// in turn (fairness.go).
 const (
 	// FIFOPrefix prefixes the messages of a FIFO queue.
 	FIFOPrefix = "qn-"
@@ -55,6 +60,7 @@ type Name struct {
 	Priority int    // 0 for FIFO messages
 	Seg      int64  // the segment's number; 0 for the legacy segment
 	Tag      string // the publisher tag; "" when the name has none
+	Key      string // the key tag (fairness.go); "" when the name has none
 	Seq      int32  // the sequence suffix
 }
 
@@ -125,6 +131,12 @@ func parseBase(s string) (n Name, ok bool) {
 		n.Seg, rest = seg, rest[i+1:]
 		if len(rest) > tagLen && rest[tagLen] == '-' && isHex(rest[:tagLen]) {
 			n.Tag, rest = rest[:tagLen], rest[tagLen+1:]
+			if rest == "" || rest[0] == '-' {
+				return Name{}, false
+			}
+		}
+		if len(rest) > keyTagLen+1 && rest[0] == 'k' && rest[keyTagLen+1] == '-' && isHex(rest[1:keyTagLen+1]) {
+			n.Key, rest = rest[1:keyTagLen+1], rest[keyTagLen+2:]
 			if rest == "" || rest[0] == '-' {
 				return Name{}, false
 			}
@@ -309,8 +321,9 @@ func parseSegment(name string) (sg segment, prio bool, ok bool) {
 }
 
 // messagePrefix is the name prefix of a message created in sg by the
-// publisher tag (none when ""); ZooKeeper appends the sequence number.
-func messagePrefix(prio bool, sg segment, tag string) string {
+// publisher tag, with the key tag (fairness.go; each none when "");
+// ZooKeeper appends the sequence number.
+func messagePrefix(prio bool, sg segment, tag, key string) string {
 	p := FIFOPrefix
 	if prio {
 		p = PriorityPrefix(sg.level)
@@ -318,6 +331,9 @@ func messagePrefix(prio bool, sg segment, tag string) string {
 	p += strconv.FormatInt(sg.k, 10) + "-"
 	if tag != "" {
 		p += tag + "-"
+	}
+	if key != "" {
+		p += "k" + key + "-"
 	}
 	return p
 }

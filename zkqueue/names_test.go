@@ -244,7 +244,7 @@ func TestSplitShareByPublisher(t *testing.T) {
 		t.Fatalf("test tags collide: %s %s %s", a, b, c)
 	}
 	name := func(tag string, seq int) string {
-		return fmt.Sprintf("%s%010d", messagePrefix(false, segment{0, 1}, tag), seq)
+		return fmt.Sprintf("%s%010d", messagePrefix(false, segment{0, 1}, tag, ""), seq)
 	}
 	// seq:   0  1  2  3  4  5
 	// tag:   a  a  b  -  c  a   (c publishes but does not consume)

@@ -92,6 +92,9 @@ func (c *Catalog) Open(name string, cfg OpenConfig, opts ...Option) (*Handles, e
 	if spec.Kind == KindPriority {
 		all = append(all, WithPriorities())
 	}
+	if spec.Fairness.Key != "" {
+		all = append(all, WithFairness(spec.Fairness))
+	}
 	items, err := New(c.conn, p+"/items", all...)
 	if err != nil {
 		return nil, err

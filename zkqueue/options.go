@@ -47,6 +47,8 @@ type options struct {
 	dedupWindow  time.Duration // WithDedup
 	expiry       Expiry
 	groupsDir    string // WithGroups (groups.go)
+
+	fairness Fairness // WithFairness (fairness.go)
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -106,6 +108,11 @@ func (o *options) validate() error {
 	}
 	if err := o.validateGroups(); err != nil {
 		return err
+	}
+	if o.fairness.Key != "" || o.fairness.Weights != nil {
+		if err := o.fairness.Validate(); err != nil {
+			return err
+		}
 	}
 	if o.expiry.TTL < 0 {
 		return fmt.Errorf("zkqueue: message TTL %v < 0", o.expiry.TTL)

@@ -58,8 +58,14 @@ func (p *producer) publish(ctx context.Context, drafts []Draft) ([]string, error
 		drafts = withGroupTokens(drafts)
 		r.attrs = make([]Attributes, len(drafts))
 	}
+	if p.opt.fairness.Key != "" {
+		r.keys = make([]string, len(drafts))
+	}
 	for i, d := range drafts {
 		r.levels[i] = d.Priority
+		if r.keys != nil {
+			r.keys[i] = KeyTag(p.opt.fairness.keyOf(d.Attributes))
+		}
 		r.datas[i] = EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now})
 		if r.attrs != nil {
 			r.attrs[i] = d.Attributes
@@ -91,13 +97,32 @@ func anyGrouped(drafts []Draft) bool {
 // ops pre ahead of the tails' version checks, one message per data
 // (levels[i] its level), and the ops extra after the creates. attrs,
 // when set, are the messages' attributes, for the entries of grouped
-// ones (groups.go).
+// ones (groups.go). keys, when set, are the messages' key tags
+// (fairness.go); without them a queue with fair dispatch reads each key
+// from its data.
 type appendReq struct {
 	pre    []any
 	levels []int
 	datas  [][]byte
 	attrs  []Attributes
+	keys   []string
 	extra  []any
+}
+
+// keyTag returns the key tag of r's message i: none without fair
+// dispatch.
+func (p *producer) keyTag(r appendReq, i int) string {
+	switch {
+	case p.opt.fairness.Key == "":
+		return ""
+	case r.keys != nil:
+		return r.keys[i]
+	}
+	m, err := DecodeData(r.datas[i])
+	if err != nil {
+		return ""
+	}
+	return KeyTag(p.opt.fairness.keyOf(m.Attributes))
 }
 
 // commit is appendWith, through the group part when r has attributes
@@ -245,9 +270,12 @@ func (p *producer) appendWith(ctx context.Context, r appendReq) (res []zk.MultiR
 				sg := segment{level, k}
 				sp := segmentPath(p.path, p.opt.priorities, sg)
 				segs[level] = k
-				prefix = sp + "/" + messagePrefix(p.opt.priorities, sg, tag)
+				prefix = sp + "/" + messagePrefix(p.opt.priorities, sg, tag, "")
 				prefixes[level] = prefix
 				checks = append(checks, &zk.CheckVersionRequest{Path: sp, Version: 0})
+			}
+			if key := p.keyTag(r, i); key != "" {
+				prefix += "k" + key + "-"
 			}
 			creates = append(creates, &zk.CreateRequest{
 				Path:  prefix,

@@ -87,7 +87,7 @@ func TestClaimWaitsForOwnPublish(t *testing.T) {
 	}
 	sg := segment{0, k}
 	data := EncodeData(Message{Payload: []byte("mine")})
-	p, err := conn.Create(segmentPath(q.path, false, sg)+"/"+messagePrefix(false, sg, q.prod.publisherTag()), data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
+	p, err := conn.Create(segmentPath(q.path, false, sg)+"/"+messagePrefix(false, sg, q.prod.publisherTag(), ""), data, zk.FlagSequence, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package zkqueue
 import (
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -56,6 +57,9 @@ type Spec struct {
 	// (see active.go); KindFIFO and KindPriority only. The queue has an
 	// active/ parent, the election of its consumers.
 	SingleActive bool
+	// Fairness: the queue's fair dispatch by key (fairness.go); the zero
+	// Fairness means none.
+	Fairness Fairness
 }
 
 // specVersion is the version of the encoding; decoders reject the
@@ -80,6 +84,9 @@ type specJSON struct {
 
 	RetryBackoff *backoffJSON `json:"retry_backoff,omitempty"`
 	SingleActive bool         `json:"single_active,omitempty"`
+	// Fair dispatch (fairness.go).
+	FairnessKey     string         `json:"fairness_key,omitempty"`
+	FairnessWeights map[string]int `json:"fairness_weights,omitempty"`
 }
 
 // Policy returns the delivery policy the spec sets for leases.
@@ -120,6 +127,10 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: a new queue cannot be marked deleting", ErrBadSpec)
 	case s.SingleActive && s.Kind == KindSync:
 		return fmt.Errorf("%w: single active consumer is for %s and %s queues only", ErrBadSpec, KindFIFO, KindPriority)
+	case (s.Fairness.Key != "" || s.Fairness.Weights != nil) && s.Fairness.Validate() != nil:
+		return fmt.Errorf("%w: %v", ErrBadSpec, s.Fairness.Validate())
+	case s.Fairness.Key != "" && s.Kind == KindSync:
+		return fmt.Errorf("%w: fairness is for %s and %s queues only", ErrBadSpec, KindFIFO, KindPriority)
 	case s.Backoff != nil:
 		return s.Backoff.Check()
 	}
@@ -135,7 +146,12 @@ func (s Spec) sameConfig(o Spec) bool {
 		}
 		s.Backoff, o.Backoff = nil, nil
 	}
-	return s == o
+	if s.Fairness.Key+o.Fairness.Key != "" && !s.Fairness.equal(o.Fairness) {
+		return false
+	}
+	// Fairness holds a map, so the rest is compared field by field.
+	s.Fairness, o.Fairness = Fairness{}, Fairness{}
+	return reflect.DeepEqual(s, o)
 }
 
 // Encode returns the stored form of s (Visibility in whole milliseconds).
@@ -144,7 +160,8 @@ func (s Spec) Encode() ([]byte, error) {
 		VisibilityMS: s.Visibility.Milliseconds(), MaxDeliveries: s.MaxDeliveries,
 		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, DedupWindowMS: s.DedupWindow.Milliseconds(),
 		Created: s.Created, Deleting: s.Deleting,
-		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter, SingleActive: s.SingleActive}
+		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter, SingleActive: s.SingleActive,
+		FairnessKey: s.Fairness.Key, FairnessWeights: s.Fairness.Weights}
 	if s.Backoff != nil {
 		j.RetryBackoff = s.Backoff.toJSON()
 	}
@@ -163,7 +180,7 @@ func DecodeSpec(data []byte) (Spec, error) {
 		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, MaxDepth: j.MaxDepth, MaxBytes: j.MaxBytes,
 		DedupWindow: time.Duration(j.DedupWindowMS) * time.Millisecond, Created: j.Created, Deleting: j.Deleting,
 		MessageTTL: time.Duration(j.MessageTTLMS) * time.Millisecond, ExpireToDeadLetter: j.ExpireToDead,
-		SingleActive: j.SingleActive}
+		SingleActive: j.SingleActive, Fairness: Fairness{Key: j.FairnessKey, Weights: j.FairnessWeights}}
 	if j.RetryBackoff != nil {
 		s.Backoff = j.RetryBackoff.backoff()
 	}

@@ -2,6 +2,7 @@ package zkqueue_test
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ func TestSpecQuotas(t *testing.T) {
 	if string(data) != stored {
 		t.Fatalf("encoded %s, want %s", data, stored)
 	}
-	if got, err := zkqueue.DecodeSpec(data); err != nil || got != s {
+	if got, err := zkqueue.DecodeSpec(data); err != nil || !reflect.DeepEqual(got, s) {
 		t.Fatalf("decoded %+v, %v; want %+v", got, err, s)
 	}
 	for _, bad := range []zkqueue.Spec{

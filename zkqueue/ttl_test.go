@@ -3,6 +3,7 @@ package zkqueue_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -161,7 +162,7 @@ func TestSpecMessageTTL(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, err := zkqueue.DecodeSpec(data)
-		if err != nil || got != s {
+		if !reflect.DeepEqual(err, nil) || !reflect.DeepEqual(got, s) {
 			t.Errorf("round trip: %+v, %v; want %+v", got, err, s)
 		}
 	}

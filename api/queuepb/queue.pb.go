@@ -188,7 +188,7 @@ func (x SyncEvent_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SyncEvent_State.Descriptor instead.
 func (SyncEvent_State) EnumDescriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{28, 0}
+	return file_api_queue_proto_rawDescGZIP(), []int{29, 0}
 }
 
 type CreateQueueRequest struct {
@@ -240,8 +240,10 @@ type CreateQueueRequest struct {
 	// (INVALID_ARGUMENT on a SYNC queue). Receive is refused
 	// (FAILED_PRECONDITION) on such a queue: only streams take turns.
 	SingleActiveConsumer bool `protobuf:"varint,13,opt,name=single_active_consumer,json=singleActiveConsumer,proto3" json:"single_active_consumer,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Fair dispatch by key: unset means none (deliveries in queue order).
+	Fairness      *Fairness `protobuf:"bytes,14,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateQueueRequest) Reset() {
@@ -365,6 +367,74 @@ func (x *CreateQueueRequest) GetSingleActiveConsumer() bool {
 	return false
 }
 
+func (x *CreateQueueRequest) GetFairness() *Fairness {
+	if x != nil {
+		return x.Fairness
+	}
+	return nil
+}
+
+// Fairness shares a queue's deliveries between the keys of its messages in
+// weighted round robin, so that one key's backlog does not delay the
+// others' messages beyond their share. Order within a key is not kept
+// unless the key is the message group. FIFO and PRIORITY queues.
+type Fairness struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What a message's key is: "group" (its message group) or
+	// "header:<name>" (the value of that header, e.g. "header:tenant").
+	// Messages without one share the empty key.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Weights of keys, each 1..100: a key of weight w is served w messages
+	// a turn. Keys not listed weigh 1. At most 1000 entries.
+	Weights       map[string]uint32 `protobuf:"bytes,2,rep,name=weights,proto3" json:"weights,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fairness) Reset() {
+	*x = Fairness{}
+	mi := &file_api_queue_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fairness) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fairness) ProtoMessage() {}
+
+func (x *Fairness) ProtoReflect() protoreflect.Message {
+	mi := &file_api_queue_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fairness.ProtoReflect.Descriptor instead.
+func (*Fairness) Descriptor() ([]byte, []int) {
+	return file_api_queue_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Fairness) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Fairness) GetWeights() map[string]uint32 {
+	if x != nil {
+		return x.Weights
+	}
+	return nil
+}
+
 // QueueInfo is a queue's configuration.
 type QueueInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -395,13 +465,15 @@ type QueueInfo struct {
 	RetryBackoff *RetryBackoff `protobuf:"bytes,13,opt,name=retry_backoff,json=retryBackoff,proto3" json:"retry_backoff,omitempty"`
 	// Single active consumer (see CreateQueueRequest).
 	SingleActiveConsumer bool `protobuf:"varint,14,opt,name=single_active_consumer,json=singleActiveConsumer,proto3" json:"single_active_consumer,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Fair dispatch by key (see CreateQueueRequest); unset when none.
+	Fairness      *Fairness `protobuf:"bytes,15,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
 	*x = QueueInfo{}
-	mi := &file_api_queue_proto_msgTypes[1]
+	mi := &file_api_queue_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -413,7 +485,7 @@ func (x *QueueInfo) String() string {
 func (*QueueInfo) ProtoMessage() {}
 
 func (x *QueueInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[1]
+	mi := &file_api_queue_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -426,7 +498,7 @@ func (x *QueueInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueInfo.ProtoReflect.Descriptor instead.
 func (*QueueInfo) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{1}
+	return file_api_queue_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *QueueInfo) GetName() string {
@@ -527,6 +599,13 @@ func (x *QueueInfo) GetSingleActiveConsumer() bool {
 	return false
 }
 
+func (x *QueueInfo) GetFairness() *Fairness {
+	if x != nil {
+		return x.Fairness
+	}
+	return nil
+}
+
 type GetQueueRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Queue name.
@@ -537,7 +616,7 @@ type GetQueueRequest struct {
 
 func (x *GetQueueRequest) Reset() {
 	*x = GetQueueRequest{}
-	mi := &file_api_queue_proto_msgTypes[2]
+	mi := &file_api_queue_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +628,7 @@ func (x *GetQueueRequest) String() string {
 func (*GetQueueRequest) ProtoMessage() {}
 
 func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[2]
+	mi := &file_api_queue_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +641,7 @@ func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueRequest.ProtoReflect.Descriptor instead.
 func (*GetQueueRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{2}
+	return file_api_queue_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetQueueRequest) GetName() string {
@@ -587,7 +666,7 @@ type ListQueuesRequest struct {
 
 func (x *ListQueuesRequest) Reset() {
 	*x = ListQueuesRequest{}
-	mi := &file_api_queue_proto_msgTypes[3]
+	mi := &file_api_queue_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +678,7 @@ func (x *ListQueuesRequest) String() string {
 func (*ListQueuesRequest) ProtoMessage() {}
 
 func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[3]
+	mi := &file_api_queue_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +691,7 @@ func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesRequest.ProtoReflect.Descriptor instead.
 func (*ListQueuesRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{3}
+	return file_api_queue_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListQueuesRequest) GetPrefix() string {
@@ -648,7 +727,7 @@ type ListQueuesResponse struct {
 
 func (x *ListQueuesResponse) Reset() {
 	*x = ListQueuesResponse{}
-	mi := &file_api_queue_proto_msgTypes[4]
+	mi := &file_api_queue_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +739,7 @@ func (x *ListQueuesResponse) String() string {
 func (*ListQueuesResponse) ProtoMessage() {}
 
 func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[4]
+	mi := &file_api_queue_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +752,7 @@ func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesResponse.ProtoReflect.Descriptor instead.
 func (*ListQueuesResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{4}
+	return file_api_queue_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListQueuesResponse) GetQueues() []*QueueInfo {
@@ -700,7 +779,7 @@ type DeleteQueueRequest struct {
 
 func (x *DeleteQueueRequest) Reset() {
 	*x = DeleteQueueRequest{}
-	mi := &file_api_queue_proto_msgTypes[5]
+	mi := &file_api_queue_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +791,7 @@ func (x *DeleteQueueRequest) String() string {
 func (*DeleteQueueRequest) ProtoMessage() {}
 
 func (x *DeleteQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[5]
+	mi := &file_api_queue_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +804,7 @@ func (x *DeleteQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteQueueRequest.ProtoReflect.Descriptor instead.
 func (*DeleteQueueRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{5}
+	return file_api_queue_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteQueueRequest) GetName() string {
@@ -743,7 +822,7 @@ type DeleteQueueResponse struct {
 
 func (x *DeleteQueueResponse) Reset() {
 	*x = DeleteQueueResponse{}
-	mi := &file_api_queue_proto_msgTypes[6]
+	mi := &file_api_queue_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -755,7 +834,7 @@ func (x *DeleteQueueResponse) String() string {
 func (*DeleteQueueResponse) ProtoMessage() {}
 
 func (x *DeleteQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[6]
+	mi := &file_api_queue_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -768,7 +847,7 @@ func (x *DeleteQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteQueueResponse.ProtoReflect.Descriptor instead.
 func (*DeleteQueueResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{6}
+	return file_api_queue_proto_rawDescGZIP(), []int{7}
 }
 
 type PurgeRequest struct {
@@ -781,7 +860,7 @@ type PurgeRequest struct {
 
 func (x *PurgeRequest) Reset() {
 	*x = PurgeRequest{}
-	mi := &file_api_queue_proto_msgTypes[7]
+	mi := &file_api_queue_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +872,7 @@ func (x *PurgeRequest) String() string {
 func (*PurgeRequest) ProtoMessage() {}
 
 func (x *PurgeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[7]
+	mi := &file_api_queue_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +885,7 @@ func (x *PurgeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeRequest.ProtoReflect.Descriptor instead.
 func (*PurgeRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{7}
+	return file_api_queue_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PurgeRequest) GetName() string {
@@ -826,7 +905,7 @@ type PurgeResponse struct {
 
 func (x *PurgeResponse) Reset() {
 	*x = PurgeResponse{}
-	mi := &file_api_queue_proto_msgTypes[8]
+	mi := &file_api_queue_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +917,7 @@ func (x *PurgeResponse) String() string {
 func (*PurgeResponse) ProtoMessage() {}
 
 func (x *PurgeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[8]
+	mi := &file_api_queue_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +930,7 @@ func (x *PurgeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeResponse.ProtoReflect.Descriptor instead.
 func (*PurgeResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{8}
+	return file_api_queue_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PurgeResponse) GetPurged() uint64 {
@@ -871,7 +950,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_api_queue_proto_msgTypes[9]
+	mi := &file_api_queue_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +962,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[9]
+	mi := &file_api_queue_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +975,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{9}
+	return file_api_queue_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StatsRequest) GetName() string {
@@ -937,7 +1016,7 @@ type QueueStats struct {
 
 func (x *QueueStats) Reset() {
 	*x = QueueStats{}
-	mi := &file_api_queue_proto_msgTypes[10]
+	mi := &file_api_queue_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1028,7 @@ func (x *QueueStats) String() string {
 func (*QueueStats) ProtoMessage() {}
 
 func (x *QueueStats) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[10]
+	mi := &file_api_queue_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1041,7 @@ func (x *QueueStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueStats.ProtoReflect.Descriptor instead.
 func (*QueueStats) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{10}
+	return file_api_queue_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *QueueStats) GetName() string {
@@ -1082,7 +1161,7 @@ type OutMessage struct {
 
 func (x *OutMessage) Reset() {
 	*x = OutMessage{}
-	mi := &file_api_queue_proto_msgTypes[11]
+	mi := &file_api_queue_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1173,7 @@ func (x *OutMessage) String() string {
 func (*OutMessage) ProtoMessage() {}
 
 func (x *OutMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[11]
+	mi := &file_api_queue_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1186,7 @@ func (x *OutMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutMessage.ProtoReflect.Descriptor instead.
 func (*OutMessage) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{11}
+	return file_api_queue_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OutMessage) GetPayload() []byte {
@@ -1189,7 +1268,7 @@ type PublishRequest struct {
 
 func (x *PublishRequest) Reset() {
 	*x = PublishRequest{}
-	mi := &file_api_queue_proto_msgTypes[12]
+	mi := &file_api_queue_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1280,7 @@ func (x *PublishRequest) String() string {
 func (*PublishRequest) ProtoMessage() {}
 
 func (x *PublishRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[12]
+	mi := &file_api_queue_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1293,7 @@ func (x *PublishRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishRequest.ProtoReflect.Descriptor instead.
 func (*PublishRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{12}
+	return file_api_queue_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PublishRequest) GetQueue() string {
@@ -1247,7 +1326,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_api_queue_proto_msgTypes[13]
+	mi := &file_api_queue_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1338,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[13]
+	mi := &file_api_queue_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1351,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{13}
+	return file_api_queue_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PublishResponse) GetIds() []string {
@@ -1335,7 +1414,7 @@ type Message struct {
 
 func (x *Message) Reset() {
 	*x = Message{}
-	mi := &file_api_queue_proto_msgTypes[14]
+	mi := &file_api_queue_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1426,7 @@ func (x *Message) String() string {
 func (*Message) ProtoMessage() {}
 
 func (x *Message) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[14]
+	mi := &file_api_queue_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1439,7 @@ func (x *Message) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Message.ProtoReflect.Descriptor instead.
 func (*Message) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{14}
+	return file_api_queue_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Message) GetQueue() string {
@@ -1470,7 +1549,7 @@ type Subscribe struct {
 
 func (x *Subscribe) Reset() {
 	*x = Subscribe{}
-	mi := &file_api_queue_proto_msgTypes[15]
+	mi := &file_api_queue_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1561,7 @@ func (x *Subscribe) String() string {
 func (*Subscribe) ProtoMessage() {}
 
 func (x *Subscribe) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[15]
+	mi := &file_api_queue_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1574,7 @@ func (x *Subscribe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscribe.ProtoReflect.Descriptor instead.
 func (*Subscribe) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{15}
+	return file_api_queue_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Subscribe) GetQueue() string {
@@ -1549,7 +1628,7 @@ type Settle struct {
 
 func (x *Settle) Reset() {
 	*x = Settle{}
-	mi := &file_api_queue_proto_msgTypes[16]
+	mi := &file_api_queue_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1640,7 @@ func (x *Settle) String() string {
 func (*Settle) ProtoMessage() {}
 
 func (x *Settle) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[16]
+	mi := &file_api_queue_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1653,7 @@ func (x *Settle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Settle.ProtoReflect.Descriptor instead.
 func (*Settle) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{16}
+	return file_api_queue_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Settle) GetAckToken() string {
@@ -1612,7 +1691,7 @@ type ConsumeRequest struct {
 
 func (x *ConsumeRequest) Reset() {
 	*x = ConsumeRequest{}
-	mi := &file_api_queue_proto_msgTypes[17]
+	mi := &file_api_queue_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1703,7 @@ func (x *ConsumeRequest) String() string {
 func (*ConsumeRequest) ProtoMessage() {}
 
 func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[17]
+	mi := &file_api_queue_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1716,7 @@ func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{17}
+	return file_api_queue_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ConsumeRequest) GetSubscribe() *Subscribe {
@@ -1671,7 +1750,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_api_queue_proto_msgTypes[18]
+	mi := &file_api_queue_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1762,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[18]
+	mi := &file_api_queue_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1775,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{18}
+	return file_api_queue_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Delivery) GetMessage() *Message {
@@ -1725,7 +1804,7 @@ type ReceiveRequest struct {
 
 func (x *ReceiveRequest) Reset() {
 	*x = ReceiveRequest{}
-	mi := &file_api_queue_proto_msgTypes[19]
+	mi := &file_api_queue_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1816,7 @@ func (x *ReceiveRequest) String() string {
 func (*ReceiveRequest) ProtoMessage() {}
 
 func (x *ReceiveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[19]
+	mi := &file_api_queue_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1829,7 @@ func (x *ReceiveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveRequest.ProtoReflect.Descriptor instead.
 func (*ReceiveRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{19}
+	return file_api_queue_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReceiveRequest) GetQueue() string {
@@ -1800,7 +1879,7 @@ type ReceiveResponse struct {
 
 func (x *ReceiveResponse) Reset() {
 	*x = ReceiveResponse{}
-	mi := &file_api_queue_proto_msgTypes[20]
+	mi := &file_api_queue_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1891,7 @@ func (x *ReceiveResponse) String() string {
 func (*ReceiveResponse) ProtoMessage() {}
 
 func (x *ReceiveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[20]
+	mi := &file_api_queue_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1904,7 @@ func (x *ReceiveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResponse.ProtoReflect.Descriptor instead.
 func (*ReceiveResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{20}
+	return file_api_queue_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReceiveResponse) GetMessages() []*Message {
@@ -1845,7 +1924,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_api_queue_proto_msgTypes[21]
+	mi := &file_api_queue_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +1936,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[21]
+	mi := &file_api_queue_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +1949,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{21}
+	return file_api_queue_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AckRequest) GetAckToken() string {
@@ -1888,7 +1967,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_api_queue_proto_msgTypes[22]
+	mi := &file_api_queue_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1900,7 +1979,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[22]
+	mi := &file_api_queue_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1913,7 +1992,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{22}
+	return file_api_queue_proto_rawDescGZIP(), []int{23}
 }
 
 type NackRequest struct {
@@ -1929,7 +2008,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_api_queue_proto_msgTypes[23]
+	mi := &file_api_queue_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2020,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[23]
+	mi := &file_api_queue_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2033,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{23}
+	return file_api_queue_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NackRequest) GetAckToken() string {
@@ -1979,7 +2058,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_api_queue_proto_msgTypes[24]
+	mi := &file_api_queue_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2070,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[24]
+	mi := &file_api_queue_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,7 +2083,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{24}
+	return file_api_queue_proto_rawDescGZIP(), []int{25}
 }
 
 type ExtendLeaseRequest struct {
@@ -2019,7 +2098,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_api_queue_proto_msgTypes[25]
+	mi := &file_api_queue_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2110,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[25]
+	mi := &file_api_queue_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2123,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{25}
+	return file_api_queue_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExtendLeaseRequest) GetAckToken() string {
@@ -2071,7 +2150,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_api_queue_proto_msgTypes[26]
+	mi := &file_api_queue_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2162,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[26]
+	mi := &file_api_queue_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2175,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{26}
+	return file_api_queue_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExtendLeaseResponse) GetLeaseDeadline() *timestamppb.Timestamp {
@@ -2118,7 +2197,7 @@ type JoinSyncRequest struct {
 
 func (x *JoinSyncRequest) Reset() {
 	*x = JoinSyncRequest{}
-	mi := &file_api_queue_proto_msgTypes[27]
+	mi := &file_api_queue_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +2209,7 @@ func (x *JoinSyncRequest) String() string {
 func (*JoinSyncRequest) ProtoMessage() {}
 
 func (x *JoinSyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[27]
+	mi := &file_api_queue_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +2222,7 @@ func (x *JoinSyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinSyncRequest.ProtoReflect.Descriptor instead.
 func (*JoinSyncRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{27}
+	return file_api_queue_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *JoinSyncRequest) GetQueue() string {
@@ -2175,7 +2254,7 @@ type SyncEvent struct {
 
 func (x *SyncEvent) Reset() {
 	*x = SyncEvent{}
-	mi := &file_api_queue_proto_msgTypes[28]
+	mi := &file_api_queue_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2187,7 +2266,7 @@ func (x *SyncEvent) String() string {
 func (*SyncEvent) ProtoMessage() {}
 
 func (x *SyncEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[28]
+	mi := &file_api_queue_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2200,7 +2279,7 @@ func (x *SyncEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncEvent.ProtoReflect.Descriptor instead.
 func (*SyncEvent) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{28}
+	return file_api_queue_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SyncEvent) GetState() SyncEvent_State {
@@ -2240,7 +2319,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_queue_proto_msgTypes[29]
+	mi := &file_api_queue_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2331,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[29]
+	mi := &file_api_queue_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2344,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{29}
+	return file_api_queue_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListDeadLettersRequest) GetQueue() string {
@@ -2301,7 +2380,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_queue_proto_msgTypes[30]
+	mi := &file_api_queue_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +2392,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[30]
+	mi := &file_api_queue_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +2405,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{30}
+	return file_api_queue_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListDeadLettersResponse) GetMessages() []*Message {
@@ -2355,7 +2434,7 @@ type RedriveRequest struct {
 
 func (x *RedriveRequest) Reset() {
 	*x = RedriveRequest{}
-	mi := &file_api_queue_proto_msgTypes[31]
+	mi := &file_api_queue_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2367,7 +2446,7 @@ func (x *RedriveRequest) String() string {
 func (*RedriveRequest) ProtoMessage() {}
 
 func (x *RedriveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[31]
+	mi := &file_api_queue_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2380,7 +2459,7 @@ func (x *RedriveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveRequest.ProtoReflect.Descriptor instead.
 func (*RedriveRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{31}
+	return file_api_queue_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RedriveRequest) GetQueue() string {
@@ -2407,7 +2486,7 @@ type RedriveResponse struct {
 
 func (x *RedriveResponse) Reset() {
 	*x = RedriveResponse{}
-	mi := &file_api_queue_proto_msgTypes[32]
+	mi := &file_api_queue_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2419,7 +2498,7 @@ func (x *RedriveResponse) String() string {
 func (*RedriveResponse) ProtoMessage() {}
 
 func (x *RedriveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[32]
+	mi := &file_api_queue_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2432,7 +2511,7 @@ func (x *RedriveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveResponse.ProtoReflect.Descriptor instead.
 func (*RedriveResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{32}
+	return file_api_queue_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RedriveResponse) GetRedriven() uint64 {
@@ -2458,7 +2537,7 @@ type BrowseRequest struct {
 
 func (x *BrowseRequest) Reset() {
 	*x = BrowseRequest{}
-	mi := &file_api_queue_proto_msgTypes[33]
+	mi := &file_api_queue_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2470,7 +2549,7 @@ func (x *BrowseRequest) String() string {
 func (*BrowseRequest) ProtoMessage() {}
 
 func (x *BrowseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[33]
+	mi := &file_api_queue_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2483,7 +2562,7 @@ func (x *BrowseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrowseRequest.ProtoReflect.Descriptor instead.
 func (*BrowseRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{33}
+	return file_api_queue_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BrowseRequest) GetQueue() string {
@@ -2520,7 +2599,7 @@ type BrowseResponse struct {
 
 func (x *BrowseResponse) Reset() {
 	*x = BrowseResponse{}
-	mi := &file_api_queue_proto_msgTypes[34]
+	mi := &file_api_queue_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2611,7 @@ func (x *BrowseResponse) String() string {
 func (*BrowseResponse) ProtoMessage() {}
 
 func (x *BrowseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[34]
+	mi := &file_api_queue_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2624,7 @@ func (x *BrowseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrowseResponse.ProtoReflect.Descriptor instead.
 func (*BrowseResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{34}
+	return file_api_queue_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BrowseResponse) GetMessages() []*Message {
@@ -2591,7 +2670,7 @@ type RetryBackoff struct {
 
 func (x *RetryBackoff) Reset() {
 	*x = RetryBackoff{}
-	mi := &file_api_queue_proto_msgTypes[35]
+	mi := &file_api_queue_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2603,7 +2682,7 @@ func (x *RetryBackoff) String() string {
 func (*RetryBackoff) ProtoMessage() {}
 
 func (x *RetryBackoff) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[35]
+	mi := &file_api_queue_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2616,7 +2695,7 @@ func (x *RetryBackoff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryBackoff.ProtoReflect.Descriptor instead.
 func (*RetryBackoff) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{35}
+	return file_api_queue_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RetryBackoff) GetSteps() []*durationpb.Duration {
@@ -2652,7 +2731,7 @@ var File_api_queue_proto protoreflect.FileDescriptor
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x04\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x05\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2669,7 +2748,14 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x15expire_to_dead_letter\x18\n" +
 	" \x01(\bR\x12expireToDeadLetter\x12=\n" +
 	"\rretry_backoff\x18\f \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\x124\n" +
-	"\x16single_active_consumer\x18\r \x01(\bR\x14singleActiveConsumer\"\x96\x05\n" +
+	"\x16single_active_consumer\x18\r \x01(\bR\x14singleActiveConsumer\x120\n" +
+	"\bfairness\x18\x0e \x01(\v2\x14.qbroker.v1.FairnessR\bfairness\"\x95\x01\n" +
+	"\bFairness\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12;\n" +
+	"\aweights\x18\x02 \x03(\v2!.qbroker.v1.Fairness.WeightsEntryR\aweights\x1a:\n" +
+	"\fWeightsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xc8\x05\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2688,7 +2774,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"messageTtl\x121\n" +
 	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\x12=\n" +
 	"\rretry_backoff\x18\r \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\x124\n" +
-	"\x16single_active_consumer\x18\x0e \x01(\bR\x14singleActiveConsumer\"%\n" +
+	"\x16single_active_consumer\x18\x0e \x01(\bR\x14singleActiveConsumer\x120\n" +
+	"\bfairness\x18\x0f \x01(\v2\x14.qbroker.v1.FairnessR\bfairness\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +
@@ -2880,129 +2967,134 @@ func file_api_queue_proto_rawDescGZIP() []byte {
 }
 
 var file_api_queue_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_api_queue_proto_goTypes = []any{
 	(QueueKind)(0),                  // 0: qbroker.v1.QueueKind
 	(DeliveryMode)(0),               // 1: qbroker.v1.DeliveryMode
 	(SyncEvent_State)(0),            // 2: qbroker.v1.SyncEvent.State
 	(*CreateQueueRequest)(nil),      // 3: qbroker.v1.CreateQueueRequest
-	(*QueueInfo)(nil),               // 4: qbroker.v1.QueueInfo
-	(*GetQueueRequest)(nil),         // 5: qbroker.v1.GetQueueRequest
-	(*ListQueuesRequest)(nil),       // 6: qbroker.v1.ListQueuesRequest
-	(*ListQueuesResponse)(nil),      // 7: qbroker.v1.ListQueuesResponse
-	(*DeleteQueueRequest)(nil),      // 8: qbroker.v1.DeleteQueueRequest
-	(*DeleteQueueResponse)(nil),     // 9: qbroker.v1.DeleteQueueResponse
-	(*PurgeRequest)(nil),            // 10: qbroker.v1.PurgeRequest
-	(*PurgeResponse)(nil),           // 11: qbroker.v1.PurgeResponse
-	(*StatsRequest)(nil),            // 12: qbroker.v1.StatsRequest
-	(*QueueStats)(nil),              // 13: qbroker.v1.QueueStats
-	(*OutMessage)(nil),              // 14: qbroker.v1.OutMessage
-	(*PublishRequest)(nil),          // 15: qbroker.v1.PublishRequest
-	(*PublishResponse)(nil),         // 16: qbroker.v1.PublishResponse
-	(*Message)(nil),                 // 17: qbroker.v1.Message
-	(*Subscribe)(nil),               // 18: qbroker.v1.Subscribe
-	(*Settle)(nil),                  // 19: qbroker.v1.Settle
-	(*ConsumeRequest)(nil),          // 20: qbroker.v1.ConsumeRequest
-	(*Delivery)(nil),                // 21: qbroker.v1.Delivery
-	(*ReceiveRequest)(nil),          // 22: qbroker.v1.ReceiveRequest
-	(*ReceiveResponse)(nil),         // 23: qbroker.v1.ReceiveResponse
-	(*AckRequest)(nil),              // 24: qbroker.v1.AckRequest
-	(*AckResponse)(nil),             // 25: qbroker.v1.AckResponse
-	(*NackRequest)(nil),             // 26: qbroker.v1.NackRequest
-	(*NackResponse)(nil),            // 27: qbroker.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),      // 28: qbroker.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),     // 29: qbroker.v1.ExtendLeaseResponse
-	(*JoinSyncRequest)(nil),         // 30: qbroker.v1.JoinSyncRequest
-	(*SyncEvent)(nil),               // 31: qbroker.v1.SyncEvent
-	(*ListDeadLettersRequest)(nil),  // 32: qbroker.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil), // 33: qbroker.v1.ListDeadLettersResponse
-	(*RedriveRequest)(nil),          // 34: qbroker.v1.RedriveRequest
-	(*RedriveResponse)(nil),         // 35: qbroker.v1.RedriveResponse
-	(*BrowseRequest)(nil),           // 36: qbroker.v1.BrowseRequest
-	(*BrowseResponse)(nil),          // 37: qbroker.v1.BrowseResponse
-	(*RetryBackoff)(nil),            // 38: qbroker.v1.RetryBackoff
-	nil,                             // 39: qbroker.v1.OutMessage.HeadersEntry
-	nil,                             // 40: qbroker.v1.Message.HeadersEntry
-	(*durationpb.Duration)(nil),     // 41: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 42: google.protobuf.Timestamp
+	(*Fairness)(nil),                // 4: qbroker.v1.Fairness
+	(*QueueInfo)(nil),               // 5: qbroker.v1.QueueInfo
+	(*GetQueueRequest)(nil),         // 6: qbroker.v1.GetQueueRequest
+	(*ListQueuesRequest)(nil),       // 7: qbroker.v1.ListQueuesRequest
+	(*ListQueuesResponse)(nil),      // 8: qbroker.v1.ListQueuesResponse
+	(*DeleteQueueRequest)(nil),      // 9: qbroker.v1.DeleteQueueRequest
+	(*DeleteQueueResponse)(nil),     // 10: qbroker.v1.DeleteQueueResponse
+	(*PurgeRequest)(nil),            // 11: qbroker.v1.PurgeRequest
+	(*PurgeResponse)(nil),           // 12: qbroker.v1.PurgeResponse
+	(*StatsRequest)(nil),            // 13: qbroker.v1.StatsRequest
+	(*QueueStats)(nil),              // 14: qbroker.v1.QueueStats
+	(*OutMessage)(nil),              // 15: qbroker.v1.OutMessage
+	(*PublishRequest)(nil),          // 16: qbroker.v1.PublishRequest
+	(*PublishResponse)(nil),         // 17: qbroker.v1.PublishResponse
+	(*Message)(nil),                 // 18: qbroker.v1.Message
+	(*Subscribe)(nil),               // 19: qbroker.v1.Subscribe
+	(*Settle)(nil),                  // 20: qbroker.v1.Settle
+	(*ConsumeRequest)(nil),          // 21: qbroker.v1.ConsumeRequest
+	(*Delivery)(nil),                // 22: qbroker.v1.Delivery
+	(*ReceiveRequest)(nil),          // 23: qbroker.v1.ReceiveRequest
+	(*ReceiveResponse)(nil),         // 24: qbroker.v1.ReceiveResponse
+	(*AckRequest)(nil),              // 25: qbroker.v1.AckRequest
+	(*AckResponse)(nil),             // 26: qbroker.v1.AckResponse
+	(*NackRequest)(nil),             // 27: qbroker.v1.NackRequest
+	(*NackResponse)(nil),            // 28: qbroker.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),      // 29: qbroker.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),     // 30: qbroker.v1.ExtendLeaseResponse
+	(*JoinSyncRequest)(nil),         // 31: qbroker.v1.JoinSyncRequest
+	(*SyncEvent)(nil),               // 32: qbroker.v1.SyncEvent
+	(*ListDeadLettersRequest)(nil),  // 33: qbroker.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil), // 34: qbroker.v1.ListDeadLettersResponse
+	(*RedriveRequest)(nil),          // 35: qbroker.v1.RedriveRequest
+	(*RedriveResponse)(nil),         // 36: qbroker.v1.RedriveResponse
+	(*BrowseRequest)(nil),           // 37: qbroker.v1.BrowseRequest
+	(*BrowseResponse)(nil),          // 38: qbroker.v1.BrowseResponse
+	(*RetryBackoff)(nil),            // 39: qbroker.v1.RetryBackoff
+	nil,                             // 40: qbroker.v1.Fairness.WeightsEntry
+	nil,                             // 41: qbroker.v1.OutMessage.HeadersEntry
+	nil,                             // 42: qbroker.v1.Message.HeadersEntry
+	(*durationpb.Duration)(nil),     // 43: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 44: google.protobuf.Timestamp
 }
 var file_api_queue_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.CreateQueueRequest.kind:type_name -> qbroker.v1.QueueKind
-	41, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	41, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
-	41, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
-	38, // 4: qbroker.v1.CreateQueueRequest.retry_backoff:type_name -> qbroker.v1.RetryBackoff
-	0,  // 5: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
-	41, // 6: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
-	42, // 7: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
-	41, // 8: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
-	41, // 9: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
-	38, // 10: qbroker.v1.QueueInfo.retry_backoff:type_name -> qbroker.v1.RetryBackoff
-	4,  // 11: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
-	41, // 12: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
-	41, // 13: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
-	42, // 14: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
-	39, // 15: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
-	14, // 16: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
-	42, // 17: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
-	42, // 18: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
-	40, // 19: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
-	1,  // 20: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
-	41, // 21: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
-	41, // 22: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
-	18, // 23: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
-	19, // 24: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
-	17, // 25: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
-	41, // 26: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 27: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	41, // 28: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	17, // 29: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	41, // 30: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	41, // 31: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	42, // 32: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 33: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	17, // 34: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	17, // 35: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
-	41, // 36: qbroker.v1.RetryBackoff.steps:type_name -> google.protobuf.Duration
-	41, // 37: qbroker.v1.RetryBackoff.initial:type_name -> google.protobuf.Duration
-	41, // 38: qbroker.v1.RetryBackoff.max:type_name -> google.protobuf.Duration
-	3,  // 39: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	5,  // 40: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	6,  // 41: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	8,  // 42: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	10, // 43: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	12, // 44: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	15, // 45: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	20, // 46: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	22, // 47: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	24, // 48: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	26, // 49: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	28, // 50: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	30, // 51: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	32, // 52: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	34, // 53: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	36, // 54: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
-	4,  // 55: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	4,  // 56: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	7,  // 57: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	9,  // 58: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	11, // 59: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	13, // 60: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	16, // 61: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	21, // 62: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	23, // 63: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	25, // 64: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	27, // 65: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	29, // 66: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	31, // 67: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	33, // 68: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	35, // 69: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	37, // 70: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
-	55, // [55:71] is the sub-list for method output_type
-	39, // [39:55] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	43, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	43, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
+	43, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
+	39, // 4: qbroker.v1.CreateQueueRequest.retry_backoff:type_name -> qbroker.v1.RetryBackoff
+	4,  // 5: qbroker.v1.CreateQueueRequest.fairness:type_name -> qbroker.v1.Fairness
+	40, // 6: qbroker.v1.Fairness.weights:type_name -> qbroker.v1.Fairness.WeightsEntry
+	0,  // 7: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
+	43, // 8: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
+	44, // 9: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
+	43, // 10: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
+	43, // 11: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
+	39, // 12: qbroker.v1.QueueInfo.retry_backoff:type_name -> qbroker.v1.RetryBackoff
+	4,  // 13: qbroker.v1.QueueInfo.fairness:type_name -> qbroker.v1.Fairness
+	5,  // 14: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
+	43, // 15: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
+	43, // 16: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
+	44, // 17: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
+	41, // 18: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
+	15, // 19: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
+	44, // 20: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
+	44, // 21: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
+	42, // 22: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
+	1,  // 23: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
+	43, // 24: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
+	43, // 25: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
+	19, // 26: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
+	20, // 27: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
+	18, // 28: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
+	43, // 29: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 30: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	43, // 31: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	18, // 32: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	43, // 33: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	43, // 34: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	44, // 35: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 36: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	18, // 37: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	18, // 38: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
+	43, // 39: qbroker.v1.RetryBackoff.steps:type_name -> google.protobuf.Duration
+	43, // 40: qbroker.v1.RetryBackoff.initial:type_name -> google.protobuf.Duration
+	43, // 41: qbroker.v1.RetryBackoff.max:type_name -> google.protobuf.Duration
+	3,  // 42: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	6,  // 43: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	7,  // 44: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	9,  // 45: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	11, // 46: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	13, // 47: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	16, // 48: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	21, // 49: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	23, // 50: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	25, // 51: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	27, // 52: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	29, // 53: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	31, // 54: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	33, // 55: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	35, // 56: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	37, // 57: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
+	5,  // 58: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	5,  // 59: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	8,  // 60: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	10, // 61: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	12, // 62: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	14, // 63: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	17, // 64: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	22, // 65: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	24, // 66: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	26, // 67: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	28, // 68: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	30, // 69: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	32, // 70: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	34, // 71: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	36, // 72: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	38, // 73: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
+	58, // [58:74] is the sub-list for method output_type
+	42, // [42:58] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }
@@ -3016,7 +3108,7 @@ func file_api_queue_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_queue_proto_rawDesc), len(file_api_queue_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

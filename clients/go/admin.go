@@ -113,6 +113,8 @@ type QueueOptions struct {
 	// takes over when it ends or its broker dies. KindFIFO and
 	// KindPriority queues only. Receive is refused (ErrFailedPrecondition).
 	SingleActiveConsumer bool
+	// Fairness: fair dispatch by key; the zero Fairness means none.
+	Fairness Fairness
 }
 
 // QueueInfo is a queue's configuration.
@@ -134,6 +136,8 @@ type QueueInfo struct {
 	RetryBackoff *RetryBackoff
 	// SingleActiveConsumer: see QueueOptions.
 	SingleActiveConsumer bool
+	// Fairness: see QueueOptions.
+	Fairness Fairness
 }
 
 func infoFromPB(q *pb.QueueInfo) QueueInfo {
@@ -152,6 +156,7 @@ func infoFromPB(q *pb.QueueInfo) QueueInfo {
 		ExpireToDeadLetter:   q.GetExpireToDeadLetter(),
 		RetryBackoff:         backoffFromPB(q.GetRetryBackoff()),
 		SingleActiveConsumer: q.GetSingleActiveConsumer(),
+		Fairness:             fairnessFromPB(q.GetFairness()),
 	}
 }
 
@@ -200,6 +205,10 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 	if o.SyncMembers < 0 || o.MaxDeliveries < 0 || o.VisibilityTimeout < 0 || o.MaxDepth < 0 || o.MaxBytes < 0 || o.DedupWindow < 0 || o.MessageTTL < 0 {
 		return QueueInfo{}, errorf("qbroker: create %s: negative option: %w", name, ErrInvalidArgument)
 	}
+	fair, ok := o.Fairness.toPB()
+	if !ok {
+		return QueueInfo{}, errorf("qbroker: create %s: negative fairness weight: %w", name, ErrInvalidArgument)
+	}
 	ctx, cancel := c.callCtx(ctx, 0)
 	defer cancel()
 	q, err := c.rpc.CreateQueue(ctx, &pb.CreateQueueRequest{
@@ -216,6 +225,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		ExpireToDeadLetter:   o.ExpireToDeadLetter,
 		RetryBackoff:         o.RetryBackoff.toPB(),
 		SingleActiveConsumer: o.SingleActiveConsumer,
+		Fairness:             fair,
 	})
 	if err != nil {
 		return QueueInfo{}, errorf("qbroker: create queue %s: %w", name, convErr(err))

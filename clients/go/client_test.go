@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -252,10 +253,10 @@ func TestAdmin(t *testing.T) {
 	}
 	want := qbroker.QueueInfo{Name: "a.jobs", Kind: qbroker.KindFIFO, VisibilityTimeout: 5 * time.Second, MaxDeliveries: 1, DeadLetter: true,
 		DedupWindow: 5 * time.Minute, CreatedAt: info.CreatedAt}
-	if info != want || info.CreatedAt.IsZero() {
+	if !reflect.DeepEqual(info, want) || info.CreatedAt.IsZero() {
 		t.Errorf("CreateQueue: got %+v, want %+v", info, want)
 	}
-	if again, err := c.CreateQueue(ctx, "a.jobs", opts); err != nil || again != info {
+	if again, err := c.CreateQueue(ctx, "a.jobs", opts); err != nil || !reflect.DeepEqual(again, info) {
 		t.Errorf("CreateQueue again: got %+v, %v; want %+v", again, err, info)
 	}
 	createQueue(t, c, "a.sync", qbroker.QueueOptions{Kind: qbroker.KindSync, SyncMembers: 2})

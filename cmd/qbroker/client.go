@@ -243,9 +243,15 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 	fs.BoolVar(&o.ExpireToDeadLetter, "expire-to-dead-letter", false, "keep messages past --message-ttl as dead letters instead of dropping them")
 	fs.Var(backoffFlag{&o}, "retry-backoff", "redelivery `schedule` of nacks without a delay and expired leases: increasing waits (1s,5s,30s,5m; the last repeats) or exp:INITIAL[,MULTIPLIER[,MAX]]")
 	fs.BoolVar(&o.SingleActiveConsumer, "single-active-consumer", false, "one Consume stream at a time, across brokers, receives messages; the others stand by (fifo and priority queues)")
+	fs.StringVar(&o.Fairness.Key, "fairness-key", "", "fair dispatch: serve the messages' keys in weighted round robin; `key`: group (the message group) or header:<name>")
+	weights := weightFlag{}
+	fs.Var(weights, "fairness-weight", "with --fairness-key: a key's weight `key=n` (1..100, default 1); repeat for several")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
+	}
+	if len(weights) > 0 {
+		o.Fairness.Weights = weights
 	}
 	if err := checkCreateFlags(o); err != nil {
 		return err
@@ -284,6 +290,9 @@ func checkCreateFlags(o qbroker.QueueOptions) error {
 	}
 	if o.ExpireToDeadLetter && o.MessageTTL == 0 {
 		return usagef("--expire-to-dead-letter needs --message-ttl")
+	}
+	if len(o.Fairness.Weights) > 0 && o.Fairness.Key == "" {
+		return usagef("--fairness-weight needs --fairness-key")
 	}
 	return nil
 }

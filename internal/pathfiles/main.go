@@ -62,14 +62,14 @@ var calls = []string{"publish", "consume", "ack", "lease expiry"}
 // featureFiles hold the optional features' code: a call that uses none
 // of them runs none of it. The engine's: dedup ids, message groups, TTL,
 // delayed delivery, the undecodable-message path, retry backoff, single
-// active consumer. The broker's: delay and TTL (schedule.go), dedup ids,
-// quotas, events, retry backoff, single active consumer, authentication
-// and authorization.
+// active consumer, fair dispatch. The broker's: delay and TTL
+// (schedule.go), dedup ids, quotas, events, retry backoff, single active
+// consumer, fair dispatch, authentication and authorization.
 var featureFiles = []string{
 	"zkqueue/dedup.go", "zkqueue/groups.go", "zkqueue/ttl.go", "zkqueue/delay.go", "zkqueue/baddata.go", "zkqueue/backoff.go",
-	"zkqueue/active.go",
+	"zkqueue/active.go", "zkqueue/fairness.go",
 	"broker/schedule.go", "broker/dedup.go", "broker/quota.go", "broker/emit.go", "broker/backoff.go", "broker/active.go",
-	"broker/auth.go", "broker/authz.go", "broker/jwt.go", "broker/authstreams.go",
+	"broker/auth.go", "broker/authz.go", "broker/jwt.go", "broker/authstreams.go", "broker/fairness.go",
 }
 
 var verbose = flag.Bool("v", false, "also list the lines of the blocks hit")
