@@ -23,6 +23,7 @@ type Lease struct {
 	key     string
 	permits int
 	token   int64
+	marked  bool // a lock-delay marker may be beside the node
 
 	lost    chan struct{} // closed when the lease ends
 	revoked chan struct{} // closed at the first revocation request
@@ -38,9 +39,9 @@ type Lease struct {
 
 // startLease starts the lease of the node key, whose Stat st and exists
 // watch w were just read.
-func startLease(conn *zk.Conn, log *slog.Logger, key string, permits int, st *zk.Stat, w <-chan zk.Event) *Lease {
+func startLease(conn *zk.Conn, log *slog.Logger, key string, permits int, st *zk.Stat, w <-chan zk.Event, marked bool) *Lease {
 	l := &Lease{
-		conn: conn, log: log, key: key, permits: permits, token: st.Czxid,
+		conn: conn, log: log, key: key, permits: permits, token: st.Czxid, marked: marked,
 		lost: make(chan struct{}), revoked: make(chan struct{}),
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
@@ -105,7 +106,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		l.kick()
 		return err
 	}
-	err := l.conn.Delete(l.key, -1)
+	err := release(l.conn, l.key, l.marked)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		l.kick()
 		return errfmt.Errorf("semaphore: release %s: %w", l.key, err)
@@ -199,7 +200,7 @@ func (l *Lease) watch(w <-chan zk.Event) {
 		if !l.isReleasing() {
 			continue
 		}
-		err := l.conn.Delete(l.key, -1)
+		err := release(l.conn, l.key, l.marked)
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
 			l.end(nil, "released in the background")
 			return
