@@ -20,8 +20,7 @@
 //	                          the holder lives, 1 once its loss was noted
 //
 // Recipes must ignore children named delay-*; lock/, election/ and
-// semaphore/ do
-// (their nodes' names do not parse).
+// semaphore/ do (their nodes' names do not parse).
 //
 // # How it works
 //
