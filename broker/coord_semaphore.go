@@ -22,6 +22,7 @@ import (
 //	/<root>/semaphores/<name>                      data: the limit
 //	/<root>/semaphores/<name>/queue/wait-<nonce>-NNNNNNNNNN   EPHEMERAL_SEQUENTIAL waiters
 //	/<root>/semaphores/<name>/leases/lease-<n>-<nonce>        EPHEMERAL leases
+//	/<root>/semaphores/<name>/leases/delay-lease-<n>-<nonce>  lock-delay markers (package lockdelay)
 //
 // A lease is a node of the broker's primary session, held while the
 // client's Acquire stream is open. Keys on the wire are the leases' names.
@@ -115,6 +116,10 @@ func (s semaphoreServer) Acquire(stream pb.Semaphore_AcquireServer) error {
 	if err == nil {
 		err = checkValue(first.GetValue())
 	}
+	var delay time.Duration
+	if err == nil {
+		delay, err = lockDelayOf(first.GetLockDelay())
+	}
 	if err != nil {
 		return b.fail(err)
 	}
@@ -126,7 +131,7 @@ func (s semaphoreServer) Acquire(stream pb.Semaphore_AcquireServer) error {
 		return b.fail(err)
 	}
 	sem, err := semaphore.New(b.conn, p, int(limit), semaphore.WithValue(first.GetValue()), semaphore.WithOwner(owner),
-		semaphore.WithLogger(b.log), semaphore.WithACL(b.acl))
+		semaphore.WithLogger(b.log), semaphore.WithACL(b.acl), semaphore.WithDelay(delay))
 	if err != nil {
 		return b.fail(err)
 	}
@@ -153,7 +158,10 @@ func (s semaphoreServer) Acquire(stream pb.Semaphore_AcquireServer) error {
 
 // holdPermits tells the client of its lease and of revocation requests
 // until the client releases it, the stream ends, or the lease is lost
-// (LOST, then Aborted). It releases in every case.
+// (LOST, then Aborted). It releases in every case; a stream that the
+// client cancelled or lost without its release (or half-close) releases
+// as a loss (Lease.Abandon): a lock-delay then runs, since the client
+// may only be cut off from this broker.
 func (b *Broker) holdPermits(ctx context.Context, stream pb.Semaphore_AcquireServer, rx *receiver[*pb.SemaphoreAcquireRequest],
 	name string, l *semaphore.Lease) error {
 	key, token, permits := path.Base(l.Key()), l.Token(), int32(l.Permits())
@@ -162,7 +170,11 @@ func (b *Broker) holdPermits(ctx context.Context, stream pb.Semaphore_AcquireSer
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 		defer cancel()
-		if err := l.Release(uctx); err != nil {
+		release := l.Release
+		if !rx.saidLast() && b.ctx.Err() == nil {
+			release = l.Abandon
+		}
+		if err := release(uctx); err != nil {
 			// The lease goes on deleting its node until the session ends.
 			b.log.Warn("semaphore: release failed; retried until the session ends", "semaphore", name, "znode", l.Key(), "err", err)
 		}

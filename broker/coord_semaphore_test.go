@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/broker"
@@ -196,6 +197,9 @@ func TestSemaphoreBadInput(t *testing.T) {
 		{&pb.SemaphoreAcquireRequest{Name: "ok", Limit: 2, Permits: -1}, "permits -1"},
 		{&pb.SemaphoreAcquireRequest{Name: "ok", Limit: 2, Permits: 3}, "permits 3"},
 		{&pb.SemaphoreAcquireRequest{Name: "ok", Limit: 2, Value: make([]byte, 64<<10+1)}, "value"},
+		{&pb.SemaphoreAcquireRequest{Name: "ok", Limit: 2, LockDelay: durationpb.New(-time.Second)}, "lock_delay"},
+		{&pb.SemaphoreAcquireRequest{Name: "ok", Limit: 2, LockDelay: durationpb.New(time.Minute + time.Millisecond)}, "lock_delay"},
+		{&pb.SemaphoreAcquireRequest{Name: "ok", Limit: 2, LockDelay: &durationpb.Duration{Seconds: 1, Nanos: -1}}, "lock_delay"},
 	} {
 		s, err := acquireReq(ctx, c, tt.req)
 		if err == nil {

@@ -143,8 +143,8 @@ func init() { coordReapInterval.Store(int64(30 * time.Second)) }
 // barriers (doublebarriers/<name>) every coordReapInterval until ctx ends,
 // with the recipes' Reapers: otherwise every name ever used would stay in
 // ZooKeeper. A contender that finds its name's node gone makes it again.
-// Before that it ends the lock-delays of lost holders and leaders that
-// nobody contends for (lockdelay.Sweeper): their markers go once their
+// Before that it ends the lock-delays of lost holders, leaders and leases
+// that nobody contends for (lockdelay.Sweeper): their markers go once their
 // delay has passed, and the names can then be reaped.
 func (b *Broker) reapCoordination(ctx context.Context) {
 	lr, err := lock.NewReaper(b.conn, b.root.Locks())
@@ -170,6 +170,7 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 	sweepers := []*lockdelay.Sweeper{
 		lockdelay.NewSweeper(b.conn, b.root.Locks()),
 		lockdelay.NewSweeper(b.conn, b.root.Elections()),
+		lockdelay.NewSubSweeper(b.conn, b.root.Semaphores(), "leases"),
 	}
 	t := time.NewTicker(time.Duration(coordReapInterval.Load()))
 	defer t.Stop()

@@ -3,9 +3,11 @@
 // holder's ZooKeeper session ends (expiry after a crash or a partition)
 // the name stays unavailable for the holder's delay, so a holder that was
 // only cut off can notice and stop before a new holder acts; an explicit
-// release (Unlock, Resign) frees it at once. The lock/ and election/
-// recipes use it (lock.WithDelay, election.WithDelay); any recipe whose
-// holders are ephemeral nodes under one directory can, with four calls:
+// release (Unlock, Resign) frees it at once. The lock/, election/ and
+// semaphore/ recipes use it (lock.WithDelay, election.WithDelay,
+// semaphore.WithDelay, where a lost lease's marker keeps its permits);
+// any recipe whose holders are ephemeral nodes under one directory can,
+// with four calls:
 // Wait before granting, Mark once granted, Release to let go, and a
 // Sweeper run by one process. It is a library usable without the broker;
 // it depends on go-zookeeper only.
@@ -17,8 +19,8 @@
 //	                          milliseconds (decimal text); version 0 while
 //	                          the holder lives, 1 once its loss was noted
 //
-// Recipes must ignore children named delay-*; lock/ and election/ do
-// (their nodes' names do not parse).
+// Recipes must ignore children named delay-*; lock/, election/ and
+// semaphore/ do (their nodes' names do not parse).
 //
 // # How it works
 //

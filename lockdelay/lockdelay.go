@@ -342,12 +342,21 @@ func Wait(ctx context.Context, conn *zk.Conn, dir string, blocks func(holder str
 type Sweeper struct {
 	conn *zk.Conn
 	dir  string
+	sub  string // "" or "/<sub>": where a name's holders are
 	t    *tracker
 }
 
 // NewSweeper returns a Sweeper of the names under dir.
 func NewSweeper(conn *zk.Conn, dir string) *Sweeper {
 	return &Sweeper{conn: conn, dir: dir, t: newTracker(conn)}
+}
+
+// NewSubSweeper returns a Sweeper of the names under dir whose holders
+// are in a child sub of each name: markers at
+// <dir>/<name>/<sub>/delay-<holder> (a broker's semaphores/, whose leases
+// are in <name>/leases). sub is one path element.
+func NewSubSweeper(conn *zk.Conn, dir, sub string) *Sweeper {
+	return &Sweeper{conn: conn, dir: dir, sub: "/" + sub, t: newTracker(conn)}
 }
 
 // Pass looks at every name under dir once (a missing dir has none) and
@@ -368,7 +377,7 @@ func (s *Sweeper) Pass(ctx context.Context) (int, error) {
 		if err := ctx.Err(); err != nil {
 			return deleted, err
 		}
-		dir := s.dir + "/" + n
+		dir := s.dir + "/" + n + s.sub
 		children, _, err := s.conn.Children(dir)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue

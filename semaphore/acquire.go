@@ -11,6 +11,7 @@ import (
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // Test hooks, set by tests only (export_test.go). testHookWaiting runs
@@ -108,6 +109,7 @@ type watches struct {
 	pred   string // the waiter waited for; "" for the first waiter
 	a, b   <-chan zk.Event
 	active bool
+	delay  bool // first, and only lost leases' lock-delays keep the permits: wait them out
 }
 
 // wait blocks until the waiter key holds n permits and returns its lease.
@@ -151,6 +153,12 @@ func (s *Semaphore) wait(ctx context.Context, key, nonce string, n int, try bool
 			continue
 		}
 		backoff, contact = retryMin, time.Now()
+		if w.delay {
+			if err := s.waitDelay(ctx, key); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if !w.active {
 			continue // something changed meanwhile: look again
 		}
@@ -212,15 +220,21 @@ func (s *Semaphore) step(me waiter, n int, lp string, try, head bool) (*Lease, w
 	// The first waiter: the only one that may take permits. It reads
 	// the limit and the leases with watches, so that no release or
 	// change of the limit is missed if it must wait.
-	limit, version, used, w, err := s.room(!try)
+	limit, version, used, held, w, err := s.room(!try)
 	if err != nil {
 		return nil, watches{}, err
 	}
 	if n > limit {
 		return nil, watches{}, errfmt.Errorf("semaphore: acquire %d of %s: limit %d: %w", n, s.path, limit, ErrOverLimit)
 	}
-	if used+n <= limit {
+	if used+held+n <= limit {
 		return s.take(me, n, lp, version)
+	}
+	if try && used+n <= limit {
+		return nil, watches{}, errfmt.Errorf("semaphore: tryacquire %d of %s: %d of %d kept by lock-delay: %w", n, s.path, held, limit, ErrNoPermit)
+	}
+	if used+n <= limit {
+		return nil, watches{delay: true}, nil
 	}
 	if try {
 		return nil, watches{}, errfmt.Errorf("semaphore: tryacquire %d of %s: %d of %d in use: %w", n, s.path, used, limit, ErrNoPermit)
@@ -230,8 +244,9 @@ func (s *Semaphore) step(me waiter, n int, lp string, try, head bool) (*Lease, w
 
 // room reads the limit (with its version) and the permits in use, the
 // two reads together; with watch, it sets watches on both (the first
-// waiter's).
-func (s *Semaphore) room(watch bool) (limit int, version int32, used int, w watches, err error) {
+// waiter's). used counts the leases' permits, held those that lost
+// leases' lock-delays keep.
+func (s *Semaphore) room(watch bool) (limit int, version int32, used, held int, w watches, err error) {
 	type got struct {
 		data []byte
 		st   *zk.Stat
@@ -258,16 +273,16 @@ func (s *Semaphore) room(watch bool) (limit int, version int32, used int, w watc
 	g := <-c
 	switch {
 	case g.err != nil:
-		return 0, 0, 0, watches{}, errfmt.Errorf("semaphore: get %s: %w", s.path, g.err)
+		return 0, 0, 0, 0, watches{}, errfmt.Errorf("semaphore: get %s: %w", s.path, g.err)
 	case lerr != nil:
-		return 0, 0, 0, watches{}, errfmt.Errorf("semaphore: children %s: %w", s.leases, lerr)
+		return 0, 0, 0, 0, watches{}, errfmt.Errorf("semaphore: children %s: %w", s.leases, lerr)
 	}
 	limit, ok := parseLimit(g.data)
 	if !ok {
-		return 0, 0, 0, watches{}, fmt.Errorf("%w: %s holds no limit", ErrInvalid, s.path)
+		return 0, 0, 0, 0, watches{}, fmt.Errorf("%w: %s holds no limit", ErrInvalid, s.path)
 	}
 	w.b, w.active = g.w, watch
-	return limit, g.st.Version, inUse(leases(children)), w, nil
+	return limit, g.st.Version, inUse(leases(children)), delayed(children), w, nil
 }
 
 // take grants n permits to the first waiter me: one transaction checks
@@ -306,15 +321,62 @@ func (s *Semaphore) grant(lp string, n int) (*Lease, error) {
 	case !ok, st.EphemeralOwner != s.conn.SessionID():
 		return nil, errVanished
 	}
-	return startLease(s.conn, s.log, lp, n, st, w), nil
+	// The marker of our lock-delay, before the holder is told.
+	err = lockdelay.Mark(s.conn, s.leases, path.Base(lp), s.delay, s.acl)
+	if errors.Is(err, lockdelay.ErrHolderGone) {
+		return nil, errVanished
+	}
+	if err != nil {
+		return nil, errfmt.Errorf("semaphore: %w", err)
+	}
+	return startLease(s.conn, s.log, lp, n, st, w, s.delay > 0), nil
+}
+
+// waitDelay waits, first in line, until no lost lease's lock-delay keeps
+// permits, or ctx ends, or Close.
+func (s *Semaphore) waitDelay(ctx context.Context, key string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-s.done:
+			cancel()
+		case <-done:
+		}
+	}()
+	waited, err := lockdelay.Wait(ctx, s.conn, s.leases, nil)
+	if waited {
+		s.log.Debug("waited for a lost lease's lock-delay", "znode", key)
+	}
+	if err != nil && s.isClosed() {
+		return ErrClosed
+	}
+	return err
+}
+
+// release deletes a lease, and its lock-delay marker when it may have
+// one: a release frees the permits at once.
+func release(conn *zk.Conn, key string, marked bool) error {
+	if marked {
+		return lockdelay.Release(conn, path.Dir(key), path.Base(key))
+	}
+	return conn.Delete(key, -1)
 }
 
 // abandon deletes the nodes of an attempt that failed: its waiter and a
 // lease it may have been granted without seeing it; when a delete fails,
 // the background removes them.
 func (s *Semaphore) abandon(key, lp, nonce string) {
-	for _, p := range []string{key, lp} {
-		if err := s.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+	for i, p := range []string{key, lp} {
+		var err error
+		if i == 0 {
+			err = s.conn.Delete(p, -1)
+		} else {
+			err = release(s.conn, p, s.delay > 0)
+		}
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
 			s.log.Debug("node left behind", "znode", p, "err", err)
 			s.reap(nonce)
 			return
@@ -396,6 +458,12 @@ func (s *Semaphore) reapOnce(nonce string) error {
 			continue
 		}
 		p := dir + "/" + name
+		if dir == s.leases {
+			// A lease never granted keeps no delay.
+			if err := lockdelay.Clear(s.conn, dir, name); err != nil {
+				return errfmt.Errorf("semaphore: %w (%w)", err, errAnswered)
+			}
+		}
 		if err := s.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return errfmt.Errorf("semaphore: delete %s: %w (%w)", p, err, errAnswered)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // Holder describes a lease of a semaphore.
@@ -245,6 +246,12 @@ func ReleaseKey(ctx context.Context, conn *zk.Conn, key string, token int64, opt
 	}
 	if owner, _ := zkutil.DecodeOwned(data); !o.mayTouch(owner) {
 		return errfmt.Errorf("semaphore: release %s: %w", key, ErrNotOwner)
+	}
+	// An explicit release frees the permits at once: the lease's
+	// lock-delay marker, if any, goes first (a marker whose lease lives
+	// keeps nothing by itself).
+	if err := lockdelay.Clear(conn, path.Dir(key), path.Base(key)); err != nil {
+		return errfmt.Errorf("semaphore: release %s: %w", key, err)
 	}
 	// Lease names are never reused (the nonce): the node checked is the
 	// one deleted.

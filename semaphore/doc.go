@@ -12,6 +12,7 @@
 //	<path>/queue/wait-<nonce>-0000000041     a waiter: EPHEMERAL_SEQUENTIAL, no data
 //	<path>/leases/lease-<n>-<nonce>          a lease of n permits: EPHEMERAL;
 //	                                         data = WithValue (with WithOwner: the owner, then the value)
+//	<path>/leases/delay-lease-<n>-<nonce>    WithDelay: the lease's lock-delay marker (package lockdelay)
 //
 // <nonce> is 16 random hex digits, new for every Acquire attempt; the
 // waiter and the lease of one attempt share it. Waiters are ordered by
@@ -82,6 +83,15 @@
 //   - Revocation is a request (Revoke asks every holder, RevokeKey one):
 //     a write of the lease's node, its data unchanged; the holder's watch
 //     sees it and closes Lease.Revoked. Releasing is up to the holder.
+//
+// Lock-delay (WithDelay, package lockdelay): a lease lost with its node
+// (the session expired, the node deleted without ReleaseKey; Abandon)
+// keeps its permits unavailable until the delay has passed since the
+// first waiter (or a Sweeper) noted the loss; Release and ReleaseKey free
+// them at once. The first waiter counts the permits of a lost lease's
+// marker as in use (the marker's name carries them); when those alone
+// keep it from its permits it waits the delays out (lockdelay.Wait, all
+// of the pending ones). TryAcquire returns ErrNoPermit meanwhile.
 //
 // What it does not guarantee: that a holder knows at once when its lease
 // is gone. A holder cut off from ZooKeeper keeps its Lease while the

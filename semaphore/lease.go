@@ -23,6 +23,7 @@ type Lease struct {
 	key     string
 	permits int
 	token   int64
+	marked  bool // a lock-delay marker may be beside the node
 
 	lost    chan struct{} // closed when the lease ends
 	revoked chan struct{} // closed at the first revocation request
@@ -32,15 +33,16 @@ type Lease struct {
 	mu        sync.Mutex
 	ended     bool
 	releasing bool  // Release was called: the node must go
+	keep      bool  // Abandon was called: the lock-delay marker stays
 	err       error // why the lease was lost; nil while held or after Release
 	isRevoked bool
 }
 
 // startLease starts the lease of the node key, whose Stat st and exists
 // watch w were just read.
-func startLease(conn *zk.Conn, log *slog.Logger, key string, permits int, st *zk.Stat, w <-chan zk.Event) *Lease {
+func startLease(conn *zk.Conn, log *slog.Logger, key string, permits int, st *zk.Stat, w <-chan zk.Event, marked bool) *Lease {
 	l := &Lease{
-		conn: conn, log: log, key: key, permits: permits, token: st.Czxid,
+		conn: conn, log: log, key: key, permits: permits, token: st.Czxid, marked: marked,
 		lost: make(chan struct{}), revoked: make(chan struct{}),
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
@@ -93,19 +95,32 @@ func (l *Lease) Err() error {
 // watcher goes on deleting the node in the background until it is gone
 // or the session ends (Lost closes then): a failed Release never leaves
 // permits held by a live session.
-func (l *Lease) Release(ctx context.Context) error {
+func (l *Lease) Release(ctx context.Context) error { return l.release(ctx, false) }
+
+// Abandon gives the permits back as a loss would: it deletes the lease's
+// node but leaves its lock-delay marker (WithDelay), so the permits stay
+// unavailable until the delay has passed. For a service that holds
+// permits for its clients and sees one vanish without releasing: the
+// client may only be cut off, still believing it holds. Without a delay
+// it is Release. After Release or Abandon, the first call decides; errors
+// as Release's.
+func (l *Lease) Abandon(ctx context.Context) error { return l.release(ctx, true) }
+
+func (l *Lease) release(ctx context.Context, keep bool) error {
 	l.mu.Lock()
 	if l.ended {
 		l.mu.Unlock()
 		return nil
 	}
-	l.releasing = true
+	if !l.releasing {
+		l.releasing, l.keep = true, keep
+	}
 	l.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		l.kick()
 		return err
 	}
-	err := l.conn.Delete(l.key, -1)
+	err := l.deleteNode()
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		l.kick()
 		return errfmt.Errorf("semaphore: release %s: %w", l.key, err)
@@ -117,6 +132,15 @@ func (l *Lease) Release(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// deleteNode deletes the lease's node, with its marker unless Abandon
+// asked to keep it.
+func (l *Lease) deleteNode() error {
+	l.mu.Lock()
+	keep := l.keep
+	l.mu.Unlock()
+	return release(l.conn, l.key, l.marked && !keep)
 }
 
 func (l *Lease) kick() {
@@ -199,7 +223,7 @@ func (l *Lease) watch(w <-chan zk.Event) {
 		if !l.isReleasing() {
 			continue
 		}
-		err := l.conn.Delete(l.key, -1)
+		err := l.deleteNode()
 		if err == nil || errors.Is(err, zk.ErrNoNode) {
 			l.end(nil, "released in the background")
 			return

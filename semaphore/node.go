@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // Children of the semaphore's node, and the prefixes of their children.
@@ -149,6 +151,30 @@ func inUse(ls []lease) int {
 	n := 0
 	for _, l := range ls {
 		n += l.permits
+	}
+	return n
+}
+
+// delayed returns the permits that lost leases' lock-delay markers keep
+// (package lockdelay): a marker <leases>/delay-lease-<n>-<nonce> whose
+// lease is gone keeps its n permits until its delay ends. A marker whose
+// lease exists keeps nothing of its own (the lease counts).
+func delayed(children []string) int {
+	present := make(map[string]bool, len(children))
+	for _, c := range children {
+		present[c] = true
+	}
+	n := 0
+	for _, c := range children {
+		h, ok := lockdelay.HolderOf(c)
+		if !ok || present[h] {
+			continue
+		}
+		if l, ok := parseLease(h); ok {
+			n += l.permits
+		} else {
+			n += MaxLimit // a marker that does not parse errs on the safe side
+		}
 	}
 	return n
 }

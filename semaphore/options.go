@@ -2,6 +2,7 @@ package semaphore
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -14,6 +15,7 @@ type options struct {
 	owner  string
 	logger *slog.Logger
 	acl    []zk.ACL
+	delay  time.Duration
 }
 
 // defaults are the options New starts from.
@@ -53,6 +55,21 @@ func WithLogger(l *slog.Logger) Option {
 // open to anyone, zk.WorldACL(zk.PermAll)).
 func WithACL(acl []zk.ACL) Option {
 	return func(o *options) { o.acl = acl }
+}
+
+// WithDelay sets the lock-delay of the leases this Semaphore grants
+// (package lockdelay): when a lease is lost with its node (its session
+// expired after a crash or a partition, or someone deleted the node
+// without ReleaseKey), its permits stay unavailable until d has passed
+// since the loss was first observed, so a holder that was only cut off
+// can notice and stop first. Release and ReleaseKey free them at once.
+// Each lease keeps a persistent marker node beside its own while it
+// holds, <path>/leases/delay-lease-<n>-<nonce>, whose name carries the
+// permits it keeps. 0, the default, means no delay; New returns
+// ErrInvalid for d below 0 or above lockdelay.Max (a minute). Contenders
+// honour the delays of earlier leases whatever their own.
+func WithDelay(d time.Duration) Option {
+	return func(o *options) { o.delay = d }
 }
 
 // KeyOption conditions a call that acts on another holder's lease

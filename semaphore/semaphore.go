@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"path"
 	"sync"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/lockdelay"
 )
 
 // Sentinel errors, wrapped with the operation and node; use errors.Is.
@@ -64,6 +66,7 @@ type Semaphore struct {
 	limit  int    // the limit the node gets when this Semaphore creates it
 	acl    []zk.ACL
 	value  []byte // lease data: the value, with the owner when there is one
+	delay  time.Duration
 	log    *slog.Logger
 
 	done chan struct{}  // closed by Close: ends waits and cleanups
@@ -79,7 +82,7 @@ type Semaphore struct {
 // has to be made again (after a Reaper deleted it while idle): read the
 // stored limit with Limit, change it with SetLimit. It returns ErrInvalid
 // for a nil conn, a path that is not absolute and clean, or a limit out
-// of 1..MaxLimit.
+// of 1..MaxLimit, or a delay (WithDelay) out of 0..lockdelay.Max.
 func New(conn *zk.Conn, p string, limit int, opts ...Option) (*Semaphore, error) {
 	o := defaults()
 	for _, opt := range opts {
@@ -94,11 +97,14 @@ func New(conn *zk.Conn, p string, limit int, opts ...Option) (*Semaphore, error)
 	if err := checkLimit(limit); err != nil {
 		return nil, err
 	}
+	if lockdelay.Validate(o.delay) != nil {
+		return nil, fmt.Errorf("%w: delay %v: want 0 (none) to %v", ErrInvalid, o.delay, lockdelay.Max)
+	}
 	if len(o.value) > maxValue {
 		return nil, fmt.Errorf("%w: value of %d bytes, at most %d", ErrInvalid, len(o.value), maxValue)
 	}
 	s := &Semaphore{conn: conn, path: p, queue: p + "/" + queueDir, leases: p + "/" + leasesDir, limit: limit,
-		acl: zkutil.ACLOr(o.acl), value: zkutil.EncodeOwned(o.owner, o.value),
+		acl: zkutil.ACLOr(o.acl), value: zkutil.EncodeOwned(o.owner, o.value), delay: o.delay,
 		log: o.logger.With("semaphore", p), done: make(chan struct{})}
 	if err := s.ensure(); err != nil {
 		return nil, err

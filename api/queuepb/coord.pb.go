@@ -1436,7 +1436,15 @@ type SemaphoreAcquireRequest struct {
 	// First request only: the holder's value, readable through Revoke.
 	Value []byte `protobuf:"bytes,4,opt,name=value,proto3" json:"value,omitempty"`
 	// Give the permits back (or stop waiting for them) and end the stream.
-	Release       bool `protobuf:"varint,5,opt,name=release,proto3" json:"release,omitempty"`
+	Release bool `protobuf:"varint,5,opt,name=release,proto3" json:"release,omitempty"`
+	// First request only: lock-delay of the lease. When it ends without a
+	// release (the stream ended: the client cancelled it, died or was cut
+	// off from the broker; or the broker's session expired), its permits
+	// stay unavailable to other contenders until this delay has passed.
+	// Release by key frees them at once, as does a broker shutting down.
+	// Unset or 0: none; at most 60 s (InvalidArgument naming lock_delay
+	// otherwise).
+	LockDelay     *durationpb.Duration `protobuf:"bytes,6,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1504,6 +1512,13 @@ func (x *SemaphoreAcquireRequest) GetRelease() bool {
 		return x.Release
 	}
 	return false
+}
+
+func (x *SemaphoreAcquireRequest) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
+	}
+	return nil
 }
 
 type SemaphoreEvent struct {
@@ -2381,13 +2396,15 @@ const file_api_coord_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value\"$\n" +
 	"\fCounterValue\x12\x14\n" +
-	"\x05value\x18\x01 \x01(\x03R\x05value\"\x8d\x01\n" +
+	"\x05value\x18\x01 \x01(\x03R\x05value\"\xc7\x01\n" +
 	"\x17SemaphoreAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x18\n" +
 	"\apermits\x18\x03 \x01(\x05R\apermits\x12\x14\n" +
 	"\x05value\x18\x04 \x01(\fR\x05value\x12\x18\n" +
-	"\arelease\x18\x05 \x01(\bR\arelease\"\xe1\x01\n" +
+	"\arelease\x18\x05 \x01(\bR\arelease\x128\n" +
+	"\n" +
+	"lock_delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"\xe1\x01\n" +
 	"\x0eSemaphoreEvent\x123\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1f.qbroker.v1.SemaphoreEvent.TypeR\x04type\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
@@ -2531,54 +2548,55 @@ var file_api_coord_proto_depIdxs = []int32{
 	43, // 2: qbroker.v1.LockRequest.lock_delay:type_name -> google.protobuf.Duration
 	1,  // 3: qbroker.v1.LockEvent.type:type_name -> qbroker.v1.LockEvent.Type
 	19, // 4: qbroker.v1.RevokeResponse.holder:type_name -> qbroker.v1.LockHolder
-	2,  // 5: qbroker.v1.SemaphoreEvent.type:type_name -> qbroker.v1.SemaphoreEvent.Type
-	32, // 6: qbroker.v1.SemaphoreRevokeResponse.holders:type_name -> qbroker.v1.SemaphoreHolder
-	3,  // 7: qbroker.v1.DoubleBarrierEvent.type:type_name -> qbroker.v1.DoubleBarrierEvent.Type
-	4,  // 8: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
-	6,  // 9: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
-	8,  // 10: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
-	10, // 11: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
-	11, // 12: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
-	13, // 13: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
-	15, // 14: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
-	17, // 15: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
-	20, // 16: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
-	21, // 17: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
-	22, // 18: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
-	24, // 19: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
-	26, // 20: qbroker.v1.Semaphore.Acquire:input_type -> qbroker.v1.SemaphoreAcquireRequest
-	28, // 21: qbroker.v1.Semaphore.Release:input_type -> qbroker.v1.SemaphoreReleaseRequest
-	30, // 22: qbroker.v1.Semaphore.Revoke:input_type -> qbroker.v1.SemaphoreRevokeRequest
-	33, // 23: qbroker.v1.Semaphore.SetLimit:input_type -> qbroker.v1.SemaphoreSetLimitRequest
-	35, // 24: qbroker.v1.Barrier.Set:input_type -> qbroker.v1.SetBarrierRequest
-	37, // 25: qbroker.v1.Barrier.Remove:input_type -> qbroker.v1.RemoveBarrierRequest
-	39, // 26: qbroker.v1.Barrier.Wait:input_type -> qbroker.v1.WaitBarrierRequest
-	41, // 27: qbroker.v1.DoubleBarrier.Enter:input_type -> qbroker.v1.DoubleBarrierRequest
-	5,  // 28: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
-	7,  // 29: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
-	9,  // 30: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
-	12, // 31: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
-	12, // 32: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
-	14, // 33: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
-	16, // 34: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
-	18, // 35: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
-	25, // 36: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
-	25, // 37: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
-	23, // 38: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
-	25, // 39: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
-	27, // 40: qbroker.v1.Semaphore.Acquire:output_type -> qbroker.v1.SemaphoreEvent
-	29, // 41: qbroker.v1.Semaphore.Release:output_type -> qbroker.v1.SemaphoreReleaseResponse
-	31, // 42: qbroker.v1.Semaphore.Revoke:output_type -> qbroker.v1.SemaphoreRevokeResponse
-	34, // 43: qbroker.v1.Semaphore.SetLimit:output_type -> qbroker.v1.SemaphoreSetLimitResponse
-	36, // 44: qbroker.v1.Barrier.Set:output_type -> qbroker.v1.SetBarrierResponse
-	38, // 45: qbroker.v1.Barrier.Remove:output_type -> qbroker.v1.RemoveBarrierResponse
-	40, // 46: qbroker.v1.Barrier.Wait:output_type -> qbroker.v1.WaitBarrierResponse
-	42, // 47: qbroker.v1.DoubleBarrier.Enter:output_type -> qbroker.v1.DoubleBarrierEvent
-	28, // [28:48] is the sub-list for method output_type
-	8,  // [8:28] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	43, // 5: qbroker.v1.SemaphoreAcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	2,  // 6: qbroker.v1.SemaphoreEvent.type:type_name -> qbroker.v1.SemaphoreEvent.Type
+	32, // 7: qbroker.v1.SemaphoreRevokeResponse.holders:type_name -> qbroker.v1.SemaphoreHolder
+	3,  // 8: qbroker.v1.DoubleBarrierEvent.type:type_name -> qbroker.v1.DoubleBarrierEvent.Type
+	4,  // 9: qbroker.v1.Election.Campaign:input_type -> qbroker.v1.CampaignRequest
+	6,  // 10: qbroker.v1.Election.Proclaim:input_type -> qbroker.v1.ProclaimRequest
+	8,  // 11: qbroker.v1.Election.Resign:input_type -> qbroker.v1.ResignRequest
+	10, // 12: qbroker.v1.Election.Leader:input_type -> qbroker.v1.LeaderRequest
+	11, // 13: qbroker.v1.Election.Observe:input_type -> qbroker.v1.ObserveRequest
+	13, // 14: qbroker.v1.Lock.Lock:input_type -> qbroker.v1.LockRequest
+	15, // 15: qbroker.v1.Lock.Unlock:input_type -> qbroker.v1.UnlockRequest
+	17, // 16: qbroker.v1.Lock.Revoke:input_type -> qbroker.v1.RevokeRequest
+	20, // 17: qbroker.v1.Counter.Get:input_type -> qbroker.v1.CounterGetRequest
+	21, // 18: qbroker.v1.Counter.Add:input_type -> qbroker.v1.CounterAddRequest
+	22, // 19: qbroker.v1.Counter.CompareAndSet:input_type -> qbroker.v1.CounterCompareAndSetRequest
+	24, // 20: qbroker.v1.Counter.Set:input_type -> qbroker.v1.CounterSetRequest
+	26, // 21: qbroker.v1.Semaphore.Acquire:input_type -> qbroker.v1.SemaphoreAcquireRequest
+	28, // 22: qbroker.v1.Semaphore.Release:input_type -> qbroker.v1.SemaphoreReleaseRequest
+	30, // 23: qbroker.v1.Semaphore.Revoke:input_type -> qbroker.v1.SemaphoreRevokeRequest
+	33, // 24: qbroker.v1.Semaphore.SetLimit:input_type -> qbroker.v1.SemaphoreSetLimitRequest
+	35, // 25: qbroker.v1.Barrier.Set:input_type -> qbroker.v1.SetBarrierRequest
+	37, // 26: qbroker.v1.Barrier.Remove:input_type -> qbroker.v1.RemoveBarrierRequest
+	39, // 27: qbroker.v1.Barrier.Wait:input_type -> qbroker.v1.WaitBarrierRequest
+	41, // 28: qbroker.v1.DoubleBarrier.Enter:input_type -> qbroker.v1.DoubleBarrierRequest
+	5,  // 29: qbroker.v1.Election.Campaign:output_type -> qbroker.v1.LeaderEvent
+	7,  // 30: qbroker.v1.Election.Proclaim:output_type -> qbroker.v1.ProclaimResponse
+	9,  // 31: qbroker.v1.Election.Resign:output_type -> qbroker.v1.ResignResponse
+	12, // 32: qbroker.v1.Election.Leader:output_type -> qbroker.v1.LeaderInfo
+	12, // 33: qbroker.v1.Election.Observe:output_type -> qbroker.v1.LeaderInfo
+	14, // 34: qbroker.v1.Lock.Lock:output_type -> qbroker.v1.LockEvent
+	16, // 35: qbroker.v1.Lock.Unlock:output_type -> qbroker.v1.UnlockResponse
+	18, // 36: qbroker.v1.Lock.Revoke:output_type -> qbroker.v1.RevokeResponse
+	25, // 37: qbroker.v1.Counter.Get:output_type -> qbroker.v1.CounterValue
+	25, // 38: qbroker.v1.Counter.Add:output_type -> qbroker.v1.CounterValue
+	23, // 39: qbroker.v1.Counter.CompareAndSet:output_type -> qbroker.v1.CounterCompareAndSetResponse
+	25, // 40: qbroker.v1.Counter.Set:output_type -> qbroker.v1.CounterValue
+	27, // 41: qbroker.v1.Semaphore.Acquire:output_type -> qbroker.v1.SemaphoreEvent
+	29, // 42: qbroker.v1.Semaphore.Release:output_type -> qbroker.v1.SemaphoreReleaseResponse
+	31, // 43: qbroker.v1.Semaphore.Revoke:output_type -> qbroker.v1.SemaphoreRevokeResponse
+	34, // 44: qbroker.v1.Semaphore.SetLimit:output_type -> qbroker.v1.SemaphoreSetLimitResponse
+	36, // 45: qbroker.v1.Barrier.Set:output_type -> qbroker.v1.SetBarrierResponse
+	38, // 46: qbroker.v1.Barrier.Remove:output_type -> qbroker.v1.RemoveBarrierResponse
+	40, // 47: qbroker.v1.Barrier.Wait:output_type -> qbroker.v1.WaitBarrierResponse
+	42, // 48: qbroker.v1.DoubleBarrier.Enter:output_type -> qbroker.v1.DoubleBarrierEvent
+	29, // [29:49] is the sub-list for method output_type
+	9,  // [9:29] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_api_coord_proto_init() }

@@ -83,3 +83,56 @@ func TestCoordinationDelayClient(t *testing.T) {
 		t.Fatalf("Campaign with a delay over a minute: got %v, want ErrInvalidArgument", err)
 	}
 }
+
+// PermitDelay: the holder of the last permit whose client goes away
+// without Release keeps that permit for the delay; Release frees a permit
+// with a delay at once; a bad delay is ErrInvalidArgument.
+func TestPermitDelayClient(t *testing.T) {
+	const delay = 1500 * time.Millisecond
+	tb, a := setup(t)
+	b := dial(t, tb.addr)
+	ctx := testCtx(t)
+
+	p, err := a.Acquire(ctx, "render", 1, qbroker.PermitDelay(delay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan *qbroker.Permit, 1)
+	go func() {
+		next, err := b.Acquire(ctx, "render", 1, qbroker.PermitDelay(time.Minute))
+		if err != nil {
+			t.Error(err)
+		}
+		held <- next
+	}()
+	gone := time.Now()
+	_ = a.Close() // a's process "dies": no Release
+	next := <-held
+	if next == nil {
+		return
+	}
+	if waited := time.Since(gone); waited < delay {
+		t.Fatalf("b held %v after a went, want at least the delay %v", waited, delay)
+	}
+	if next.Token() <= p.Token() {
+		t.Fatalf("token %d after %d: want greater", next.Token(), p.Token())
+	}
+	c := dial(t, tb.addr)
+	go func() {
+		if err := next.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	// b's delay is a minute, longer than ctx: only a Release that frees
+	// the permit at once lets c have it.
+	last, err := c.Acquire(ctx, "render", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := last.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Acquire(ctx, "render", 1, qbroker.PermitDelay(2*time.Minute)); !errors.Is(err, qbroker.ErrInvalidArgument) {
+		t.Fatalf("Acquire with a delay over the maximum: got %v, want ErrInvalidArgument", err)
+	}
+}

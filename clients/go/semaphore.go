@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
 )
@@ -19,6 +21,7 @@ type AcquireOption func(*acquireOptions)
 type acquireOptions struct {
 	value   []byte
 	permits int
+	delay   time.Duration
 }
 
 // PermitValue sets the holder's value, which RevokePermits returns (at
@@ -28,6 +31,14 @@ func PermitValue(v []byte) AcquireOption { return func(o *acquireOptions) { o.va
 // Permits sets how many permits Acquire takes at once (default 1; at most
 // the limit).
 func Permits(n int) AcquireOption { return func(o *acquireOptions) { o.permits = n } }
+
+// PermitDelay sets the lease's lock-delay (at most a minute; 0, the
+// default, is none): when the lease is lost without Release (this process
+// died or was cut off from the broker, or the broker's ZooKeeper session
+// ended), its permits stay unavailable to others until d has passed, so
+// a holder that was only cut off can notice (Lost) and stop first.
+// Release and ReleasePermit free them at once.
+func PermitDelay(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.delay = d } }
 
 // Permit is one lease of a counting semaphore's permits (the broker's
 // Semaphore service): held while its stream to the broker is open,
@@ -65,7 +76,11 @@ func (c *Client) Acquire(ctx context.Context, name string, limit int, opts ...Ac
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s, err := c.sems.Acquire(sctx)
 	if err == nil {
-		err = s.Send(&pb.SemaphoreAcquireRequest{Name: name, Limit: clamp32(limit), Permits: clamp32(o.permits), Value: o.value})
+		req := &pb.SemaphoreAcquireRequest{Name: name, Limit: clamp32(limit), Permits: clamp32(o.permits), Value: o.value}
+		if o.delay != 0 {
+			req.LockDelay = durationpb.New(o.delay)
+		}
+		err = s.Send(req)
 	}
 	var ev *pb.SemaphoreEvent
 	if err == nil {

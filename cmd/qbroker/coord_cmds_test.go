@@ -120,8 +120,9 @@ func TestElectCommand(t *testing.T) {
 	}
 }
 
-// --lock-delay: a lock taken with a minute's delay and released when its
-// command exits is free at once; a bad delay is refused.
+// --lock-delay: a lock or a semaphore's permit taken with a minute's
+// delay and released when its command exits is free at once; a bad delay
+// is refused.
 func TestLockDelayFlag(t *testing.T) {
 	c := cli{t: t, addr: startBroker(t)}
 	if _, _, err := c.run("", "lock", "--lock-delay", "1m", "L", "--", "true"); err != nil {
@@ -141,10 +142,22 @@ func TestLockDelayFlag(t *testing.T) {
 	if err := l.Unlock(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if _, _, err := c.run("", "sem", "--lock-delay", "1m", "S", "1", "--", "true"); err != nil {
+		t.Fatalf("sem --lock-delay 1m S 1 -- true: %v", err)
+	}
+	p, err := qc.Acquire(ctx, "S", 1) // the delay would outlast ctx
+	if err != nil {
+		t.Fatalf("Acquire after the command released: %v", err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{"lock", "--lock-delay", "-1s", "L", "--", "true"},
 		{"lock", "--lock-delay", "2m", "L", "--", "true"},
 		{"elect", "--lock-delay", "2m", "E", "v"},
+		{"sem", "--lock-delay", "-1s", "S", "1", "--", "true"},
+		{"sem", "--lock-delay", "2m", "S", "1", "--", "true"},
 	} {
 		if _, _, err := c.run("", args...); !errors.Is(err, qbroker.ErrInvalidArgument) {
 			t.Errorf("%v: got %v, want ErrInvalidArgument", args, err)

@@ -28,10 +28,17 @@ The permits are held while this process's stream to the broker is open:
 if this process dies the broker gives them back, and if the broker dies
 they are given back when the broker's ZooKeeper session times out. When
 the lease is lost while the command runs, the command gets SIGTERM, then
-SIGKILL after --kill-after, and sem exits with an error.`, std)
+SIGKILL after --kill-after, and sem exits with an error.
+
+With --lock-delay, permits lost without their release (this process
+killed or cut off from the broker, or the broker's session expired) stay
+unavailable to everyone for that long, so that a holder that was only cut
+off stops its command first; a release when the command exits, or at
+Ctrl-C, frees them at once.`, std)
 	killAfter := fs.Duration("kill-after", 5*time.Second, "after SIGTERM, how long a command may take to exit before SIGKILL")
 	value := fs.String("value", "", "the holder's value, shown to Revoke (default: host and pid)")
 	permits := fs.Int("permits", 1, "how many permits to take at once")
+	delay := fs.Duration("lock-delay", 0, "after the permits are lost without a release, keep them unavailable this long (at most 1m; 0: none)")
 	pos, err := parse(fs, args, 2, -1)
 	if err != nil {
 		return err
@@ -49,7 +56,7 @@ SIGKILL after --kill-after, and sem exits with an error.`, std)
 		return err
 	}
 	defer c.Close()
-	p, err := c.Acquire(ctx, pos[0], limit, qbroker.Permits(*permits), qbroker.PermitValue([]byte(*value)))
+	p, err := c.Acquire(ctx, pos[0], limit, qbroker.Permits(*permits), qbroker.PermitValue([]byte(*value)), qbroker.PermitDelay(*delay))
 	if err != nil {
 		return ignoreCanceled(err)
 	}
