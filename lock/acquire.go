@@ -10,6 +10,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/errfmt"
+	"github.com/qbroker/qbroker/internal/holding"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/lockdelay"
 )
@@ -319,20 +320,11 @@ func (l *locker) grant(key string, mine watched) (*Grant, error) {
 // abandon deletes the node of an attempt that failed; when the delete
 // fails, the background removes it.
 func (l *locker) abandon(key, nonce string) {
-	err := release(l.conn, key, l.delay > 0)
+	err := holding.Delete(l.conn, key, l.delay > 0)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		l.log.Debug("contender's node left behind", "znode", key, "err", err)
 		l.reap(nonce)
 	}
-}
-
-// release deletes a lock node, and its lock-delay marker when it may have
-// one: a release frees the lock at once.
-func release(conn *zk.Conn, key string, marked bool) error {
-	if marked {
-		return lockdelay.Release(conn, path.Dir(key), path.Base(key))
-	}
-	return conn.Delete(key, -1)
 }
 
 // Bounds of the background retries: between tries, and how long without
@@ -396,7 +388,7 @@ func (l *locker) reapOnce(nonce string) (done bool, err error) {
 		return true, nil
 	}
 	p := l.path + "/" + n.name
-	if err := release(l.conn, p, l.delay > 0); err != nil && !errors.Is(err, zk.ErrNoNode) {
+	if err := holding.Delete(l.conn, p, l.delay > 0); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return false, errfmt.Errorf("lock: delete %s: %w (%w)", p, err, errAnswered)
 	}
 	l.log.Info("removed a node left behind by a failed call", "znode", p)

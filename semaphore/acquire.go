@@ -10,6 +10,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/errfmt"
+	"github.com/qbroker/qbroker/internal/holding"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/lockdelay"
 )
@@ -356,15 +357,6 @@ func (s *Semaphore) waitDelay(ctx context.Context, key string) error {
 	return err
 }
 
-// release deletes a lease, and its lock-delay marker when it may have
-// one: a release frees the permits at once.
-func release(conn *zk.Conn, key string, marked bool) error {
-	if marked {
-		return lockdelay.Release(conn, path.Dir(key), path.Base(key))
-	}
-	return conn.Delete(key, -1)
-}
-
 // abandon deletes the nodes of an attempt that failed: its waiter and a
 // lease it may have been granted without seeing it; when a delete fails,
 // the background removes them.
@@ -374,7 +366,7 @@ func (s *Semaphore) abandon(key, lp, nonce string) {
 		if i == 0 {
 			err = s.conn.Delete(p, -1)
 		} else {
-			err = release(s.conn, p, s.delay > 0)
+			err = holding.Delete(s.conn, p, s.delay > 0)
 		}
 		if err != nil && !errors.Is(err, zk.ErrNoNode) {
 			s.log.Debug("node left behind", "znode", p, "err", err)
