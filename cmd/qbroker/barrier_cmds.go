@@ -3,11 +3,7 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
@@ -81,37 +77,18 @@ then SIGKILL after --kill-after, and enter exits with an error.`, std)
 }
 
 // runEntered runs argv inside the double barrier p: its context is p's
-// presence (and Ctrl-C), so a lost participant stops it.
+// presence (and Ctrl-C), so a lost participant stops it. A command that
+// failed leaves first, so the others are not held by this one.
 func runEntered(ctx context.Context, std stdio, p *qbroker.Participant, argv []string, killAfter time.Duration) error {
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-p.Done():
-			cancel()
-		case <-cctx.Done():
-		}
-	}()
-	cmd := exec.CommandContext(cctx, argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = std.in, std.out, std.err
-	cmd.Env = append(os.Environ(), "QBROKER_BARRIER_NAME="+p.Name(), "QBROKER_BARRIER_KEY="+p.Key())
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = killAfter
-	err := cmd.Run()
-	if perr := p.Err(); perr != nil {
-		return fmt.Errorf("%w; the command was stopped", perr)
-	}
-	var ee *exec.ExitError
+	err := runHeld(ctx, std, held{gone: p.Done(), err: p.Err,
+		env: []string{"QBROKER_BARRIER_NAME=" + p.Name(), "QBROKER_BARRIER_KEY=" + p.Key()}}, argv, killAfter)
+	var st exitStatus
 	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &ee) && ee.ExitCode() >= 0:
-		// Leave first, so the others are not held by this one.
+	case errors.As(err, &st):
 		lctx, lcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer lcancel()
 		_ = p.Leave(lctx)
-		return exitStatus{ee.ExitCode()}
-	case ctx.Err() != nil:
+	case err == nil && ctx.Err() != nil:
 		return context.Canceled // Ctrl-C: the command was stopped
 	}
 	return err

@@ -93,24 +93,40 @@ Ctrl-C, frees it at once.`, std)
 // runLocked runs argv under l: its context is l's holding (and Ctrl-C),
 // so a lost lock stops it.
 func runLocked(ctx context.Context, std stdio, l *qbroker.Lock, argv []string, killAfter time.Duration) error {
+	return runHeld(ctx, std, held{gone: l.Lost(), err: l.Err, env: []string{"QBROKER_LOCK_NAME=" + l.Name(),
+		"QBROKER_LOCK_KEY=" + l.Key(), "QBROKER_LOCK_TOKEN=" + strconv.FormatInt(l.Token(), 10)}}, argv, killAfter)
+}
+
+// held is what a command runs under (a lock, semaphore permits, a double
+// barrier's participant): the command runs while it holds.
+type held struct {
+	gone <-chan struct{} // closed when the holding ends
+	err  func() error    // why it ended: nil while held or after a release
+	env  []string        // what the command is told of it
+}
+
+// runHeld runs argv while h holds: its context is h's life (and Ctrl-C),
+// so a holding lost stops the command (SIGTERM, SIGKILL after killAfter)
+// and is the error. Otherwise the command's exit status (exitStatus) or
+// nil, also when Ctrl-C stopped it.
+func runHeld(ctx context.Context, std stdio, h held, argv []string, killAfter time.Duration) error {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-l.Lost():
+		case <-h.gone:
 			cancel()
 		case <-cctx.Done():
 		}
 	}()
 	cmd := exec.CommandContext(cctx, argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = std.in, std.out, std.err
-	cmd.Env = append(os.Environ(), "QBROKER_LOCK_NAME="+l.Name(), "QBROKER_LOCK_KEY="+l.Key(),
-		"QBROKER_LOCK_TOKEN="+strconv.FormatInt(l.Token(), 10))
+	cmd.Env = append(os.Environ(), h.env...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = killAfter
 	err := cmd.Run()
-	if lerr := l.Err(); lerr != nil {
-		return fmt.Errorf("%w; the command was stopped", lerr)
+	if herr := h.err(); herr != nil {
+		return fmt.Errorf("%w; the command was stopped", herr)
 	}
 	var ee *exec.ExitError
 	switch {

@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
@@ -80,33 +77,7 @@ Ctrl-C, frees them at once.`, std)
 // runWithPermits runs argv holding p: its context is p's lease (and
 // Ctrl-C), so a lost lease stops it, as runLocked does for a lock.
 func runWithPermits(ctx context.Context, std stdio, p *qbroker.Permit, argv []string, killAfter time.Duration) error {
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-p.Lost():
-			cancel()
-		case <-cctx.Done():
-		}
-	}()
-	cmd := exec.CommandContext(cctx, argv[0], argv[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = std.in, std.out, std.err
-	cmd.Env = append(os.Environ(), "QBROKER_SEM_NAME="+p.Name(), "QBROKER_SEM_KEY="+p.Key(),
-		"QBROKER_SEM_PERMITS="+strconv.Itoa(p.Permits()), "QBROKER_SEM_TOKEN="+strconv.FormatInt(p.Token(), 10))
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = killAfter
-	err := cmd.Run()
-	if lerr := p.Err(); lerr != nil {
-		return fmt.Errorf("%w; the command was stopped", lerr)
-	}
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &ee) && ee.ExitCode() >= 0:
-		return exitStatus{ee.ExitCode()}
-	case ctx.Err() != nil:
-		return nil // Ctrl-C: the command was stopped
-	}
-	return err
+	return runHeld(ctx, std, held{gone: p.Lost(), err: p.Err, env: []string{"QBROKER_SEM_NAME=" + p.Name(),
+		"QBROKER_SEM_KEY=" + p.Key(), "QBROKER_SEM_PERMITS=" + strconv.Itoa(p.Permits()),
+		"QBROKER_SEM_TOKEN=" + strconv.FormatInt(p.Token(), 10)}}, argv, killAfter)
 }
