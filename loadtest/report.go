@@ -321,6 +321,10 @@ func writeSummary(out io.Writer, r *Report) {
 		fmt.Fprintf(&b, ", %d acked", v.Acked)
 	}
 	fmt.Fprintf(&b, "; lost %d, duplicates %d, order violations %d\n", v.Lost, v.Duplicates, v.OrderViolations)
+	if a := v.SingleActive; a != nil {
+		fmt.Fprintf(&b, "single active %d streams held deliveries, %d handovers (longest takeover %s); overlaps %d\n",
+			a.Streams, a.Handovers, ms(a.MaxTakeoverMS), a.Overlaps)
+	}
 	for _, w := range r.Warnings {
 		fmt.Fprintf(&b, "warning      %s\n", strings.TrimSpace(w))
 	}
