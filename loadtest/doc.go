@@ -64,7 +64,8 @@
 // gap from the last interval of one stream to the first of the next)
 // (active.go). The load test does not kill brokers itself: a takeover
 // happens when the active stream ends, for example when its broker is
-// killed from outside.
+// killed from outside. After a broker dies the takeover waits for its
+// leases to run out: --visibility-timeout sets the queue's lease.
 //
 // --probe times, while the producers publish, the two hops of a publish
 // each alone: a round trip to a broker (a ping: gRPC health check) and a
