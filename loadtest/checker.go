@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 )
 
 // Checker verifies the run's delivery guarantees from what producers and
@@ -33,7 +34,8 @@ import (
 //
 // A Checker is safe for concurrent use.
 type Checker struct {
-	ackMode bool // at-least-once: completion is the ack
+	ackMode bool     // at-least-once: completion is the ack
+	holds   *holdLog // --single-active: who held deliveries when (active.go)
 
 	mu        sync.Mutex
 	msgs      [][]msgState // by producer, then seq-1
@@ -199,6 +201,14 @@ func (c *Checker) Acked(k msgKey) {
 	}
 }
 
+// Held records that consumer held a delivery from from to to
+// (--single-active); a no-op otherwise.
+func (c *Checker) Held(consumer int, from, to time.Time) {
+	if c.holds != nil {
+		c.holds.held(consumer, from, to)
+	}
+}
+
 // Corrupt records a delivery whose payload did not decode.
 func (c *Checker) Corrupt(id string, err error) {
 	c.mu.Lock()
@@ -229,7 +239,10 @@ type Verdict struct {
 	IDMismatches    int64 `json:"id_mismatches"`
 	Corrupt         int64 `json:"corrupt"`
 	Unknown         int64 `json:"unknown"`
-	OK              bool  `json:"ok"`
+	// SingleActive: with --single-active, the check that no two streams
+	// held deliveries at once (active.go).
+	SingleActive *ActiveCheck `json:"single_active,omitempty"`
+	OK           bool         `json:"ok"`
 	// Problems fail the verdict; Warnings (order violations under
 	// --order report) do not.
 	Problems []string `json:"problems,omitempty"`
@@ -288,8 +301,12 @@ func (c *Checker) Verdict(strictOrder bool) Verdict {
 	v.Problems = append(v.Problems, describe("id mismatch", c.ids)...)
 	v.Problems = append(v.Problems, describe("corrupt payload", c.corrupt)...)
 	v.Problems = append(v.Problems, describe("unknown message", unknown)...)
+	if c.holds != nil {
+		v.SingleActive = c.holds.check()
+		v.Problems = append(v.Problems, describe("single-active overlap", v.SingleActive.problems)...)
+	}
 	v.OK = v.Lost == 0 && v.Duplicates == 0 && v.IDMismatches == 0 && v.Corrupt == 0 && v.Unknown == 0 &&
-		(v.OrderViolations == 0 || !strictOrder)
+		(v.OrderViolations == 0 || !strictOrder) && (v.SingleActive == nil || v.SingleActive.Overlaps == 0)
 	return v
 }
 

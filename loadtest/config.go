@@ -71,6 +71,13 @@ type Config struct {
 	NoisyFactor float64       `json:"noisy_factor,omitempty"`
 	Fair        bool          `json:"fair,omitempty"`
 	Work        time.Duration `json:"-"`
+	// SingleActive creates the queue with single active consumer, and
+	// the checker fails the run if two streams held deliveries at once
+	// (active.go).
+	SingleActive bool `json:"single_active,omitempty"`
+	// VisibilityTimeout, when set, is the queue's lease of at-least-once
+	// deliveries (the broker's default otherwise).
+	VisibilityTimeout time.Duration `json:"-"`
 
 	// Baselines.
 	Baselines        []string      `json:"baselines"`
@@ -181,6 +188,8 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.IntVar(&c.Tenants, "tenants", 0, "publish for this many tenants (a \"tenant\" header), tenant t0 at --noisy-factor times the others' rate, sharing the open-loop --rate; the report gives each tenant's time in queue")
 	fs.Float64Var(&c.NoisyFactor, "noisy-factor", 1, "with --tenants: tenant t0 publishes this many times the rate of each other tenant")
 	fs.BoolVar(&c.Fair, "fair", false, "with --tenants: create the queue with fair dispatch by the tenant header")
+	fs.BoolVar(&c.SingleActive, "single-active", false, "create the queue with single active consumer (one stream at a time across brokers); the check fails if two streams held deliveries at once and reports the handovers and the longest takeover")
+	fs.DurationVar(&c.VisibilityTimeout, "visibility-timeout", 0, "create the queue with this lease of at-least-once deliveries (0: the broker's default); with --single-active it bounds a takeover after a broker dies")
 	fs.DurationVar(&c.Work, "work", 0, "time each consumer spends on a message before settling it (0..1s): bounds the consumers' rate")
 	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
 	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw, naive, create (latency of one bare create per call, one session per producer), jetstream (NATS JetStream work queue on a nats-server process, default sync), jetstream-sync (sync_interval: always); at least once each runs with Ack and with DoubleAck, or none (default raw,naive when ZooKeeper is known)")
@@ -326,6 +335,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--warmup %v < 0", c.Warmup)
 	case c.Prefetch < 1 || c.Prefetch > 1000:
 		return fmt.Errorf("--prefetch %d not in [1, 1000]", c.Prefetch)
+	case c.VisibilityTimeout < 0:
+		return fmt.Errorf("--visibility-timeout %v < 0", c.VisibilityTimeout)
+	case c.SingleActive && c.ConfirmAcks:
+		return errors.New("--single-active excludes --confirm-acks (a single-active queue refuses Receive)")
 	case c.ConfirmAcks && (c.Mode != qbroker.AtLeastOnce || c.Prefetch > maxReceive):
 		return fmt.Errorf("--confirm-acks needs --mode at-least-once and --prefetch at most %d (a Receive call's limit)", maxReceive)
 	case c.Order != orderStrict && c.Order != orderReport:

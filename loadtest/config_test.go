@@ -164,6 +164,16 @@ var validFlags = []parseFlagsCase{
 			}
 		},
 	},
+	{
+		name: "single active consumer",
+		args: []string{"--spawn-brokers", "2", "--mode", "at-least-once", "--single-active", "--visibility-timeout", "5s"},
+		check: func(t *testing.T, c Config) {
+			o := c.queueOptions()
+			if !c.SingleActive || !o.SingleActiveConsumer || o.VisibilityTimeout != 5*time.Second {
+				t.Errorf("got single-active %v, queue options %+v", c.SingleActive, o)
+			}
+		},
+	},
 }
 
 // badFlags are command lines refused with a usage error.
@@ -195,6 +205,8 @@ var badFlags = []parseFlagsCase{
 	{name: "shallow comparison without a backlog", args: []string{"--spawn-brokers", "1", "--compare-shallow"}, wantErr: "--compare-shallow needs --backlog"},
 	{name: "confirmed acks at most once", args: []string{"--spawn-brokers", "1", "--confirm-acks"}, wantErr: "--confirm-acks needs --mode at-least-once"},
 	{name: "confirmed acks beyond a Receive", args: []string{"--spawn-brokers", "1", "--mode", "at-least-once", "--confirm-acks", "--prefetch", "101"}, wantErr: "--prefetch at most 100"},
+	{name: "single active with Receive", args: []string{"--spawn-brokers", "1", "--mode", "at-least-once", "--single-active", "--confirm-acks"}, wantErr: "--single-active excludes --confirm-acks"},
+	{name: "negative visibility timeout", args: []string{"--spawn-brokers", "1", "--visibility-timeout", "-1s"}, wantErr: "--visibility-timeout"},
 	{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
 }
 

@@ -18,6 +18,10 @@ type consumer struct {
 	id     int
 	client *qbroker.Client
 	hist   *hdrhistogram.Histogram // end-to-end latency; read once run returned
+	// unsettled: when the consumer took the earliest delivery whose
+	// settlement failed; with --single-active it is held until the
+	// stream ends. Zero if none.
+	unsettled time.Time
 }
 
 // maxReceive is the most messages one Receive call returns.
@@ -32,6 +36,7 @@ func (c *consumer) run(ctx context.Context, stop <-chan struct{}) error {
 	if c.cfg.ConfirmAcks {
 		return c.receive(ctx, stop)
 	}
+	defer c.streamEnded() // after Close: the stream's end
 	cons, err := c.client.Consume(ctx, c.cfg.Queue, qbroker.ConsumeOptions{Mode: c.cfg.Mode, Prefetch: c.cfg.Prefetch})
 	if err != nil {
 		c.errs.add("consume", err)
@@ -100,7 +105,7 @@ func (c *consumer) handle(ctx context.Context, m *qbroker.Message) {
 	if err != nil {
 		c.checker.Corrupt(m.ID, err)
 		if ackMode {
-			c.settle(ctx, m, false) // out of the way
+			c.held(now, c.settle(ctx, m, false)) // out of the way
 		}
 		return
 	}
@@ -116,11 +121,32 @@ func (c *consumer) handle(ctx context.Context, m *qbroker.Message) {
 	}
 	c.checker.Delivered(c.id, h.msgKey, m.Priority, m.ID, m.DeliveryCount)
 	if !ackMode {
+		c.held(now, true)
 		return
 	}
 	nack := first && shouldNack(h.msgKey, c.cfg.NackRate)
-	if c.settle(ctx, m, nack) && !nack {
+	ok := c.settle(ctx, m, nack)
+	c.held(now, ok)
+	if ok && !nack {
 		c.checker.Acked(h.msgKey)
+	}
+}
+
+// held reports a delivery taken at from as held until now when settled,
+// else until the stream ends (--single-active).
+func (c *consumer) held(from time.Time, settled bool) {
+	if settled {
+		c.checker.Held(c.id, from, time.Now())
+	} else if c.unsettled.IsZero() {
+		c.unsettled = from
+	}
+}
+
+// streamEnded reports a delivery whose settlement failed as held until
+// now, the end of the stream.
+func (c *consumer) streamEnded() {
+	if !c.unsettled.IsZero() {
+		c.checker.Held(c.id, c.unsettled, time.Now())
 	}
 }
 

@@ -53,6 +53,20 @@
 // on a message, so a rate above the consumers' capacity builds a backlog.
 // The report gives each tenant's time in queue (tenants.go).
 //
+// --single-active creates the queue with single active consumer (one
+// Consume stream at a time across brokers; --confirm-acks, which uses
+// Receive, is refused with it). The checker records, per consumer
+// stream, the intervals it held a delivery: from taking it off the stream
+// to the return of its ack or nack, or to the end of the stream when the
+// settlement failed. Two streams' intervals overlapping fail the run
+// (overlaps, 0 expected); the report also gives how many streams held
+// deliveries, the handovers between them and the longest takeover (the
+// gap from the last interval of one stream to the first of the next)
+// (active.go). The load test does not kill brokers itself: a takeover
+// happens when the active stream ends, for example when its broker is
+// killed from outside. After a broker dies the takeover waits for its
+// leases to run out: --visibility-timeout sets the queue's lease.
+//
 // --probe times, while the producers publish, the two hops of a publish
 // each alone: a round trip to a broker (a ping: gRPC health check) and a
 // bare ZooKeeper create on a session of its own, one of each every 2 ms

@@ -321,6 +321,14 @@ func writeSummary(out io.Writer, r *Report) {
 		fmt.Fprintf(&b, ", %d acked", v.Acked)
 	}
 	fmt.Fprintf(&b, "; lost %d, duplicates %d, order violations %d\n", v.Lost, v.Duplicates, v.OrderViolations)
+	if a := v.SingleActive; a != nil {
+		takeover := "none"
+		if a.Handovers > 0 {
+			takeover = "longest takeover " + ms(a.MaxTakeoverMS)
+		}
+		fmt.Fprintf(&b, "single active %d stream(s) held deliveries, %d handover(s) (%s); overlaps %d\n",
+			a.Streams, a.Handovers, takeover, a.Overlaps)
+	}
 	for _, w := range r.Warnings {
 		fmt.Fprintf(&b, "warning      %s\n", strings.TrimSpace(w))
 	}

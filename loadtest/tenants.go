@@ -111,7 +111,7 @@ func (c *Config) validateTenants() error {
 
 // queueOptions returns the options the load test creates its queue with.
 func (c *Config) queueOptions() qbroker.QueueOptions {
-	o := qbroker.QueueOptions{Kind: c.Kind}
+	o := qbroker.QueueOptions{Kind: c.Kind, SingleActiveConsumer: c.SingleActive, VisibilityTimeout: c.VisibilityTimeout}
 	if c.Fair {
 		o.Fairness = qbroker.Fairness{Key: qbroker.FairByHeader(tenantHeader)}
 	}

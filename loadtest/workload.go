@@ -62,6 +62,9 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	if cfg.Tenants > 0 {
 		sh.tenants = newTenantHists(cfg.Tenants)
 	}
+	if cfg.SingleActive {
+		sh.checker.holds = newHoldLog()
+	}
 	res := &workloadResult{}
 
 	// Consumers first, so producers publish into a consumed queue; with
