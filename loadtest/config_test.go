@@ -258,3 +258,47 @@ func TestOpenLoopSchedule(t *testing.T) {
 		}
 	}
 }
+
+// With tenants, each tenant's calls, and the quiet tenants' calls together,
+// arrive evenly spread over their interval, not in a burst once a quiet
+// interval; without a noisy tenant the schedule is openLoopSchedule's.
+func TestTenantSchedule(t *testing.T) {
+	start := time.Unix(1000, 0)
+	cfg := &Config{Producers: 50, Batch: 1, Rate: 218, Tenants: 10, NoisyFactor: 100}
+	quietInterval := tenantInterval(cfg, 1)
+	var quiet []time.Duration
+	for i := range cfg.Producers {
+		first, interval := tenantSchedule(cfg, i, start)
+		if interval != tenantInterval(cfg, i) {
+			t.Fatalf("producer %d: interval %v, want %v", i, interval, tenantInterval(cfg, i))
+		}
+		if off := first.Sub(start); off < 0 || off >= interval {
+			t.Fatalf("producer %d: first call %v after start, want within its interval %v", i, off, interval)
+		}
+		if tenantOf(cfg, i) != 0 {
+			quiet = append(quiet, first.Sub(start))
+		}
+	}
+	slices.Sort(quiet)
+	// 45 quiet producers over a 2.5 s interval: evenly, about 56 ms apart;
+	// no two closer than a producer's share of it.
+	minGap := quietInterval / time.Duration(cfg.Producers)
+	for j := 1; j < len(quiet); j++ {
+		if d := quiet[j] - quiet[j-1]; d < minGap-time.Microsecond {
+			t.Fatalf("quiet calls %d and %d are %v apart, want at least %v", j-1, j, d, minGap)
+		}
+	}
+	if span := quiet[len(quiet)-1] - quiet[0]; span < quietInterval*8/10 {
+		t.Errorf("quiet calls span %v of their %v interval: a burst", span, quietInterval)
+	}
+
+	// Without a noisy tenant: the same schedule as openLoopSchedule.
+	ref := &Config{Producers: 50, Batch: 1, Rate: 20, Tenants: 10, NoisyFactor: 1}
+	for i := range ref.Producers {
+		f1, i1 := tenantSchedule(ref, i, start)
+		f2, i2 := openLoopSchedule(ref, i, start)
+		if d := f1.Sub(f2); d < -time.Microsecond || d > time.Microsecond || i1 != i2 {
+			t.Fatalf("producer %d: tenant schedule %v every %v, open loop %v every %v", i, f1.Sub(start), i1, f2.Sub(start), i2)
+		}
+	}
+}

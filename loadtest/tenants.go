@@ -92,6 +92,19 @@ func tenantInterval(cfg *Config, i int) time.Duration {
 	return time.Duration(float64(time.Second) / perProducer)
 }
 
+// tenantSchedule returns when producer i's first call is due and its
+// interval per message (tenantInterval). The first calls are staggered by
+// i/Producers of each producer's own interval, so that every tenant's
+// calls, and the quiet tenants' calls together, arrive evenly spread:
+// staggered over the noisy rate's period instead (openLoopSchedule), the
+// quiet producers' calls would all fall in its first fraction of their
+// much longer interval, a burst of every quiet tenant's messages at once.
+// Without a noisy tenant it is openLoopSchedule's schedule.
+func tenantSchedule(cfg *Config, i int, start time.Time) (first time.Time, interval time.Duration) {
+	interval = tenantInterval(cfg, i)
+	return start.Add(time.Duration(int64(interval) * int64(i) / int64(cfg.Producers))), interval
+}
+
 // validateTenants checks the tenant flags.
 func (c *Config) validateTenants() error {
 	switch {

@@ -250,7 +250,7 @@ func newProducers(ctx context.Context, sh *shared, pool *connPool, start time.Ti
 		if cfg.Rate > 0 {
 			p.next, p.interval = openLoopSchedule(cfg, i, start)
 			if cfg.Tenants > 0 {
-				p.interval = tenantInterval(cfg, i)
+				p.next, p.interval = tenantSchedule(cfg, i, start)
 			}
 		}
 		out = append(out, p)
