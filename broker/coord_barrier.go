@@ -8,8 +8,6 @@ import (
 	"path"
 	"time"
 
-	"github.com/go-zookeeper/zk"
-
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/syncqueue"
@@ -219,25 +217,11 @@ func (b *Broker) holdParticipant(ctx context.Context, stream pb.DoubleBarrier_En
 	if err := event(pb.DoubleBarrierEvent_TYPE_ENTERED); err != nil {
 		return b.streamEnd()
 	}
-	for waiting := true; waiting; {
-		ok, _, w, err := b.conn.ExistsW(node)
-		if err != nil {
-			return b.fail(err)
-		}
-		if !ok {
-			return b.participantLost(ctx, out, name, key, nil)
-		}
-		select {
-		case ev := <-w:
-			switch ev.Type {
-			case zk.EventNodeDeleted:
-				return b.participantLost(ctx, out, name, key, nil)
-			case zk.EventNotWatching:
-				return b.participantLost(ctx, out, name, key, ev.Err)
-			}
-		case <-rx.ended.Done():
-			waiting = false
-		}
+	switch err := db.Held(rx.ended); {
+	case errors.Is(err, syncqueue.ErrParticipantLost):
+		return b.participantLost(ctx, out, name, key, err)
+	case rx.ended.Err() == nil:
+		return b.fail(err)
 	}
 	if !leaveAsked(ctx, rx) {
 		return b.streamEnd() // gone: the deferred Close leaves at once

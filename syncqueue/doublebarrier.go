@@ -270,6 +270,42 @@ func (b *DoubleBarrier) Key() string {
 	return b.path + "/" + b.node
 }
 
+// ErrParticipantLost is what Held returns when the participant's node
+// went while entered: deleted by another client, or with its session.
+var ErrParticipantLost = errors.New("syncqueue: double barrier participant lost")
+
+// Held waits while the entered participant's node exists, with an exists
+// watch, until ctx ends (it returns ctx's error) or the node goes (an
+// error wrapping ErrParticipantLost, with the cause when the watch ended
+// with the session or the connection). Errors: ErrNotEntered, or a
+// ZooKeeper error when it could not look.
+func (b *DoubleBarrier) Held(ctx context.Context) error {
+	node := b.Key()
+	if node == "" {
+		return ErrNotEntered
+	}
+	for {
+		ok, _, w, err := b.conn.ExistsW(node)
+		if err != nil {
+			return b.wrap("held", err)
+		}
+		if !ok {
+			return fmt.Errorf("%w: %s", ErrParticipantLost, node)
+		}
+		select {
+		case ev := <-w:
+			switch ev.Type {
+			case zk.EventNodeDeleted:
+				return fmt.Errorf("%w: %s", ErrParticipantLost, node)
+			case zk.EventNotWatching:
+				return fmt.Errorf("%w: %s: %w", ErrParticipantLost, node, ev.Err)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // Close leaves at once, without waiting for the others: it deletes the
 // participant node, if entered, as a participant that vanishes does. It
 // is a no-op when not entered. Errors: a ZooKeeper error (the node then
