@@ -95,6 +95,9 @@ func (c *Catalog) Open(name string, cfg OpenConfig, opts ...Option) (*Handles, e
 	if spec.Fairness.Key != "" {
 		all = append(all, WithFairness(spec.Fairness))
 	}
+	if spec.Packed {
+		all = append(all, WithPacking(PackLimits{}))
+	}
 	items, err := New(c.conn, p+"/items", all...)
 	if err != nil {
 		return nil, err

@@ -49,6 +49,7 @@ type options struct {
 	groupsDir    string // WithGroups (groups.go)
 
 	fairness Fairness // WithFairness (fairness.go)
+	packing  *PackLimits // WithPacking (pack.go); nil: one message per node
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -111,6 +112,11 @@ func (o *options) validate() error {
 	}
 	if o.fairness.Key != "" || o.fairness.Weights != nil {
 		if err := o.fairness.Validate(); err != nil {
+			return err
+		}
+	}
+	if o.packing != nil {
+		if err := o.packing.validate(); err != nil {
 			return err
 		}
 	}

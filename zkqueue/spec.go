@@ -60,6 +60,9 @@ type Spec struct {
 	// Fairness: the queue's fair dispatch by key (fairness.go); the zero
 	// Fairness means none.
 	Fairness Fairness
+	// Packed: the queue stores many messages per node (pack.go); not
+	// with Fairness or a MessageTTL, and not for KindSync.
+	Packed bool
 }
 
 // specVersion is the version of the encoding; decoders reject the
@@ -87,6 +90,7 @@ type specJSON struct {
 	// Fair dispatch (fairness.go).
 	FairnessKey     string         `json:"fairness_key,omitempty"`
 	FairnessWeights map[string]int `json:"fairness_weights,omitempty"`
+	Packed          bool           `json:"packed,omitempty"`
 }
 
 // Policy returns the delivery policy the spec sets for leases.
@@ -131,6 +135,12 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("%w: %v", ErrBadSpec, s.Fairness.Validate())
 	case s.Fairness.Key != "" && s.Kind == KindSync:
 		return fmt.Errorf("%w: fairness is for %s and %s queues only", ErrBadSpec, KindFIFO, KindPriority)
+	case s.Packed && s.Kind == KindSync:
+		return fmt.Errorf("%w: packed storage is for %s and %s queues only", ErrBadSpec, KindFIFO, KindPriority)
+	case s.Packed && s.Fairness.Key != "":
+		return fmt.Errorf("%w: packed storage and fair dispatch do not combine (a fairness key tags each message's node)", ErrBadSpec)
+	case s.Packed && s.MessageTTL != 0:
+		return fmt.Errorf("%w: packed storage and a message TTL do not combine (the TTL timer expires messages by node)", ErrBadSpec)
 	case s.Backoff != nil:
 		return s.Backoff.Check()
 	}
@@ -161,7 +171,7 @@ func (s Spec) Encode() ([]byte, error) {
 		DeadLetter: s.DeadLetter, MaxDepth: s.MaxDepth, MaxBytes: s.MaxBytes, DedupWindowMS: s.DedupWindow.Milliseconds(),
 		Created: s.Created, Deleting: s.Deleting,
 		MessageTTLMS: s.MessageTTL.Milliseconds(), ExpireToDead: s.ExpireToDeadLetter, SingleActive: s.SingleActive,
-		FairnessKey: s.Fairness.Key, FairnessWeights: s.Fairness.Weights}
+		FairnessKey: s.Fairness.Key, FairnessWeights: s.Fairness.Weights, Packed: s.Packed}
 	if s.Backoff != nil {
 		j.RetryBackoff = s.Backoff.toJSON()
 	}
@@ -180,7 +190,7 @@ func DecodeSpec(data []byte) (Spec, error) {
 		MaxDeliveries: j.MaxDeliveries, DeadLetter: j.DeadLetter, MaxDepth: j.MaxDepth, MaxBytes: j.MaxBytes,
 		DedupWindow: time.Duration(j.DedupWindowMS) * time.Millisecond, Created: j.Created, Deleting: j.Deleting,
 		MessageTTL: time.Duration(j.MessageTTLMS) * time.Millisecond, ExpireToDeadLetter: j.ExpireToDead,
-		SingleActive: j.SingleActive, Fairness: Fairness{Key: j.FairnessKey, Weights: j.FairnessWeights}}
+		SingleActive: j.SingleActive, Fairness: Fairness{Key: j.FairnessKey, Weights: j.FairnessWeights}, Packed: j.Packed}
 	if j.RetryBackoff != nil {
 		s.Backoff = j.RetryBackoff.backoff()
 	}
