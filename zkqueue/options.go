@@ -48,7 +48,7 @@ type options struct {
 	expiry       Expiry
 	groupsDir    string // WithGroups (groups.go)
 
-	fairness Fairness // WithFairness (fairness.go)
+	fairness Fairness    // WithFairness (fairness.go)
 	packing  *PackLimits // WithPacking (pack.go); nil: one message per node
 }
 
