@@ -39,7 +39,7 @@ func (q *Queue) Browse(ctx context.Context, after string, limit int, room Room) 
 	if err != nil {
 		return nil, "", q.wrap("browse", err)
 	}
-	b := browser{q: q, limit: limit, room: room}
+	b := browser{q: q, limit: limit, room: room, after: after != "", from: from}
 	for _, sg := range l.segs {
 		if after != "" && compareSegments(sg, segment{from.Priority, from.Seg}) < 0 {
 			continue // wholly before the cursor: not listed
@@ -52,10 +52,12 @@ func (q *Queue) Browse(ctx context.Context, after string, limit int, room Room) 
 			return b.ms, "", q.wrap("browse", err)
 		}
 		if after != "" {
-			i, _ := slices.BinarySearchFunc(names, from, Compare)
-			for i < len(names) && Compare(names[i], from) == 0 {
-				i++
-			}
+			// From the node holding after on: a pack's node sorts at its
+			// first message, the rest of it after the cursor (add
+			// leaves out what is not).
+			node := from
+			node.Index = 0
+			i, _ := slices.BinarySearchFunc(names, node, Compare)
 			names = names[i:]
 		}
 		done, err := b.add(ctx, names)
@@ -77,6 +79,8 @@ type browser struct {
 	used  int
 	ms    []Message
 	stop  bool // room ran out
+	after bool // from is the cursor
+	from  Name
 }
 
 func (b *browser) full() bool { return b.stop || (b.limit > 0 && len(b.ms) >= b.limit) }
@@ -104,9 +108,14 @@ func (b *browser) add(ctx context.Context, names []Name) (full bool, err error) 
 		if err != nil {
 			return false, err
 		}
-		for _, m := range read {
-			if m == nil {
-				continue // claimed meanwhile, or never deliverable
+		for _, m := range flatten(read) {
+			if b.full() {
+				return true, nil // the rest of a pack is left for the next page
+			}
+			if b.after {
+				if id, ok := ParseName(m.ID); ok && Compare(id, b.from) <= 0 {
+					continue // at or before the cursor
+				}
 			}
 			size := m.wireSize() + b.room.Overhead
 			if b.room.Bytes > 0 && len(b.ms) > 0 && b.used+size > b.room.Bytes {
@@ -114,16 +123,26 @@ func (b *browser) add(ctx context.Context, names []Name) (full bool, err error) 
 				return true, nil
 			}
 			b.used += size
-			b.ms = append(b.ms, *m)
+			b.ms = append(b.ms, m)
 		}
 		names = names[k:]
 	}
 	return false, nil
 }
 
-// readAll reads the messages names in multiRead requests (readPaths); an
-// entry is nil for a node gone or whose data does not decode.
-func (q *Queue) readAll(ctx context.Context, names []Name) ([]*Message, error) {
+// flatten returns the messages of nodes, in order.
+func flatten(nodes [][]Message) []Message {
+	var out []Message
+	for _, ms := range nodes {
+		out = append(out, ms...)
+	}
+	return out
+}
+
+// readAll reads the nodes names in multiRead requests (readPaths): the
+// messages of each (a pack's several), none for a node gone or whose data
+// does not decode.
+func (q *Queue) readAll(ctx context.Context, names []Name) ([][]Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -135,7 +154,7 @@ func (q *Queue) readAll(ctx context.Context, names []Name) ([]*Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*Message, len(names))
+	out := make([][]Message, len(names))
 	for i, r := range rs {
 		switch {
 		case errors.Is(r.err, zk.ErrNoNode):
@@ -143,8 +162,8 @@ func (q *Queue) readAll(ctx context.Context, names []Name) ([]*Message, error) {
 		case r.err != nil:
 			return nil, r.err
 		}
-		if m, err := decodeMessage(names[i], r.data, 0); err == nil {
-			out[i] = &m
+		if ms, _, err := decodeNode(names[i], r.data, 0); err == nil {
+			out[i] = ms
 		}
 	}
 	return out, nil

@@ -69,6 +69,38 @@ func (c *claims) take(ctx context.Context, n Name, fit fitFunc) (Message, error)
 	return m, nil
 }
 
+// takeNode is take for a packed queue (pack.go): it claims node n
+// whole, a pack or a message of its own, and returns its messages. A
+// plain message node (not a pack) goes through take, which knows the
+// features' gates.
+func (c *claims) takeNode(ctx context.Context, n Name, fit fitFunc) ([]Message, error) {
+	p := itemPath(c.path, n)
+	data, version, err := c.read(ctx, p, n)
+	if err != nil {
+		return nil, err
+	}
+	if !isPack(data) {
+		c.unread(n, data, version)
+		m, err := c.take(ctx, n, fit)
+		if err != nil {
+			return nil, err
+		}
+		return []Message{m}, nil
+	}
+	ms, _, err := decodeNode(n, data, 1)
+	if err != nil {
+		return nil, err
+	}
+	if !fit.admits(ms[0].wireSize()) {
+		c.unread(n, data, version)
+		return nil, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
+	}
+	if _, err := c.write(ctx, &zk.DeleteRequest{Path: p, Version: version}); err != nil {
+		return nil, fmt.Errorf("delete %s: %w", p, err)
+	}
+	return ms, nil
+}
+
 // takeAll is take without a Room.
 func (c *claims) takeAll(ctx context.Context, n Name) (Message, error) {
 	return c.take(ctx, n, nil)

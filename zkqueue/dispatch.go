@@ -615,6 +615,13 @@ type takeReq struct {
 	max   int
 	room  Room
 	block bool
+	// weigh: a candidate counts the messages its name counts (a pack's),
+	// toward max (pack.go).
+	weigh bool
+	// wake, when set, tells whether the take's buffer holds messages
+	// (ending the wait with errBuffered) and else returns a channel
+	// closed when it does (packbuf.go).
+	wake func() (bool, <-chan zk.Event)
 }
 
 // takeWithin is takeN bounded by room as well as by count: claims stop
@@ -623,11 +630,11 @@ type takeReq struct {
 // untouched, at its place in the queue, and is the first one handed out
 // next.
 func takeWithin[T any](ctx context.Context, d *dispatcher, t takeReq, claim fitClaimFunc[T]) ([]T, error) {
-	k, room, block := t.max, t.room, t.block
+	room := t.room
 	d.recent.taking(+1)
 	defer d.recent.taking(-1)
 	for {
-		cands, err := d.candidates(ctx, k, block)
+		cands, err := d.candidates(ctx, t)
 		if err != nil {
 			return nil, err
 		}
@@ -662,10 +669,16 @@ func takeWithin[T any](ctx context.Context, d *dispatcher, t takeReq, claim fitC
 	}
 }
 
-// candidates waits (with block, until ctx ends) for the first candidate
-// and adds those available at once, up to k. Without block it returns
-// ErrEmpty when there is none.
-func (d *dispatcher) candidates(ctx context.Context, k int, block bool) ([]Name, error) {
+// candidates waits (with t.block, until ctx ends) for the first
+// candidate and adds those available at once, up to t.max (messages, with
+// t.weigh). Without block it returns ErrEmpty when there is none.
+func (d *dispatcher) candidates(ctx context.Context, t takeReq) ([]Name, error) {
+	count := func(n Name) int {
+		if t.weigh {
+			return weight(n)
+		}
+		return 1
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -675,18 +688,26 @@ func (d *dispatcher) candidates(ctx context.Context, k int, block bool) ([]Name,
 			return nil, err
 		}
 		if ok {
-			cands := []Name{n}
-			for len(cands) < k {
+			cands, total := []Name{n}, count(n)
+			for total < t.max {
 				n, ok, _, _, err := d.nextCandidate()
 				if err != nil || !ok {
 					break
 				}
 				cands = append(cands, n)
+				total += count(n)
 			}
 			d.offerAhead()
 			return cands, nil
 		}
-		if !block && !more {
+		if t.wake != nil {
+			ready, w := t.wake()
+			if ready {
+				return nil, errBuffered
+			}
+			wait = append(append([]<-chan zk.Event{}, wait...), w)
+		}
+		if !t.block && !more {
 			return nil, ErrEmpty
 		}
 		if err := waitAny(ctx, wait); err != nil {

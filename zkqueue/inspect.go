@@ -124,11 +124,14 @@ func (q *Queue) Peek(ctx context.Context) (Message, error) {
 			if err != nil {
 				return Message{}, fmt.Errorf("get %s: %w", p, err)
 			}
-			m, err := decodeMessage(n, data, 0)
+			ms, _, err := decodeNode(n, data, 0)
 			if errors.Is(err, ErrBadData) {
 				continue // never delivered: the next is the head
 			}
-			return m, err
+			if err != nil {
+				return Message{}, err
+			}
+			return ms[0], nil
 		}
 	}
 	return Message{}, ErrEmpty
@@ -188,12 +191,29 @@ func (in *inspector) segmentLen(sg segment, inner bool) (int, error) {
 	if !found {
 		return 0, nil
 	}
+	count := int(stat.NumChildren)
+	if in.opt.packing != nil && count > 0 {
+		// A pack's name counts its messages: the segment is listed.
+		children, _, err := in.zk.Children(p)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return 0, fmt.Errorf("children %s: %w", p, err)
+		}
+		count = 0
+		for _, c := range children {
+			n, ok := ParseName(c)
+			if !ok {
+				count++ // foreign, counted as above
+				continue
+			}
+			count += weight(n)
+		}
+	}
 	if inner && segmentSealed(stat) {
 		in.mu.Lock()
-		in.n[sg] = int(stat.NumChildren)
+		in.n[sg] = count
 		in.mu.Unlock()
 	}
-	return int(stat.NumChildren), nil
+	return count, nil
 }
 
 func deleteUnseen(m map[segment]int, seen map[segment]bool) {

@@ -62,6 +62,14 @@ type Name struct {
 	Tag      string // the publisher tag; "" when the name has none
 	Key      string // the key tag (fairness.go); "" when the name has none
 	Seq      int32  // the sequence suffix
+	// Count is the number of messages of a pack node (pack.go), from its
+	// name's "n<count>-"; 0 for a node of one message.
+	Count int
+	// Index places a node in its pack's order: a message released from
+	// a pack ("qn-12-0000000042#3": the pack's third message) or the
+	// part of a pack put back ("qn-12-n5-0000000042#3": five messages,
+	// the first of them the third); 0 for a node published as it is.
+	Index int
 }
 
 // tagLen is the length of a publisher tag: hex digits.
@@ -94,9 +102,23 @@ func ParseName(s string) (n Name, ok bool) {
 		}
 		base = s[:i]
 	}
+	index := 0
+	if i := strings.IndexByte(base, '#'); i >= 0 {
+		x, err := strconv.Atoi(base[i+1:])
+		if err != nil || x < 1 || x > maxPackCount || strconv.Itoa(x) != base[i+1:] {
+			return Name{}, false
+		}
+		index, base = x, base[:i]
+	}
 	n, ok = parseBase(base)
-	n.Raw = s
-	return n, ok
+	if !ok {
+		return Name{}, false
+	}
+	n.Raw, n.Index = s, index
+	if index > 0 {
+		n.Base = s[:len(base)+1+len(strconv.Itoa(index))]
+	}
+	return n, true
 }
 
 func isHex(s string) bool {
@@ -135,6 +157,9 @@ func parseBase(s string) (n Name, ok bool) {
 				return Name{}, false
 			}
 		}
+		if c, r, ok := parseCount(rest); ok {
+			n.Count, rest = c, r
+		}
 		if len(rest) > keyTagLen+1 && rest[0] == 'k' && rest[keyTagLen+1] == '-' && isHex(rest[1:keyTagLen+1]) {
 			n.Key, rest = rest[1:keyTagLen+1], rest[keyTagLen+2:]
 			if rest == "" || rest[0] == '-' {
@@ -155,6 +180,22 @@ func parseBase(s string) (n Name, ok bool) {
 	return n, true
 }
 
+// parseCount parses a pack's "n<count>-" at the start of rest.
+func parseCount(rest string) (count int, after string, ok bool) {
+	if len(rest) < 3 || rest[0] != 'n' {
+		return 0, rest, false
+	}
+	i := strings.IndexByte(rest, '-')
+	if i < 2 {
+		return 0, rest, false
+	}
+	c, err := strconv.Atoi(rest[1:i])
+	if err != nil || c < 1 || c > maxPackCount || strconv.Itoa(c) != rest[1:i] || rest[i+1:] == "" || rest[i+1] == '-' {
+		return 0, rest, false
+	}
+	return c, rest[i+1:], true
+}
+
 // parseSegNumber parses a segment number written in a message name: decimal
 // digits without sign or leading zeros, at least 1.
 func parseSegNumber(s string) (int64, bool) {
@@ -170,7 +211,8 @@ func parseSegNumber(s string) (int64, bool) {
 	return k, err == nil
 }
 
-// Compare orders names by (priority, segment, sequence), numerically.
+// Compare orders names by (priority, segment, sequence, index in the
+// pack), numerically.
 func Compare(a, b Name) int {
 	if c := cmp.Compare(a.Priority, b.Priority); c != 0 {
 		return c
@@ -178,7 +220,10 @@ func Compare(a, b Name) int {
 	if c := cmp.Compare(a.Seg, b.Seg); c != 0 {
 		return c
 	}
-	return cmp.Compare(a.Seq, b.Seq)
+	if c := cmp.Compare(a.Seq, b.Seq); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Index, b.Index)
 }
 
 // SortNames parses children, drops the names that do not parse (returned as

@@ -50,6 +50,7 @@ type options struct {
 
 	fairness Fairness    // WithFairness (fairness.go)
 	packing  *PackLimits // WithPacking (pack.go); nil: one message per node
+	packHook func(count int)
 }
 
 // Limits bounds what a Queue accepts from publishers. Zero fields take the
@@ -161,6 +162,10 @@ func WithPriorities() Option { return func(o *options) { o.priorities = true } }
 
 // WithLogger sets the logger for skipped foreign nodes; default discards.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithPackHook sets a function called with the message count of every
+// pack the queue writes (WithPacking), for metrics.
+func WithPackHook(f func(count int)) Option { return func(o *options) { o.packHook = f } }
 
 // WithConflictHook sets a function called once per lost race for a head
 // message (NoNode or BadVersion while claiming).

@@ -1,6 +1,18 @@
 package zkqueue
 
-import "fmt"
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/go-zookeeper/zk"
+)
 
 // PackLimits bounds a pack (WithPacking): the messages one node holds.
 // Zero fields take the defaults.
@@ -39,3 +51,349 @@ func (l *PackLimits) validate() error {
 // the messages of one publish, and of the publishes a window gathers, go
 // into one node.
 func WithPacking(l PackLimits) Option { return func(o *options) { o.packing = &l } }
+
+// Packed storage. A queue opened WithPacking stores the plain messages of
+// a publish call, and of the calls a window gathers, in one node, a pack:
+//
+//	<segment>/qn-7-n64-0000000042        a pack of 64 messages
+//	<segment>/qn-7-n3-0000000042#5.00512ab  its messages 5, 6 and 9, put back
+//	<segment>/qn-7-0000000042#7.007c0ffe    its message 7, put back alone
+//
+// A pack is one PERSISTENT_SEQUENTIAL create: ZooKeeper spends one node,
+// one transaction and one sequence number on all its messages. Its name
+// carries its message count ("n<count>-", for Len and for the dispatcher,
+// which weighs candidates by it). Message i of pack "qn-7-n64-0000000042"
+// (i from 1) has id "qn-7-0000000042#i"; FIFO order is (pack sequence,
+// index). A claim takes a whole pack: getData + delete, and at least once
+// the create of one lease holding its messages (packlease.go). What a
+// claim takes beyond what its caller asked for waits in the Queue's (or
+// the Leases') buffer, first in line for the next take (packbuf.go).
+//
+// Messages that need a node of their own are not packed: a message with a
+// dedup id (its record is created with its node), a grouped message (its
+// group entry is), a delayed one (it waits in the delayed parent, and is
+// moved into the queue alone). Queues with fair dispatch (the key tag is
+// in the node's name) or a message TTL (the expiry timer deletes whole
+// nodes) are not packed (Spec.Validate).
+//
+// A pack's data is a list of messages, each in its own encoding
+// (EncodeData), behind the index it has in the pack:
+//
+//	magic (0xCB 0x51) | version 3 | uvarint count |
+//	count x (uvarint index | uvarint length | message data)
+const versionPack = 3
+
+// packEntry is one message of a pack: its index in the pack and its data
+// (EncodeData).
+type packEntry struct {
+	index int
+	data  []byte
+}
+
+// isPack reports whether node data is a pack.
+func isPack(data []byte) bool {
+	return len(data) >= 3 && data[0] == magic[0] && data[1] == magic[1] && data[2] == versionPack
+}
+
+// encodePack returns the data of a pack holding entries.
+func encodePack(entries []packEntry) []byte {
+	n := 3 + binary.MaxVarintLen32
+	for _, e := range entries {
+		n += 2*binary.MaxVarintLen32 + len(e.data)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, magic[0], magic[1], versionPack)
+	b = binary.AppendUvarint(b, uint64(len(entries)))
+	for _, e := range entries {
+		b = binary.AppendUvarint(b, uint64(e.index))
+		b = binary.AppendUvarint(b, uint64(len(e.data)))
+		b = append(b, e.data...)
+	}
+	return b
+}
+
+// decodePack parses pack data; the entries' data alias it.
+func decodePack(data []byte) ([]packEntry, error) {
+	if !isPack(data) {
+		return nil, errBadHeader
+	}
+	rest := data[3:]
+	count, k := binary.Uvarint(rest)
+	if k <= 0 || count == 0 || count > maxPackCount {
+		return nil, errBadHeader
+	}
+	rest = rest[k:]
+	entries := make([]packEntry, 0, count)
+	for range count {
+		index, k := binary.Uvarint(rest)
+		if k <= 0 || index < 1 || index > maxPackCount {
+			return nil, errBadHeader
+		}
+		rest = rest[k:]
+		l, k := binary.Uvarint(rest)
+		if k <= 0 || l > uint64(len(rest)-k) {
+			return nil, errBadHeader
+		}
+		entries = append(entries, packEntry{index: int(index), data: rest[k : k+int(l)]})
+		rest = rest[k+int(l):]
+	}
+	if len(rest) != 0 {
+		return nil, errBadHeader
+	}
+	return entries, nil
+}
+
+// stem is a pack's name without its count, index and incarnation: the
+// prefix its messages' ids share ("qn-7-0000000042").
+func stem(n Name) string {
+	s := n.Base
+	if i := strings.IndexByte(s, '#'); i >= 0 {
+		s = s[:i]
+	}
+	if n.Count > 0 {
+		c := "n" + strconv.Itoa(n.Count) + "-"
+		if i := strings.Index(s, c); i >= 0 {
+			s = s[:i] + s[i+len(c):]
+		}
+	}
+	return s
+}
+
+// memberID is the id of message index of pack n.
+func memberID(n Name, index int) string { return stem(n) + "#" + strconv.Itoa(index) }
+
+// memberName is the name of message index of pack n as a node of its own
+// (put back alone, or a dead letter), before its incarnation.
+func memberName(n Name, index int) Name {
+	m, _ := ParseName(memberID(n, index))
+	return m
+}
+
+// putBackName names a node holding entries (in index order) of pack n
+// put back: the lone message's own name, or a pack of the part; a fresh
+// incarnation either way, so a stale read of an earlier node cannot
+// claim it.
+func putBackName(n Name, entries []packEntry) Name {
+	first := entries[0].index
+	var raw string
+	switch {
+	case len(entries) == 1 && first == 0:
+		raw = stem(n) // a message published alone
+	case len(entries) == 1:
+		raw = memberID(n, first)
+	default:
+		s := stem(n)
+		i := strings.LastIndexByte(s, '-') // before the sequence
+		raw = s[:i+1] + "n" + strconv.Itoa(len(entries)) + "-" + s[i+1:] + "#" + strconv.Itoa(first)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	out, _ := ParseName(raw + "." + hex.EncodeToString(b[:]))
+	return out
+}
+
+// putBackData is the data of the node putBackName names: the lone
+// message's own encoding, or a pack.
+func putBackData(entries []packEntry) []byte {
+	if len(entries) == 1 {
+		return entries[0].data
+	}
+	return encodePack(entries)
+}
+
+// decodeNode decodes the messages of node n: the messages of a pack, or
+// the one message of any other node, with addDeliveries added to their
+// delivery counts, and their entries (the data with the counts raised).
+func decodeNode(n Name, data []byte, addDeliveries int) ([]Message, []packEntry, error) {
+	if !isPack(data) {
+		m, err := decodeMessage(n, data, addDeliveries)
+		if err != nil {
+			return nil, nil, err
+		}
+		e := packEntry{index: n.Index, data: data}
+		if addDeliveries != 0 {
+			e.data = EncodeData(m)
+		}
+		return []Message{m}, []packEntry{e}, nil
+	}
+	entries, err := decodePack(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
+	}
+	ms := make([]Message, len(entries))
+	for i, e := range entries {
+		m, err := DecodeData(e.data)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", n.Raw, ErrBadData)
+		}
+		m.ID, m.Priority = memberID(n, e.index), n.Priority
+		m.Deliveries += addDeliveries
+		ms[i] = m
+		if addDeliveries != 0 {
+			entries[i].data = EncodeData(m)
+		}
+	}
+	return ms, entries, nil
+}
+
+// weight is the number of messages node n holds, by its name.
+func weight(n Name) int { return max(n.Count, 1) }
+
+// packer gathers the plain publishes of a packed queue into packs, per
+// level: a publish joins the round that gathers while the one before it
+// writes, and the first publish of a round writes it once its turn comes.
+// An idle queue's publish is a round of its own, written at once: a pack of
+// one. A round never holds more than a pack's limits, unless one publish
+// alone does (it is then written as several packs, in one transaction).
+type packer struct {
+	p      *producer
+	limits PackLimits
+	mu     sync.Mutex
+	levels map[int][]*packRound // rounds in order; the first is writing
+}
+
+// packRound is one transaction of a level's publishes.
+type packRound struct {
+	open   bool // joinable: its turn has not come
+	turn   chan struct{}
+	done   chan struct{}
+	datas  [][]byte // the messages' data, in order
+	bytes  int
+	paths  []string // the packs created, in order
+	counts []int    // messages per pack
+	err    error
+}
+
+// publish publishes the checked plain drafts of one level, all in one
+// transaction, and returns their ids.
+func (k *packer) publish(ctx context.Context, level int, datas [][]byte) ([]string, error) {
+	size := 0
+	for _, d := range datas {
+		size += len(d)
+	}
+	k.mu.Lock()
+	rounds := k.levels[level]
+	var r *packRound
+	offset, lead := 0, false
+	if n := len(rounds); n > 0 && rounds[n-1].open && len(rounds[n-1].datas)+len(datas) <= k.limits.MaxCount &&
+		rounds[n-1].bytes+size <= k.limits.MaxBytes {
+		r = rounds[n-1]
+		offset = len(r.datas)
+	} else {
+		r = &packRound{open: true, turn: make(chan struct{}), done: make(chan struct{})}
+		if len(rounds) == 0 {
+			close(r.turn)
+		}
+		k.levels[level] = append(rounds, r)
+		lead = true
+	}
+	r.datas = append(r.datas, datas...)
+	r.bytes += size
+	k.mu.Unlock()
+	if lead {
+		// A round's writer does not give up: the publishes that joined
+		// it wait for its answer.
+		<-r.turn
+		k.mu.Lock()
+		r.open = false
+		k.mu.Unlock()
+		r.paths, r.counts, r.err = k.write(context.WithoutCancel(ctx), level, r.datas)
+		close(r.done)
+		k.mu.Lock()
+		rounds := k.levels[level][1:]
+		if len(rounds) == 0 {
+			delete(k.levels, level)
+		} else {
+			k.levels[level] = rounds
+			close(rounds[0].turn)
+		}
+		k.mu.Unlock()
+	} else {
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return r.ids(offset, len(datas)), nil
+}
+
+// ids returns the ids of the count messages from offset of the round.
+func (r *packRound) ids(offset, count int) []string {
+	out := make([]string, 0, count)
+	i := 0 // the round's message index at the start of pack p
+	for p, c := range r.counts {
+		n, _ := ParseName(path.Base(r.paths[p]))
+		for j := range c {
+			if i+j >= offset && i+j < offset+count {
+				out = append(out, memberID(n, j+1))
+			}
+		}
+		i += c
+	}
+	return out
+}
+
+// write creates datas as packs within the limits, in one transaction.
+func (k *packer) write(ctx context.Context, level int, datas [][]byte) (paths []string, counts []int, err error) {
+	r := appendReq{}
+	for start := 0; start < len(datas); {
+		end, bytes := start, 0
+		for end < len(datas) && end-start < k.limits.MaxCount && (end == start || bytes+len(datas[end]) <= k.limits.MaxBytes) {
+			bytes += len(datas[end])
+			end++
+		}
+		entries := make([]packEntry, end-start)
+		for i := range entries {
+			entries[i] = packEntry{index: i + 1, data: datas[start+i]}
+		}
+		r.levels = append(r.levels, level)
+		r.datas = append(r.datas, encodePack(entries))
+		r.counts = append(r.counts, end-start)
+		start = end
+	}
+	_, paths, err = k.p.appendWith(ctx, r)
+	if err != nil {
+		return nil, nil, err
+	}
+	if h := k.p.opt.packHook; h != nil {
+		for _, c := range r.counts {
+			h(c)
+		}
+	}
+	return paths, r.counts, nil
+}
+
+// putBackMessages re-creates messages claimed at most once and never
+// handed out, each group of one pack as one node at its place, with the
+// delivery counts they had before the claim.
+func putBackMessages(ctx context.Context, c *core, ms []Message) error {
+	var first error
+	for len(ms) > 0 {
+		n, ok := ParseName(ms[0].ID)
+		if !ok {
+			ms = ms[1:]
+			continue
+		}
+		var entries []packEntry
+		for len(ms) > 0 {
+			m, ok := ParseName(ms[0].ID)
+			if !ok || stem(m) != stem(n) {
+				break
+			}
+			mm := ms[0]
+			mm.Deliveries = max(mm.Deliveries-1, 0)
+			entries = append(entries, packEntry{index: m.Index, data: EncodeData(mm)})
+			ms = ms[1:]
+		}
+		at := putBackName(n, entries)
+		create := &zk.CreateRequest{Path: itemPath(c.path, at), Data: putBackData(entries), Acl: c.opt.acl}
+		if err := requeue(ctx, txn{write: c.write, exists: c.zk.Exists}, c.path, at, []any{create}); err != nil && first == nil {
+			first = fmt.Errorf("put back %s: %w", at.Raw, err)
+		}
+	}
+	return first
+}

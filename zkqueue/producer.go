@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strconv"
 	"sync"
 	"time"
 
@@ -44,10 +45,11 @@ type producer struct {
 	recent *recent
 	pubs   *publishes
 	groups *groups // nil without WithGroups
+	packer *packer // nil without WithPacking
 }
 
 // publish creates checked drafts, all in one transaction: all or none.
-// It returns the created nodes' paths, in order.
+// It returns the messages' ids, in order.
 func (p *producer) publish(ctx context.Context, drafts []Draft) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -61,6 +63,9 @@ func (p *producer) publish(ctx context.Context, drafts []Draft) ([]string, error
 	if p.opt.fairness.Key != "" {
 		r.keys = make([]string, len(drafts))
 	}
+	if p.packer != nil && r.attrs == nil {
+		return p.publishPacked(ctx, drafts, now)
+	}
 	for i, d := range drafts {
 		r.levels[i] = d.Priority
 		if r.keys != nil {
@@ -72,7 +77,56 @@ func (p *producer) publish(ctx context.Context, drafts []Draft) ([]string, error
 		}
 	}
 	_, paths, err := p.commit(ctx, r)
-	return paths, err
+	if err != nil {
+		return nil, err
+	}
+	return ids(paths), nil
+}
+
+// publishPacked publishes plain drafts into packs (pack.go): one
+// transaction, gathered with concurrent publishes when all drafts have one
+// level. It returns the messages' ids.
+func (p *producer) publishPacked(ctx context.Context, drafts []Draft, now time.Time) ([]string, error) {
+	datas := make([][]byte, len(drafts))
+	level, mixed := drafts[0].Priority, false
+	for i, d := range drafts {
+		datas[i] = EncodeData(Message{Payload: d.Payload, Attributes: d.Attributes, Published: now})
+		mixed = mixed || d.Priority != level
+	}
+	if !mixed {
+		return p.packer.publish(ctx, level, datas)
+	}
+	// A batch across levels: a pack per level, in one transaction.
+	var r appendReq
+	var order []int // the drafts' indexes, in the order of their packs
+	for l := range 1 + MaxPriority {
+		var entries []packEntry
+		for i, d := range drafts {
+			if d.Priority == l {
+				entries = append(entries, packEntry{index: len(entries) + 1, data: datas[i]})
+				order = append(order, i)
+			}
+		}
+		if len(entries) > 0 {
+			r.levels = append(r.levels, l)
+			r.datas = append(r.datas, encodePack(entries))
+			r.counts = append(r.counts, len(entries))
+		}
+	}
+	_, paths, err := p.appendWith(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(drafts))
+	k := 0
+	for i, x := range paths {
+		n, _ := ParseName(path.Base(x))
+		for j := range r.counts[i] {
+			ids[order[k]] = memberID(n, j+1)
+			k++
+		}
+	}
+	return ids, nil
 }
 
 // ids returns the message ids of the nodes created at paths.
@@ -106,6 +160,7 @@ type appendReq struct {
 	datas  [][]byte
 	attrs  []Attributes
 	keys   []string
+	counts []int // when set, each data is a pack of counts[i] messages (pack.go)
 	extra  []any
 }
 
@@ -276,6 +331,9 @@ func (p *producer) appendWith(ctx context.Context, r appendReq) (res []zk.MultiR
 			}
 			if key := p.keyTag(r, i); key != "" {
 				prefix += "k" + key + "-"
+			}
+			if r.counts != nil {
+				prefix += "n" + strconv.Itoa(r.counts[i]) + "-"
 			}
 			creates = append(creates, &zk.CreateRequest{
 				Path:  prefix,

@@ -44,6 +44,7 @@ type Queue struct {
 	groups *groups     // nil without WithGroups
 	ttl    *expiry     // nil without a TTL
 	claims *claims     // reading and deciding on a candidate
+	buf    *packBuf[Message] // claimed, not yet handed out; nil without WithPacking
 }
 
 // core is what every part of a Queue shares, set by New and never
@@ -84,6 +85,10 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 		q.groups = &groups{core: c}
 	}
 	q.prod = &producer{core: c, tails: tails{k: map[int]int64{}}, recent: q.recent, pubs: q.pubs, groups: q.groups}
+	if o.packing != nil {
+		q.prod.packer = &packer{p: q.prod, limits: *o.packing, levels: map[int][]*packRound{}}
+		q.buf = newPackBuf[Message]()
+	}
 	q.disp = newDispatcher(c, q.recent, q.pubs, q.reads, q.groups)
 	if q.groups != nil {
 		q.groups.disp = q.disp
@@ -239,7 +244,7 @@ func (q *Queue) PublishDraft(ctx context.Context, d Draft) (string, error) {
 	if err != nil {
 		return "", q.wrap("publish", fmt.Errorf("create in %s: %w", q.path, err))
 	}
-	return path.Base(paths[0]), nil
+	return paths[0], nil
 }
 
 // prefix returns the name prefix of a message of priority p.
@@ -310,11 +315,11 @@ func (q *Queue) PublishAll(ctx context.Context, drafts []Draft) ([]string, error
 		}
 		return ids, nil
 	}
-	paths, err := q.prod.publish(ctx, drafts)
+	ids, err := q.prod.publish(ctx, drafts)
 	if err != nil {
 		return nil, q.wrap("publish batch", fmt.Errorf("multi create in %s: %w", q.path, err))
 	}
-	return ids(paths), nil
+	return ids, nil
 }
 
 // checkBatch checks a batch of checked drafts against the limits: a
@@ -373,12 +378,24 @@ func (q *Queue) MessageOverhead() int {
 // Take claims up to max messages from the head, at most once (see
 // claims.take), within room; otherwise as Leases.Take.
 func (q *Queue) Take(ctx context.Context, max int, room Room, block bool) ([]Message, error) {
-	ms, err := takeWithin(ctx, q.disp, takeReq{max: max, room: room, block: block}, q.claims.take)
+	t := takeReq{max: max, room: room, block: block}
+	if q.buf != nil {
+		t.weigh = true
+		ms, err := takePacked(ctx, q.disp, t, q.buf, q.claims.takeNode, Message.size, nil, nil)
+		return ms, q.wrap("take", err)
+	}
+	ms, err := takeWithin(ctx, q.disp, t, q.claims.take)
 	return ms, q.wrap("take", err)
 }
 
+// size is what m counts against a Room.
+func (m Message) size() int { return m.wireSize() }
+
 // TryDequeue claims the head message (at-most-once) or returns ErrEmpty.
 func (q *Queue) TryDequeue(ctx context.Context) (Message, error) {
+	if q.buf != nil {
+		return q.takeOne(ctx, false)
+	}
 	m, err := take(ctx, q.disp, false, q.claims.takeAll)
 	return m, q.wrap("dequeue", err)
 }
@@ -386,8 +403,35 @@ func (q *Queue) TryDequeue(ctx context.Context) (Message, error) {
 // Dequeue claims the head message (at-most-once), waiting for one until
 // ctx ends.
 func (q *Queue) Dequeue(ctx context.Context) (Message, error) {
+	if q.buf != nil {
+		return q.takeOne(ctx, true)
+	}
 	m, err := take(ctx, q.disp, true, q.claims.takeAll)
 	return m, q.wrap("dequeue", err)
+}
+
+// takeOne is Dequeue (block) or TryDequeue of a packed queue.
+func (q *Queue) takeOne(ctx context.Context, block bool) (Message, error) {
+	ms, err := q.Take(ctx, 1, Room{}, block)
+	if err != nil {
+		return Message{}, err
+	}
+	return ms[0], nil
+}
+
+// Flush puts back the messages a packed queue's takes claimed and did
+// not hand out (packbuf.go), each at its place: a process stopping
+// consuming calls it. Without packing it does nothing.
+func (q *Queue) Flush(ctx context.Context) error {
+	if q.buf == nil {
+		return nil
+	}
+	ms := q.buf.drain()
+	err := putBackMessages(ctx, q.core, ms)
+	if len(ms) > 0 {
+		q.Rescan()
+	}
+	return q.wrap("flush", err)
 }
 
 // OldestAge returns the age of the head message (0 when empty). It reads

@@ -1,0 +1,138 @@
+package zkqueue
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// The buffer of a packed queue's takes (pack.go). A claim takes a whole
+// pack; what the take does not hand out waits here, in queue order, and
+// the next take of this process hands it out first, before it claims
+// again. A take waiting for messages wakes when a buffer fills, as it does
+// on its watches.
+//
+// The Queue's buffer holds messages claimed at most once: they are out of
+// ZooKeeper, so a process that dies with a full buffer loses them (the
+// at-most-once loss window is the messages in transit, and these);
+// Queue.Flush puts them back. The Leases' buffer holds leases: a process
+// that dies leaves them to the sweep, as it does the leases its consumers
+// hold; one whose lease has less than half its time left is given back
+// (Leases.Unclaim) rather than handed out, and Leases.Flush gives them all
+// back.
+type packBuf[T any] struct {
+	mu    sync.Mutex
+	items []T
+	wake  chan zk.Event // closed and replaced when items arrive
+}
+
+func newPackBuf[T any]() *packBuf[T] { return &packBuf[T]{wake: make(chan zk.Event)} }
+
+// errBuffered ends a take's wait: its buffer has messages.
+var errBuffered = errors.New("zkqueue: buffered messages")
+
+// ready reports whether the buffer holds messages, and otherwise returns
+// the channel closed when it next does.
+func (b *packBuf[T]) ready() (bool, <-chan zk.Event) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.items) > 0, b.wake
+}
+
+// push appends items, in queue order after those held.
+func (b *packBuf[T]) push(items []T) {
+	if len(items) == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.items = append(b.items, items...)
+	close(b.wake)
+	b.wake = make(chan zk.Event)
+	b.mu.Unlock()
+}
+
+// take removes and returns up to max items from the front within room
+// (the first always fits), skipping (and returning as stale) the items
+// keep refuses, with every item behind the first refused one: they are
+// given back together, so none comes back behind a younger one handed out.
+func (b *packBuf[T]) take(max int, room Room, size func(T) int, keep func(T) bool) (out, stale []T) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	used, i := 0, 0
+	for ; i < len(b.items) && len(out) < max; i++ {
+		it := b.items[i]
+		if keep != nil && !keep(it) {
+			stale = append(stale, b.items[i:]...)
+			b.items = nil
+			return out, stale
+		}
+		s := size(it) + room.Overhead
+		if room.Bytes > 0 && len(out) > 0 && used+s > room.Bytes {
+			break
+		}
+		used += s
+		out = append(out, it)
+	}
+	b.items = b.items[i:]
+	if len(b.items) == 0 {
+		b.items = nil
+	}
+	return out, stale
+}
+
+// drain removes and returns every item held.
+func (b *packBuf[T]) drain() []T {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := b.items
+	b.items = nil
+	return out
+}
+
+// takePacked is takeWithin for a packed queue: it hands out buffered
+// items first; else it claims candidates (weighed by the messages their
+// names count) whole, hands out up to t.max of their items within
+// t.room and buffers the rest. Items keep refuses are given back with
+// giveBack.
+func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packBuf[T], claim fitClaimFunc[[]T],
+	size func(T) int, keep func(T) bool, giveBack func(context.Context, []T)) ([]T, error) {
+	for {
+		out, stale := buf.take(t.max, t.room, size, keep)
+		if len(stale) > 0 {
+			giveBack(context.WithoutCancel(ctx), stale)
+		}
+		if len(out) > 0 {
+			return out, nil
+		}
+		t.wake = buf.ready
+		vals, err := takeWithin(ctx, d, t, claim)
+		if errors.Is(err, errBuffered) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var all []T
+		for _, v := range vals {
+			all = append(all, v...)
+		}
+		// Items handed out come first in queue order: the buffer's
+		// items, if a concurrent take filled it meanwhile, are older
+		// than none of these (they were claimed from earlier
+		// candidates or concurrently), so the order between takes is
+		// as unordered as concurrent takes are.
+		used, n := 0, 0
+		for n < len(all) && n < t.max {
+			s := size(all[n]) + t.room.Overhead
+			if t.room.Bytes > 0 && n > 0 && used+s > t.room.Bytes {
+				break
+			}
+			used += s
+			n++
+		}
+		buf.push(all[n:])
+		return all[:n], nil
+	}
+}
