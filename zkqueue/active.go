@@ -89,6 +89,26 @@ func (l *Leases) latestLive(ctx context.Context, names []string, p Policy, relea
 		if err != nil {
 			return time.Time{}, fmt.Errorf("zkqueue: wait unheld: get %s: %w", lp, err)
 		}
+		if isPackLease(data) {
+			item, ok := ParseLeaseName(n)
+			if !ok {
+				continue
+			}
+			es, next, err := sweepPack(ctx, l.packs.tx, n, item, data, stat.Version, now, p)
+			if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrBadVersion) {
+				return time.Time{}, fmt.Errorf("zkqueue: wait unheld: %w", err)
+			}
+			l.packs.remember(n, leaseState{}, false)
+			if released != nil {
+				for _, e := range es {
+					released(e.Message, e.Outcome)
+				}
+			}
+			if next.After(latest) {
+				latest = next
+			}
+			continue
+		}
 		deadline, itemData, nacked, err := decodeLeaseState(data)
 		if err != nil || nacked {
 			continue // unreadable leases cannot be acked either

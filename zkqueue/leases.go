@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,6 +77,8 @@ type Leases struct {
 	leases string
 	dead   string
 	rel    releaser
+	packs  *packLeases     // leases of packs (packlease.go)
+	buf    *packBuf[Lease] // claimed, not yet handed out; nil without WithPacking
 }
 
 // NewLeases returns the lease layer of items, keeping leases under
@@ -92,7 +95,13 @@ func NewLeases(items *Queue, leasesPath, deadPath string) (*Leases, error) {
 	}
 	rel := releaser{items: items.path, leases: leasesPath, dead: deadPath, groups: items.opt.groupsDir, acl: items.opt.acl,
 		tx: txn{write: items.write, exists: items.zk.Exists, del: items.zk.Delete}}
-	return &Leases{items: items, leases: leasesPath, dead: deadPath, rel: rel}, nil
+	l := &Leases{items: items, leases: leasesPath, dead: deadPath, rel: rel}
+	l.packs = &packLeases{tx: packTx{items: items.path, leases: leasesPath, dead: deadPath, acl: items.opt.acl, tx: rel.tx, get: items.zk.Get},
+		rescan: items.Rescan, rounds: map[string][]*settleRound{}, known: map[string]leaseState{}}
+	if items.buf != nil {
+		l.buf = newPackBuf[Lease]()
+	}
+	return l, nil
 }
 
 // Lease is a message delivered at-least-once.
@@ -120,7 +129,15 @@ type Lease struct {
 }
 
 // ParseLeaseName splits a lease node name into the item name and nonce.
+// It accepts the token of a pack's message too ("<lease name>@<index>",
+// packlease.go), and returns the pack's name.
 func ParseLeaseName(s string) (item Name, ok bool) {
+	if j := strings.LastIndex(s, MemberSep); j > 0 {
+		if _, err := strconv.Atoi(s[j+1:]); err != nil {
+			return Name{}, false
+		}
+		s = s[:j]
+	}
 	i := strings.LastIndex(s, LeaseSep)
 	if i < 0 || len(s)-i-1 != 16 {
 		return Name{}, false
@@ -130,6 +147,9 @@ func ParseLeaseName(s string) (item Name, ok bool) {
 	}
 	return ParseName(s[:i])
 }
+
+// isMemberToken reports whether token names a message of a pack's lease.
+func isMemberToken(token string) bool { return strings.Contains(token, MemberSep) }
 
 func newLeaseName(item string) string {
 	var b [8]byte
@@ -277,6 +297,13 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 // always fits); one that does not fit stays at its place, first in line
 // next. Without block it returns ErrEmpty when nothing is there.
 func (l *Leases) Take(ctx context.Context, max int, room Room, ttl time.Duration, block bool) ([]Lease, error) {
+	if l.buf != nil {
+		fresh := func(le Lease) bool { return time.Until(le.Deadline) >= ttl/2 }
+		size := func(le Lease) int { return le.wireSize() }
+		return takePacked(ctx, l.items.disp, takeReq{max: max, room: room, block: block, weigh: true}, l.buf,
+			func(ctx context.Context, n Name, fit fitFunc) ([]Lease, error) { return l.claimNode(ctx, n, ttl, fit) },
+			size, fresh, l.giveBack)
+	}
 	return takeWithin(ctx, l.items.disp, takeReq{max: max, room: room, block: block}, func(ctx context.Context, n Name, fit fitFunc) (Lease, error) {
 		return l.claim(ctx, n, ttl, fit)
 	})
@@ -308,6 +335,11 @@ func (l *Leases) get(token string) (deadline time.Time, itemData []byte, stat *z
 // Ack deletes the leased message. Errors: ErrUnknownLease when the lease
 // does not exist, has expired, or was settled already (acked or nacked).
 func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
+	if isMemberToken(token) {
+		op := &settleOp{kind: settleAck}
+		err := l.settleMember(ctx, token, op)
+		return op.m, err
+	}
 	deadline, itemData, stat, err := l.get(token)
 	if err != nil {
 		return Message{}, err
@@ -348,8 +380,9 @@ func (l *Leases) AckUnread(ctx context.Context, token string) (Message, error) {
 	if !ok {
 		return Message{}, fmt.Errorf("%w: malformed token", ErrUnknownLease)
 	}
-	if groupedLease(token) {
-		// Its group is settled with it: that takes the lease's data.
+	if groupedLease(token) || isMemberToken(token) {
+		// Its group is settled with it, or it is one message of a
+		// pack's lease: that takes the lease's data.
 		return l.Ack(ctx, token)
 	}
 	if _, err := l.items.write(ctx, &zk.DeleteRequest{Path: l.leases + "/" + token, Version: -1}); err != nil {
@@ -364,6 +397,11 @@ func (l *Leases) AckUnread(ctx context.Context, token string) (Message, error) {
 // Extend moves a live lease's deadline to now+ttl. Errors: ErrUnknownLease
 // when the lease does not exist, has expired, or was settled already.
 func (l *Leases) Extend(ctx context.Context, token string, ttl time.Duration) (time.Time, error) {
+	if isMemberToken(token) {
+		op := &settleOp{kind: settleExtend, ttl: ttl}
+		err := l.settleMember(ctx, token, op)
+		return op.deadline, err
+	}
 	deadline, itemData, stat, err := l.get(token)
 	if err != nil {
 		return time.Time{}, err
@@ -405,6 +443,11 @@ const (
 // token names only the old node. The mark covers anyone who learns the new
 // name (it is in ZooKeeper): get refuses a nacked lease.
 func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p Policy) (Message, Outcome, error) {
+	if isMemberToken(token) {
+		op := &settleOp{kind: settleNack, delay: delay, p: p}
+		err := l.settleMember(ctx, token, op)
+		return op.m, op.out, err
+	}
 	deadline, itemData, stat, err := l.get(token)
 	if err != nil {
 		return Message{}, 0, err
@@ -465,6 +508,14 @@ func (l *Leases) release(ctx context.Context, h heldLease, p Policy) (Outcome, e
 // stream ended, the broker shuts down). A lease already settled is not an
 // error: ok is false.
 func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message, out Outcome, ok bool, err error) {
+	if isMemberToken(token) {
+		op := &settleOp{kind: settleRelease, p: p}
+		err := l.settleMember(ctx, token, op)
+		if errors.Is(err, ErrUnknownLease) {
+			return Message{}, 0, false, nil
+		}
+		return op.m, op.out, err == nil, err
+	}
 	item, valid := ParseLeaseName(token)
 	if !valid {
 		return Message{}, 0, false, ErrUnknownLease
@@ -495,6 +546,13 @@ func (l *Leases) Release(ctx context.Context, token string, p Policy) (m Message
 // it had before the claim, whatever the lease's deadline. A lease already
 // released or settled is not an error.
 func (l *Leases) Unclaim(ctx context.Context, token string) error {
+	if isMemberToken(token) {
+		err := l.settleMember(ctx, token, &settleOp{kind: settleUnclaim})
+		if errors.Is(err, ErrUnknownLease) {
+			return nil
+		}
+		return err
+	}
 	item, valid := ParseLeaseName(token)
 	if !valid {
 		return ErrUnknownLease

@@ -148,16 +148,14 @@ func (s *LeaseSweeper) Sweep(ctx context.Context, now time.Time, p Policy) ([]Ex
 		if !zkutil.Fired(l.watch) && now.Before(l.deadline) {
 			continue
 		}
-		e, done, err := s.sweepOne(ctx, name, l, now, p)
+		es, done, err := s.sweepOne(ctx, name, l, now, p)
 		if err != nil {
 			return out, err
 		}
 		if done {
 			delete(s.known, name)
 		}
-		if e != nil {
-			out = append(out, *e)
-		}
+		out = append(out, es...)
 	}
 	return out, nil
 }
@@ -169,7 +167,7 @@ var farFuture = time.Unix(1<<62, 0)
 // sweepOne reads lease name (arming a new data watch when the last one
 // fired) and releases it when its deadline is before now. done means the
 // sweeper can forget the lease (gone or released).
-func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease, now time.Time, p Policy) (e *Expired, done bool, err error) {
+func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease, now time.Time, p Policy) (es []Expired, done bool, err error) {
 	leasePath := s.leases + "/" + name
 	var data []byte
 	var stat *zk.Stat
@@ -189,6 +187,18 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 	if err != nil {
 		return nil, false, fmt.Errorf("get lease %s: %w", leasePath, err)
 	}
+	if isPackLease(data) {
+		t := packTx{items: s.items, leases: s.leases, dead: s.dead, acl: s.acl, tx: s.rel.tx, get: s.zk.Get}
+		es, next, err := sweepPack(ctx, t, name, l.item, data, stat.Version, now, p)
+		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+			return nil, false, nil // settled meanwhile: read again next time
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("release %s: %w", leasePath, err)
+		}
+		l.deadline = next
+		return es, next.IsZero(), nil
+	}
 	deadline, itemData, nacked, err := decodeLeaseState(data)
 	if err != nil {
 		l.deadline = farFuture
@@ -204,7 +214,11 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 		return nil, false, nil
 	}
 	if !nacked && p.Backoff != nil && !tooMany(m, p) {
-		return s.holdBack(ctx, name, l, stat.Version, itemData, m, p.Backoff, now)
+		e, done, err := s.holdBack(ctx, name, l, stat.Version, itemData, m, p.Backoff, now)
+		if e == nil {
+			return nil, done, err
+		}
+		return []Expired{*e}, done, err
 	}
 	out, err := s.rel.release(ctx, heldLease{token: name, version: stat.Version, item: l.item, data: itemData, m: m}, p)
 	if err != nil {
@@ -216,7 +230,7 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 		}
 		return nil, false, fmt.Errorf("release %s: %w", leasePath, err)
 	}
-	return &Expired{Message: m, Outcome: out}, true, nil
+	return []Expired{{Message: m, Outcome: out}}, true, nil
 }
 
 func (s *LeaseSweeper) write(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
