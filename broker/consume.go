@@ -177,6 +177,7 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	}
 	unregister := b.registerConsumer(ctx, sub.q)
 	defer unregister()
+	defer b.packStream(sub.q)()
 	var detach func()
 	sub.ahead, detach = b.attachAhead(sub)
 	defer detach()
@@ -453,6 +454,26 @@ func (b *Broker) settle(ctx context.Context, st *consumeState, settles []*pb.Set
 			continue
 		}
 		st.settled(tokenLease(s.GetAckToken()))
+	}
+}
+
+// packStream counts a Consume stream of q; the function it returns, run
+// when the stream ended (after releaseHeld), gives back what q's packed
+// takes claimed and did not hand out (zkqueue's pack buffer) once the last
+// stream of q on this broker ended, so the messages wait at their places
+// rather than in this broker.
+func (b *Broker) packStream(q *queue) func() {
+	q.streams.Add(1)
+	return func() {
+		if q.streams.Add(-1) > 0 || !q.meta.Packed {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		q.leases.Flush(ctx)
+		if err := q.items.Flush(ctx); err != nil {
+			b.log.Warn("giving back buffered messages failed", "queue", q.name, "err", err)
+		}
 	}
 }
 

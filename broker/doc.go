@@ -138,6 +138,7 @@
 //	qbroker_messages_expired_total{queue}          counter: removed by the queue's message TTL
 //	qbroker_deliveries_expired_unsent_total{queue} counter: at-least-once claims given back unsent
 //	qbroker_message_queue_seconds{queue}           histogram: publish to delivery
+//	qbroker_pack_messages{queue}                   histogram: messages per pack written (packed queues)
 //	qbroker_zk_request_duration_seconds{op,result} histogram
 //	qbroker_zk_session_state                       gauge: 1 with a session
 //	qbroker_zk_reconnects_total                    counter

@@ -32,6 +32,7 @@ type metrics struct {
 	badNodes     *prometheus.CounterVec
 	expired      *prometheus.CounterVec
 	queueTime    *prometheus.HistogramVec
+	packSize     *prometheus.HistogramVec
 	zkDuration   *prometheus.HistogramVec
 	sessionState prometheus.Gauge
 	reconnects   prometheus.Counter
@@ -92,6 +93,11 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 			Name:    "qbroker_message_queue_seconds",
 			Help:    "Time from publish to delivery (first delivery and redeliveries alike).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10, 60, 600},
+		}, []string{"queue"}),
+		packSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "qbroker_pack_messages",
+			Help:    "Messages per pack written by this broker (packed queues: one node holds a pack).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000},
 		}, []string{"queue"}),
 		zkDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "qbroker_zk_request_duration_seconds",
@@ -174,7 +180,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Always 1; the labels describe the build.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.delivered, m.acked, m.nacked, m.redelivered,
-		m.deadLettered, m.conflicts, m.queueTime, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.zkBudget, m.depth, m.inFlight, m.dead,
+		m.deadLettered, m.conflicts, m.queueTime, m.packSize, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.zkBudget, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
 		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired,
 		m.counterOps, m.counterWrites, m.counterConflicts, m.counterRollovers,

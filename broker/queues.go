@@ -48,6 +48,8 @@ type queue struct {
 
 	delayed *zkqueue.Scheduled // the messages published with a delay (schedule.go)
 
+	streams atomic.Int32 // this broker's Consume streams of the queue (packStream)
+
 	aheadMu   sync.Mutex
 	ahead     *ahead          // the messages claimed ahead for this broker's streams (ahead.go); nil without streams
 	aheadGone <-chan struct{} // closed once the last ended buffer gave back its messages; nil: none yet
@@ -144,6 +146,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
 	bad := b.metrics.badNodes.WithLabelValues(label)
 	expired := b.metrics.expired.WithLabelValues(label)
+	packs := b.metrics.packSize.WithLabelValues(label)
 	q := &queue{name: name, label: label}
 	h, err := b.catalog.Open(name, zkqueue.OpenConfig{
 		ProcessID: b.cfg.ID,
@@ -153,6 +156,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 		zkqueue.WithLimits(zkqueue.Limits{MaxPayload: b.cfg.MaxPayload, MaxBatchBytes: b.cfg.MaxBatchBytes, MaxBatchCount: b.cfg.MaxBatchCount}),
 		zkqueue.WithConflictHook(conflicts.Inc),
 		zkqueue.WithBadDataHook(func(string) { bad.Inc() }),
+		zkqueue.WithPackHook(func(n int) { packs.Observe(float64(n)) }),
 		zkqueue.WithCommitter(b.batcher),
 		zkqueue.WithSegmentSize(b.cfg.SegmentSize),
 		zkqueue.WithMemory(b.recent),

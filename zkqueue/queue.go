@@ -34,16 +34,16 @@ import (
 // A Queue is safe for concurrent use.
 type Queue struct {
 	*core
-	recent *recent     // data of messages published here, for read-free claims
-	pubs   *publishes  // publishes under way, for claims of what they create
-	prod   *producer   // the publish side
-	disp   *dispatcher // the consume side: snapshot, candidates, claims' ends
-	reads  *readGroup  // concurrent claims' reads (reads.go)
-	insp   *inspector  // Peek, Len, Purge, Browse: reading without consuming
-	dedup  *dedup      // nil without WithDedup
-	groups *groups     // nil without WithGroups
-	ttl    *expiry     // nil without a TTL
-	claims *claims     // reading and deciding on a candidate
+	recent *recent           // data of messages published here, for read-free claims
+	pubs   *publishes        // publishes under way, for claims of what they create
+	prod   *producer         // the publish side
+	disp   *dispatcher       // the consume side: snapshot, candidates, claims' ends
+	reads  *readGroup        // concurrent claims' reads (reads.go)
+	insp   *inspector        // Peek, Len, Purge, Browse: reading without consuming
+	dedup  *dedup            // nil without WithDedup
+	groups *groups           // nil without WithGroups
+	ttl    *expiry           // nil without a TTL
+	claims *claims           // reading and deciding on a candidate
 	buf    *packBuf[Message] // claimed, not yet handed out; nil without WithPacking
 }
 
