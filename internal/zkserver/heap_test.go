@@ -15,6 +15,7 @@ import (
 
 	"github.com/qbroker/qbroker/internal/zkserver"
 	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
 
 // The measurements behind the brokers' data budget (docs/operations.md, Limits). They
@@ -193,6 +194,66 @@ func TestHeapFlood(t *testing.T) {
 			}
 			wg.Wait()
 			t.Fatalf("heap %d MiB held %d messages of %d B", heapMB, done, *heapFloodSize)
+		})
+	}
+}
+
+var heapPayload = flag.Int("zk-heap-payload", 100, "TestHeapPerQueuedMessage: payload bytes")
+
+// TestHeapPerQueuedMessage: the live heap per message of a deep queue
+// written through zkqueue in batches of 100, one node per message and
+// packed (zkqueue.WithPacking: a batch is one node), each on a fresh
+// server:
+//
+//	go test ./internal/zkserver -run TestHeapPerQueuedMessage -v -zk-heap -zk-heap-messages 1000000 [-zk-heap-payload 1024]
+func TestHeapPerQueuedMessage(t *testing.T) {
+	for _, mode := range []string{"one-per-node", "packed"} {
+		t.Run(mode, func(t *testing.T) {
+			s, conn := heapServer(t, 2048)
+			opts := []zkqueue.Option{zkqueue.WithMaxBatchBytes(zkqueue.HardMaxPayload)}
+			if mode == "packed" {
+				opts = append(opts, zkqueue.WithPacking(zkqueue.PackLimits{}))
+			}
+			q, err := zkqueue.New(conn, "/q/items", opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before, base := mntr(t, s.Addr()), liveHeap(t, s.Pid())
+			payload := make([]byte, *heapPayload)
+			n := *heapMessages
+			start := time.Now()
+			var wg sync.WaitGroup
+			sem := make(chan struct{}, 16)
+			errs := make(chan error, 1)
+			for i := 0; i < n; i += 100 {
+				batch := make([][]byte, min(100, n-i))
+				for j := range batch {
+					batch[j] = payload
+				}
+				sem <- struct{}{}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-sem }()
+					if _, err := q.PublishBatch(context.Background(), batch); err != nil {
+						select {
+						case errs <- err:
+						default:
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			select {
+			case err := <-errs:
+				t.Fatal(err)
+			default:
+			}
+			elapsed := time.Since(start)
+			after, heap := mntr(t, s.Addr()), liveHeap(t, s.Pid())
+			dNodes, dHeap := after.Znodes-before.Znodes, heap-base
+			t.Logf("%s: %d messages of %d B in %v: %d nodes, live heap +%d B: %.0f B per message",
+				mode, n, *heapPayload, elapsed.Round(time.Millisecond), dNodes, dHeap, float64(dHeap)/float64(n))
 		})
 	}
 }
