@@ -27,7 +27,7 @@ type PackLimits struct {
 // Pack limit defaults.
 const (
 	DefaultPackCount = 1000
-	DefaultPackBytes = 256 << 10
+	DefaultPackBytes = 16 << 10
 	maxPackCount     = 4095 // an index fits 3 hex digits (packName)
 )
 
@@ -77,10 +77,10 @@ func WithPacking(l PackLimits) Option { return func(o *options) { o.packing = &l
 // nodes) are not packed (Spec.Validate).
 //
 // A pack's data is a list of messages, each in its own encoding
-// (EncodeData), behind the index it has in the pack:
+// (EncodeData) without the magic, behind the index it has in the pack:
 //
 //	magic (0xCB 0x51) | version 3 | uvarint count |
-//	count x (uvarint index | uvarint length | message data)
+//	count x (uvarint index | uvarint length | message data from its version byte)
 const versionPack = 3
 
 // packEntry is one message of a pack: its index in the pack and its data
@@ -105,14 +105,15 @@ func encodePack(entries []packEntry) []byte {
 	b = append(b, magic[0], magic[1], versionPack)
 	b = binary.AppendUvarint(b, uint64(len(entries)))
 	for _, e := range entries {
+		d := e.data[len(magic):] // every entry has it: not stored
 		b = binary.AppendUvarint(b, uint64(e.index))
-		b = binary.AppendUvarint(b, uint64(len(e.data)))
-		b = append(b, e.data...)
+		b = binary.AppendUvarint(b, uint64(len(d)))
+		b = append(b, d...)
 	}
 	return b
 }
 
-// decodePack parses pack data; the entries' data alias it.
+// decodePack parses pack data.
 func decodePack(data []byte) ([]packEntry, error) {
 	if !isPack(data) {
 		return nil, errBadHeader
@@ -134,7 +135,9 @@ func decodePack(data []byte) ([]packEntry, error) {
 		if k <= 0 || l > uint64(len(rest)-k) {
 			return nil, errBadHeader
 		}
-		entries = append(entries, packEntry{index: int(index), data: rest[k : k+int(l)]})
+		d := make([]byte, 0, len(magic)+int(l))
+		d = append(append(d, magic[:]...), rest[k:k+int(l)]...)
+		entries = append(entries, packEntry{index: int(index), data: d})
 		rest = rest[k+int(l):]
 	}
 	if len(rest) != 0 {
