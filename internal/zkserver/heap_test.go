@@ -198,7 +198,10 @@ func TestHeapFlood(t *testing.T) {
 	}
 }
 
-var heapPayload = flag.Int("zk-heap-payload", 100, "TestHeapPerQueuedMessage: payload bytes")
+var (
+	heapPayload = flag.Int("zk-heap-payload", 100, "TestHeapPerQueuedMessage: payload bytes")
+	heapBatch   = flag.Int("zk-heap-batch", 100, "TestHeapPerQueuedMessage: messages per publish")
+)
 
 // TestHeapPerQueuedMessage: the live heap per message of a deep queue
 // written through zkqueue in batches of 100, one node per message and
@@ -225,8 +228,8 @@ func TestHeapPerQueuedMessage(t *testing.T) {
 			var wg sync.WaitGroup
 			sem := make(chan struct{}, 16)
 			errs := make(chan error, 1)
-			for i := 0; i < n; i += 100 {
-				batch := make([][]byte, min(100, n-i))
+			for i := 0; i < n; i += *heapBatch {
+				batch := make([][]byte, min(*heapBatch, n-i))
 				for j := range batch {
 					batch[j] = payload
 				}
