@@ -580,9 +580,24 @@ func (l *Leases) Unclaim(ctx context.Context, token string) error {
 	return err
 }
 
-// InFlight returns the number of leases, from the parent's Stat.
+// InFlight returns the number of leases, from the parent's Stat. A packed
+// queue's leases are listed: a pack's lease counts the messages its name
+// does (those claimed, settled ones included until the lease's last).
 func (l *Leases) InFlight(ctx context.Context) (int, error) {
-	return zkutil.NumChildren(l.items.conn, l.leases)
+	if l.buf == nil {
+		return zkutil.NumChildren(l.items.conn, l.leases)
+	}
+	children, _, err := l.items.zk.Children(l.leases)
+	if err != nil {
+		return 0, fmt.Errorf("children %s: %w", l.leases, err)
+	}
+	n := 0
+	for _, c := range children {
+		if item, ok := ParseLeaseName(c); ok {
+			n += weight(item)
+		}
+	}
+	return n, nil
 }
 
 // DeadCount returns the number of dead letters: the flat ones, and the
