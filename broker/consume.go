@@ -465,15 +465,20 @@ func (b *Broker) settle(ctx context.Context, st *consumeState, settles []*pb.Set
 func (b *Broker) packStream(q *queue) func() {
 	q.streams.Add(1)
 	return func() {
-		if q.streams.Add(-1) > 0 || !q.meta.Packed {
-			return
+		if q.streams.Add(-1) == 0 && q.meta.Packed {
+			b.givePacksBack(q)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-		defer cancel()
-		q.leases.Flush(ctx)
-		if err := q.items.Flush(ctx); err != nil {
-			b.log.Warn("giving back buffered messages failed", "queue", q.name, "err", err)
-		}
+	}
+}
+
+// givePacksBack gives back what q's packed takes claimed and did not hand
+// out, with its own bounded context (it also runs at shutdown).
+func (b *Broker) givePacksBack(q *queue) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	q.leases.Flush(ctx)
+	if err := q.items.Flush(ctx); err != nil {
+		b.log.Warn("giving back buffered messages failed", "queue", q.name, "err", err)
 	}
 }
 

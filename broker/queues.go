@@ -213,6 +213,10 @@ const (
 	statsIdleEvery = 10
 )
 
+// packHoldIdle: a packed queue without Consume streams here, unused this
+// long, gets what its takes buffered given back at the next stats tick.
+const packHoldIdle = time.Second
+
 // runStats refreshes the queue gauges of the queues this broker has
 // served, every StatsInterval (see statsIdleAfter). Reads only: Stats of
 // two parents, and the head message of a queue that has one.
@@ -237,6 +241,9 @@ func (b *Broker) runStats() {
 		}
 		b.queuesMu.Unlock()
 		for _, q := range qs {
+			if q.meta.Packed && q.streams.Load() == 0 && q.idle(packHoldIdle) {
+				b.givePacksBack(q) // what Receive calls claimed and did not take
+			}
 			if q.label == OtherQueue || (q.idle(statsIdleAfter) && tick%statsIdleEvery != 0) {
 				continue
 			}

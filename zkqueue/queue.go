@@ -445,8 +445,8 @@ func (q *Queue) OldestAge(ctx context.Context) (time.Duration, error) {
 	if head.Raw != "" {
 		data, _, err := q.zk.Get(itemPath(q.path, head))
 		if err == nil {
-			if m, err := decodeMessage(head, data, 0); err == nil {
-				return time.Since(m.Published), nil
+			if ms, _, err := decodeNode(head, data, 0); err == nil {
+				return time.Since(ms[0].Published), nil
 			}
 		}
 	}
