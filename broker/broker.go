@@ -707,6 +707,7 @@ func (b *Broker) Stop(srv *grpc.Server, timeout time.Duration) {
 // returned or timed out.
 func (b *Broker) Close() error {
 	b.Shutdown()
+	b.givePacksBackAll() // after the unary calls, which may have buffered some
 	b.batcher.Close()
 	b.closeConns()
 	b.log.Info("broker stopped")

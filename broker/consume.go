@@ -471,6 +471,21 @@ func (b *Broker) packStream(q *queue) func() {
 	}
 }
 
+// givePacksBackAll gives back what the packed queues' takes buffered.
+func (b *Broker) givePacksBackAll() {
+	b.queuesMu.Lock()
+	var qs []*queue
+	for _, q := range b.queues {
+		if q.meta.Packed {
+			qs = append(qs, q)
+		}
+	}
+	b.queuesMu.Unlock()
+	for _, q := range qs {
+		b.givePacksBack(q)
+	}
+}
+
 // givePacksBack gives back what q's packed takes claimed and did not hand
 // out, with its own bounded context (it also runs at shutdown).
 func (b *Broker) givePacksBack(q *queue) {
