@@ -26,15 +26,15 @@ var (
 	heapQuota     = flag.Bool("zk-heap-quota", false, "TestHeapPerMessage: with quota statistics on the parent (what a max_bytes costs)")
 )
 
-// liveHeap returns the heap a server uses after a full collection
-// (zkserver.LiveHeap).
+// liveHeap returns the heap a server uses after a full collection: its
+// generations' used sizes (zkserver.LiveHeap).
 func liveHeap(t *testing.T, pid int) int64 {
 	t.Helper()
-	n, err := zkserver.LiveHeap(context.Background(), pid)
+	h, err := zkserver.LiveHeap(context.Background(), pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return h.Used()
 }
 
 func heapServer(t *testing.T, heapMB int) (*zkserver.Server, *zk.Conn) {

@@ -13,9 +13,9 @@ import (
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
-// LiveHeap reads a running server's heap after a full collection: it
-// grows by at least the data the server was given to hold, and a process
-// that is no JVM is an error.
+// LiveHeap reads a running server's heap after a full collection: its
+// old generation grows by at least the data the server was given to
+// hold, and a process that is no JVM is an error.
 func TestLiveHeap(t *testing.T) {
 	requireZK(t)
 	if _, err := exec.LookPath("jcmd"); err != nil {
@@ -37,8 +37,8 @@ func TestLiveHeap(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, err := zkserver.LiveHeap(ctx, s.Pid())
-	if err != nil || before <= 0 {
-		t.Fatalf("LiveHeap: got %d, %v; want a positive size", before, err)
+	if err != nil || before.Old <= 0 || before.Young < 0 {
+		t.Fatalf("LiveHeap: got %+v, %v; want a positive old generation", before, err)
 	}
 	const nodes, size = 400, 10 << 10 // 4 MiB of data
 	data := make([]byte, size)
@@ -48,8 +48,8 @@ func TestLiveHeap(t *testing.T) {
 		}
 	}
 	after, err := zkserver.LiveHeap(ctx, s.Pid())
-	if err != nil || after-before < nodes*size/2 {
-		t.Fatalf("LiveHeap after %d B of data: got %d (before %d), %v; want at least %d B more", nodes*size, after, before, err, nodes*size/2)
+	if err != nil || after.Old-before.Old < nodes*size/2 || after.Used() < after.Old {
+		t.Fatalf("LiveHeap after %d B of data: got %+v (before %+v), %v; want an old generation at least %d B larger", nodes*size, after, before, err, nodes*size/2)
 	}
 	if _, err := zkserver.LiveHeap(ctx, 1); err == nil {
 		t.Errorf("LiveHeap(1): got no error, want one (init is no JVM)")
