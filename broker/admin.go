@@ -71,6 +71,9 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	if err != nil {
 		return nil, b.fail(err)
 	}
+	if err := checkPacked(req, kind); err != nil {
+		return nil, b.fail(err)
+	}
 	s := zkqueue.Spec{
 		Kind: kind, SyncMembers: members, Visibility: vis,
 		MaxDeliveries: int(req.GetMaxDeliveries()), DeadLetter: req.GetDeadLetter(),
@@ -82,6 +85,7 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 	s.Backoff = backoff
 	s.SingleActive = req.GetSingleActiveConsumer()
 	s.Fairness = fair
+	s.Packed = req.GetPacked()
 	s, err = b.catalog.Create(ctx, req.GetName(), s)
 	if err != nil {
 		return nil, b.fail(err)
@@ -95,6 +99,25 @@ func (b *Broker) CreateQueue(ctx context.Context, req *pb.CreateQueueRequest) (*
 		}
 	}
 	return queueInfo(req.GetName(), s), nil
+}
+
+// checkPacked refuses packed storage where the engine does not pack
+// (zkqueue.Spec.Validate): a SYNC queue, fair dispatch (its key tags each
+// message's node) and a message TTL (expired by node). The error names
+// both fields.
+func checkPacked(req *pb.CreateQueueRequest, kind zkqueue.Kind) error {
+	if !req.GetPacked() {
+		return nil
+	}
+	switch {
+	case kind == kindSync:
+		return invalidf("packed is for FIFO and PRIORITY queues, not SYNC")
+	case req.GetFairness().GetKey() != "":
+		return invalidf("packed does not combine with fairness (fair dispatch keeps one message per node)")
+	case req.GetMessageTtl().AsDuration() != 0:
+		return invalidf("packed does not combine with message_ttl (messages expire node by node)")
+	}
+	return nil
 }
 
 // GetQueue implements pb.QueueServer.

@@ -57,6 +57,7 @@ func queueInfo(name string, s zkqueue.Spec) *pb.QueueInfo {
 		info.RetryBackoff = backoffToPB(s.Backoff)
 	}
 	info.SingleActiveConsumer = s.SingleActive
+	info.Packed = s.Packed
 	if s.Fairness.Key != "" {
 		info.Fairness = fairnessToPB(s.Fairness)
 	}

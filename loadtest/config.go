@@ -78,6 +78,10 @@ type Config struct {
 	// VisibilityTimeout, when set, is the queue's lease of at-least-once
 	// deliveries (the broker's default otherwise).
 	VisibilityTimeout time.Duration `json:"-"`
+	// Packed creates the queue with packed storage (many messages per
+	// ZooKeeper node); the report's ZooKeeper cost per message (zkcost.go)
+	// shows what it saves.
+	Packed bool `json:"packed,omitempty"`
 
 	// Baselines.
 	Baselines        []string      `json:"baselines"`
@@ -190,6 +194,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.BoolVar(&c.Fair, "fair", false, "with --tenants: create the queue with fair dispatch by the tenant header")
 	fs.BoolVar(&c.SingleActive, "single-active", false, "create the queue with single active consumer (one stream at a time across brokers); the check fails if two streams held deliveries at once and reports the handovers and the longest takeover")
 	fs.DurationVar(&c.VisibilityTimeout, "visibility-timeout", 0, "create the queue with this lease of at-least-once deliveries (0: the broker's default); with --single-active it bounds a takeover after a broker dies")
+	fs.BoolVar(&c.Packed, "packed", false, "create the queue with packed storage (a publish's batch, and the publishes gathered with it, in one ZooKeeper node); the report's ZooKeeper cost per message shows what it saves")
 	fs.DurationVar(&c.Work, "work", 0, "time each consumer spends on a message before settling it (0..1s): bounds the consumers' rate")
 	fs.StringVar(&c.Order, "order", "auto", "order violations: strict (fail the run), report, or auto: strict with one broker, report with several")
 	fs.StringVar(&f.baselines, "baselines", "", "comma-separated baselines: raw, naive, create (latency of one bare create per call, one session per producer), jetstream (NATS JetStream work queue on a nats-server process, default sync), jetstream-sync (sync_interval: always); at least once each runs with Ack and with DoubleAck, or none (default raw,naive when ZooKeeper is known)")
@@ -337,6 +342,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--prefetch %d not in [1, 1000]", c.Prefetch)
 	case c.VisibilityTimeout < 0:
 		return fmt.Errorf("--visibility-timeout %v < 0", c.VisibilityTimeout)
+	case c.Packed && c.Fair:
+		return errors.New("--packed excludes --fair (a packed queue has no fair dispatch)")
 	case c.SingleActive && c.ConfirmAcks:
 		return errors.New("--single-active excludes --confirm-acks (a single-active queue refuses Receive)")
 	case c.ConfirmAcks && (c.Mode != qbroker.AtLeastOnce || c.Prefetch > maxReceive):

@@ -174,6 +174,15 @@ var validFlags = []parseFlagsCase{
 			}
 		},
 	},
+	{
+		name: "packed",
+		args: []string{"--spawn-brokers", "1", "--backlog", "1000", "--batch", "100", "--packed"},
+		check: func(t *testing.T, c Config) {
+			if o := c.queueOptions(); !c.Packed || !o.Packed {
+				t.Errorf("got packed %v, queue options %+v", c.Packed, o)
+			}
+		},
+	},
 }
 
 // badFlags are command lines refused with a usage error.
@@ -206,6 +215,7 @@ var badFlags = []parseFlagsCase{
 	{name: "confirmed acks at most once", args: []string{"--spawn-brokers", "1", "--confirm-acks"}, wantErr: "--confirm-acks needs --mode at-least-once"},
 	{name: "confirmed acks beyond a Receive", args: []string{"--spawn-brokers", "1", "--mode", "at-least-once", "--confirm-acks", "--prefetch", "101"}, wantErr: "--prefetch at most 100"},
 	{name: "single active with Receive", args: []string{"--spawn-brokers", "1", "--mode", "at-least-once", "--single-active", "--confirm-acks"}, wantErr: "--single-active excludes --confirm-acks"},
+	{name: "packed and fair", args: []string{"--spawn-brokers", "1", "--rate", "100", "--producers", "2", "--tenants", "2", "--fair", "--packed"}, wantErr: "--packed excludes --fair"},
 	{name: "negative visibility timeout", args: []string{"--spawn-brokers", "1", "--visibility-timeout", "-1s"}, wantErr: "--visibility-timeout"},
 	{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},
 }

@@ -67,6 +67,11 @@
 // killed from outside. After a broker dies the takeover waits for its
 // leases to run out: --visibility-timeout sets the queue's lease.
 //
+// --packed creates the queue with packed storage (a publish's batch, and
+// the publishes one group commit gathers, in one ZooKeeper node); the
+// report's ZooKeeper cost per message (zkcost.go), given for every run,
+// shows what it saves.
+//
 // --probe times, while the producers publish, the two hops of a publish
 // each alone: a round trip to a broker (a ping: gRPC health check) and a
 // bare ZooKeeper create on a session of its own, one of each every 2 ms
@@ -158,7 +163,13 @@
 // transactions over the run per message delivered and how long a leader's
 // zxid counter (2^32 transactions, then an election) lasts at their rate
 // (from the zxid srvr reports before and after; when ZooKeeper is known
-// and answers srvr), and a per-second timeline; --html FILE with the same as one self-contained
+// and answers srvr), what a message cost ZooKeeper (zk cost: its
+// transactions and the brokers' ZooKeeper requests per message delivered
+// over the run; with --backlog, per message published over the backlog's
+// publishing, with the znodes, data bytes (mntr's zk_znode_count and
+// zk_approximate_data_size) and, on a spawned ZooKeeper with jcmd on the
+// PATH, live heap bytes (its old generation after a full collection) the
+// backlog added, and the mean messages per znode), and a per-second timeline; --html FILE with the same as one self-contained
 // page of SVG charts (throughput over time, latency histograms and CDF,
 // baseline comparison).
 package main

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -63,11 +64,13 @@ func TestEndToEnd(t *testing.T) {
 		backlog   bool          // the 3000 messages published before the consumers start, then a shallow run of them (warmup: whole backlogs on a queue of its own)
 		probe     bool          // --probe
 		confirm   bool          // --confirm-acks
+		packed    bool          // --packed
 	}{
 		{name: "at-most-once", mode: qbroker.AtMostOnce, batch: 10, baselines: []string{baselineRaw, baselineNaive, baselineCreate}, rateOfRaw: 0.2},
 		{name: "at-least-once", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 1, warmup: 300 * time.Millisecond, probe: true},
 		{name: "confirmed-acks", mode: qbroker.AtLeastOnce, nackRate: 0.1, batch: 10, confirm: true},
 		{name: "backlog", mode: qbroker.AtLeastOnce, batch: 100, backlog: true, baselines: []string{baselineJetStreamSync}, warmup: 200 * time.Millisecond},
+		{name: "packed-backlog", mode: qbroker.AtLeastOnce, batch: 100, backlog: true, packed: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -75,7 +78,7 @@ func TestEndToEnd(t *testing.T) {
 				Producers: 4, Consumers: 8, ConnsPerBroker: 1,
 				Messages: 3000, Payload: 100, Batch: tt.batch, Prefetch: 4,
 				Mode: tt.mode, NackRate: tt.nackRate, Queue: "e2e-" + tt.name,
-				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup, Probe: tt.probe, ConfirmAcks: tt.confirm,
+				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup, Probe: tt.probe, ConfirmAcks: tt.confirm, Packed: tt.packed,
 				// Two brokers may invert a consumer's order legitimately;
 				// loss and duplicates are what this test asserts.
 				Order:     orderReport,
@@ -104,6 +107,9 @@ func TestEndToEnd(t *testing.T) {
 			if tt.probe {
 				checkProbe(t, cfg, topo, stdout.String())
 			}
+			if !strings.Contains(stdout.String(), "zk cost      per message ") {
+				t.Errorf("summary lacks the ZooKeeper cost line:\n%s", &stdout)
+			}
 			if page, err := os.ReadFile(cfg.HTMLPath); err != nil || !bytes.Contains(page, []byte("<svg")) {
 				t.Errorf("HTML report: %v, %d bytes without a chart", err, len(page))
 			}
@@ -124,6 +130,7 @@ type jsonReport struct {
 		Messages int     `json:"messages"`
 		NackRate float64 `json:"nack_rate"`
 		Rate     float64 `json:"rate"`
+		Packed   bool    `json:"packed"`
 	} `json:"config"`
 	PublishSeconds float64 `json:"publish_seconds"`
 	Seconds        float64 `json:"seconds"`
@@ -150,6 +157,7 @@ type jsonReport struct {
 		ZooKeeperPer1k float64 `json:"zookeeper_seconds_per_1k"`
 	} `json:"cpu"`
 	ZooKeeper *ZKTxnStats      `json:"zookeeper"`
+	ZKCost    *ZKCost          `json:"zk_cost"`
 	Baselines []BaselineResult `json:"baselines"`
 	Deep      *DeepReport      `json:"deep"`
 	Probe     *LoadProbe       `json:"probe"`
@@ -226,6 +234,7 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	if z := r.ZooKeeper; z == nil || z.Transactions <= 0 || z.PerDelivered <= 0 || z.PerSec <= 0 || z.DaysPerEpoch <= 0 {
 		t.Errorf("ZooKeeper transactions: %+v", z)
 	}
+	checkZKCost(t, cfg, r)
 	// At least once, a JetStream baseline gives a result per ack style.
 	var want []string
 	for _, b := range baselines {
@@ -280,5 +289,33 @@ func checkProbe(t *testing.T, cfg Config, topo *Topology, summary string) {
 	defer closeSessions(conns)
 	if ok, _, err := conns[0].Exists(baselineRoot(cfg.Queue) + "/probe"); err != nil || ok {
 		t.Errorf("the probe's node: exists %v, %v; want it removed", ok, err)
+	}
+}
+
+// checkZKCost checks what the report says a message cost ZooKeeper: with
+// a backlog, per message published, with the nodes, data and live heap
+// it added; otherwise per message delivered. It asserts no figure beyond
+// its sign: how many messages a node holds is the engine's.
+func checkZKCost(t *testing.T, cfg Config, r jsonReport) {
+	t.Helper()
+	if r.Config.Packed != cfg.Packed {
+		t.Errorf("config.packed %v, want %v", r.Config.Packed, cfg.Packed)
+	}
+	c := r.ZKCost
+	switch {
+	case c == nil:
+		t.Errorf("no ZooKeeper cost per message")
+	case cfg.Backlog == 0:
+		if c.Per != "delivered" || c.Messages != 3000 || c.Transactions <= 0 || c.Requests <= 0 || c.Znodes != 0 {
+			t.Errorf("ZooKeeper cost per message delivered: %+v", c)
+		}
+	default:
+		if c.Per != "published" || c.Messages != 3000 || c.Transactions <= 0 || c.Requests <= 0 ||
+			c.Znodes <= 0 || c.ZnodesPerMessage <= 0 || c.MessagesPerZnode <= 0 || c.DataBytesPerMessage <= 0 {
+			t.Errorf("ZooKeeper cost per message of the backlog: %+v", c)
+		}
+		if _, err := exec.LookPath("jcmd"); (err == nil) != (c.HeapNote == "") {
+			t.Errorf("live heap per message: %v B, note %q; jcmd on the PATH: %v", c.HeapBytesPerMessage, c.HeapNote, err == nil)
+		}
 	}
 }

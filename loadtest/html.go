@@ -328,6 +328,15 @@ svg { width: 100%; height: auto; }
 {{with .R.Latency.Publish}}<tr><td>publish call</td><td>{{.Count}}</td><td>{{printf "%.3f" .P50MS}}</td><td>{{printf "%.3f" .P90MS}}</td><td>{{printf "%.3f" .P99MS}}</td><td>{{printf "%.3f" .P999MS}}</td><td>{{printf "%.3f" .MaxMS}}</td></tr>{{end}}
 {{with .R.Latency.EndToEnd}}<tr><td>end to end</td><td>{{.Count}}</td><td>{{printf "%.3f" .P50MS}}</td><td>{{printf "%.3f" .P90MS}}</td><td>{{printf "%.3f" .P99MS}}</td><td>{{printf "%.3f" .P999MS}}</td><td>{{printf "%.3f" .MaxMS}}</td></tr>{{end}}
 </table>
+{{with .R.ZKCost}}<h2>ZooKeeper cost per message {{.Per}}</h2>
+<table>
+<tr><th></th><th>per message</th></tr>
+<tr><td>transactions</td><td>{{printf "%.3f" .Transactions}}</td></tr>
+<tr><td>brokers' requests</td><td>{{printf "%.3f" .Requests}}</td></tr>
+{{if eq .Per "published"}}<tr><td>znodes</td><td>{{printf "%.4f" .ZnodesPerMessage}} ({{printf "%.1f" .MessagesPerZnode}} messages per znode)</td></tr>
+<tr><td>data bytes</td><td>{{printf "%.0f" .DataBytesPerMessage}}</td></tr>
+<tr><td>live heap bytes</td><td>{{if .HeapNote}}not measured: {{.HeapNote}}{{else}}{{printf "%.0f" .HeapBytesPerMessage}}{{end}}</td></tr>{{end}}
+</table>{{end}}
 {{range .Charts}}
 <h2>{{.Title}}</h2>
 <p class="note">{{.Note}}</p>

@@ -229,13 +229,29 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 		}
 	}
 	cpu0, cpuOK := topo.cpu()
+	var backlogZK *[2]zkReading
+	if cfg.Backlog > 0 {
+		// What the backlog costs ZooKeeper: read before its publishing
+		// and once it is published, before anything else.
+		r0, fs := readZK(ctx, cfg, topo, token)
+		failures = append(failures, fs...)
+		then := hooks.beforeDrain
+		hooks.beforeDrain = func(ctx context.Context) {
+			r1, fs := readZK(ctx, cfg, topo, token)
+			failures = append(failures, fs...)
+			backlogZK = &[2]zkReading{r0, r1}
+			if then != nil {
+				then(ctx)
+			}
+		}
+	}
 	zxid0, zxidErr := readZxid(topo.ZooKeeper)
 	w, err := runWorkload(ctx, cfg, pool, progress, hooks)
 	if err != nil {
 		return reportInput{}, nil, err
 	}
 	cpu1, cpu1OK := topo.cpu()
-	in := reportInput{Config: *cfg, Topology: topo, Workload: w}
+	in := reportInput{Config: *cfg, Topology: topo, Workload: w, BacklogZK: backlogZK}
 	if topo.ZooKeeper != "" {
 		zxid1, err := readZxid(topo.ZooKeeper)
 		// An external ZooKeeper may not allow srvr: then no figure.

@@ -43,7 +43,10 @@ type Report struct {
 	CPU       *CPUStats      `json:"cpu,omitempty"`
 	// ZooKeeper: its transactions over the run (from its zxid), when
 	// ZooKeeper is known and no leader election came in between.
-	ZooKeeper *ZKTxnStats      `json:"zookeeper,omitempty"`
+	ZooKeeper *ZKTxnStats `json:"zookeeper,omitempty"`
+	// ZKCost: what a message cost ZooKeeper (zkcost.go): per message
+	// delivered, or with a backlog per message of it published.
+	ZKCost    *ZKCost          `json:"zk_cost,omitempty"`
 	Baselines []BaselineResult `json:"baselines,omitempty"`
 	// Ratios: qbroker's delivered/s divided by each baseline's rate.
 	Ratios map[string]float64 `json:"ratios,omitempty"`
@@ -132,6 +135,7 @@ type reportInput struct {
 	Counters  *brokerCounters // broker counters' delta; nil when not scraped
 	CPU       *cpuSample      // spawned processes' CPU delta; nil when unknown
 	Zxids     *[2]int64       // ZooKeeper's last zxid before and after; nil when unknown
+	BacklogZK *[2]zkReading   // with a backlog: ZooKeeper before and after its publishing
 	Baselines []BaselineResult
 	Deep      *DeepReport // with a backlog
 	Probe     *LoadProbe  // with --probe
@@ -191,6 +195,13 @@ func buildReport(in reportInput) *Report {
 		if st, ok := zkTxnStats(z[0], z[1], delivered, r.Seconds); ok {
 			r.ZooKeeper = &st
 		}
+	}
+	if c.Backlog > 0 {
+		if z := in.BacklogZK; z != nil {
+			r.ZKCost = backlogCost(z[0], z[1], w.Verdict.Published)
+		}
+	} else {
+		r.ZKCost = runCost(r.ZooKeeper, in.Counters, delivered)
 	}
 	for _, b := range in.Baselines {
 		if b.PerSec > 0 {
@@ -307,6 +318,9 @@ func writeSummary(out io.Writer, r *Report) {
 	if z := r.ZooKeeper; z != nil {
 		fmt.Fprintf(&b, "zk txns      %d transactions = %.2f per message, %.0f/s: the zxid counter of a leader (2^32) lasts %.1f days at this rate\n",
 			z.Transactions, z.PerDelivered, z.PerSec, z.DaysPerEpoch)
+	}
+	if r.ZKCost != nil {
+		writeZKCost(&b, r.ZKCost)
 	}
 	fmt.Fprintf(&b, "errors       %d", r.Errors.Total)
 	if r.Errors.Total > 0 {

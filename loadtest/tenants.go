@@ -124,7 +124,8 @@ func (c *Config) validateTenants() error {
 
 // queueOptions returns the options the load test creates its queue with.
 func (c *Config) queueOptions() qbroker.QueueOptions {
-	o := qbroker.QueueOptions{Kind: c.Kind, SingleActiveConsumer: c.SingleActive, VisibilityTimeout: c.VisibilityTimeout}
+	o := qbroker.QueueOptions{Kind: c.Kind, SingleActiveConsumer: c.SingleActive, VisibilityTimeout: c.VisibilityTimeout,
+		Packed: c.Packed}
 	if c.Fair {
 		o.Fairness = qbroker.Fairness{Key: qbroker.FairByHeader(tenantHeader)}
 	}

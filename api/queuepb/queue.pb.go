@@ -241,7 +241,13 @@ type CreateQueueRequest struct {
 	// (FAILED_PRECONDITION) on such a queue: only streams take turns.
 	SingleActiveConsumer bool `protobuf:"varint,13,opt,name=single_active_consumer,json=singleActiveConsumer,proto3" json:"single_active_consumer,omitempty"`
 	// Fair dispatch by key: unset means none (deliveries in queue order).
-	Fairness      *Fairness `protobuf:"bytes,14,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	Fairness *Fairness `protobuf:"bytes,14,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	// Packed storage: the messages of a publish call, and of the concurrent
+	// publishes one group commit gathers, are stored in one ZooKeeper node
+	// holding many messages, so a message costs ZooKeeper a fraction of a
+	// node; acks stay per message. FIFO and PRIORITY queues, not with
+	// fairness or message_ttl (INVALID_ARGUMENT).
+	Packed        bool `protobuf:"varint,15,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +380,13 @@ func (x *CreateQueueRequest) GetFairness() *Fairness {
 	return nil
 }
 
+func (x *CreateQueueRequest) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
+}
+
 // Fairness shares a queue's deliveries between the keys of its messages in
 // weighted round robin, so that one key's backlog does not delay the
 // others' messages beyond their share. Order within a key is not kept
@@ -466,7 +479,9 @@ type QueueInfo struct {
 	// Single active consumer (see CreateQueueRequest).
 	SingleActiveConsumer bool `protobuf:"varint,14,opt,name=single_active_consumer,json=singleActiveConsumer,proto3" json:"single_active_consumer,omitempty"`
 	// Fair dispatch by key (see CreateQueueRequest); unset when none.
-	Fairness      *Fairness `protobuf:"bytes,15,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	Fairness *Fairness `protobuf:"bytes,15,opt,name=fairness,proto3" json:"fairness,omitempty"`
+	// Packed storage (see CreateQueueRequest).
+	Packed        bool `protobuf:"varint,16,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -604,6 +619,13 @@ func (x *QueueInfo) GetFairness() *Fairness {
 		return x.Fairness
 	}
 	return nil
+}
+
+func (x *QueueInfo) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
 }
 
 type GetQueueRequest struct {
@@ -2731,7 +2753,7 @@ var File_api_queue_proto protoreflect.FileDescriptor
 const file_api_queue_proto_rawDesc = "" +
 	"\n" +
 	"\x0fapi/queue.proto\x12\n" +
-	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x05\n" +
+	"qbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x05\n" +
 	"\x12CreateQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2749,13 +2771,14 @@ const file_api_queue_proto_rawDesc = "" +
 	" \x01(\bR\x12expireToDeadLetter\x12=\n" +
 	"\rretry_backoff\x18\f \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\x124\n" +
 	"\x16single_active_consumer\x18\r \x01(\bR\x14singleActiveConsumer\x120\n" +
-	"\bfairness\x18\x0e \x01(\v2\x14.qbroker.v1.FairnessR\bfairness\"\x95\x01\n" +
+	"\bfairness\x18\x0e \x01(\v2\x14.qbroker.v1.FairnessR\bfairness\x12\x16\n" +
+	"\x06packed\x18\x0f \x01(\bR\x06packed\"\x95\x01\n" +
 	"\bFairness\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12;\n" +
 	"\aweights\x18\x02 \x03(\v2!.qbroker.v1.Fairness.WeightsEntryR\aweights\x1a:\n" +
 	"\fWeightsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xc8\x05\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xe0\x05\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x15.qbroker.v1.QueueKindR\x04kind\x12!\n" +
@@ -2775,7 +2798,8 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x15expire_to_dead_letter\x18\v \x01(\bR\x12expireToDeadLetter\x12=\n" +
 	"\rretry_backoff\x18\r \x01(\v2\x18.qbroker.v1.RetryBackoffR\fretryBackoff\x124\n" +
 	"\x16single_active_consumer\x18\x0e \x01(\bR\x14singleActiveConsumer\x120\n" +
-	"\bfairness\x18\x0f \x01(\v2\x14.qbroker.v1.FairnessR\bfairness\"%\n" +
+	"\bfairness\x18\x0f \x01(\v2\x14.qbroker.v1.FairnessR\bfairness\x12\x16\n" +
+	"\x06packed\x18\x10 \x01(\bR\x06packed\"%\n" +
 	"\x0fGetQueueRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"g\n" +
 	"\x11ListQueuesRequest\x12\x16\n" +

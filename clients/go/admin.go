@@ -115,6 +115,12 @@ type QueueOptions struct {
 	SingleActiveConsumer bool
 	// Fairness: fair dispatch by key; the zero Fairness means none.
 	Fairness Fairness
+	// Packed: the messages of a Publish call, and of the concurrent
+	// publishes one group commit gathers, are stored in one ZooKeeper node
+	// holding many messages; acks stay per message. KindFIFO and
+	// KindPriority queues, not with Fairness or MessageTTL
+	// (ErrInvalidArgument).
+	Packed bool
 }
 
 // QueueInfo is a queue's configuration.
@@ -138,6 +144,8 @@ type QueueInfo struct {
 	SingleActiveConsumer bool
 	// Fairness: see QueueOptions.
 	Fairness Fairness
+	// Packed: see QueueOptions.
+	Packed bool
 }
 
 func infoFromPB(q *pb.QueueInfo) QueueInfo {
@@ -157,6 +165,7 @@ func infoFromPB(q *pb.QueueInfo) QueueInfo {
 		RetryBackoff:         backoffFromPB(q.GetRetryBackoff()),
 		SingleActiveConsumer: q.GetSingleActiveConsumer(),
 		Fairness:             fairnessFromPB(q.GetFairness()),
+		Packed:               q.GetPacked(),
 	}
 }
 
@@ -226,6 +235,7 @@ func (c *Client) CreateQueue(ctx context.Context, name string, o QueueOptions) (
 		RetryBackoff:         o.RetryBackoff.toPB(),
 		SingleActiveConsumer: o.SingleActiveConsumer,
 		Fairness:             fair,
+		Packed:               o.Packed,
 	})
 	if err != nil {
 		return QueueInfo{}, errorf("qbroker: create queue %s: %w", name, convErr(err))

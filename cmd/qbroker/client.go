@@ -194,6 +194,9 @@ func printQueues(w io.Writer, qs []qbroker.QueueInfo) {
 		if q.SingleActiveConsumer {
 			kind += "+single-active" // one consumer at a time
 		}
+		if q.Packed {
+			kind += "+packed" // many messages per node
+		}
 		ttl := "-"
 		if q.MessageTTL > 0 {
 			ttl = q.MessageTTL.String()
@@ -246,6 +249,7 @@ order), 0 most urgent; sync is a FIFO queue that opens for consumers once
 	fs.StringVar(&o.Fairness.Key, "fairness-key", "", "fair dispatch: serve the messages' keys in weighted round robin; `key`: group (the message group) or header:<name>")
 	weights := weightFlag{}
 	fs.Var(weights, "fairness-weight", "with --fairness-key: a key's weight `key=n` (1..100, default 1); repeat for several")
+	fs.BoolVar(&o.Packed, "packed", false, "packed storage: a publish's batch, and the concurrent publishes gathered with it, go into one ZooKeeper node; acks stay per message (fifo and priority queues, not with --fairness-key or --message-ttl)")
 	names, err := parse(fs, args, 1, -1)
 	if err != nil {
 		return err
@@ -293,6 +297,14 @@ func checkCreateFlags(o qbroker.QueueOptions) error {
 	}
 	if len(o.Fairness.Weights) > 0 && o.Fairness.Key == "" {
 		return usagef("--fairness-weight needs --fairness-key")
+	}
+	switch {
+	case o.Packed && o.Kind == qbroker.KindSync:
+		return usagef("--packed is for fifo and priority queues, not sync")
+	case o.Packed && o.Fairness.Key != "":
+		return usagef("--packed does not combine with --fairness-key")
+	case o.Packed && o.MessageTTL != 0:
+		return usagef("--packed does not combine with --message-ttl")
 	}
 	return nil
 }

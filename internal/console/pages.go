@@ -283,6 +283,7 @@ func (c *Console) create(r *http.Request) (string, error) {
 		return "", err
 	}
 	req.ExpireToDeadLetter = f.Get("expire_to_dead_letter") != ""
+	req.Packed = f.Get("packed") != ""
 	if req.DedupWindow, err = formDuration(r, "dedup_window", "dedup window", "5m"); err != nil {
 		return "", err
 	}

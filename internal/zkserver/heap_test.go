@@ -5,8 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os/exec"
-	"regexp"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -29,27 +27,15 @@ var (
 	heapQuota     = flag.Bool("zk-heap-quota", false, "TestHeapPerMessage: with quota statistics on the parent (what a max_bytes costs)")
 )
 
-var usedRE = regexp.MustCompile(`used (\d+)K`)
-
-// liveHeap returns the heap a server uses after a full collection
-// (jcmd GC.run, then GC.heap_info: the generations' used sizes).
+// liveHeap returns the heap a server uses after a full collection: its
+// generations' used sizes (zkserver.LiveHeap).
 func liveHeap(t *testing.T, pid int) int64 {
 	t.Helper()
-	if out, err := exec.Command("jcmd", strconv.Itoa(pid), "GC.run").CombinedOutput(); err != nil {
-		t.Fatalf("jcmd GC.run: %v\n%s", err, out)
-	}
-	out, err := exec.Command("jcmd", strconv.Itoa(pid), "GC.heap_info").CombinedOutput()
+	h, err := zkserver.LiveHeap(context.Background(), pid)
 	if err != nil {
-		t.Fatalf("jcmd GC.heap_info: %v\n%s", err, out)
+		t.Fatal(err)
 	}
-	var kb int64
-	// The young and old generations' lines come first; Metaspace's
-	// "used" is not heap.
-	for _, m := range usedRE.FindAllStringSubmatch(string(out), 2) {
-		n, _ := strconv.ParseInt(m[1], 10, 64)
-		kb += n
-	}
-	return kb << 10
+	return h.Used()
 }
 
 func heapServer(t *testing.T, heapMB int) (*zkserver.Server, *zk.Conn) {
