@@ -154,8 +154,11 @@ func TestPackLeases(t *testing.T) {
 	if len(first) != 5 || string(first[0].Payload) != "m00" || string(first[4].Payload) != "m04" {
 		t.Fatalf("first take: %d, %q..%q", len(first), first[0].Payload, first[len(first)-1].Payload)
 	}
-	if n, _ := leases.InFlight(ctx); n != 1 {
-		t.Fatalf("%d lease nodes for one pack, want 1", n)
+	if nodes, _, err := conn.Children(root + "/leases"); err != nil || len(nodes) != 1 {
+		t.Fatalf("lease nodes %v, %v; want one for the pack", nodes, err)
+	}
+	if n, _ := leases.InFlight(ctx); n != 20 {
+		t.Fatalf("%d in flight, want the pack's 20", n)
 	}
 	rest := take(100, ttl) // the buffer's 15 only
 	if len(rest) != 15 || string(rest[0].Payload) != "m05" {

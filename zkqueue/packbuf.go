@@ -23,12 +23,20 @@ import (
 // (Leases.Unclaim) rather than handed out, and Leases.Flush gives them all
 // back.
 type packBuf[T any] struct {
+	// claiming is held by the one take claiming for the buffer: claims
+	// one at a time complete in queue order, so the buffer holds its
+	// items in queue order, and a take never hands out a message older
+	// than one an earlier take handed out (unless it was put back).
+	claiming chan struct{}
+
 	mu    sync.Mutex
 	items []T
 	wake  chan zk.Event // closed and replaced when items arrive
 }
 
-func newPackBuf[T any]() *packBuf[T] { return &packBuf[T]{wake: make(chan zk.Event)} }
+func newPackBuf[T any]() *packBuf[T] {
+	return &packBuf[T]{wake: make(chan zk.Event), claiming: make(chan struct{}, 1)}
+}
 
 // errBuffered ends a take's wait: its buffer has messages.
 var errBuffered = errors.New("zkqueue: buffered messages")
@@ -106,23 +114,32 @@ func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packB
 		if len(out) > 0 {
 			return out, nil
 		}
-		t.wake = buf.ready
-		vals, err := takeWithin(ctx, d, t, claim)
-		if errors.Is(err, errBuffered) {
+		_, wake := buf.ready()
+		select {
+		case buf.claiming <- struct{}{}:
+		case <-wake:
+			continue
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if ready, _ := buf.ready(); ready {
+			<-buf.claiming // filled meanwhile: hand that out first
 			continue
 		}
+		t.wake = buf.ready
+		vals, err := takeWithin(ctx, d, t, claim)
 		if err != nil {
+			<-buf.claiming
+			if errors.Is(err, errBuffered) {
+				continue
+			}
 			return nil, err
 		}
 		var all []T
 		for _, v := range vals {
 			all = append(all, v...)
 		}
-		// Items handed out come first in queue order: the buffer's
-		// items, if a concurrent take filled it meanwhile, are older
-		// than none of these (they were claimed from earlier
-		// candidates or concurrently), so the order between takes is
-		// as unordered as concurrent takes are.
+		// The first items go to this take, the rest, younger, wait.
 		used, n := 0, 0
 		for n < len(all) && n < t.max {
 			s := size(all[n]) + t.room.Overhead
@@ -133,6 +150,7 @@ func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packB
 			n++
 		}
 		buf.push(all[n:])
+		<-buf.claiming
 		return all[:n], nil
 	}
 }
