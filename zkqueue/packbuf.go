@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -28,6 +29,7 @@ type packBuf[T any] struct {
 	// items in queue order, and a take never hands out a message older
 	// than one an earlier take handed out (unless it was put back).
 	claiming chan struct{}
+	waiting  atomic.Int32 // takes waiting for claiming: the claim takes for them too
 
 	mu    sync.Mutex
 	items []T
@@ -37,6 +39,10 @@ type packBuf[T any] struct {
 func newPackBuf[T any]() *packBuf[T] {
 	return &packBuf[T]{wake: make(chan zk.Event), claiming: make(chan struct{}, 1)}
 }
+
+// maxClaimAhead bounds the messages one claim takes for the takes
+// waiting on it (weighed by the candidates' names).
+const maxClaimAhead = 1000
 
 // errBuffered ends a take's wait: its buffer has messages.
 var errBuffered = errors.New("zkqueue: buffered messages")
@@ -115,19 +121,26 @@ func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packB
 			return out, nil
 		}
 		_, wake := buf.ready()
+		buf.waiting.Add(1)
 		select {
 		case buf.claiming <- struct{}{}:
 		case <-wake:
+			buf.waiting.Add(-1)
 			continue
 		case <-ctx.Done():
+			buf.waiting.Add(-1)
 			return nil, ctx.Err()
 		}
+		waiting := int(buf.waiting.Add(-1))
 		if ready, _ := buf.ready(); ready {
 			<-buf.claiming // filled meanwhile: hand that out first
 			continue
 		}
 		t.wake = buf.ready
-		vals, err := takeWithin(ctx, d, t, claim)
+		c := t
+		c.max = min(t.max*(1+waiting), maxClaimAhead) // what the takes waiting meanwhile ask too
+		c.max = max(c.max, t.max)
+		vals, err := takeWithin(ctx, d, c, claim)
 		if err != nil {
 			<-buf.claiming
 			if errors.Is(err, errBuffered) {
