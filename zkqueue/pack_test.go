@@ -154,8 +154,8 @@ func TestPackLeases(t *testing.T) {
 	if len(first) != 5 || string(first[0].Payload) != "m00" || string(first[4].Payload) != "m04" {
 		t.Fatalf("first take: %d, %q..%q", len(first), first[0].Payload, first[len(first)-1].Payload)
 	}
-	if nodes, _, err := conn.Children(root + "/leases"); err != nil || len(nodes) != 1 {
-		t.Fatalf("lease nodes %v, %v; want one for the pack", nodes, err)
+	if nodes, _, err := conn.Children(root + "/leases"); err != nil || len(nodes) != 2 {
+		t.Fatalf("lease nodes %v, %v; want the pack's lease and its messages", nodes, err)
 	}
 	if n, _ := leases.InFlight(ctx); n != 20 {
 		t.Fatalf("%d in flight, want the pack's 20", n)

@@ -15,54 +15,53 @@ import (
 )
 
 // Leases of packs (pack.go). An at-least-once claim of a pack moves it
-// whole into one lease node, <leases>/<pack name>~<nonce>, holding each
-// message with its own deadline, in one transaction (delete the pack,
-// create the lease, write it: the write's Stat gives the fencing token, as
-// for a lone message). Message i's token is "<lease name>@i".
+// whole into a lease in one transaction: delete the pack; create
+// <leases>/<pack name>~<nonce>.msgs holding its messages (written once,
+// never changed); create the lease <leases>/<pack name>~<nonce> and write
+// it (the write's Stat gives the fencing token, as for a lone message).
+// The lease holds each unsettled message's index and deadline, a few bytes
+// each; message i's token is "<lease name>@i".
 //
 // Settling a message rewrites the lease without it (setData at the
-// version read), or deletes the lease with its last message; a nack, a
-// release or an expiry puts the messages back in the same transaction, as
-// one node at their place (the lone message's own name, or a pack of the
-// part: putBackName), a delayed nack moves the message into a lease of
-// its own (the lone message's lease, as Leases.Nack makes), and a dead
-// letter is stored under the message's id. The settlements of one lease
-// that arrive while a write of it is under way are applied together by
-// the next write (the rounds below): one setData settles all of them, and
-// each is answered once it committed. Extend moves one message's
-// deadline. A write that fails on the version (another process settled
-// some of the lease meanwhile) reads the lease again and applies the
-// round again: a settlement is never applied twice, nor over one that
+// version read), or deletes the lease and its messages with its last one;
+// a nack, a release or an expiry puts the messages back in the same
+// transaction, as one node at their place (the lone message's own name,
+// or a pack of the part: putBackName), a delayed nack moves the message
+// into a lease of its own (the lone message's lease, as Leases.Nack makes),
+// and a dead letter is stored under the message's id. The settlements of
+// one lease that arrive while a write of it is under way are applied
+// together by the next write (the rounds below): one small setData settles
+// all of them, and each is answered once it committed. Extend moves one
+// message's deadline. A write that fails on the version (another process
+// settled some of the lease meanwhile) reads the lease again and applies
+// the round again: a settlement is never applied twice, nor over one that
 // committed elsewhere.
 //
 // The lease data:
 //
-//	0xCB 'L' 3 | uvarint count | count x (uvarint index | varint deadline (Unix ns) | uvarint length | message data)
+//	0xCB 'L' 3 | uvarint count | count x (uvarint index | varint deadline (Unix ns))
 var packLeaseMagic = [3]byte{0xCB, 'L', 3}
 
 // MemberSep separates a pack lease's name from a message's index in a
 // token.
 const MemberSep = "@"
 
+// packMsgsSuffix names the node holding a pack lease's messages.
+const packMsgsSuffix = ".msgs"
+
 // leaseEntry is one unsettled message of a pack lease.
 type leaseEntry struct {
-	packEntry
+	index    int
 	deadline time.Time
 }
 
 func encodePackLease(entries []leaseEntry) []byte {
-	n := 3 + binary.MaxVarintLen32
-	for _, e := range entries {
-		n += 2*binary.MaxVarintLen32 + binary.MaxVarintLen64 + len(e.data)
-	}
-	b := make([]byte, 0, n)
+	b := make([]byte, 0, 3+binary.MaxVarintLen32+len(entries)*(binary.MaxVarintLen32+binary.MaxVarintLen64))
 	b = append(b, packLeaseMagic[:]...)
 	b = binary.AppendUvarint(b, uint64(len(entries)))
 	for _, e := range entries {
 		b = binary.AppendUvarint(b, uint64(e.index))
 		b = binary.AppendVarint(b, e.deadline.UnixNano())
-		b = binary.AppendUvarint(b, uint64(len(e.data)))
-		b = append(b, e.data...)
 	}
 	return b
 }
@@ -91,12 +90,7 @@ func decodePackLease(data []byte) ([]leaseEntry, error) {
 			return nil, ErrBadData
 		}
 		rest = rest[k:]
-		l, k := binary.Uvarint(rest)
-		if k <= 0 || l > uint64(len(rest)-k) {
-			return nil, ErrBadData
-		}
-		out = append(out, leaseEntry{packEntry: packEntry{index: int(index), data: rest[k : k+int(l)]}, deadline: time.Unix(0, d)})
-		rest = rest[k+int(l):]
+		out = append(out, leaseEntry{index: int(index), deadline: time.Unix(0, d)})
 	}
 	return out, nil
 }
@@ -153,10 +147,13 @@ type packTx struct {
 	get                 func(string) ([]byte, *zk.Stat, error)
 }
 
-// leaseState is a pack lease as read (or as last written here).
+// leaseState is a pack lease as read (or as last written here): its
+// unsettled messages, its version, and its messages' data by index (nil
+// until read: an ack needs none).
 type leaseState struct {
 	entries []leaseEntry // in index order
 	version int32
+	msgs    map[int][]byte
 }
 
 // packLeases is the Leases' part for pack leases: the rounds of
@@ -172,7 +169,7 @@ type packLeases struct {
 
 // maxKnown bounds the lease states remembered; past it they are
 // forgotten (and read again when settled).
-const maxKnown = 4096
+const maxKnown = 1024
 
 type settleRound struct {
 	open bool
@@ -242,9 +239,9 @@ func (pl *packLeases) apply(ctx context.Context, lease string, item Name, ops []
 		pl.mu.Lock()
 		st, ok := pl.known[lease]
 		pl.mu.Unlock()
-		if !ok {
+		if !ok || st.msgs == nil && needsData(ops) {
 			var err error
-			if st, err = readPackLease(pl.tx, lease); err != nil {
+			if st, err = readPackLease(pl.tx, lease, needsData(ops)); err != nil {
 				for _, op := range ops {
 					op.err = err
 				}
@@ -280,20 +277,53 @@ func (pl *packLeases) apply(ctx context.Context, lease string, item Name, ops []
 	}
 }
 
-// readPackLease reads a pack lease; a missing one is ErrUnknownLease.
-func readPackLease(t packTx, lease string) (leaseState, error) {
-	data, stat, err := t.get(t.leases + "/" + lease)
+// needsData reports whether ops need the messages' data: all but acks
+// and extensions do.
+func needsData(ops []*settleOp) bool {
+	return slices.ContainsFunc(ops, func(op *settleOp) bool { return op.kind != settleAck && op.kind != settleExtend })
+}
+
+// readPackLease reads a pack lease, and with data its messages; a missing
+// lease is ErrUnknownLease.
+func readPackLease(t packTx, lease string, data bool) (leaseState, error) {
+	b, stat, err := t.get(t.leases + "/" + lease)
 	if errors.Is(err, zk.ErrNoNode) {
 		return leaseState{}, ErrUnknownLease
 	}
 	if err != nil {
 		return leaseState{}, fmt.Errorf("get lease %s: %w", lease, err)
 	}
-	entries, err := decodePackLease(data)
+	entries, err := decodePackLease(b)
 	if err != nil {
 		return leaseState{}, fmt.Errorf("lease %s: %w", lease, err)
 	}
-	return leaseState{entries: entries, version: stat.Version}, nil
+	st := leaseState{entries: entries, version: stat.Version}
+	if data {
+		if st.msgs, err = readPackMsgs(t, lease); err != nil {
+			return leaseState{}, err
+		}
+	}
+	return st, nil
+}
+
+// readPackMsgs reads the messages of a pack lease.
+func readPackMsgs(t packTx, lease string) (map[int][]byte, error) {
+	b, _, err := t.get(t.leases + "/" + lease + packMsgsSuffix)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, ErrUnknownLease // settled meanwhile: the lease went with it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get lease %s: %w", lease, err)
+	}
+	entries, err := decodePack(b)
+	if err != nil {
+		return nil, fmt.Errorf("lease %s: %w", lease, ErrBadData)
+	}
+	msgs := make(map[int][]byte, len(entries))
+	for _, e := range entries {
+		msgs[e.index] = e.data
+	}
+	return msgs, nil
 }
 
 // writeSettlements applies ops to the lease in state st at now and writes
@@ -317,12 +347,20 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 			continue
 		}
 		e := live[i]
-		m, err := DecodeData(e.data)
-		if err != nil {
-			op.err = fmt.Errorf("%s: %w", lease, ErrBadData)
+		data := st.msgs[e.index]
+		m := Message{ID: memberID(item, e.index), Priority: item.Priority}
+		if data != nil {
+			dm, err := DecodeData(data)
+			if err != nil {
+				op.err = fmt.Errorf("%s: %w", lease, ErrBadData)
+				continue
+			}
+			dm.ID, dm.Priority = m.ID, m.Priority
+			m = dm
+		} else if op.kind != settleAck && op.kind != settleExtend {
+			op.err = fmt.Errorf("%s: %w", lease, ErrBadData) // its data is missing
 			continue
 		}
-		m.ID, m.Priority = memberID(item, e.index), item.Priority
 		op.m = m
 		if op.kind != settleRelease && op.kind != settleUnclaim && now.After(e.deadline) {
 			op.err = fmt.Errorf("%w: expired %v ago", ErrUnknownLease, now.Sub(e.deadline).Round(time.Millisecond))
@@ -345,17 +383,17 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 			}
 			switch {
 			case tooMany(m, op.p) && op.p.DeadLetter:
-				dead = append(dead, e.packEntry)
+				dead = append(dead, packEntry{index: e.index, data: data})
 				op.out = DeadLettered
 			case tooMany(m, op.p):
 				op.out = Dropped
 			case delay > 0:
 				own := memberName(item, e.index)
 				delayed = append(delayed, &zk.CreateRequest{Path: t.leases + "/" + newLeaseName(own.Raw),
-					Data: encodeNackedLease(now.Add(delay), e.data), Acl: t.acl})
+					Data: encodeNackedLease(now.Add(delay), data), Acl: t.acl})
 				op.out = Delayed
 			default:
-				back = append(back, e.packEntry)
+				back = append(back, packEntry{index: e.index, data: data})
 				op.out = Requeued
 			}
 		}
@@ -366,9 +404,10 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 	}
 	p := t.leases + "/" + lease
 	var txOps []any
-	next := leaseState{entries: live, version: st.version + 1}
+	next := leaseState{entries: live, version: st.version + 1, msgs: st.msgs}
 	if len(live) == 0 {
-		txOps = append(txOps, &zk.DeleteRequest{Path: p, Version: st.version})
+		txOps = append(txOps, &zk.DeleteRequest{Path: p, Version: st.version},
+			&zk.DeleteRequest{Path: p + packMsgsSuffix, Version: -1})
 	} else {
 		txOps = append(txOps, &zk.SetDataRequest{Path: p, Data: encodePackLease(live), Version: st.version})
 	}
@@ -427,23 +466,26 @@ func (l *Leases) claimPack(ctx context.Context, n Name, data []byte, version int
 	}
 	deadline := time.Now().Add(ttl)
 	live := make([]leaseEntry, len(entries))
+	msgs := make(map[int][]byte, len(entries))
 	for i, e := range entries {
-		live[i] = leaseEntry{packEntry: e, deadline: deadline}
+		live[i] = leaseEntry{index: e.index, deadline: deadline}
+		msgs[e.index] = e.data
 	}
 	lease := newLeaseName(n.Raw)
 	p := l.leases + "/" + lease
 	res, err := l.items.write(ctx,
 		&zk.DeleteRequest{Path: itemPath(l.items.path, n), Version: version},
+		&zk.CreateRequest{Path: p + packMsgsSuffix, Data: encodePack(entries), Acl: l.items.opt.acl},
 		&zk.CreateRequest{Path: p, Data: []byte{}, Acl: l.items.opt.acl},
 		&zk.SetDataRequest{Path: p, Data: encodePackLease(live), Version: 0})
 	if err != nil {
 		return nil, fmt.Errorf("lease %s: %w", n.Raw, err)
 	}
 	var fence uint64
-	if len(res) > 2 && res[2].Stat != nil {
-		fence = uint64(res[2].Stat.Czxid)
+	if len(res) > 3 && res[3].Stat != nil {
+		fence = uint64(res[3].Stat.Czxid)
 	}
-	l.packs.remember(lease, leaseState{entries: live, version: 1}, true)
+	l.packs.remember(lease, leaseState{entries: live, version: 1, msgs: msgs}, true)
 	out := make([]Lease, len(ms))
 	for i, m := range ms {
 		out[i] = Lease{Message: m, Token: lease + MemberSep + strconv.Itoa(entries[i].index), Deadline: deadline, FencingToken: fence}
@@ -537,15 +579,21 @@ func sweepPack(ctx context.Context, t packTx, name string, item Name, data []byt
 	if len(ops) == 0 {
 		return nil, next, nil
 	}
-	st := leaseState{entries: entries, version: version}
-	for _, op := range ops {
-		if p.Backoff != nil {
-			m, err := DecodeData(entries[slices.IndexFunc(entries, func(e leaseEntry) bool { return e.index == op.index })].data)
-			if err == nil && !tooMany(m, p) {
+	msgs, err := readPackMsgs(t, name)
+	if errors.Is(err, ErrUnknownLease) {
+		return nil, next, zk.ErrNoNode
+	}
+	if err != nil {
+		return nil, now, err
+	}
+	if p.Backoff != nil {
+		for _, op := range ops {
+			if m, err := DecodeData(msgs[op.index]); err == nil && !tooMany(m, p) {
 				op.delay = p.Backoff.Delay(m.Deliveries)
 			}
 		}
 	}
+	st := leaseState{entries: entries, version: version, msgs: msgs}
 	if _, err := writeSettlements(ctx, t, name, item, st, ops, now); err != nil {
 		return nil, now, err
 	}
