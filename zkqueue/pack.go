@@ -243,22 +243,32 @@ func decodeNode(n Name, data []byte, addDeliveries int) ([]Message, []packEntry,
 func weight(n Name) int { return max(n.Count, 1) }
 
 // packer gathers the plain publishes of a packed queue into packs, per
-// level: a publish joins the round that gathers while the one before it
-// writes, and the first publish of a round writes it once its turn comes.
-// An idle queue's publish is a round of its own, written at once: a pack of
-// one. A round never holds more than a pack's limits, unless one publish
-// alone does (it is then written as several packs, in one transaction).
+// level: up to packWriters transactions of a level are written at once,
+// and a publish arriving while they all are joins the round waiting for
+// the next writer, which writes it once one is free. An idle queue's
+// publish is a round of its own, written at once: a pack of one. A round
+// never holds more than a pack's limits, unless one publish alone does (it
+// is then written as several packs, in one transaction).
 type packer struct {
 	p      *producer
 	limits PackLimits
 	mu     sync.Mutex
-	levels map[int][]*packRound // rounds in order; the first is writing
+	levels map[int]*packLevel
+}
+
+// packWriters bounds the pack transactions of a level under way at once
+// (as the Committer pipelines its Multis).
+const packWriters = 4
+
+// packLevel is a level's rounds: those writing, and those waiting.
+type packLevel struct {
+	writing int
+	waiting []*packRound
 }
 
 // packRound is one transaction of a level's publishes.
 type packRound struct {
-	open   bool // joinable: its turn has not come
-	turn   chan struct{}
+	turn   chan struct{} // closed when a writer is free for it
 	done   chan struct{}
 	datas  [][]byte // the messages' data, in order
 	bytes  int
@@ -275,19 +285,25 @@ func (k *packer) publish(ctx context.Context, level int, datas [][]byte) ([]stri
 		size += len(d)
 	}
 	k.mu.Lock()
-	rounds := k.levels[level]
+	lv := k.levels[level]
+	if lv == nil {
+		lv = &packLevel{}
+		k.levels[level] = lv
+	}
 	var r *packRound
 	offset, lead := 0, false
-	if n := len(rounds); n > 0 && rounds[n-1].open && len(rounds[n-1].datas)+len(datas) <= k.limits.MaxCount &&
-		rounds[n-1].bytes+size <= k.limits.MaxBytes {
-		r = rounds[n-1]
+	if n := len(lv.waiting); n > 0 && len(lv.waiting[n-1].datas)+len(datas) <= k.limits.MaxCount &&
+		lv.waiting[n-1].bytes+size <= k.limits.MaxBytes {
+		r = lv.waiting[n-1]
 		offset = len(r.datas)
 	} else {
-		r = &packRound{open: true, turn: make(chan struct{}), done: make(chan struct{})}
-		if len(rounds) == 0 {
+		r = &packRound{turn: make(chan struct{}), done: make(chan struct{})}
+		if lv.writing < packWriters {
+			lv.writing++
 			close(r.turn)
+		} else {
+			lv.waiting = append(lv.waiting, r)
 		}
-		k.levels[level] = append(rounds, r)
 		lead = true
 	}
 	r.datas = append(r.datas, datas...)
@@ -298,17 +314,17 @@ func (k *packer) publish(ctx context.Context, level int, datas [][]byte) ([]stri
 		// it wait for its answer.
 		<-r.turn
 		k.mu.Lock()
-		r.open = false
+		datas := r.datas // closed to joins: it left the waiting list
 		k.mu.Unlock()
-		r.paths, r.counts, r.err = k.write(context.WithoutCancel(ctx), level, r.datas)
+		r.paths, r.counts, r.err = k.write(context.WithoutCancel(ctx), level, datas)
 		close(r.done)
 		k.mu.Lock()
-		rounds := k.levels[level][1:]
-		if len(rounds) == 0 {
+		if len(lv.waiting) > 0 {
+			next := lv.waiting[0]
+			lv.waiting = lv.waiting[1:]
+			close(next.turn) // this writer's slot passes to it
+		} else if lv.writing--; lv.writing == 0 {
 			delete(k.levels, level)
-		} else {
-			k.levels[level] = rounds
-			close(rounds[0].turn)
 		}
 		k.mu.Unlock()
 	} else {
