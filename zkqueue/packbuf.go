@@ -44,6 +44,11 @@ func newPackBuf[T any]() *packBuf[T] {
 // waiting on it (weighed by the candidates' names).
 const maxClaimAhead = 1000
 
+// minClaimAhead is the least a claim takes (weighed likewise): a few packs,
+// so takes asking a few messages each do not pay a claim's round trip per
+// pack.
+const minClaimAhead = 400
+
 // errBuffered ends a take's wait: its buffer has messages.
 var errBuffered = errors.New("zkqueue: buffered messages")
 
@@ -139,7 +144,7 @@ func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packB
 		t.wake = buf.ready
 		c := t
 		c.max = min(t.max*(1+waiting), maxClaimAhead) // what the takes waiting meanwhile ask too
-		c.max = max(c.max, t.max)
+		c.max = max(c.max, t.max, minClaimAhead)
 		vals, err := takeWithin(ctx, d, c, claim)
 		if err != nil {
 			<-buf.claiming
