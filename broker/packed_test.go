@@ -2,6 +2,7 @@ package broker_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	qbroker "github.com/qbroker/qbroker/clients/go"
 	"github.com/qbroker/qbroker/internal/zktest"
 )
 
@@ -72,5 +74,118 @@ func TestPackedQueueConfig(t *testing.T) {
 		if _, err := b.client.GetQueue(ctx, &pb.GetQueueRequest{Name: tc.req.GetName()}); status.Code(err) != codes.NotFound {
 			t.Errorf("GetQueue(%s) after a refused create: got %v, want NotFound", tc.req.GetName(), err)
 		}
+	}
+}
+
+// A packed queue served by two brokers: batches published through one are
+// stored as packs and consumed at least once through the other by a
+// Consume stream; a nack in the middle of a pack redelivers that message
+// alone (after what the broker holds claimed already); what the stream's broker claimed beyond the stream's credit goes
+// back, never delivered, when the stream ends, and the other broker
+// delivers it with its delivery count unchanged. Every message is acked
+// exactly once, none is left ready or in flight.
+func TestPackedQueueOverBrokers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	root := zktest.Root(t)
+	a, b := newBroker(t, root), newBroker(t, root)
+	ca, err := qbroker.Dial(ctx, a.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	cb, err := qbroker.Dial(ctx, b.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cb.Close()
+	const queue, batches, each = "packed-two", 3, 50
+	if _, err := ca.CreateQueue(ctx, queue, qbroker.QueueOptions{Packed: true}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range batches {
+		msgs := make([]qbroker.OutMessage, each)
+		for j := range msgs {
+			msgs[j].Payload = []byte(fmt.Sprintf("%03d", i*each+j))
+		}
+		ids, err := ca.PublishBatch(ctx, queue, msgs)
+		if err != nil || len(ids) != each || !strings.Contains(ids[0], "#") {
+			t.Fatalf("batch %d: ids %v, %v", i, ids, err)
+		}
+	}
+	if s, err := ca.Stats(ctx, queue); err != nil || s.Ready != batches*each {
+		t.Fatalf("stats: %+v, %v; want %d ready", s, err, batches*each)
+	}
+	acked := map[string]int{}
+	deliveries := map[string]int{}
+	var nacked string
+	cons, err := cb.Consume(ctx, queue, qbroker.ConsumeOptions{Mode: qbroker.AtLeastOnce, Prefetch: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for len(acked) < 40 {
+		m, ok := <-cons.Messages()
+		if !ok {
+			t.Fatalf("stream ended: %v", cons.Err())
+		}
+		p := string(m.Payload)
+		deliveries[p]++
+		if p == "007" && nacked == "" {
+			nacked = m.ID
+			if err := m.Nack(ctx, 0); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if p == "007" && m.DeliveryCount != 2 {
+			t.Fatalf("%s redelivered with count %d, want 2", p, m.DeliveryCount)
+		}
+		if err := m.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+		acked[p]++
+	}
+	if err := cons.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The rest, on the other broker: none delivered before, bar what the
+	// stream had sent and the test not read when it closed (released,
+	// counted).
+	unread := 0
+	zktest.WaitFor(t, 30*time.Second, "the rest drained through the other broker", func() bool {
+		ms, err := ca.Receive(ctx, queue, qbroker.ReceiveOptions{Max: 100, Mode: qbroker.AtLeastOnce})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			p := string(m.Payload)
+			deliveries[p]++
+			switch m.DeliveryCount - deliveries[p] {
+			case 0:
+			case 1: // sent on the stream, unread when it closed
+				if unread++; unread > 10 {
+					t.Fatalf("%d messages delivered on the stream unread, more than its prefetch", unread)
+				}
+			default:
+				t.Fatalf("%s: delivery count %d, delivered %d times", p, m.DeliveryCount, deliveries[p])
+			}
+			if err := m.Ack(ctx); err != nil {
+				t.Fatal(err)
+			}
+			acked[p]++
+		}
+		return len(acked) == batches*each
+	})
+	for p, n := range acked {
+		if n != 1 {
+			t.Fatalf("%s acked %d times", p, n)
+		}
+	}
+	if deliveries["007"] != 2 {
+		t.Fatalf("the nacked message was delivered %d times, want 2", deliveries["007"])
+	}
+	s, err := ca.Stats(ctx, queue)
+	if err != nil || s.Ready != 0 || s.InFlight != 0 {
+		t.Fatalf("after the drain: %+v, %v", s, err)
 	}
 }
