@@ -47,6 +47,10 @@
 //	groups.go    message groups part (WithGroups): per-group order by sequential
 //	             entries created with the message, one in flight per group
 //	baddata.go   skipping message nodes whose data does not decode
+//	pack.go      packed storage (WithPacking): many messages per node, the
+//	             packer gathering publishes; packbuf.go: what a claim took
+//	             beyond the take, for the next takes; packlease.go: a pack's
+//	             lease, settlements coalesced per lease, partial put-back
 //	active.go    single active consumer (Spec.SingleActive): the active/ election
 //	             node, and WaitUnheld, the wait for the previous consumer's leases
 //	observe.go   Observer: per-request latency for metrics
@@ -62,6 +66,8 @@
 //	<path>/s0000000000000000007/qn-7-0000000042.1f2e3d4c a message put back after a lease ended
 //	<path>/s0000000000000000007/qn-7-3fa0-0000000043     published by a consumer of the queue
 //	                                       with publisher tag 3fa0 (WithPublisher)
+//	<path>/s0000000000000000007/qn-7-n64-0000000044      a pack of 64 messages (WithPacking),
+//	                                       ids qn-7-0000000044#1 .. #64 (pack.go)
 //
 // A queue is a chain of segments (one chain per priority level), each a
 // parent node holding up to about S messages (WithSegmentSize, default
