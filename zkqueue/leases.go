@@ -99,7 +99,7 @@ func NewLeases(items *Queue, leasesPath, deadPath string) (*Leases, error) {
 	l.packs = &packLeases{tx: packTx{items: items.path, leases: leasesPath, dead: deadPath, acl: items.opt.acl, tx: rel.tx, get: items.zk.Get},
 		rescan: items.Rescan, rounds: map[string][]*settleRound{}, known: map[string]leaseState{}}
 	if items.buf != nil {
-		l.buf = newPackBuf[Lease]()
+		l.buf = newPackBuf[Lease](minClaim(items.opt))
 	}
 	return l, nil
 }

@@ -239,6 +239,14 @@ func decodeNode(n Name, data []byte, addDeliveries int) ([]Message, []packEntry,
 	return ms, entries, nil
 }
 
+// minClaim is the least a packed queue's claim takes (packbuf.go).
+func minClaim(o options) int {
+	if o.priorities {
+		return 0
+	}
+	return minClaimAhead
+}
+
 // weight is the number of messages node n holds, by its name.
 func weight(n Name) int { return max(n.Count, 1) }
 

@@ -281,3 +281,41 @@ func TestPackLeases(t *testing.T) {
 		t.Fatalf("%d leases left", n)
 	}
 }
+
+// TestPackedPriorities: a batch across levels is a pack per level, in one
+// transaction; the most urgent level's pack is taken first, and a take of
+// one message hands out the most urgent message.
+func TestPackedPriorities(t *testing.T) {
+	ctx := context.Background()
+	path := zktest.Root(t) + "/q"
+	conn := zktest.Conn(t)
+	q := newQueue(t, conn, path, packed(), zkqueue.WithPriorities())
+	var drafts []zkqueue.Draft
+	for i := range 60 {
+		p := 9
+		if i%3 == 0 {
+			p = 2
+		}
+		drafts = append(drafts, zkqueue.Draft{Payload: []byte(fmt.Sprintf("%d-%02d", p, i)), Priority: p})
+	}
+	ids, err := q.PublishAll(ctx, drafts)
+	if err != nil || len(ids) != 60 {
+		t.Fatalf("publish: %d ids, %v", len(ids), err)
+	}
+	if n := messageNodes(t, conn, path); n != 2 {
+		t.Fatalf("%d nodes for a batch across two levels, want a pack each", n)
+	}
+	var got []string
+	for len(got) < 60 {
+		ms, err := q.Take(ctx, 1, zkqueue.Room{}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(ms[0].Payload))
+	}
+	for i, p := range got {
+		if urgent := i < 20; urgent != strings.HasPrefix(p, "2-") {
+			t.Fatalf("take %d: %s (order %v)", i, p, got)
+		}
+	}
+}

@@ -30,14 +30,15 @@ type packBuf[T any] struct {
 	// than one an earlier take handed out (unless it was put back).
 	claiming chan struct{}
 	waiting  atomic.Int32 // takes waiting for claiming: the claim takes for them too
+	minClaim int          // the least a claim takes (weighed): minClaimAhead, or 0 in a priority queue
 
 	mu    sync.Mutex
 	items []T
 	wake  chan zk.Event // closed and replaced when items arrive
 }
 
-func newPackBuf[T any]() *packBuf[T] {
-	return &packBuf[T]{wake: make(chan zk.Event), claiming: make(chan struct{}, 1)}
+func newPackBuf[T any](minClaim int) *packBuf[T] {
+	return &packBuf[T]{wake: make(chan zk.Event), claiming: make(chan struct{}, 1), minClaim: minClaim}
 }
 
 // maxClaimAhead bounds the messages one claim takes for the takes
@@ -46,7 +47,9 @@ const maxClaimAhead = 1000
 
 // minClaimAhead is the least a claim takes (weighed likewise): a few packs,
 // so takes asking a few messages each do not pay a claim's round trip per
-// pack.
+// pack. Not in a priority queue: what a buffer holds goes out before a
+// more urgent message published after its claim, so a priority queue's
+// claims take what the takes ask (a pack, at least).
 const minClaimAhead = 400
 
 // errBuffered ends a take's wait: its buffer has messages.
@@ -144,7 +147,7 @@ func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packB
 		t.wake = buf.ready
 		c := t
 		c.max = min(t.max*(1+waiting), maxClaimAhead) // what the takes waiting meanwhile ask too
-		c.max = max(c.max, t.max, minClaimAhead)
+		c.max = max(c.max, t.max, buf.minClaim)
 		vals, err := takeWithin(ctx, d, c, claim)
 		if err != nil {
 			<-buf.claiming

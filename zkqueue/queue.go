@@ -87,7 +87,7 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 	q.prod = &producer{core: c, tails: tails{k: map[int]int64{}}, recent: q.recent, pubs: q.pubs, groups: q.groups}
 	if o.packing != nil {
 		q.prod.packer = &packer{p: q.prod, limits: *o.packing, levels: map[int]*packLevel{}}
-		q.buf = newPackBuf[Message]()
+		q.buf = newPackBuf[Message](minClaim(o))
 	}
 	q.disp = newDispatcher(c, q.recent, q.pubs, q.reads, q.groups)
 	if q.groups != nil {
