@@ -319,3 +319,57 @@ func TestPackedPriorities(t *testing.T) {
 		}
 	}
 }
+
+// TestPackedBrowse: Browse pages through packs message by message, a
+// cursor in the middle of a pack resuming after it, a plain node among
+// them in its place, claiming nothing.
+func TestPackedBrowse(t *testing.T) {
+	ctx := context.Background()
+	path := zktest.Root(t) + "/q"
+	conn := zktest.Conn(t)
+	plain := newQueue(t, conn, path)
+	if _, err := plain.Publish(ctx, []byte("first")); err != nil { // written before packing
+		t.Fatal(err)
+	}
+	q := newQueue(t, zktest.Conn(t), path, packed())
+	batch := make([][]byte, 20)
+	for i := range batch {
+		batch[i] = []byte(fmt.Sprintf("m%02d", i))
+	}
+	if _, err := q.PublishBatch(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	after := ""
+	for pages := 0; ; pages++ {
+		ms, next, err := q.Browse(ctx, after, 7, zkqueue.Room{})
+		if err != nil || pages > 10 {
+			t.Fatalf("page %d: %v", pages, err)
+		}
+		for _, m := range ms {
+			got = append(got, string(m.Payload))
+		}
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	want := []string{"first"}
+	for i := range 20 {
+		want = append(want, fmt.Sprintf("m%02d", i))
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("browsed %v, want %v", got, want)
+	}
+	if n, err := q.Len(ctx); err != nil || n != 21 {
+		t.Fatalf("Len after browsing: %d, %v; want 21", n, err)
+	}
+	m, err := q.Peek(ctx)
+	if err != nil || string(m.Payload) != "first" {
+		t.Fatalf("Peek: %q, %v", m.Payload, err)
+	}
+	ms, err := q.Take(ctx, 3, zkqueue.Room{}, false) // the plain node, then the pack's first two
+	if err != nil || len(ms) != 3 || string(ms[0].Payload) != "first" || string(ms[2].Payload) != "m01" {
+		t.Fatalf("take: %v, %v", ms, err)
+	}
+}
