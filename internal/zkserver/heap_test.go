@@ -47,9 +47,16 @@ func heapServer(t *testing.T, heapMB int) (*zkserver.Server, *zk.Conn) {
 	if _, err := exec.LookPath("jcmd"); err != nil {
 		t.Skip("jcmd (a JDK) is needed to read the heap")
 	}
+	return startConnected(t, zkserver.Config{HeapMB: heapMB})
+}
+
+// startConnected starts a server of cfg, stopped when t ends, and
+// returns it with a connected session.
+func startConnected(t *testing.T, cfg zkserver.Config) (*zkserver.Server, *zk.Conn) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s, err := zkserver.Start(ctx, zkserver.Config{HeapMB: heapMB})
+	s, err := zkserver.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

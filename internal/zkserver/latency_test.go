@@ -1,7 +1,6 @@
 package zkserver_test
 
 import (
-	"context"
 	"flag"
 	"sync"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/zkserver"
-	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 var measureCommit = flag.Bool("zk-commit", false, "run TestCommitFloor: the rate of writes each waited for")
@@ -27,25 +25,12 @@ func TestCommitFloor(t *testing.T) {
 		t.Skip("a measurement: run with -zk-commit")
 	}
 	requireZK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s, err := zkserver.Start(ctx, zkserver.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	conn, err := zkutil.Connect([]string{s.Addr()}, 10*time.Second, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	if err := zkutil.WaitConnected(conn, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	_, conn := startConnected(t, zkserver.Config{})
 	for _, workers := range []int{1, 8, 64} {
 		const n = 300
 		paths := make([]string, workers)
 		for w := range paths {
+			var err error
 			if paths[w], err = conn.Create("/ack-", nil, zk.FlagSequence, zk.WorldACL(zk.PermAll)); err != nil {
 				t.Fatal(err)
 			}

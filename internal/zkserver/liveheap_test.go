@@ -10,7 +10,6 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/zkserver"
-	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // LiveHeap reads a running server's heap after a full collection: its
@@ -21,21 +20,9 @@ func TestLiveHeap(t *testing.T) {
 	if _, err := exec.LookPath("jcmd"); err != nil {
 		t.Skip("jcmd (a JDK) is needed to read the heap")
 	}
+	s, conn := startConnected(t, zkserver.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := zkserver.Start(ctx, zkserver.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
-	conn, err := zkutil.Connect([]string{s.Addr()}, 10*time.Second, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	if err := zkutil.WaitConnected(conn, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
 	before, err := zkserver.LiveHeap(ctx, s.Pid())
 	if err != nil || before.Old <= 0 || before.Young < 0 {
 		t.Fatalf("LiveHeap: got %+v, %v; want a positive old generation", before, err)
