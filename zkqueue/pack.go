@@ -118,32 +118,79 @@ func decodePack(data []byte) ([]packEntry, error) {
 	if !isPack(data) {
 		return nil, errBadHeader
 	}
-	rest := data[3:]
-	count, k := binary.Uvarint(rest)
-	if k <= 0 || count == 0 || count > maxPackCount {
-		return nil, errBadHeader
-	}
-	rest = rest[k:]
+	r := varintReader{b: data[3:]}
+	count := r.count()
 	entries := make([]packEntry, 0, count)
 	for range count {
-		index, k := binary.Uvarint(rest)
-		if k <= 0 || index < 1 || index > maxPackCount {
+		index, l := r.index(), r.uvarint()
+		body := r.bytes(l)
+		if r.bad {
 			return nil, errBadHeader
 		}
-		rest = rest[k:]
-		l, k := binary.Uvarint(rest)
-		if k <= 0 || l > uint64(len(rest)-k) {
-			return nil, errBadHeader
-		}
-		d := make([]byte, 0, len(magic)+int(l))
-		d = append(append(d, magic[:]...), rest[k:k+int(l)]...)
-		entries = append(entries, packEntry{index: int(index), data: d})
-		rest = rest[k+int(l):]
+		d := make([]byte, 0, len(magic)+len(body))
+		entries = append(entries, packEntry{index: index, data: append(append(d, magic[:]...), body...)})
 	}
-	if len(rest) != 0 {
+	if r.bad || count == 0 || len(r.b) != 0 {
 		return nil, errBadHeader
 	}
 	return entries, nil
+}
+
+// varintReader reads the varints of a pack's and a pack lease's data;
+// bad is set, and every later read returns zero, once one fails.
+type varintReader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *varintReader) uvarint() uint64 {
+	x, k := binary.Uvarint(r.b)
+	if r.bad || k <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.b = r.b[k:]
+	return x
+}
+
+func (r *varintReader) varint() int64 {
+	x, k := binary.Varint(r.b)
+	if r.bad || k <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.b = r.b[k:]
+	return x
+}
+
+// count reads a count of pack entries, at most maxPackCount.
+func (r *varintReader) count() int {
+	n := r.uvarint()
+	if n > maxPackCount {
+		r.bad = true
+		return 0
+	}
+	return int(n)
+}
+
+// index reads a message's index in its pack, in [1, maxPackCount].
+func (r *varintReader) index() int {
+	i := r.uvarint()
+	if i < 1 || i > maxPackCount {
+		r.bad = true
+		return 0
+	}
+	return int(i)
+}
+
+func (r *varintReader) bytes(n uint64) []byte {
+	if r.bad || n > uint64(len(r.b)) {
+		r.bad = true
+		return nil
+	}
+	b := r.b[:n]
+	r.b = r.b[n:]
+	return b
 }
 
 // stem is a pack's name without its count, index and incarnation: the

@@ -72,25 +72,18 @@ func decodePackLease(data []byte) ([]leaseEntry, error) {
 	if !isPackLease(data) {
 		return nil, ErrBadData
 	}
-	rest := data[3:]
-	count, k := binary.Uvarint(rest)
-	if k <= 0 || count > maxPackCount {
-		return nil, ErrBadData
-	}
-	rest = rest[k:]
+	r := varintReader{b: data[3:]}
+	count := r.count()
 	out := make([]leaseEntry, 0, count)
 	for range count {
-		index, k := binary.Uvarint(rest)
-		if k <= 0 || index < 1 || index > maxPackCount {
+		index, d := r.index(), r.varint()
+		if r.bad {
 			return nil, ErrBadData
 		}
-		rest = rest[k:]
-		d, k := binary.Varint(rest)
-		if k <= 0 {
-			return nil, ErrBadData
-		}
-		rest = rest[k:]
-		out = append(out, leaseEntry{index: int(index), deadline: time.Unix(0, d)})
+		out = append(out, leaseEntry{index: index, deadline: time.Unix(0, d)})
+	}
+	if r.bad {
+		return nil, ErrBadData
 	}
 	return out, nil
 }
