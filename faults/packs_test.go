@@ -284,13 +284,16 @@ func TestPackExpiry(t *testing.T) {
 		l.onePack(keys[:take], got)
 		var acked, held []*qbroker.Message
 		var heldKeys []faults.Key
-		for i, m := range ordered(keys[:take], got) {
-			if (pause && i < 2) || (!pause && i%2 == 0) {
+		for i, k := range keys[:take] {
+			m := got[k]
+			switch {
+			case m == nil:
+			case (pause && i < 2) || (!pause && i%2 == 0):
 				acked = append(acked, m)
-				continue
+			default:
+				held = append(held, m)
+				heldKeys = append(heldKeys, k)
 			}
-			held = append(held, m)
-			heldKeys = append(heldKeys, keys[i])
 		}
 		l.ackAll(acked)
 		var owner int64
