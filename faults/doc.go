@@ -76,7 +76,7 @@
 //     full): the ensemble's leader is SIGKILLed and restarted, twice. The
 //     packed queue's receivers on one broker ack all the messages of each
 //     Receive at once, so acks of one pack lease are coalesced into one
-//     write and many are in flight when the leader dies.
+//     write, and each kill waits until at least 8 of them are in flight.
 //   - pack-nack (packed, at least once; short and full): no fault; packs
 //     of 20, each received whole, the middle message nacked at the same
 //     moment as its 19 neighbours are acked (10 packs, 40 in the full

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,6 +138,7 @@ type load struct {
 	streams   int // Consume stream consumers started
 	burstSeq  int
 	gates     map[string]*gate // by consumer
+	acking    atomic.Int64     // Ack calls of Receive consumers under way
 }
 
 // gate stops a stream consumer once it received one of keys: it holds
@@ -271,8 +273,10 @@ func (l *load) receive(cl *qbroker.Client, who string) {
 				continue
 			}
 			acks.Add(1)
+			l.acking.Add(1)
 			go func() {
 				defer acks.Done()
+				defer l.acking.Add(-1)
 				err := m.Ack(l.consCtx)
 				l.check.Acked(k, time.Now(), err)
 			}()

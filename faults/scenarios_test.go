@@ -263,7 +263,7 @@ func TestZooKeeperLeaderKill(t *testing.T) {
 	// A packed queue whose receivers on broker 0 ack each Receive's
 	// messages all at once: the acks of one pack lease coalesce into one
 	// write, and many are in flight when the leader dies.
-	s.load(qbroker.AtLeastOnce, packedLoad(loadOptions{streams: []int{1, 2}, receiveOn: []int{0, 0, 0}, maxRecv: 32, parallel: true}))
+	packed := s.load(qbroker.AtLeastOnce, packedLoad(loadOptions{streams: []int{1, 2}, receiveOn: []int{0, 0, 0}, maxRecv: 32, parallel: true}))
 	zkc := s.c.s.zk
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
 	defer cancel()
@@ -273,8 +273,13 @@ func TestZooKeeperLeaderKill(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The kill comes while the packed queue's acks are in flight.
+		if !waitFor(30*time.Second, func() bool { return packed.acking.Load() >= 8 }) {
+			s.fail("fewer than 8 acks of the packed queue in flight within 30s")
+		}
 		leader.Kill()
-		killed := s.mark(faults.Fault, fmt.Sprintf("SIGKILL ZooKeeper leader, member %d (round %d)", leader.ID, round+1))
+		inFlight := packed.acking.Load()
+		killed := s.mark(faults.Fault, fmt.Sprintf("SIGKILL ZooKeeper leader, member %d (round %d), %d acks in flight", leader.ID, round+1, inFlight))
 		s.recovered(killed, time.Minute, "the leader kill")
 		if err := leader.Start(ctx); err != nil {
 			t.Fatal(err)
