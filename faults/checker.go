@@ -114,8 +114,10 @@ const StaleTolerance = 250 * time.Millisecond
 //   - lost: acknowledged publishes never delivered. At most once, a
 //     receive that failed with an uncertain outcome may have claimed
 //     (deleted) up to its maximum of messages that then never reached
-//     the consumer, as the delivery contract allows; such losses, up to
-//     that total, are "in doubt" and not counted lost;
+//     the consumer, as the delivery contract allows, and a killed broker
+//     loses what it had claimed and not handed out (MayLose: its pack
+//     buffer and what was in transit); such losses, up to that total,
+//     are "in doubt" and not counted lost;
 //   - duplicates (at most once): deliveries of a message beyond its
 //     first;
 //   - uncounted redeliveries (at least once): deliveries whose delivery
@@ -137,6 +139,7 @@ type Checker struct {
 	msgs     map[Key]*history
 	marks    []Mark
 	inDoubt  int
+	mayLose  int // at most once: messages faults may have lost in brokers' claims (MayLose)
 	corrupt  problems
 	failures []string
 	errs     map[string]int // failed calls by operation and code, for notes
@@ -154,6 +157,7 @@ const (
 type history struct {
 	pub        pubState
 	pubStart   time.Time
+	id         string // the id the publish returned; empty if unknown
 	deliveries []Delivery
 	ackedAt    time.Time // first confirmed ack; zero if none
 }
@@ -221,6 +225,43 @@ func (c *Checker) Published(keys []Key, start time.Time, err error) {
 		h := c.state(k)
 		h.pub, h.pubStart = st, start
 	}
+}
+
+// Stored records the ids an acknowledged publish of keys returned (in
+// order), so that the problems of a message name it even when it was
+// never delivered.
+func (c *Checker) Stored(keys []Key, ids []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, k := range keys {
+		if i < len(ids) {
+			c.state(k).id = ids[i]
+		}
+	}
+}
+
+// MayLose records, at most once, that a fault may have lost up to n
+// messages a broker had claimed (deleted from ZooKeeper) and not handed
+// out: a killed broker loses what its takes of a packed queue buffered
+// and what was in transit to its streams, as the delivery contract
+// allows. Losses up to the total are "in doubt", as those of uncertain
+// receives are. At least once it does nothing.
+func (c *Checker) MayLose(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mode == qbroker.AtMostOnce {
+		c.mayLose += n
+	}
+}
+
+// Deliveries returns the deliveries of k so far, in the order recorded.
+func (c *Checker) Deliveries(k Key) []Delivery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h := c.msgs[k]; h != nil {
+		return slices.Clone(h.deliveries)
+	}
+	return nil
 }
 
 // Delivered records a delivery.
@@ -379,7 +420,7 @@ func (c *Checker) Result() Result {
 	r.Uncounted = j.uncounted.n
 	r.Phantoms = j.phantom.n + c.corrupt.n
 	if c.mode == qbroker.AtMostOnce {
-		r.InDoubt = min(j.lost.n, c.inDoubt)
+		r.InDoubt = min(j.lost.n, c.inDoubt+c.mayLose)
 	}
 	r.Lost = j.lost.n - r.InDoubt
 	c.judgeRecovery(&r)
@@ -436,6 +477,8 @@ func (c *Checker) judge(k Key, r *Result, j *judged) {
 		r.Deliveries += len(ds)
 	}
 	switch {
+	case h.pub == publishedOK && len(ds) == 0 && h.id != "":
+		j.lost.add("%v (%s) never delivered", k, h.id)
 	case h.pub == publishedOK && len(ds) == 0:
 		j.lost.add("%v never delivered", k)
 	case h.pub == publishRefused && len(ds) > 0:

@@ -173,6 +173,24 @@ var verdictCases = []verdictCase{
 		c.Published([]faults.Key{key(1), key(2)}, at(0), nil)
 		c.ReceiveFailed(8, context.DeadlineExceeded)
 	}, func(r faults.Result) error { return want(r.Lost == 0 && r.InDoubt == 2, r) }, true},
+	{"a killed broker's claims in doubt at most once", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1), key(2), key(3), key(4)}, at(0), nil)
+		c.Delivered(dl(c, 1, 1, 10))
+		c.MayLose(2)
+		c.ReceiveFailed(1, unavailable)
+	}, func(r faults.Result) error { return want(r.Lost == 0 && r.InDoubt == 3, r) }, true},
+	{"a loss beyond a killed broker's claims", qbroker.AtMostOnce, func(c *faults.Checker) {
+		keys := []faults.Key{key(1), key(2), key(3)}
+		c.Published(keys, at(0), nil)
+		c.Stored(keys, []string{"qn-0-0000000007#1", "qn-0-0000000007#2", "qn-0-0000000007#3"})
+		c.MayLose(2)
+	}, func(r faults.Result) error {
+		return want(r.Lost == 1 && r.InDoubt == 2 && strings.Contains(strings.Join(r.Problems, "\n"), "(qn-0-0000000007#1) never delivered"), r)
+	}, false},
+	{"no claims in doubt at least once", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.MayLose(8)
+	}, func(r faults.Result) error { return want(r.Lost == 1 && r.InDoubt == 0, r) }, false},
 	{"no doubt at least once", qbroker.AtLeastOnce, func(c *faults.Checker) {
 		c.Published([]faults.Key{key(1)}, at(0), nil)
 		c.ReceiveFailed(8, unavailable)

@@ -35,7 +35,9 @@
 //
 // Each scenario runs one queue per delivery mode, fed by producers that
 // publish numbered messages (the number travels in the payload) through
-// every broker, and drained by Consume stream consumers pinned to chosen
+// every broker (some scenarios add packed queues, QueueOptions.Packed,
+// whose producers publish batches of up to 10, so that many messages
+// share a node; their rows say "(packed)"), and drained by Consume stream consumers pinned to chosen
 // brokers and by Receive consumers spread over all of them. At least
 // once, stream consumers ack on the stream and Receive consumers with the
 // Ack call, whose outcome is recorded. After the faults the producers
@@ -44,10 +46,19 @@
 // stream and none once they close, and every running broker must be
 // registered under a live session.
 //
-//   - kill-broker (both modes; short and full): a broker is SIGKILLed
-//     mid-load and restarted at once, within its old session's timeout
-//     (three times in the full run). At most once, the stream consumers
-//     sit on the other brokers.
+//   - kill-broker (both modes, and both packed; short and full): a broker
+//     is SIGKILLed mid-load and restarted at once, within its old
+//     session's timeout (three times in the full run). At most once, the
+//     stream consumers sit on the other brokers. The packed queues have a
+//     stream on every broker, and the kill comes while packs are half
+//     delivered: bursts of 100 (one pack each) are published until the
+//     victim's stream of each packed queue receives a message of one; it
+//     holds it, the rest of its prefetch waits in its client and the rest
+//     of the pack in the victim's pack buffer. At least once, every
+//     message of that pack the stream had not received comes back,
+//     counted (a delivery count above 1); at most once, the loss may be no
+//     larger than what the victim had claimed (its stream's prefetch and
+//     one pack: Checker.MayLose), and nothing is delivered twice.
 //   - pause-broker (at least once; short and full): a broker is
 //     SIGSTOPped 5 to 100ms after a burst published through it (so its
 //     claims are in flight), past its session timeout and the visibility
@@ -61,8 +72,26 @@
 //     it drops deliveries past their lease deadline (what docs/design.md asks
 //     of clients other than the Go client); only those in transit when it
 //     stopped (at most 4) may arrive that late.
-//   - zk-leader-kill (both modes; full): the ensemble's leader is
-//     SIGKILLed and restarted, twice.
+//   - zk-leader-kill (both modes, and a packed queue at least once;
+//     full): the ensemble's leader is SIGKILLed and restarted, twice. The
+//     packed queue's receivers on one broker ack all the messages of each
+//     Receive at once, so acks of one pack lease are coalesced into one
+//     write, and each kill waits until at least 8 of them are in flight.
+//   - pack-nack (packed, at least once; short and full): no fault; packs
+//     of 20, each received whole, the middle message nacked at the same
+//     moment as its 19 neighbours are acked (10 packs, 40 in the full
+//     run). The nacked message must come back once, with count 2, through
+//     either broker; each neighbour is delivered once, never again.
+//   - pack-expiry (packed, at least once; short and full): a consumer
+//     acks every other message of a pack of 20 and holds the rest past
+//     the visibility timeout: only those come back, counted, through the
+//     other broker, and late acks of the held copies are refused. In
+//     alternate cycles a Receive takes 5 of the pack (the other 15 wait in
+//     its broker's pack buffer), acks 2 and holds 3, and its broker is
+//     SIGSTOPped at once past its session timeout and the visibility
+//     timeout: the 18 come back counted through the other broker, and the
+//     continued broker must not hand out the stale copies its buffer held
+//     (2 cycles, 6 in the full run).
 //   - quorum-loss (both modes; full): two of the three members are
 //     SIGKILLed for twice the brokers' session timeout, then restarted.
 //   - partition (both modes; full): one broker's proxies stop forwarding

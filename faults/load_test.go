@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,7 +33,8 @@ type scenario struct {
 	zk      *zk.Conn
 	loads   []*load
 	clients []*qbroker.Client
-	dead    []int64 // ZooKeeper sessions of brokers killed or cut off
+	dead    []int64  // ZooKeeper sessions of brokers killed or cut off
+	checks  []func() // run by finish once the queues drained, before the verdicts
 	ctx     context.Context
 	cancel  context.CancelFunc
 }
@@ -80,9 +82,12 @@ type loadOptions struct {
 	streams   []int         // one Consume stream consumer on each of these brokers
 	prefetch  int           // of the stream consumers
 	receivers int           // Receive consumers, each with a client of every broker
+	receiveOn []int         // one more Receive consumer with a client of only this broker, per entry
 	maxRecv   int           // messages per Receive
+	parallel  bool          // at least once, Receive consumers ack a Receive's messages at once, in parallel
 	vis       time.Duration // visibility timeout of the queue; 0: visibility
 	quiet     bool          // no producers: the scenario publishes with burst
+	packed    bool          // a packed queue (QueueOptions.Packed): a publish's messages share a node
 }
 
 func (o *loadOptions) defaults() {
@@ -132,6 +137,17 @@ type load struct {
 	consumers []*qbroker.Consumer
 	streams   int // Consume stream consumers started
 	burstSeq  int
+	gates     map[string]*gate // by consumer
+	acking    atomic.Int64     // Ack calls of Receive consumers under way
+}
+
+// gate stops a stream consumer once it received one of keys: it holds
+// that message (recorded, unsettled) and leaves the rest of its prefetch
+// pending in the client until the gate opens.
+type gate struct {
+	keys map[faults.Key]bool
+	held bool          // the consumer waits at the gate
+	open chan struct{} // closed by release
 }
 
 // load creates a queue for mode and starts its traffic.
@@ -139,9 +155,12 @@ func (s *scenario) load(mode qbroker.DeliveryMode, o loadOptions) *load {
 	s.t.Helper()
 	o.defaults()
 	l := &load{s: s, queue: fmt.Sprintf("%s-%s", s.name, mode), mode: mode, o: o,
-		check: faults.NewChecker(mode), stopProd: make(chan struct{})}
+		check: faults.NewChecker(mode), stopProd: make(chan struct{}), gates: map[string]*gate{}}
+	if o.packed {
+		l.queue += "-packed"
+	}
 	l.consCtx, l.consStop = context.WithCancel(s.ctx)
-	if _, err := s.admin.CreateQueue(s.ctx, l.queue, qbroker.QueueOptions{VisibilityTimeout: o.vis}); err != nil {
+	if _, err := s.admin.CreateQueue(s.ctx, l.queue, qbroker.QueueOptions{VisibilityTimeout: o.vis, Packed: o.packed}); err != nil {
 		s.t.Fatalf("create %s: %v", l.queue, err)
 	}
 	s.loads = append(s.loads, l)
@@ -153,6 +172,11 @@ func (s *scenario) load(mode qbroker.DeliveryMode, o loadOptions) *load {
 		l.consWG.Add(1)
 		go l.receive(cl, fmt.Sprintf("receiver-%d", i))
 	}
+	for i, b := range o.receiveOn {
+		cl := s.dial(s.c.addrs(b)...)
+		l.consWG.Add(1)
+		go l.receive(cl, fmt.Sprintf("receiver@%d-%d", b, i))
+	}
 	for p := range o.producers {
 		cl := s.dial(s.c.addrs()...)
 		l.prodWG.Add(1)
@@ -161,11 +185,23 @@ func (s *scenario) load(mode qbroker.DeliveryMode, o loadOptions) *load {
 	return l
 }
 
+// label names the load's rows in the results: the scenario, and
+// "(packed)" for a packed queue.
+func (l *load) label() string {
+	if l.o.packed {
+		return l.s.name + " (packed)"
+	}
+	return l.s.name
+}
+
+// streamName names the stream consumers on broker b.
+func streamName(b int) string { return fmt.Sprintf("stream@%d", b) }
+
 // startStream opens a Consume stream consumer on broker b.
 func (l *load) startStream(b int) {
 	s := l.s
 	cl := s.dial(s.c.addrs(b)...)
-	who := fmt.Sprintf("stream@%d", b)
+	who := streamName(b)
 	var cons *qbroker.Consumer
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -188,7 +224,11 @@ func (l *load) startStream(b int) {
 		defer l.consWG.Done()
 		for m := range cons.Messages() {
 			at := time.Now()
-			if _, ok := l.record(m, at, who); ok && l.mode == qbroker.AtLeastOnce {
+			k, ok := l.record(m, at, who)
+			if ok {
+				l.passGate(who, k)
+			}
+			if ok && l.mode == qbroker.AtLeastOnce {
 				// On the stream: no outcome to record.
 				_ = m.Ack(l.consCtx)
 			}
@@ -221,13 +261,77 @@ func (l *load) receive(cl *qbroker.Client, who string) {
 			sleep(l.consCtx, 50*time.Millisecond)
 			continue
 		}
+		var acks sync.WaitGroup
 		for _, m := range ms {
 			k, ok := l.record(m, at, who)
-			if ok && l.mode == qbroker.AtLeastOnce {
+			if !ok || l.mode != qbroker.AtLeastOnce {
+				continue
+			}
+			if !l.o.parallel {
 				err := m.Ack(l.consCtx)
 				l.check.Acked(k, time.Now(), err)
+				continue
 			}
+			acks.Add(1)
+			l.acking.Add(1)
+			go func() {
+				defer acks.Done()
+				defer l.acking.Add(-1)
+				err := m.Ack(l.consCtx)
+				l.check.Acked(k, time.Now(), err)
+			}()
 		}
+		acks.Wait()
+	}
+}
+
+// hold sets a gate on the stream consumers named who (streamName): the
+// first of them to receive one of keys stops there until release.
+func (l *load) hold(who string, keys []faults.Key) {
+	g := &gate{keys: map[faults.Key]bool{}, open: make(chan struct{})}
+	for _, k := range keys {
+		g.keys[k] = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if old := l.gates[who]; old != nil {
+		close(old.open)
+	}
+	l.gates[who] = g
+}
+
+// holding reports whether a consumer named who waits at its gate.
+func (l *load) holding(who string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := l.gates[who]
+	return g != nil && g.held
+}
+
+// release opens who's gate.
+func (l *load) release(who string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if g := l.gates[who]; g != nil {
+		close(g.open)
+		delete(l.gates, who)
+	}
+}
+
+// passGate waits at who's gate if k is one of its keys, until it opens
+// or the consumers stop.
+func (l *load) passGate(who string, k faults.Key) {
+	l.mu.Lock()
+	g := l.gates[who]
+	if g == nil || !g.keys[k] {
+		l.mu.Unlock()
+		return
+	}
+	g.held = true
+	l.mu.Unlock()
+	select {
+	case <-g.open:
+	case <-l.consCtx.Done():
 	}
 }
 
@@ -250,8 +354,9 @@ func (l *load) produce(cl *qbroker.Client, p int) {
 		}
 		seq += n
 		start := time.Now()
-		_, err := cl.PublishBatch(l.s.ctx, l.queue, msgs)
+		ids, err := cl.PublishBatch(l.s.ctx, l.queue, msgs)
 		l.check.Published(keys, start, err)
+		l.check.Stored(keys, ids)
 		pause := l.o.pace
 		if err != nil {
 			pause = 50 * time.Millisecond
@@ -267,16 +372,30 @@ func (l *load) produce(cl *qbroker.Client, p int) {
 // burst publishes n messages in one batch, as the producer numbered after
 // the regular ones, and returns the call's error.
 func (l *load) burst(cl *qbroker.Client, n int) error {
+	return l.publishKeys(cl, l.burstKeys(n))
+}
+
+// burstKeys returns the keys of the next burst of n messages.
+func (l *load) burstKeys(n int) []faults.Key {
 	keys := make([]faults.Key, n)
-	msgs := make([]qbroker.OutMessage, n)
 	for i := range n {
 		l.burstSeq++
 		keys[i] = faults.Key{Producer: l.o.producers, Seq: l.burstSeq}
-		msgs[i] = qbroker.OutMessage{Payload: faults.Payload(keys[i], l.o.size)}
+	}
+	return keys
+}
+
+// publishKeys publishes the messages of keys in one batch and returns
+// the call's error.
+func (l *load) publishKeys(cl *qbroker.Client, keys []faults.Key) error {
+	msgs := make([]qbroker.OutMessage, len(keys))
+	for i, k := range keys {
+		msgs[i] = qbroker.OutMessage{Payload: faults.Payload(k, l.o.size)}
 	}
 	start := time.Now()
-	_, err := cl.PublishBatch(l.s.ctx, l.queue, msgs)
+	ids, err := cl.PublishBatch(l.s.ctx, l.queue, msgs)
 	l.check.Published(keys, start, err)
+	l.check.Stored(keys, ids)
 	return err
 }
 
@@ -406,14 +525,17 @@ func (s *scenario) recovered(t time.Time, within time.Duration, what string) boo
 func (s *scenario) finish() {
 	s.drain(pick(60*time.Second, 120*time.Second))
 	s.checkRegistrations()
+	for _, check := range s.checks {
+		check()
+	}
 	for _, l := range s.loads {
 		r := l.check.Result()
-		s.c.s.addRows(faults.Row{Scenario: s.name, Result: r})
+		s.c.s.addRows(faults.Row{Scenario: l.label(), Result: r})
 		s.t.Logf("%s %s: published %d (uncertain %d, refused %d), delivered %d in %d deliveries, redelivered %d, lost %d, in doubt %d, duplicates %d, uncounted %d; errors: %s",
-			s.name, r.Mode, r.Published, r.Uncertain, r.Refused, r.Delivered, r.Deliveries, r.Redelivered, r.Lost, r.InDoubt,
+			l.label(), r.Mode, r.Published, r.Uncertain, r.Refused, r.Delivered, r.Deliveries, r.Redelivered, r.Lost, r.InDoubt,
 			r.Duplicates, r.Uncounted, r.ErrorSummary())
 		if !r.OK {
-			s.t.Errorf("%s %s fails the bar:\n%s\n(broker logs: %s)", s.name, r.Mode, strings.Join(r.Problems, "\n"), s.c.dir)
+			s.t.Errorf("%s %s fails the bar:\n%s\n(broker logs: %s)", l.label(), r.Mode, strings.Join(r.Problems, "\n"), s.c.dir)
 		}
 	}
 }
