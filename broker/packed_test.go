@@ -189,3 +189,31 @@ func TestPackedQueueOverBrokers(t *testing.T) {
 		t.Fatalf("after the drain: %+v, %v", s, err)
 	}
 }
+
+// A packed single-active queue: the active stream's broker claims whole
+// packs, but what it buffered goes back when the broker's last stream of
+// the queue ends (a broker keeps the turn while it has a stream in line,
+// which then takes from the buffer), so the next stream, on another
+// broker, takes over at once, not once the buffered leases (30 s)
+// expire.
+func TestPackedSingleActiveHandover(t *testing.T) {
+	root := zktest.Root(t)
+	a, b := newBroker(t, root), newBroker(t, root)
+	const queue = "packed-sac"
+	createQueue(t, a.client, &pb.CreateQueueRequest{Name: queue, SingleActiveConsumer: true, Packed: true,
+		VisibilityTimeout: durationpb.New(30 * time.Second)})
+	publishN(t, a.client, queue, 500) // a batch: packs of up to 100+
+	first := openSAC(t, "first", a.client, queue, 0)
+	zktest.WaitFor(t, 30*time.Second, "first receiving", func() bool { return first.count() >= 5 })
+	standby := openSAC(t, "standby", b.client, queue, 0)
+	zktest.WaitFor(t, 30*time.Second, "two consumers", func() bool {
+		st, err := a.client.Stats(context.Background(), &pb.StatsRequest{Name: queue})
+		return err == nil && st.GetConsumers() == 2
+	})
+	ended := time.Now()
+	first.end(t)
+	zktest.WaitFor(t, 20*time.Second, "the standby taking over", func() bool { return standby.count() > 0 })
+	took := standby.firstAt().Sub(ended)
+	t.Logf("takeover %v after the active stream ended (visibility timeout 30s)", took.Round(time.Millisecond))
+	standby.end(t)
+}
