@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"slices"
 	"sync"
 
@@ -251,7 +252,7 @@ func (q *Queue) Purge(ctx context.Context) (int, error) {
 			}
 		}
 		n, err := zkutil.DeleteNodes(ctx, q.conn, raw)
-		deleted += n
+		deleted += q.purgedMessages(raw, n)
 		if err != nil {
 			return deleted, err
 		}
@@ -266,6 +267,24 @@ func (q *Queue) Purge(ctx context.Context) (int, error) {
 	n, err := zkutil.DeleteNodes(ctx, q.conn, raw)
 	q.disp.bad.forget()
 	return deleted + n, err
+}
+
+// purgedMessages is the number of messages Purge deleted with n of the
+// nodes at paths: n, or in a packed queue the messages the packs' names
+// count when all went (else n: each node held one at least).
+func (q *Queue) purgedMessages(paths []string, n int) int {
+	if q.opt.packing == nil || n != len(paths) {
+		return n
+	}
+	total := 0
+	for _, p := range paths {
+		if name, ok := ParseName(path.Base(p)); ok {
+			total += weight(name)
+		} else {
+			total++
+		}
+	}
+	return total
 }
 
 // segmentChildren returns the paths of every child of sg: its messages and

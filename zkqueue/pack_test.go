@@ -322,7 +322,7 @@ func TestPackedPriorities(t *testing.T) {
 
 // TestPackedBrowse: Browse pages through packs message by message, a
 // cursor in the middle of a pack resuming after it, a plain node among
-// them in its place, claiming nothing.
+// them in its place, claiming nothing; Purge counts the packs' messages.
 func TestPackedBrowse(t *testing.T) {
 	ctx := context.Background()
 	path := zktest.Root(t) + "/q"
@@ -371,5 +371,22 @@ func TestPackedBrowse(t *testing.T) {
 	ms, err := q.Take(ctx, 3, zkqueue.Room{}, false) // the plain node, then the pack's first two
 	if err != nil || len(ms) != 3 || string(ms[0].Payload) != "first" || string(ms[2].Payload) != "m01" {
 		t.Fatalf("take: %v, %v", ms, err)
+	}
+	// Flush puts the pack's other 18 back as one node; Purge counts the
+	// messages of the packs it deletes.
+	if err := q.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Len(ctx); err != nil || n != 18 {
+		t.Fatalf("Len after Flush: %d, %v; want 18", n, err)
+	}
+	if _, err := q.PublishBatch(ctx, batch[:5]); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Purge(ctx); err != nil || n != 23 {
+		t.Fatalf("Purge: %d, %v; want 23", n, err)
+	}
+	if n, err := q.Len(ctx); err != nil || n != 0 {
+		t.Fatalf("Len after Purge: %d, %v", n, err)
 	}
 }
