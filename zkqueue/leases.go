@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -132,11 +131,9 @@ type Lease struct {
 // It accepts the token of a pack's message too ("<lease name>@<index>",
 // packlease.go), and returns the pack's name.
 func ParseLeaseName(s string) (item Name, ok bool) {
-	if j := strings.LastIndex(s, MemberSep); j > 0 {
-		if _, err := strconv.Atoi(s[j+1:]); err != nil {
-			return Name{}, false
-		}
-		s = s[:j]
+	if isMemberToken(s) {
+		_, item, _, ok := parseMemberToken(s)
+		return item, ok
 	}
 	i := strings.LastIndex(s, LeaseSep)
 	if i < 0 || len(s)-i-1 != 16 {

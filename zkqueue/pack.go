@@ -2,9 +2,7 @@ package zkqueue
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"path"
 	"strconv"
@@ -236,9 +234,8 @@ func putBackName(n Name, entries []packEntry) Name {
 		i := strings.LastIndexByte(s, '-') // before the sequence
 		raw = s[:i+1] + "n" + strconv.Itoa(len(entries)) + "-" + s[i+1:] + "#" + strconv.Itoa(first)
 	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	out, _ := ParseName(raw + "." + hex.EncodeToString(b[:]))
+	base, _ := ParseName(raw)
+	out, _ := ParseName(newIncarnation(base))
 	return out
 }
 
@@ -253,18 +250,15 @@ func putBackData(entries []packEntry) []byte {
 
 // decodeNode decodes the messages of node n: the messages of a pack, or
 // the one message of any other node, with addDeliveries added to their
-// delivery counts, and their entries (the data with the counts raised).
+// delivery counts; for a pack also its entries (their data with the counts
+// raised).
 func decodeNode(n Name, data []byte, addDeliveries int) ([]Message, []packEntry, error) {
 	if !isPack(data) {
 		m, err := decodeMessage(n, data, addDeliveries)
 		if err != nil {
 			return nil, nil, err
 		}
-		e := packEntry{index: n.Index, data: data}
-		if addDeliveries != 0 {
-			e.data = EncodeData(m)
-		}
-		return []Message{m}, []packEntry{e}, nil
+		return []Message{m}, nil, nil
 	}
 	entries, err := decodePack(data)
 	if err != nil {

@@ -52,3 +52,18 @@ func TestPackCodecs(t *testing.T) {
 		_, _ = decodePackLease(b)
 	}
 }
+
+// A pack message's token parses only with an index in range, written
+// canonically, on the lease of a pack.
+func TestParseMemberToken(t *testing.T) {
+	const lease = "qn-7-n20-0000000042~0123456789abcdef"
+	for token, want := range map[string]bool{
+		lease + "@1": true, lease + "@20": true, lease + "@4095": true,
+		lease + "@0": false, lease + "@-1": false, lease + "@01": false, lease + "@4096": false, lease + "@x": false,
+		lease + "@1@2": false, "qn-7-0000000042~0123456789abcdef@1": false, // not a pack's lease
+	} {
+		if _, ok := ParseLeaseName(token); ok != want {
+			t.Errorf("ParseLeaseName(%q): ok %v, want %v", token, ok, want)
+		}
+	}
+}

@@ -99,6 +99,9 @@ func parseMemberToken(token string) (lease string, item Name, index int, ok bool
 	if err != nil || x < 1 || x > maxPackCount || strconv.Itoa(x) != token[i+1:] {
 		return "", Name{}, 0, false
 	}
+	if isMemberToken(token[:i]) {
+		return "", Name{}, 0, false
+	}
 	item, ok = ParseLeaseName(token[:i])
 	if !ok || item.Count == 0 {
 		return "", Name{}, 0, false
@@ -114,6 +117,7 @@ const (
 	settleExtend             // ttl
 	settleNack               // delay, policy
 	settleRelease            // policy, whatever the deadline
+	settleExpire             // policy with its backoff, past the deadline (the sweep)
 	settleUnclaim            // back with the delivery count it had
 )
 
@@ -332,6 +336,7 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 	}
 	var back, dead []packEntry
 	var delayed []any
+	changed := false // an op was applied
 	for _, op := range ops {
 		op.err, op.out = nil, 0
 		i := find(op.index)
@@ -355,10 +360,11 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 			continue
 		}
 		op.m = m
-		if op.kind != settleRelease && op.kind != settleUnclaim && now.After(e.deadline) {
+		if (op.kind == settleAck || op.kind == settleExtend || op.kind == settleNack) && now.After(e.deadline) {
 			op.err = fmt.Errorf("%w: expired %v ago", ErrUnknownLease, now.Sub(e.deadline).Round(time.Millisecond))
 			continue
 		}
+		changed = true
 		switch op.kind {
 		case settleAck:
 		case settleExtend:
@@ -371,7 +377,7 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 			op.out = Requeued
 		default:
 			delay := op.delay
-			if op.kind == settleNack && delay == 0 && op.p.Backoff != nil && !tooMany(m, op.p) {
+			if (op.kind == settleNack || op.kind == settleExpire) && delay == 0 && op.p.Backoff != nil && !tooMany(m, op.p) {
 				delay = op.p.Backoff.Delay(m.Deliveries)
 			}
 			switch {
@@ -392,7 +398,7 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 		}
 		live = slices.Delete(live, i, i+1)
 	}
-	if len(live) == len(st.entries) && len(back)+len(dead)+len(delayed) == 0 && !extended(ops) {
+	if !changed {
 		return st, nil // every op refused
 	}
 	p := t.leases + "/" + lease
@@ -420,10 +426,6 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 	at := putBackName(item, back)
 	txOps = append(txOps, &zk.CreateRequest{Path: itemPath(t.items, at), Data: putBackData(back), Acl: t.acl})
 	return next, requeue(ctx, t.tx, t.items, at, txOps)
-}
-
-func extended(ops []*settleOp) bool {
-	return slices.ContainsFunc(ops, func(op *settleOp) bool { return op.kind == settleExtend && op.err == nil })
 }
 
 // ensureDeadSegment creates the dead segment of item's messages, sealed,
@@ -562,7 +564,7 @@ func sweepPack(ctx context.Context, t packTx, name string, item Name, data []byt
 	next := time.Time{}
 	for _, e := range entries {
 		if now.After(e.deadline) {
-			ops = append(ops, &settleOp{kind: settleRelease, index: e.index, p: p})
+			ops = append(ops, &settleOp{kind: settleExpire, index: e.index, p: p})
 			continue
 		}
 		if next.IsZero() || e.deadline.Before(next) {
@@ -578,13 +580,6 @@ func sweepPack(ctx context.Context, t packTx, name string, item Name, data []byt
 	}
 	if err != nil {
 		return nil, now, err
-	}
-	if p.Backoff != nil {
-		for _, op := range ops {
-			if m, err := DecodeData(msgs[op.index]); err == nil && !tooMany(m, p) {
-				op.delay = p.Backoff.Delay(m.Deliveries)
-			}
-		}
 	}
 	st := leaseState{entries: entries, version: version, msgs: msgs}
 	if _, err := writeSettlements(ctx, t, name, item, st, ops, now); err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -97,21 +99,21 @@ func (p *producer) publishPacked(ctx context.Context, drafts []Draft, now time.T
 		return p.packer.publish(ctx, level, datas)
 	}
 	// A batch across levels: a pack per level, in one transaction.
+	byLevel := map[int][]int{} // the drafts' indexes per level
+	for i, d := range drafts {
+		byLevel[d.Priority] = append(byLevel[d.Priority], i)
+	}
 	var r appendReq
 	var order []int // the drafts' indexes, in the order of their packs
-	for l := range 1 + MaxPriority {
-		var entries []packEntry
-		for i, d := range drafts {
-			if d.Priority == l {
-				entries = append(entries, packEntry{index: len(entries) + 1, data: datas[i]})
-				order = append(order, i)
-			}
+	for _, l := range slices.Sorted(maps.Keys(byLevel)) {
+		entries := make([]packEntry, len(byLevel[l]))
+		for j, i := range byLevel[l] {
+			entries[j] = packEntry{index: j + 1, data: datas[i]}
 		}
-		if len(entries) > 0 {
-			r.levels = append(r.levels, l)
-			r.datas = append(r.datas, encodePack(entries))
-			r.counts = append(r.counts, len(entries))
-		}
+		order = append(order, byLevel[l]...)
+		r.levels = append(r.levels, l)
+		r.datas = append(r.datas, encodePack(entries))
+		r.counts = append(r.counts, len(entries))
 	}
 	_, paths, err := p.appendWith(ctx, r)
 	if err != nil {
