@@ -26,9 +26,10 @@ import (
 // when none is left, the broker resigns and the next broker leads.
 //
 // A turn starts only when no delivery of the queue can still be settled
-// (zkqueue.Leases.WaitUnheld): a stream that ends normally released its
+// (zkqueue.Leases.Revoke): a stream that ends normally released its
 // unsettled leases before it leaves the line, and the leases of a stream
-// whose broker died run out at their deadline. A stream's turn lasts
+// whose broker died are revoked, whatever their deadline, so a takeover
+// after a broker's death takes its session timeout. A stream's turn lasts
 // while the broker keeps the ZooKeeper session under which the turn
 // started: every claim is checked against that session, and a stream
 // whose broker lost it (its candidate node may be gone, another broker
@@ -328,8 +329,9 @@ func (g *activeGate) serve(ctx context.Context, el *election.Election) error {
 	}
 }
 
-// clear waits until no delivery of the queue can be settled, or the
-// turn's stream left (nil both), or the leadership is lost.
+// clear revokes every delivery of the queue that could still be settled
+// (nil), or returns when the turn's stream left (nil) or the leadership
+// is lost; a failed revocation is retried every activeRetry.
 func (g *activeGate) clear(ctx context.Context, el *election.Election, t *activeTurn) error {
 	b := g.b
 	wctx, cancel := context.WithCancel(ctx)
@@ -355,14 +357,14 @@ func (g *activeGate) clear(ctx context.Context, el *election.Election, t *active
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		err := t.q.leases.WaitUnheld(wctx, t.q.policy, func(m zkqueue.Message, out zkqueue.Outcome) { b.released(t.q, m, out) })
+		err := t.q.leases.Revoke(wctx, t.q.policy, func(m zkqueue.Message, out zkqueue.Outcome) { b.released(t.q, m, out) })
 		switch {
 		case err == nil:
 			return nil
 		case errors.Is(err, zk.ErrNoNode):
 			return fmt.Errorf("single active consumer of %s: %w", g.name, err)
 		case wctx.Err() == nil:
-			b.log.Debug("single active consumer: waiting for the leases", "queue", g.name, "err", err)
+			b.log.Debug("single active consumer: revoking the leases", "queue", g.name, "err", err)
 			sleepCtx(wctx, activeRetry)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -21,8 +22,10 @@ import (
 )
 
 // held is one delivery as its consumer held it: from its arrival to its
-// ack's answer, or else to the end of its stream (the broker released it)
-// or its lease deadline (its broker died), whichever applies.
+// ack's answer, or else to the end of its stream (the broker released it).
+// A delivery whose broker died is not among them: its ack token is kept
+// (sacStream.orphans), and the test shows that it can no longer be
+// settled once another stream took over.
 type held struct {
 	stream   string
 	id       string
@@ -40,11 +43,12 @@ type sacStream struct {
 	sendMu sync.Mutex // Send and CloseSend
 	closed bool       // half-closed
 
-	mu    sync.Mutex
-	holds []held
-	order []string  // payloads in order of arrival
-	first time.Time // the first delivery's arrival
-	err   error     // how the stream ended
+	mu      sync.Mutex
+	holds   []held
+	orphans []string  // ack tokens of deliveries whose ack failed with their broker
+	order   []string  // payloads in order of arrival
+	first   time.Time // the first delivery's arrival
+	err     error     // how the stream ended
 }
 
 func openSAC(t *testing.T, name string, c pb.QueueClient, queue string, prio int32) *sacStream {
@@ -101,9 +105,12 @@ func (s *sacStream) run(c pb.QueueClient) {
 			open = append(open, h)
 			continue
 		default:
-			// Its broker is gone: another broker could still ack it
-			// until its deadline.
-			h.to = m.GetLeaseDeadline().AsTime()
+			// Its broker is gone: another broker could ack it until
+			// the next active stream's broker revoked it.
+			s.mu.Lock()
+			s.orphans = append(s.orphans, m.GetAckToken())
+			s.mu.Unlock()
+			continue
 		}
 		s.mu.Lock()
 		s.holds = append(s.holds, h)
@@ -170,14 +177,15 @@ func checkNoOverlap(t *testing.T, streams ...*sacStream) {
 // A single-active queue consumed through two brokers, one a qbroker
 // process: one stream at a time receives; the next takes over when the
 // active one ends (on either broker) and when the active stream's broker
-// is killed (SIGKILL), within the session timeout plus a second; no two
+// is killed (SIGKILL), within the session timeout plus a second although
+// the killed stream's leases have a minute left: they are revoked; no two
 // streams ever hold deliveries at once, and each gets the queue in order.
 func TestSingleActiveConsumerAcrossBrokers(t *testing.T) {
 	root := zktest.Root(t)
 	survivor := newBroker(t, root)
 	const queue, sessionTimeout = "sac", 4 * time.Second
 	createQueue(t, survivor.client, &pb.CreateQueueRequest{Name: queue, SingleActiveConsumer: true,
-		VisibilityTimeout: durationpb.New(2 * time.Second)})
+		VisibilityTimeout: durationpb.New(time.Minute)})
 	info, err := survivor.client.GetQueue(context.Background(), &pb.GetQueueRequest{Name: queue})
 	if err != nil || !info.GetSingleActiveConsumer() {
 		t.Fatalf("GetQueue: %v, single_active_consumer %v, want true", err, info.GetSingleActiveConsumer())
@@ -218,7 +226,8 @@ func TestSingleActiveConsumerAcrossBrokers(t *testing.T) {
 	receives(v2, v2.count()+10)
 
 	// The victim dies with v2 active: s2 takes over once the victim's
-	// session expired (its leases, 2s, ran out before).
+	// session expired; v2's leases, with most of their minute left, are
+	// revoked first.
 	killed := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -230,8 +239,20 @@ func TestSingleActiveConsumerAcrossBrokers(t *testing.T) {
 	if took > sessionTimeout+time.Second {
 		t.Errorf("s2's first delivery %v after the kill, want within %v", took, sessionTimeout+time.Second)
 	}
-	s2.end(t)
 	<-v2.done
+	v2.mu.Lock()
+	orphans := slices.Clone(v2.orphans)
+	v2.mu.Unlock()
+	if len(orphans) == 0 {
+		t.Fatal("v2 held no delivery when its broker was killed")
+	}
+	for _, tok := range orphans {
+		_, err := survivor.client.Ack(context.Background(), &pb.AckRequest{AckToken: tok})
+		if status.Code(err) != codes.FailedPrecondition {
+			t.Errorf("ack of v2's delivery through the survivor after the takeover: %v, want FailedPrecondition (revoked)", err)
+		}
+	}
+	s2.end(t)
 	checkNoOverlap(t, v1, s1, v2, s2)
 	// Each stream got the queue in order: what the one before held was
 	// back at its place before it started.

@@ -19,67 +19,56 @@ import (
 // a process that dies loses its candidacy when its session expires.
 //
 // Leading is not enough to start receiving: the consumer that led before
-// may still hold at-least-once deliveries that it can settle (its leases
+// may still hold at-least-once deliveries that it could settle (its leases
 // outlive its session, and their ack tokens work on any process). A new
-// leader therefore waits, with WaitUnheld, until no lease of the queue can
-// be acked any more; only then does it claim. Together, at no time can
-// two consumers ack deliveries of the queue.
+// leader therefore first revokes them all (Revoke): each live lease is
+// released at once, whatever its deadline, so that none of them can be
+// settled any more; only then does it claim. Together, at no time can two
+// consumers settle deliveries of the queue, and the takeover after a
+// consumer's death takes its session timeout, not its leases' time.
 
 // activeParent is the election node of a SingleActive queue.
 const activeParent = "active"
 
-// WaitUnheld waits until no delivery of the queue can be settled by the
-// consumer that holds it: every lease node is gone (acked, released,
-// requeued), settled by a delayed Nack, or past its deadline (Ack and
-// Extend refuse it then). It lists leases/ with a watch and reads each
-// lease; it then waits for the list to change or for the latest live
-// deadline, whichever comes first, and looks again (an Extend moves a
-// deadline later: the next look sees it).
+// Revoke makes every delivery of the queue impossible to settle, so that
+// the next single active consumer can start at once: it releases every
+// live lease now, whatever its deadline (requeued at its place in the
+// queue, or dead-lettered past p.MaxDeliveries; released, when set, is
+// told of each). A consumer that still holds a revoked delivery finds its
+// Ack, Nack and Extend refused (ErrUnknownLease), as after the deadline.
+// Leases settled by a delayed Nack are not deliveries any more and stay
+// until their delay.
 //
-// A lease found past its deadline is released at once, as the leader's
-// sweep would (requeued at its place in the queue, or dead-lettered past
-// p.MaxDeliveries; released, when set, is told of each), so that the
-// messages the previous consumer held are back in the queue, in order,
-// before the next one starts; when that fails (the sweep or another
-// process released it first, or ZooKeeper is away) the sweep's release
-// stands.
-//
-// Deadlines are compared with this process's clock, as every Ack compares
-// them with its own: the processes' clocks are assumed to agree within a
-// lease's send margin. Errors: the context's; ZooKeeper's, wrapped
-// (zk.ErrNoNode when the queue was deleted).
-func (l *Leases) WaitUnheld(ctx context.Context, p Policy, released func(Message, Outcome)) error {
+// It lists leases/ again until a listing finds none live, so that a lease
+// created meanwhile (a claim under way on a process that just lost its
+// turn, which that process gives back unsent) is released too; a lease
+// settled meanwhile by its holder (a version conflict) is read again.
+// Errors: the context's; ZooKeeper's, wrapped (zk.ErrNoNode when the
+// queue was deleted).
+func (l *Leases) Revoke(ctx context.Context, p Policy, released func(Message, Outcome)) error {
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		names, _, w, err := l.items.zk.ChildrenW(l.leases)
+		names, _, err := l.items.zk.Children(l.leases)
 		if err != nil {
-			return fmt.Errorf("zkqueue: wait unheld: children %s: %w", l.leases, err)
+			return fmt.Errorf("zkqueue: revoke: children %s: %w", l.leases, err)
 		}
-		latest, err := l.latestLive(ctx, names, p, released)
+		live, err := l.revokeLive(ctx, names, p, released)
 		if err != nil {
 			return err
 		}
-		if latest.IsZero() {
+		if live == 0 {
 			return nil
 		}
-		t := time.NewTimer(time.Until(latest) + time.Millisecond)
-		select {
-		case <-w:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
 	}
 }
 
-// latestLive returns the latest deadline of the live (not nacked, not
-// expired) leases among names, zero when there is none, and releases the
-// expired ones.
-func (l *Leases) latestLive(ctx context.Context, names []string, p Policy, released func(Message, Outcome)) (time.Time, error) {
-	var latest time.Time
-	now := time.Now()
+// revokeLive releases the live (not nacked) leases among names and
+// returns how many it found; a release that lost a race with the lease's
+// holder counts too, so that the caller looks again.
+func (l *Leases) revokeLive(ctx context.Context, names []string, p Policy, released func(Message, Outcome)) (int, error) {
+	live := 0
 	for _, n := range names {
 		lp := l.leases + "/" + n
 		data, stat, err := l.items.zk.Get(lp)
@@ -87,50 +76,55 @@ func (l *Leases) latestLive(ctx context.Context, names []string, p Policy, relea
 			continue
 		}
 		if err != nil {
-			return time.Time{}, fmt.Errorf("zkqueue: wait unheld: get %s: %w", lp, err)
-		}
-		if isPackLease(data) {
-			item, ok := ParseLeaseName(n)
-			if !ok {
-				continue
-			}
-			es, next, err := sweepPack(ctx, l.packs.tx, n, item, data, stat.Version, now, p)
-			if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrBadVersion) {
-				return time.Time{}, fmt.Errorf("zkqueue: wait unheld: %w", err)
-			}
-			l.packs.remember(n, leaseState{}, false)
-			if released != nil {
-				for _, e := range es {
-					released(e.Message, e.Outcome)
-				}
-			}
-			if next.After(latest) {
-				latest = next
-			}
-			continue
-		}
-		deadline, itemData, nacked, err := decodeLeaseState(data)
-		if err != nil || nacked {
-			continue // unreadable leases cannot be acked either
-		}
-		if deadline.After(now) {
-			if deadline.After(latest) {
-				latest = deadline
-			}
-			continue
+			return 0, fmt.Errorf("zkqueue: revoke: get %s: %w", lp, err)
 		}
 		item, ok := ParseLeaseName(n)
 		if !ok {
 			continue
 		}
+		if isPackLease(data) {
+			// Every message of the pack still leased expires now.
+			es, _, err := sweepPack(ctx, l.packs.tx, n, item, data, stat.Version, farFuture, time.Now(), p)
+			switch {
+			case errors.Is(err, zk.ErrNoNode):
+				continue
+			case errors.Is(err, zk.ErrBadVersion):
+				live++
+				continue
+			case err != nil:
+				return 0, fmt.Errorf("zkqueue: revoke: %w", err)
+			}
+			l.packs.remember(n, leaseState{}, false)
+			if len(es) > 0 {
+				live++
+			}
+			if released != nil {
+				for _, e := range es {
+					released(e.Message, e.Outcome)
+				}
+			}
+			continue
+		}
+		_, itemData, nacked, err := decodeLeaseState(data)
+		if err != nil || nacked {
+			continue // unreadable leases cannot be settled either
+		}
 		m, err := decodeMessage(item, itemData, 0)
 		if err != nil {
 			continue
 		}
+		live++
 		out, err := l.release(ctx, heldLease{token: n, version: stat.Version, item: item, data: itemData, m: m}, p)
-		if err == nil && released != nil {
-			released(m, out)
+		switch {
+		case err == nil:
+			if released != nil {
+				released(m, out)
+			}
+		case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
+			// Settled or extended meanwhile: the next listing tells.
+		default:
+			return 0, fmt.Errorf("zkqueue: revoke: %w", err)
 		}
 	}
-	return latest, nil
+	return live, nil
 }

@@ -3,6 +3,7 @@ package zkqueue_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,82 +11,71 @@ import (
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
-// WaitUnheld returns only once no lease can be acked: not while one is
-// live, at once when it is acked or settled by a delayed nack, and by
-// itself once a lease's deadline passed.
-func TestWaitUnheld(t *testing.T) {
+// Revoke makes every live delivery impossible to settle at once, long
+// before its deadline: plain leases and a pack lease's unsettled
+// messages go back to their places in the queue, a delayed nack stays
+// until its delay, and the revoked tokens' acks are refused.
+func TestRevoke(t *testing.T) {
 	ctx := context.Background()
-	root := zktest.Root(t)
-	conn := zktest.Conn(t)
-	items, err := zkqueue.New(conn, root+"/items")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leases, err := zkqueue.NewLeases(items, root+"/leases", root+"/dead")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := leases.WaitUnheld(ctx, zkqueue.Policy{}, nil); err != nil {
-		t.Fatalf("WaitUnheld without leases: %v", err)
-	}
-	for range 3 {
-		if _, err := items.Publish(ctx, []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ls, err := leases.Take(ctx, 2, zkqueue.Room{}, time.Minute, false)
-	if err != nil || len(ls) != 2 {
-		t.Fatalf("Take: %v, %v", ls, err)
-	}
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	if err := leases.WaitUnheld(short, zkqueue.Policy{}, nil); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("WaitUnheld with live leases: %v, want the context's deadline", err)
-	}
-
-	done := make(chan error, 1)
-	go func() { done <- leases.WaitUnheld(ctx, zkqueue.Policy{}, nil) }()
-	if _, err := leases.Ack(ctx, ls[0].Token); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := leases.Nack(ctx, ls[1].Token, time.Hour, zkqueue.Policy{}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("WaitUnheld: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("WaitUnheld did not return once the leases were acked and nacked")
-	}
-
-	// A lease nobody settles: WaitUnheld returns after its deadline, the
-	// message back in the queue.
-	ls, err = leases.Take(ctx, 1, zkqueue.Room{}, time.Second, false)
-	if err != nil || len(ls) != 1 {
-		t.Fatalf("Take: %v, %v", ls, err)
-	}
-	var back []string
-	if err := leases.WaitUnheld(ctx, zkqueue.Policy{}, func(m zkqueue.Message, out zkqueue.Outcome) {
-		if out == zkqueue.Requeued {
-			back = append(back, m.ID)
-		}
-	}); err != nil {
-		t.Fatalf("WaitUnheld: %v", err)
-	}
-	if len(back) != 1 || back[0] != ls[0].ID {
-		t.Fatalf("requeued %v, want %s", back, ls[0].ID)
-	}
-	if now := time.Now(); now.Before(ls[0].Deadline) {
-		t.Fatalf("WaitUnheld returned at %v, before the lease's deadline %v", now, ls[0].Deadline)
-	}
-	if _, err := leases.Ack(ctx, ls[0].Token); !errors.Is(err, zkqueue.ErrUnknownLease) {
-		t.Fatalf("Ack after WaitUnheld: %v, want ErrUnknownLease", err)
-	}
-	again, err := leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
-	if err != nil || len(again) != 1 || again[0].ID != ls[0].ID || again[0].Deliveries != 2 {
-		t.Fatalf("Take after WaitUnheld: %+v, %v; want %s delivered a second time", again, err, ls[0].ID)
+	for _, tc := range []struct {
+		name string
+		opts []zkqueue.Option
+	}{{"plain", nil}, {"packed", []zkqueue.Option{packed()}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := zktest.Root(t)
+			conn := zktest.Conn(t)
+			items := newQueue(t, conn, root+"/items", tc.opts...)
+			leases, err := zkqueue.NewLeases(items, root+"/leases", root+"/dead")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := leases.Revoke(ctx, zkqueue.Policy{}, nil); err != nil {
+				t.Fatalf("Revoke without leases: %v", err)
+			}
+			if _, err := items.PublishBatch(ctx, [][]byte{[]byte("m0"), []byte("m1"), []byte("m2"), []byte("m3")}); err != nil {
+				t.Fatal(err)
+			}
+			ls, err := leases.Take(ctx, 4, zkqueue.Room{}, time.Hour, false)
+			if err != nil || len(ls) != 4 {
+				t.Fatalf("Take: %v, %v", ls, err)
+			}
+			if _, err := leases.Ack(ctx, ls[0].Token); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := leases.Nack(ctx, ls[3].Token, time.Hour, zkqueue.Policy{}); err != nil {
+				t.Fatal(err)
+			}
+			var back []string
+			if err := leases.Revoke(ctx, zkqueue.Policy{}, func(m zkqueue.Message, out zkqueue.Outcome) {
+				if out == zkqueue.Requeued {
+					back = append(back, m.ID)
+				}
+			}); err != nil {
+				t.Fatalf("Revoke: %v", err)
+			}
+			if want := []string{ls[1].ID, ls[2].ID}; !slices.Equal(back, want) {
+				t.Fatalf("requeued %v, want %v", back, want)
+			}
+			for _, l := range ls[1:3] {
+				if _, err := leases.Ack(ctx, l.Token); !errors.Is(err, zkqueue.ErrUnknownLease) {
+					t.Fatalf("Ack of %s after Revoke: %v, want ErrUnknownLease", l.ID, err)
+				}
+			}
+			again, err := leases.Take(ctx, 4, zkqueue.Room{}, time.Hour, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, l := range again {
+				if l.Deliveries != 2 {
+					t.Errorf("%s redelivered with count %d, want 2", l.ID, l.Deliveries)
+				}
+				got = append(got, string(l.Payload))
+			}
+			if !slices.Equal(got, []string{"m1", "m2"}) {
+				t.Fatalf("after Revoke took %q, want m1 and m2 (m0 acked, m3 nacked for an hour)", got)
+			}
+		})
 	}
 }
 

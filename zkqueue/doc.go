@@ -52,7 +52,7 @@
 //	             beyond the take, for the next takes; packlease.go: a pack's
 //	             lease, settlements coalesced per lease, partial put-back
 //	active.go    single active consumer (Spec.SingleActive): the active/ election
-//	             node, and WaitUnheld, the wait for the previous consumer's leases
+//	             node, and Revoke, which ends the previous consumer's leases
 //	observe.go   Observer: per-request latency for metrics
 //	errors.go    sentinel errors, all prefixed "zkqueue: "
 //

@@ -552,10 +552,11 @@ func (l *Leases) Flush(ctx context.Context) {
 }
 
 // sweepPack releases the messages of pack lease name (data read at
-// version) whose deadline passed, by policy p (with its Backoff, an
-// expired message is held back for its step first), and returns them and
-// the lease's next deadline (zero when none is left).
-func sweepPack(ctx context.Context, t packTx, name string, item Name, data []byte, version int32, now time.Time, p Policy) ([]Expired, time.Time, error) {
+// version) whose deadline is before cutoff (now for the sweep, any time
+// for Revoke), by policy p at now (with its Backoff, an expired message is
+// held back for its step first), and returns them and the lease's next
+// deadline (zero when none is left).
+func sweepPack(ctx context.Context, t packTx, name string, item Name, data []byte, version int32, cutoff, now time.Time, p Policy) ([]Expired, time.Time, error) {
 	entries, err := decodePackLease(data)
 	if err != nil {
 		return nil, farFuture, nil
@@ -563,7 +564,7 @@ func sweepPack(ctx context.Context, t packTx, name string, item Name, data []byt
 	var ops []*settleOp
 	next := time.Time{}
 	for _, e := range entries {
-		if now.After(e.deadline) {
+		if cutoff.After(e.deadline) {
 			ops = append(ops, &settleOp{kind: settleExpire, index: e.index, p: p})
 			continue
 		}

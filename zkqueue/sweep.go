@@ -189,7 +189,7 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 	}
 	if isPackLease(data) {
 		t := packTx{items: s.items, leases: s.leases, dead: s.dead, acl: s.acl, tx: s.rel.tx, get: s.zk.Get}
-		es, next, err := sweepPack(ctx, t, name, l.item, data, stat.Version, now, p)
+		es, next, err := sweepPack(ctx, t, name, l.item, data, stat.Version, now, now, p)
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			return nil, false, nil // settled meanwhile: read again next time
 		}
