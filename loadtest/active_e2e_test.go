@@ -59,3 +59,46 @@ func TestSingleActiveEndToEnd(t *testing.T) {
 		t.Errorf("verdict: ok %v, single active %+v, %d acked\nstdout:\n%s", r.OK, a, r.Check.Acked, &stdout)
 	}
 }
+
+// TestKillActiveEndToEnd runs --kill-active-after: the broker serving the
+// active stream is killed with SIGKILL while producers publish; a stream
+// on the other broker takes over, nothing acked is lost, no two streams
+// held deliveries at once, and the run passes with the kill reported.
+func TestKillActiveEndToEnd(t *testing.T) {
+	if !zkserver.Installed() {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("ZooKeeper is required in CI: %v", zkserver.ErrNotInstalled)
+		}
+		t.Skip(zkserver.ErrNotInstalled)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	bin, err := buildQBroker(ctx, dir, raceEnabled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := spawnTopology(ctx, 2, bin, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(topo.Close)
+	cfg := Config{
+		SpawnBrokers: 2, Producers: 2, Consumers: 4, ConnsPerBroker: 1,
+		Duration: 6 * time.Second, Payload: 100, Batch: 1, Prefetch: 1,
+		Mode: qbroker.AtLeastOnce, Queue: "e2e-kill-active", SingleActive: true, KillActiveAfter: 2 * time.Second,
+		Order:   orderReport,
+		Timeout: 2 * time.Minute, DrainTimeout: time.Minute,
+		JSONPath: filepath.Join(dir, "kill-active.json"),
+	}
+	var stdout, stderr bytes.Buffer
+	if code := runOn(ctx, cfg, topo, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", code, &stdout, &stderr)
+	}
+	r := readReport(t, cfg.JSONPath)
+	a := r.Check.SingleActive
+	if !r.OK || r.Kill == nil || a == nil || a.Overlaps != 0 || a.Handovers < 1 || r.Check.Lost != 0 {
+		t.Fatalf("verdict: ok %v, kill %+v, single active %+v, lost %d\nstdout:\n%s", r.OK, r.Kill, a, r.Check.Lost, &stdout)
+	}
+	t.Logf("killed %s after %.1fs; longest takeover %.0f ms", r.Kill.Broker, r.Kill.After, a.MaxTakeoverMS)
+}

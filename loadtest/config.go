@@ -75,6 +75,10 @@ type Config struct {
 	// the checker fails the run if two streams held deliveries at once
 	// (active.go).
 	SingleActive bool `json:"single_active,omitempty"`
+	// KillActiveAfter, with SingleActive and spawned brokers: this long
+	// into the publishing, the broker serving the active stream is
+	// killed with SIGKILL (kill.go); 0: none.
+	KillActiveAfter time.Duration `json:"-"`
 	// VisibilityTimeout, when set, is the queue's lease of at-least-once
 	// deliveries (the broker's default otherwise).
 	VisibilityTimeout time.Duration `json:"-"`
@@ -193,6 +197,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.Float64Var(&c.NoisyFactor, "noisy-factor", 1, "with --tenants: tenant t0 publishes this many times the rate of each other tenant")
 	fs.BoolVar(&c.Fair, "fair", false, "with --tenants: create the queue with fair dispatch by the tenant header")
 	fs.BoolVar(&c.SingleActive, "single-active", false, "create the queue with single active consumer (one stream at a time across brokers); the check fails if two streams held deliveries at once and reports the handovers and the longest takeover")
+	fs.DurationVar(&c.KillActiveAfter, "kill-active-after", 0, "with --single-active and at least 2 spawned brokers: SIGKILL the broker serving the active stream this long into the publishing; the report gives the takeover")
 	fs.DurationVar(&c.VisibilityTimeout, "visibility-timeout", 0, "create the queue with this lease of at-least-once deliveries (0: the broker's default); with --single-active it bounds a takeover after a broker dies")
 	fs.BoolVar(&c.Packed, "packed", false, "create the queue with packed storage (a publish's batch, and the publishes gathered with it, in one ZooKeeper node); the report's ZooKeeper cost per message shows what it saves")
 	fs.DurationVar(&c.Work, "work", 0, "time each consumer spends on a message before settling it (0..1s): bounds the consumers' rate")
@@ -344,6 +349,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--visibility-timeout %v < 0", c.VisibilityTimeout)
 	case c.Packed && c.Fair:
 		return errors.New("--packed excludes --fair (a packed queue has no fair dispatch)")
+	case c.KillActiveAfter < 0:
+		return fmt.Errorf("--kill-active-after %v < 0", c.KillActiveAfter)
+	case c.KillActiveAfter > 0 && (!c.SingleActive || c.SpawnBrokers < 2 || c.Backlog > 0 || c.Probe):
+		return errors.New("--kill-active-after needs --single-active and --spawn-brokers 2 or more, without --backlog or --probe")
 	case c.SingleActive && c.ConfirmAcks:
 		return errors.New("--single-active excludes --confirm-acks (a single-active queue refuses Receive)")
 	case c.ConfirmAcks && (c.Mode != qbroker.AtLeastOnce || c.Prefetch > maxReceive):

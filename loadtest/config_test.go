@@ -215,6 +215,8 @@ var badFlags = []parseFlagsCase{
 	{name: "confirmed acks at most once", args: []string{"--spawn-brokers", "1", "--confirm-acks"}, wantErr: "--confirm-acks needs --mode at-least-once"},
 	{name: "confirmed acks beyond a Receive", args: []string{"--spawn-brokers", "1", "--mode", "at-least-once", "--confirm-acks", "--prefetch", "101"}, wantErr: "--prefetch at most 100"},
 	{name: "single active with Receive", args: []string{"--spawn-brokers", "1", "--mode", "at-least-once", "--single-active", "--confirm-acks"}, wantErr: "--single-active excludes --confirm-acks"},
+	{name: "kill without single active", args: []string{"--spawn-brokers", "2", "--kill-active-after", "5s"}, wantErr: "--kill-active-after needs --single-active"},
+	{name: "kill with one broker", args: []string{"--spawn-brokers", "1", "--single-active", "--mode", "at-least-once", "--kill-active-after", "5s"}, wantErr: "--kill-active-after needs"},
 	{name: "packed and fair", args: []string{"--spawn-brokers", "1", "--rate", "100", "--producers", "2", "--tenants", "2", "--fair", "--packed"}, wantErr: "--packed excludes --fair"},
 	{name: "negative visibility timeout", args: []string{"--spawn-brokers", "1", "--visibility-timeout", "-1s"}, wantErr: "--visibility-timeout"},
 	{name: "stray argument", args: []string{"--spawn-brokers", "1", "extra"}, wantErr: "unexpected argument"},

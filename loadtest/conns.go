@@ -17,6 +17,7 @@ type connPool struct {
 	shared    [][]*qbroker.Client // [broker][conn], perBroker > 0
 	own       []*qbroker.Client   // perBroker == 0: every client dialled
 	opts      []qbroker.Option    // TLS and token
+	dead      map[int]bool        // brokers killed during the run (--kill-active-after)
 }
 
 func newConnPool(ctx context.Context, brokers []string, perBroker int, opts ...qbroker.Option) (*connPool, error) {
@@ -64,8 +65,24 @@ func (p *connPool) client(ctx context.Context, i int) (*qbroker.Client, error) {
 	return c, nil
 }
 
-// admin returns a connection for setup and check calls.
-func (p *connPool) admin(ctx context.Context) (*qbroker.Client, error) { return p.client(ctx, 0) }
+// admin returns a connection for setup and check calls, to the first
+// broker not killed.
+func (p *connPool) admin(ctx context.Context) (*qbroker.Client, error) {
+	for b := range p.brokers {
+		if !p.dead[b] {
+			return p.client(ctx, b)
+		}
+	}
+	return nil, fmt.Errorf("every broker was killed")
+}
+
+// markDead records that broker b was killed: admin uses another.
+func (p *connPool) markDead(b int) {
+	if p.dead == nil {
+		p.dead = map[int]bool{}
+	}
+	p.dead[b] = true
+}
 
 // Close closes every connection.
 func (p *connPool) Close() {

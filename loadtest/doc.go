@@ -62,10 +62,12 @@
 // (overlaps, 0 expected); the report also gives how many streams held
 // deliveries, the handovers between them and the longest takeover (the
 // gap from the last interval of one stream to the first of the next)
-// (active.go). The load test does not kill brokers itself: a takeover
-// happens when the active stream ends, for example when its broker is
-// killed from outside. After a broker dies the takeover waits for its
-// leases to run out: --visibility-timeout sets the queue's lease.
+// (active.go). --kill-active-after D (spawned brokers, at least 2) kills
+// the broker serving the active stream with SIGKILL D into the
+// publishing (the broker whose delivered counter grows, kill.go); the
+// run goes on through the others, the report names the killed broker,
+// and the longest takeover is the failover's time: the session timeout,
+// since the next active stream's broker revokes the dead one's leases.
 //
 // --packed creates the queue with packed storage (a publish's batch, and
 // the publishes one group commit gathers, in one ZooKeeper node); the

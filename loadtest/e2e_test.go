@@ -132,9 +132,10 @@ type jsonReport struct {
 		Rate     float64 `json:"rate"`
 		Packed   bool    `json:"packed"`
 	} `json:"config"`
-	PublishSeconds float64 `json:"publish_seconds"`
-	Seconds        float64 `json:"seconds"`
-	DrainSeconds   float64 `json:"drain_seconds"`
+	PublishSeconds float64     `json:"publish_seconds"`
+	Seconds        float64     `json:"seconds"`
+	Kill           *KillReport `json:"kill"`
+	DrainSeconds   float64     `json:"drain_seconds"`
 	Throughput     struct {
 		Published       int64   `json:"published"`
 		Delivered       int64   `json:"delivered"`

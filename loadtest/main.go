@@ -127,7 +127,9 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 			return
 		}
 		queueDeleted = true
-		deleteQueue(ctx, admin, cfg.Queue)
+		if a, err := pool.admin(ctx); err == nil { // a live broker's, after --kill-active-after
+			deleteQueue(ctx, a, cfg.Queue)
+		}
 	}
 	defer deleteOnce()
 
@@ -165,12 +167,17 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 			}
 		}
 	}
+	var kill *KillReport
+	if cfg.KillActiveAfter > 0 {
+		hooks.whilePublishing = startKill(&cfg, topo, pool, metricsToken(&cfg, topo), &kill, &failures)
+	}
 	in, scrapeFailures, err := measureWorkload(ctx, &cfg, topo, pool, progress, hooks)
 	if err != nil {
 		return nil, err
 	}
 	in.Started = started
 	in.Probe = probe
+	in.Kill = kill
 	failures = append(failures, scrapeFailures...)
 	failures = append(failures, topo.exited()...)
 	if cfg.Backlog > 0 && !in.Workload.Interrupted {
@@ -260,6 +267,9 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 		} else if err == nil {
 			in.Zxids = &[2]int64{zxid0, zxid1}
 		}
+	}
+	if scraped && topo.killedAny() {
+		scraped = false // a killed broker's last counters are lost: no sum
 	}
 	if scraped {
 		// Bounded by its own timeout: wanted after an interrupt too.

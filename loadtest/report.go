@@ -36,7 +36,9 @@ type Report struct {
 	Latency      Latencies  `json:"latency"`
 	// Probe: with --probe, the hops of a publish timed alone while
 	// the producers published (probe.go).
-	Probe     *LoadProbe     `json:"probe,omitempty"`
+	Probe *LoadProbe `json:"probe,omitempty"`
+	// Kill: with --kill-active-after, the broker killed and when.
+	Kill      *KillReport    `json:"kill,omitempty"`
 	Check     Verdict        `json:"check"`
 	Errors    ErrorStats     `json:"errors"`
 	Conflicts *ConflictStats `json:"conflicts,omitempty"`
@@ -139,6 +141,7 @@ type reportInput struct {
 	Baselines []BaselineResult
 	Deep      *DeepReport // with a backlog
 	Probe     *LoadProbe  // with --probe
+	Kill      *KillReport // with --kill-active-after
 	Failures  []string    // run-level failures (setup, scrape, baselines)
 }
 
@@ -161,6 +164,7 @@ func buildReport(in reportInput) *Report {
 		Timeline:       w.Timeline,
 		Deep:           in.Deep,
 		Probe:          in.Probe,
+		Kill:           in.Kill,
 		Tenants:        w.Tenants,
 	}
 	delivered := w.Verdict.Delivered
@@ -342,6 +346,10 @@ func writeSummary(out io.Writer, r *Report) {
 		}
 		fmt.Fprintf(&b, "single active %d stream(s) held deliveries, %d handover(s) (%s); overlaps %d\n",
 			a.Streams, a.Handovers, takeover, a.Overlaps)
+	}
+	if k := r.Kill; k != nil {
+		fmt.Fprintf(&b, "killed       broker %s (the active stream's) with SIGKILL %.1fs into the publishing; broker counters not summed\n",
+			k.Broker, k.After)
 	}
 	for _, w := range r.Warnings {
 		fmt.Fprintf(&b, "warning      %s\n", strings.TrimSpace(w))

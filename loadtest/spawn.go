@@ -44,6 +44,9 @@ type brokerProc struct {
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when cmd has been waited for
 	logPath string
+
+	killed    bool          // by kill, on purpose
+	cpuAtKill time.Duration // its CPU time just before
 }
 
 // spawnZKHeapMB is the spawned ZooKeeper's heap, and the spawned brokers'
@@ -277,6 +280,9 @@ func stopGroup(cmd *exec.Cmd, done <-chan struct{}) {
 func (t *Topology) exited() []string {
 	var out []string
 	for i, p := range t.procs {
+		if p.killed {
+			continue
+		}
 		select {
 		case <-p.done:
 			out = append(out, fmt.Sprintf("broker %s exited: %s", t.Brokers[i], tail(p.logPath)))
@@ -335,6 +341,10 @@ func (t *Topology) cpu() (s cpuSample, ok bool) {
 		return s, false
 	}
 	for _, p := range t.procs {
+		if p.killed {
+			s.Brokers += p.cpuAtKill
+			continue
+		}
 		d, err := procCPU(p.cmd.Process.Pid)
 		if err != nil {
 			return s, false

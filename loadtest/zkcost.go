@@ -182,5 +182,9 @@ func writeZKCost(b *strings.Builder, c *ZKCost) {
 		}
 		return
 	}
-	fmt.Fprintf(b, "zk cost      per message delivered (the whole run's %d): %.3f transactions, %.3f requests\n", c.Messages, c.Transactions, c.Requests)
+	fmt.Fprintf(b, "zk cost      per message delivered (the whole run's %d): %.3f transactions", c.Messages, c.Transactions)
+	if c.Requests > 0 { // zero: the brokers' counters were not read
+		fmt.Fprintf(b, ", %.3f requests", c.Requests)
+	}
+	b.WriteString("\n")
 }
