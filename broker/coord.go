@@ -19,7 +19,9 @@ import (
 // coord_lock.go, Counter in coord_counter.go) map gRPC onto the public
 // recipes election/, lock/ and counter/, the way etcd's v3election and
 // v3lock servers wrap clientv3/concurrency. A counter is no session's: it
-// is a persistent node, kept until deleted (coord_counter.go).
+// is a persistent node, kept until deleted (coord_counter.go). A lock's
+// and a semaphore's streams keep their holding with one loop
+// (holdStream, coord_hold.go).
 // Their state is in ZooKeeper only: a campaign or a lock of a client is an
 // ephemeral node of the broker's primary session, held while the client's
 // stream is open. A client that vanishes ends its stream (gRPC keepalive

@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"path"
 	"time"
@@ -89,54 +88,25 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 	return b.holdLock(ctx, stream, rx, first.GetName(), g)
 }
 
-// holdLock tells the client of its grant and of revocation requests
-// until the client releases it (released), the stream ends, or the grant
-// is lost (LOST, then Aborted). It unlocks in every case; a stream that
-// the client cancelled or lost without its unlock (or half-close)
-// releases as a loss (Grant.Abandon): a lock-delay then runs, since the
-// client may only be cut off from this broker.
+// holdLock keeps the grant g for the client (holdStream): the grant is
+// unlocked in every case, abandoned (Grant.Abandon) when the client left
+// without its unlock.
 func (b *Broker) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *receiver[*pb.LockRequest], name string, g *lock.Grant) error {
 	key, token := path.Base(g.Key()), g.Token()
 	b.metrics.locksHeld.Inc()
 	b.emitCoord(events.LockGranted, name, "", key, token)
 	defer func() {
-		uctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer cancel()
-		release := g.Unlock
-		if !rx.saidLast() && b.ctx.Err() == nil {
-			release = g.Abandon
-		}
-		if err := release(uctx); err != nil {
-			// The grant goes on deleting its node until the session ends.
-			b.log.Warn("lock: unlock failed; retried until the session ends", "lock", name, "znode", g.Key(), "err", err)
-		}
 		b.metrics.locksHeld.Dec()
 		b.emitCoord(events.LockReleased, name, "", key, token)
 	}()
-	out := newOutbox(b, stream.Send)
-	defer out.close()
-	event := func(t pb.LockEvent_Type) error {
-		return out.send(ctx, &pb.LockEvent{Type: t, Key: key, Token: token})
-	}
-	if err := event(pb.LockEvent_TYPE_GRANTED); err != nil {
-		return b.streamEnd()
-	}
-	revoked := g.Revoked()
-	for {
-		select {
-		case <-g.Lost():
-			_ = event(pb.LockEvent_TYPE_LOST)
-			b.log.Debug("lock lost", "lock", name, "err", g.Err())
-			return b.fail(fmt.Errorf("%w: %s", errLockLost, name))
-		case <-revoked:
-			revoked = nil
-			if err := event(pb.LockEvent_TYPE_REVOKE_REQUESTED); err != nil {
-				return b.streamEnd()
-			}
-		case <-rx.ended.Done():
-			return b.streamEnd()
-		}
-	}
+	event := func(t pb.LockEvent_Type) *pb.LockEvent { return &pb.LockEvent{Type: t, Key: key, Token: token} }
+	return holdStream(b, ctx, rx, stream.Send, g, holdSpec[*pb.LockEvent]{
+		service: "lock", kind: "lock", verb: "unlock", name: name, errLost: errLockLost,
+		release: g.Unlock, abandon: g.Abandon,
+		granted:         event(pb.LockEvent_TYPE_GRANTED),
+		revokeRequested: event(pb.LockEvent_TYPE_REVOKE_REQUESTED),
+		lost:            event(pb.LockEvent_TYPE_LOST),
+	})
 }
 
 // Unlock implements pb.LockServer.

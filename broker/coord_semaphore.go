@@ -156,55 +156,28 @@ func (s semaphoreServer) Acquire(stream pb.Semaphore_AcquireServer) error {
 	return b.holdPermits(ctx, stream, rx, name, l)
 }
 
-// holdPermits tells the client of its lease and of revocation requests
-// until the client releases it, the stream ends, or the lease is lost
-// (LOST, then Aborted). It releases in every case; a stream that the
-// client cancelled or lost without its release (or half-close) releases
-// as a loss (Lease.Abandon): a lock-delay then runs, since the client
-// may only be cut off from this broker.
+// holdPermits keeps the lease l for the client (holdStream): the lease
+// is released in every case, abandoned (Lease.Abandon) when the client
+// left without its release.
 func (b *Broker) holdPermits(ctx context.Context, stream pb.Semaphore_AcquireServer, rx *receiver[*pb.SemaphoreAcquireRequest],
 	name string, l *semaphore.Lease) error {
 	key, token, permits := path.Base(l.Key()), l.Token(), int32(l.Permits())
 	b.metrics.sem.held.Add(float64(permits))
 	b.emitSemaphore(events.SemaphoreGranted, name, key, token)
 	defer func() {
-		uctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer cancel()
-		release := l.Release
-		if !rx.saidLast() && b.ctx.Err() == nil {
-			release = l.Abandon
-		}
-		if err := release(uctx); err != nil {
-			// The lease goes on deleting its node until the session ends.
-			b.log.Warn("semaphore: release failed; retried until the session ends", "semaphore", name, "znode", l.Key(), "err", err)
-		}
 		b.metrics.sem.held.Sub(float64(permits))
 		b.emitSemaphore(events.SemaphoreReleased, name, key, token)
 	}()
-	out := newOutbox(b, stream.Send)
-	defer out.close()
-	event := func(t pb.SemaphoreEvent_Type) error {
-		return out.send(ctx, &pb.SemaphoreEvent{Type: t, Key: key, Token: token, Permits: permits})
+	event := func(t pb.SemaphoreEvent_Type) *pb.SemaphoreEvent {
+		return &pb.SemaphoreEvent{Type: t, Key: key, Token: token, Permits: permits}
 	}
-	if err := event(pb.SemaphoreEvent_TYPE_GRANTED); err != nil {
-		return b.streamEnd()
-	}
-	revoked := l.Revoked()
-	for {
-		select {
-		case <-l.Lost():
-			_ = event(pb.SemaphoreEvent_TYPE_LOST)
-			b.log.Debug("semaphore lease lost", "semaphore", name, "err", l.Err())
-			return b.fail(fmt.Errorf("%w: %s", errPermitsLost, name))
-		case <-revoked:
-			revoked = nil
-			if err := event(pb.SemaphoreEvent_TYPE_REVOKE_REQUESTED); err != nil {
-				return b.streamEnd()
-			}
-		case <-rx.ended.Done():
-			return b.streamEnd()
-		}
-	}
+	return holdStream(b, ctx, rx, stream.Send, l, holdSpec[*pb.SemaphoreEvent]{
+		service: "semaphore", kind: "semaphore lease", verb: "release", name: name, errLost: errPermitsLost,
+		release: l.Release, abandon: l.Abandon,
+		granted:         event(pb.SemaphoreEvent_TYPE_GRANTED),
+		revokeRequested: event(pb.SemaphoreEvent_TYPE_REVOKE_REQUESTED),
+		lost:            event(pb.SemaphoreEvent_TYPE_LOST),
+	})
 }
 
 // leaseKeyPath checks a lease's key and returns its node.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"path"
 	"sync"
-	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -26,30 +25,16 @@ var (
 // acquire is Lock, TryLock, RLock and TryRLock: kind names the node, try
 // gives up with ErrLocked instead of waiting.
 func (l *locker) acquire(ctx context.Context, kind string, try bool) (*Grant, error) {
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if l.isClosed() {
-			return nil, ErrClosed
-		}
-		nonce := newNonce()
-		key, err := l.create(kind, nonce)
-		if err != nil {
-			return nil, err
-		}
-		g, err := l.wait(ctx, key, try)
-		if errors.Is(err, errVanished) {
-			// The session expired while we waited: queue again.
-			l.log.Debug("contender's node vanished, queueing again", "znode", key)
-			continue
-		}
-		if err != nil {
-			l.abandon(key, nonce)
-			return nil, err
-		}
-		return g, nil
-	}
+	return holding.Acquire(ctx, l.bg, holding.Attempt[*Grant]{
+		Create: func(nonce string) (string, error) { return l.create(kind, nonce) },
+		Wait: func(ctx context.Context, key, _ string) (*Grant, error) {
+			return l.wait(ctx, key, try)
+		},
+		// An attempt that failed leaves its node, deleted with its marker.
+		Nodes:    func(key, _ string) []holding.Node { return []holding.Node{{Key: key, Marked: l.delay > 0}} },
+		Vanished: errVanished,
+		What:     "contender's node",
+	})
 }
 
 // create makes the contender's node. A create that fails with the
@@ -87,7 +72,7 @@ func (l *locker) create(kind, nonce string) (string, error) {
 	}
 	nodes, lerr := l.list()
 	if lerr != nil {
-		l.reap(nonce)
+		l.bg.Reap(nonce)
 		return "", err
 	}
 	if n, ok := withNonce(nodes, nonce); ok {
@@ -122,7 +107,7 @@ func (l *locker) listAll() ([]node, []string, error) {
 // It rides out connection losses (the client reconnects, maybe with a
 // new session that no longer has our node: errVanished then) until ctx
 // ends, the connection closes, or ZooKeeper has not answered for
-// noContactLimit.
+// holding.NoContactLimit.
 func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error) {
 	me, _ := parseNode(path.Base(key)) // ZooKeeper named it after our prefix
 	// Our node's Stat and exists watch, which a grant needs, are read
@@ -136,7 +121,7 @@ func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error)
 		mine = l.watchOwn(key)
 	}()
 	defer wg.Wait()
-	backoff, contact := retryMin, time.Now()
+	pace := holding.NewPace()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -155,17 +140,13 @@ func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error)
 			wg.Wait()
 			return l.grant(key, mine)
 		}
-		if err != nil && (!transient(err) || time.Since(contact) > noContactLimit) {
-			return nil, err
-		}
 		if err != nil {
-			if !sleep(backoff, ctx.Done(), l.done) {
-				return nil, errors.Join(err, context.Cause(ctx), l.closedErr())
+			if err := pace.Retry(ctx, l.bg, err); err != nil {
+				return nil, err
 			}
-			backoff = min(2*backoff, retryMax)
 			continue
 		}
-		backoff, contact = retryMin, time.Now()
+		pace.Answered()
 		if w == nil {
 			continue // the node to wait for went meanwhile
 		}
@@ -179,7 +160,7 @@ func (l *locker) wait(ctx context.Context, key string, try bool) (*Grant, error)
 			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-l.done:
+		case <-l.bg.Done():
 			return nil, ErrClosed
 		}
 	}
@@ -238,37 +219,16 @@ func delayBlocks(me node) func(holder string) bool {
 // waitDelay waits, first in line, until no lost holder's lock-delay
 // holds the lock, or ctx ends, or Close.
 func (l *locker) waitDelay(ctx context.Context, me node) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := l.bg.WithClose(ctx)
 	defer cancel()
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-l.done:
-			cancel()
-		case <-done:
-		}
-	}()
 	waited, err := lockdelay.Wait(ctx, l.conn, l.path, delayBlocks(me))
 	if waited {
 		l.log.Debug("waited for a lost holder's lock-delay", "znode", l.path+"/"+me.name)
 	}
-	if err != nil && l.isClosed() {
+	if err != nil && l.bg.Closed() {
 		return ErrClosed
 	}
 	return err
-}
-
-// transient reports an error that a reconnection may cure.
-func transient(err error) bool {
-	return zkutil.IsUnavailable(err) && !errors.Is(err, zk.ErrClosing)
-}
-
-func (l *locker) closedErr() error {
-	if l.isClosed() {
-		return ErrClosed
-	}
-	return nil
 }
 
 // watched is a node's Stat and exists watch, read together.
@@ -317,95 +277,25 @@ func (l *locker) grant(key string, mine watched) (*Grant, error) {
 	return startGrant(l.conn, l.log, key, mine.st, mine.w, l.delay > 0), nil
 }
 
-// abandon deletes the node of an attempt that failed; when the delete
-// fails, the background removes it.
-func (l *locker) abandon(key, nonce string) {
-	err := holding.Delete(l.conn, key, l.delay > 0)
-	if err != nil && !errors.Is(err, zk.ErrNoNode) {
-		l.log.Debug("contender's node left behind", "znode", key, "err", err)
-		l.reap(nonce)
-	}
-}
-
-// Bounds of the background retries: between tries, and how long without
-// an answer from ZooKeeper before giving up. A session cannot outlive that
-// long without its client (ZooKeeper's default maximum session timeout is
-// 40 s), so its ephemeral nodes are gone by then.
-const (
-	retryMin       = 50 * time.Millisecond
-	retryMax       = 2 * time.Second
-	noContactLimit = 2 * time.Minute
-)
-
-// reap removes, in the background, the node whose name holds nonce: a
-// create whose answer was lost, or a delete that failed. It retries until
-// the node is gone, ZooKeeper has not answered for noContactLimit, or
-// Close.
-func (l *locker) reap(nonce string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return
-	}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		backoff, contact := retryMin, time.Now()
-		for sleep(backoff, l.done, nil) {
-			done, err := l.reapOnce(nonce)
-			switch {
-			case done:
-				return
-			case !zkutil.IsUnavailable(err):
-				l.log.Info("cannot remove a node left behind", "nonce", nonce, "err", err)
-				return
-			case errors.Is(err, errAnswered):
-				contact = time.Now()
-			case time.Since(contact) > noContactLimit:
-				l.log.Info("giving up removing a node: no answer from ZooKeeper", "nonce", nonce, "err", err)
-				return
-			}
-			backoff = min(2*backoff, retryMax)
-		}
-	}()
-}
-
-// errAnswered marks a failure after ZooKeeper answered a call of the
-// same attempt: the session was alive then.
-var errAnswered = errors.New("answered before")
-
-// reapOnce deletes the node named with nonce; done when it is gone.
-func (l *locker) reapOnce(nonce string) (done bool, err error) {
+// reapOnce deletes the node named with nonce, a create whose answer was
+// lost or a delete that failed (the Background's Reap retries it); nil
+// once it is gone.
+func (l *locker) reapOnce(nonce string) error {
 	nodes, err := l.list()
 	if errors.Is(err, zk.ErrNoNode) {
-		return true, nil
+		return nil
 	}
 	if err != nil {
-		return false, err
+		return err
 	}
 	n, ok := withNonce(nodes, nonce)
 	if !ok {
-		return true, nil
+		return nil
 	}
 	p := l.path + "/" + n.name
 	if err := holding.Delete(l.conn, p, l.delay > 0); err != nil && !errors.Is(err, zk.ErrNoNode) {
-		return false, errfmt.Errorf("lock: delete %s: %w (%w)", p, err, errAnswered)
+		return errfmt.Errorf("lock: delete %s: %w (%w)", p, err, holding.ErrAnswered)
 	}
 	l.log.Info("removed a node left behind by a failed call", "znode", p)
-	return true, nil
-}
-
-// sleep waits d unless a or b closes first (false then); a nil channel
-// never closes.
-func sleep(d time.Duration, a, b <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-a:
-		return false
-	case <-b:
-		return false
-	}
+	return nil
 }

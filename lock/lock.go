@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
-	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/errfmt"
+	"github.com/qbroker/qbroker/internal/holding"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/lockdelay"
 )
@@ -63,12 +63,7 @@ type locker struct {
 	mayCreate bool   // the lock's node may be created (again) when missing
 	delay     time.Duration
 	log       *slog.Logger
-
-	done chan struct{}  // closed by Close: ends waits and cleanups
-	wg   sync.WaitGroup // cleanups (see reap)
-
-	mu     sync.Mutex
-	closed bool
+	bg        *holding.Background // ends waits and cleanups at Close
 }
 
 // NewMutex returns a Mutex under the node p, creating p and its missing
@@ -114,8 +109,10 @@ func newLocker(conn *zk.Conn, p string, opts []Option) (*locker, error) {
 		}
 	}
 	data := zkutil.EncodeOwned(o.owner, o.value)
-	return &locker{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), value: data, mayCreate: o.create,
-		delay: o.delay, log: o.logger.With("lock", p), done: make(chan struct{})}, nil
+	l := &locker{conn: conn, path: p, acl: zkutil.ACLOr(o.acl), value: data, mayCreate: o.create,
+		delay: o.delay, log: o.logger.With("lock", p)}
+	l.bg = holding.NewBackground(conn, l.log, ErrClosed, l.reapOnce)
+	return l, nil
 }
 
 // maxValue bounds a node's value well under ZooKeeper's jute.maxbuffer.
@@ -195,20 +192,6 @@ func (rw *RWMutex) TryLock(ctx context.Context) (*Grant, error) {
 func (rw *RWMutex) Close() error { return rw.l.close() }
 
 func (l *locker) close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil
-	}
-	l.closed = true
-	close(l.done)
-	l.mu.Unlock()
-	l.wg.Wait()
+	l.bg.Close()
 	return nil
-}
-
-func (l *locker) isClosed() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.closed
 }

@@ -2,11 +2,11 @@ package lock
 
 import (
 	"cmp"
-	"crypto/rand"
-	"encoding/hex"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/qbroker/qbroker/internal/holding"
 )
 
 // Node kinds, the first element of a lock node's name. A Mutex's "lock"
@@ -18,8 +18,9 @@ const (
 	kindWrite = "write"
 )
 
-// nonceLen is the length of the random hex element of a node's name.
-const nonceLen = 16
+// nonceLen is the length of the random hex element of a node's name, a
+// new one for every attempt (holding.NewNonce).
+const nonceLen = holding.NonceLen
 
 // node is a parsed lock node name: <kind>-<nonce>-<sequence>.
 type node struct {
@@ -30,14 +31,6 @@ type node struct {
 }
 
 func (n node) exclusive() bool { return n.kind != kindRead }
-
-// newNonce returns a random name element: 64 bits, as 16 hex digits. It
-// tells one attempt's node from every other, even of the same session.
-func newNonce() string {
-	var b [nonceLen / 2]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return hex.EncodeToString(b[:])
-}
 
 // namePrefix is what a create of kind with nonce names, before
 // ZooKeeper's sequence suffix.

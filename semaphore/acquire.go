@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -30,30 +29,19 @@ func (s *Semaphore) acquire(ctx context.Context, n int, try bool) (*Lease, error
 	if n < 1 || n > MaxLimit {
 		return nil, fmt.Errorf("%w: %d permits: want 1 to %d", ErrInvalid, n, MaxLimit)
 	}
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if s.isClosed() {
-			return nil, ErrClosed
-		}
-		nonce := newNonce()
-		key, err := s.enqueue(nonce)
-		if err != nil {
-			return nil, err
-		}
-		l, err := s.wait(ctx, key, nonce, n, try)
-		if errors.Is(err, errVanished) {
-			// The session expired while we waited: queue again.
-			s.log.Debug("waiter vanished, queueing again", "znode", key)
-			continue
-		}
-		if err != nil {
-			s.abandon(key, s.leasePath(n, nonce), nonce)
-			return nil, err
-		}
-		return l, nil
-	}
+	return holding.Acquire(ctx, s.bg, holding.Attempt[*Lease]{
+		Create: s.enqueue,
+		Wait: func(ctx context.Context, key, nonce string) (*Lease, error) {
+			return s.wait(ctx, key, nonce, n, try)
+		},
+		// An attempt that failed leaves its waiter, and a lease it may
+		// have been granted without seeing it, deleted with its marker.
+		Nodes: func(key, nonce string) []holding.Node {
+			return []holding.Node{{Key: key}, {Key: s.leasePath(n, nonce), Marked: s.delay > 0}}
+		},
+		Vanished: errVanished,
+		What:     "waiter",
+	})
 }
 
 func (s *Semaphore) leasePath(n int, nonce string) string {
@@ -90,7 +78,7 @@ func (s *Semaphore) enqueue(nonce string) (string, error) {
 	}
 	children, _, lerr := s.conn.Children(s.queue)
 	if lerr != nil {
-		s.reap(nonce)
+		s.bg.Reap(nonce)
 		return "", err
 	}
 	if w, ok := waiterWithNonce(waiters(children), nonce); ok {
@@ -115,11 +103,11 @@ type watches struct {
 
 // wait blocks until the waiter key holds n permits and returns its lease.
 // It rides out connection losses until ctx ends, the connection closes,
-// or ZooKeeper has not answered for noContactLimit.
+// or ZooKeeper has not answered for holding.NoContactLimit.
 func (s *Semaphore) wait(ctx context.Context, key, nonce string, n int, try bool) (*Lease, error) {
 	me, _ := parseWaiter(path.Base(key)) // ZooKeeper named it after our prefix
 	lp := s.leasePath(n, nonce)
-	backoff, contact := retryMin, time.Now()
+	pace := holding.NewPace()
 	head := false // me is known to be the first waiter
 	for {
 		if err := ctx.Err(); err != nil {
@@ -135,7 +123,7 @@ func (s *Semaphore) wait(ctx context.Context, key, nonce string, n int, try bool
 			switch {
 			case gerr == nil:
 				return g, nil
-			case errors.Is(gerr, errVanished), !transient(gerr):
+			case errors.Is(gerr, errVanished), !holding.Transient(gerr):
 				return nil, gerr
 			}
 			err = gerr
@@ -143,17 +131,13 @@ func (s *Semaphore) wait(ctx context.Context, key, nonce string, n int, try bool
 		if l != nil {
 			return l, nil
 		}
-		if err != nil && (!transient(err) || time.Since(contact) > noContactLimit) {
-			return nil, err
-		}
 		if err != nil {
-			if !sleep(backoff, ctx.Done(), s.done) {
-				return nil, errors.Join(err, context.Cause(ctx), s.closedErr())
+			if err := pace.Retry(ctx, s.bg, err); err != nil {
+				return nil, err
 			}
-			backoff = min(2*backoff, retryMax)
 			continue
 		}
-		backoff, contact = retryMin, time.Now()
+		pace.Answered()
 		if w.delay {
 			if err := s.waitDelay(ctx, key); err != nil {
 				return nil, err
@@ -172,7 +156,7 @@ func (s *Semaphore) wait(ctx context.Context, key, nonce string, n int, try bool
 		case ev = <-w.b:
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-s.done:
+		case <-s.bg.Done():
 			return nil, ErrClosed
 		}
 		if errors.Is(ev.Err, zk.ErrClosing) {
@@ -336,100 +320,21 @@ func (s *Semaphore) grant(lp string, n int) (*Lease, error) {
 // waitDelay waits, first in line, until no lost lease's lock-delay keeps
 // permits, or ctx ends, or Close.
 func (s *Semaphore) waitDelay(ctx context.Context, key string) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := s.bg.WithClose(ctx)
 	defer cancel()
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-s.done:
-			cancel()
-		case <-done:
-		}
-	}()
 	waited, err := lockdelay.Wait(ctx, s.conn, s.leases, nil)
 	if waited {
 		s.log.Debug("waited for a lost lease's lock-delay", "znode", key)
 	}
-	if err != nil && s.isClosed() {
+	if err != nil && s.bg.Closed() {
 		return ErrClosed
 	}
 	return err
 }
 
-// abandon deletes the nodes of an attempt that failed: its waiter and a
-// lease it may have been granted without seeing it; when a delete fails,
-// the background removes them.
-func (s *Semaphore) abandon(key, lp, nonce string) {
-	for i, p := range []string{key, lp} {
-		var err error
-		if i == 0 {
-			err = s.conn.Delete(p, -1)
-		} else {
-			err = holding.Delete(s.conn, p, s.delay > 0)
-		}
-		if err != nil && !errors.Is(err, zk.ErrNoNode) {
-			s.log.Debug("node left behind", "znode", p, "err", err)
-			s.reap(nonce)
-			return
-		}
-	}
-}
-
-// transient reports an error that a reconnection may cure.
-func transient(err error) bool {
-	return zkutil.IsUnavailable(err) && !errors.Is(err, zk.ErrClosing)
-}
-
-// Bounds of the background retries: between tries, and how long without
-// an answer from ZooKeeper before giving up. A session cannot outlive that
-// long without its client (ZooKeeper's default maximum session timeout is
-// 40 s), so its ephemeral nodes are gone by then.
-const (
-	retryMin       = 50 * time.Millisecond
-	retryMax       = 2 * time.Second
-	noContactLimit = 2 * time.Minute
-)
-
-// reap removes, in the background, the waiter and the lease whose names
-// hold nonce: a create whose answer was lost, or a delete that failed. It
-// retries until they are gone, ZooKeeper has not answered for
-// noContactLimit, or Close.
-func (s *Semaphore) reap(nonce string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return
-	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		backoff, contact := retryMin, time.Now()
-		for sleep(backoff, s.done, nil) {
-			err := s.reapOnce(nonce)
-			switch {
-			case err == nil:
-				return
-			case !zkutil.IsUnavailable(err):
-				s.log.Info("cannot remove a node left behind", "nonce", nonce, "err", err)
-				return
-			case errors.Is(err, errAnswered):
-				contact = time.Now()
-			case time.Since(contact) > noContactLimit:
-				s.log.Info("giving up removing a node: no answer from ZooKeeper", "nonce", nonce, "err", err)
-				return
-			}
-			backoff = min(2*backoff, retryMax)
-		}
-	}()
-}
-
-// errAnswered marks a failure after ZooKeeper answered a call of the
-// same attempt: the session was alive then.
-var errAnswered = errors.New("answered before")
-
-// reapOnce deletes the waiter and the lease named with nonce; nil once
-// both are gone.
+// reapOnce deletes the waiter and the lease named with nonce, left by a
+// create whose answer was lost or a delete that failed (the Background's
+// Reap retries it); nil once both are gone.
 func (s *Semaphore) reapOnce(nonce string) error {
 	for _, dir := range []string{s.queue, s.leases} {
 		children, _, err := s.conn.Children(dir)
@@ -453,28 +358,13 @@ func (s *Semaphore) reapOnce(nonce string) error {
 		if dir == s.leases {
 			// A lease never granted keeps no delay.
 			if err := lockdelay.Clear(s.conn, dir, name); err != nil {
-				return errfmt.Errorf("semaphore: %w (%w)", err, errAnswered)
+				return errfmt.Errorf("semaphore: %w (%w)", err, holding.ErrAnswered)
 			}
 		}
 		if err := s.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return errfmt.Errorf("semaphore: delete %s: %w (%w)", p, err, errAnswered)
+			return errfmt.Errorf("semaphore: delete %s: %w (%w)", p, err, holding.ErrAnswered)
 		}
 		s.log.Info("removed a node left behind by a failed call", "znode", p)
 	}
 	return nil
-}
-
-// sleep waits d unless a or b closes first (false then); a nil channel
-// never closes.
-func sleep(d time.Duration, a, b <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-a:
-		return false
-	case <-b:
-		return false
-	}
 }

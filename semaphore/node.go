@@ -2,12 +2,11 @@ package semaphore
 
 import (
 	"cmp"
-	"crypto/rand"
-	"encoding/hex"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/qbroker/qbroker/internal/holding"
 	"github.com/qbroker/qbroker/lockdelay"
 )
 
@@ -19,17 +18,10 @@ const (
 	leasePrefix = "lease-"
 )
 
-// nonceLen is the length of the random hex element of a node's name.
-const nonceLen = 16
-
-// newNonce returns a random name element: 64 bits, as 16 hex digits. It
-// tells one attempt's nodes (its waiter, then its lease) from every other
-// attempt's, even of the same session.
-func newNonce() string {
-	var b [nonceLen / 2]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return hex.EncodeToString(b[:])
-}
+// nonceLen is the length of the random hex element of a node's name, a
+// new one for every attempt (holding.NewNonce): its waiter and then its
+// lease share it.
+const nonceLen = holding.NonceLen
 
 func isNonce(s string) bool {
 	if len(s) != nonceLen {

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
-	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/errfmt"
+	"github.com/qbroker/qbroker/internal/holding"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/lockdelay"
 )
@@ -68,12 +68,7 @@ type Semaphore struct {
 	value  []byte // lease data: the value, with the owner when there is one
 	delay  time.Duration
 	log    *slog.Logger
-
-	done chan struct{}  // closed by Close: ends waits and cleanups
-	wg   sync.WaitGroup // cleanups (see reap)
-
-	mu     sync.Mutex
-	closed bool
+	bg     *holding.Background // ends waits and cleanups at Close
 }
 
 // New returns a Semaphore under the node p. When p does not exist, New
@@ -105,7 +100,8 @@ func New(conn *zk.Conn, p string, limit int, opts ...Option) (*Semaphore, error)
 	}
 	s := &Semaphore{conn: conn, path: p, queue: p + "/" + queueDir, leases: p + "/" + leasesDir, limit: limit,
 		acl: zkutil.ACLOr(o.acl), value: zkutil.EncodeOwned(o.owner, o.value), delay: o.delay,
-		log: o.logger.With("semaphore", p), done: make(chan struct{})}
+		log: o.logger.With("semaphore", p)}
+	s.bg = holding.NewBackground(conn, s.log, ErrClosed, s.reapOnce)
 	if err := s.ensure(); err != nil {
 		return nil, err
 	}
@@ -207,27 +203,6 @@ func (s *Semaphore) TryAcquire(ctx context.Context, n int) (*Lease, error) {
 // Leases are not affected: each ends with its Release or loss. Close is
 // idempotent.
 func (s *Semaphore) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.done)
-	s.mu.Unlock()
-	s.wg.Wait()
-	return nil
-}
-
-func (s *Semaphore) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
-func (s *Semaphore) closedErr() error {
-	if s.isClosed() {
-		return ErrClosed
-	}
+	s.bg.Close()
 	return nil
 }

@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
@@ -49,17 +45,10 @@ func LockDelay(d time.Duration) LockOption { return func(o *lockOptions) { o.del
 // broker's ZooKeeper session ends (the broker died). A Lock is safe for
 // concurrent use.
 type Lock struct {
-	name    string
-	key     string
-	token   int64
-	stream  pb.Lock_LockClient
-	cancel  context.CancelFunc
-	lost    chan struct{} // closed when the holding ends
-	revoked chan struct{} // closed at the first revocation request
-
-	mu        sync.Mutex
-	unlocking bool
-	err       error
+	hold   // the stream's holding: name, Lost, Revoked, Err
+	key    string
+	token  int64
+	stream pb.Lock_LockClient
 }
 
 // Lock takes the lock name ([A-Za-z0-9._-]{1,200}), waiting for it until
@@ -92,9 +81,11 @@ func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Lo
 		cancel()
 		return nil, errorf("qbroker: lock %s: %w", name, convErr(err))
 	}
-	l := &Lock{name: name, key: ev.GetKey(), token: ev.GetToken(), stream: s, cancel: cancel,
-		lost: make(chan struct{}), revoked: make(chan struct{})}
-	go l.run()
+	l := &Lock{hold: newHold("lock", name, cancel), key: ev.GetKey(), token: ev.GetToken(), stream: s}
+	go l.run(func() (bool, error) {
+		ev, err := s.Recv()
+		return ev.GetType() == pb.LockEvent_TYPE_REVOKE_REQUESTED, err
+	})
 	return l, nil
 }
 
@@ -121,37 +112,6 @@ func recvFirst[T any](ctx context.Context, cancel context.CancelFunc, recv func(
 	}
 }
 
-// run owns the stream's receiving side until the holding ends.
-func (l *Lock) run() {
-	var err error
-	for {
-		var ev *pb.LockEvent
-		if ev, err = l.stream.Recv(); err != nil {
-			break
-		}
-		if ev.GetType() == pb.LockEvent_TYPE_REVOKE_REQUESTED {
-			select {
-			case <-l.revoked:
-			default:
-				close(l.revoked)
-			}
-		}
-	}
-	l.mu.Lock()
-	// After Unlock the stream ends with OK, or cancelled by Unlock's ctx:
-	// both release the lock.
-	released := l.unlocking && (errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled)
-	if !released {
-		if errors.Is(err, io.EOF) {
-			err = ErrUnavailable // the broker ended the stream without a reason
-		}
-		l.err = errorf("qbroker: lock %s: %w: %w", l.name, ErrLost, convErr(err))
-	}
-	l.mu.Unlock()
-	l.cancel()
-	close(l.lost)
-}
-
 // Name returns the lock's name.
 func (l *Lock) Name() string { return l.name }
 
@@ -175,33 +135,17 @@ func (l *Lock) Revoked() <-chan struct{} { return l.revoked }
 
 // Err returns nil while the lock is held and after Unlock; once it was
 // lost, an error matching ErrLost and the cause.
-func (l *Lock) Err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
-}
+func (l *Lock) Err() error { return l.loss() }
 
 // Unlock releases the lock and waits, until ctx ends, for the broker to
 // confirm. It is idempotent; when ctx ends first it closes the stream,
 // which releases the lock as well. It returns the loss's error when the
 // lock had been lost before (see Err).
 func (l *Lock) Unlock(ctx context.Context) error {
-	l.mu.Lock()
-	first := !l.unlocking
-	l.unlocking = true
-	l.mu.Unlock()
-	if first {
-		// Only Unlock sends once the lock is granted, and only once.
+	return l.release(ctx, func() {
 		_ = l.stream.Send(&pb.LockRequest{Unlock: true})
 		_ = l.stream.CloseSend()
-	}
-	select {
-	case <-l.lost:
-	case <-ctx.Done():
-		l.cancel() // the stream's end releases the lock
-		<-l.lost
-	}
-	return l.Err()
+	})
 }
 
 // UnlockKey releases the grant key with token of the lock name, whichever

@@ -2,14 +2,9 @@ package qbroker
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
@@ -46,18 +41,11 @@ func PermitDelay(d time.Duration) AcquireOption { return func(o *acquireOptions)
 // process died) or when the broker's ZooKeeper session ends (the broker
 // died). A Permit is safe for concurrent use.
 type Permit struct {
-	name    string
+	hold    // the stream's lease: name, Lost, Revoked, Err
 	key     string
 	token   int64
 	permits int
 	stream  pb.Semaphore_AcquireClient
-	cancel  context.CancelFunc
-	lost    chan struct{} // closed when the lease ends
-	revoked chan struct{} // closed at the first revocation request
-
-	mu        sync.Mutex
-	releasing bool
-	err       error
 }
 
 // Acquire takes permits of the semaphore name ([A-Za-z0-9._-]{1,200})
@@ -93,9 +81,12 @@ func (c *Client) Acquire(ctx context.Context, name string, limit int, opts ...Ac
 		cancel()
 		return nil, errorf("qbroker: acquire %s: %w", name, convErr(err))
 	}
-	p := &Permit{name: name, key: ev.GetKey(), token: ev.GetToken(), permits: int(ev.GetPermits()), stream: s,
-		cancel: cancel, lost: make(chan struct{}), revoked: make(chan struct{})}
-	go p.run()
+	p := &Permit{hold: newHold("semaphore", name, cancel), key: ev.GetKey(), token: ev.GetToken(),
+		permits: int(ev.GetPermits()), stream: s}
+	go p.run(func() (bool, error) {
+		ev, err := s.Recv()
+		return ev.GetType() == pb.SemaphoreEvent_TYPE_REVOKE_REQUESTED, err
+	})
 	return p, nil
 }
 
@@ -109,37 +100,6 @@ func clamp32(n int) int32 {
 		return -1 << 31
 	}
 	return int32(n)
-}
-
-// run owns the stream's receiving side until the lease ends.
-func (p *Permit) run() {
-	var err error
-	for {
-		var ev *pb.SemaphoreEvent
-		if ev, err = p.stream.Recv(); err != nil {
-			break
-		}
-		if ev.GetType() == pb.SemaphoreEvent_TYPE_REVOKE_REQUESTED {
-			select {
-			case <-p.revoked:
-			default:
-				close(p.revoked)
-			}
-		}
-	}
-	p.mu.Lock()
-	// After Release the stream ends with OK, or cancelled by Release's
-	// ctx: both give the permits back.
-	released := p.releasing && (errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled)
-	if !released {
-		if errors.Is(err, io.EOF) {
-			err = ErrUnavailable // the broker ended the stream without a reason
-		}
-		p.err = errorf("qbroker: semaphore %s: %w: %w", p.name, ErrLost, convErr(err))
-	}
-	p.mu.Unlock()
-	p.cancel()
-	close(p.lost)
 }
 
 // Name returns the semaphore's name.
@@ -167,32 +127,17 @@ func (p *Permit) Revoked() <-chan struct{} { return p.revoked }
 
 // Err returns nil while the permits are held and after Release; once they
 // were lost, an error matching ErrLost and the cause.
-func (p *Permit) Err() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.err
-}
+func (p *Permit) Err() error { return p.loss() }
 
 // Release gives the permits back and waits, until ctx ends, for the
 // broker to confirm. It is idempotent; when ctx ends first it closes the
 // stream, which gives them back as well. It returns the loss's error when
 // the lease had been lost before (see Err).
 func (p *Permit) Release(ctx context.Context) error {
-	p.mu.Lock()
-	first := !p.releasing
-	p.releasing = true
-	p.mu.Unlock()
-	if first {
+	return p.release(ctx, func() {
 		_ = p.stream.Send(&pb.SemaphoreAcquireRequest{Release: true})
 		_ = p.stream.CloseSend()
-	}
-	select {
-	case <-p.lost:
-	case <-ctx.Done():
-		p.cancel() // the stream's end gives the permits back
-		<-p.lost
-	}
-	return p.Err()
+	})
 }
 
 // ReleasePermit gives back the lease key with token of the semaphore

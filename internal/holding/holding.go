@@ -10,6 +10,14 @@
 // request. After a release whose delete failed, the watcher retries the
 // delete in the background, with backoff, until the node is gone or the
 // session ends: a failed release never leaves a live session holding.
+//
+// attempt.go holds what the recipes share before a holding begins:
+// Acquire's loop of attempts (create a node, wait, queue again when the
+// node vanished with the session, abandon on error), the pacing of a wait
+// that rides out connection losses (Pace), the bounds of all retries, and
+// a recipe's Background, which removes the nodes of failed attempts and
+// ends with the recipe's Close. Each recipe keeps what differs: how its
+// nodes are named and what its turn is.
 package holding
 
 import (
@@ -195,20 +203,10 @@ var (
 	errNoContact   = errors.New("no answer from ZooKeeper for longer than any session lasts")
 )
 
-// Bounds of the background retries: between tries, and how long without
-// an answer from ZooKeeper before giving up. A session cannot outlive that
-// long without its client (ZooKeeper's default maximum session timeout is
-// 40 s), so its ephemeral nodes are gone by then.
-const (
-	retryMin       = 50 * time.Millisecond
-	retryMax       = 2 * time.Second
-	noContactLimit = 2 * time.Minute
-)
-
 // watch follows the node until the holding ends (see the package doc).
 func (h *Holding) watch(w <-chan zk.Event) {
 	defer close(h.done)
-	backoff := retryMin
+	backoff := RetryMin
 	var retry <-chan time.Time
 	for {
 		select {
@@ -241,14 +239,14 @@ func (h *Holding) watch(w <-chan zk.Event) {
 		}
 		h.log.Debug("release failed, retrying", "znode", h.key, "err", err)
 		retry = time.After(backoff)
-		backoff = min(2*backoff, retryMax)
+		backoff = min(2*backoff, RetryMax)
 	}
 }
 
 // rewatch sets the exists watch on the node again, retrying while
 // ZooKeeper is away; nil when the holding ended meanwhile.
 func (h *Holding) rewatch() <-chan zk.Event {
-	backoff, contact := retryMin, time.Now()
+	backoff, contact := RetryMin, time.Now()
 	for {
 		ok, st, w, err := h.conn.ExistsW(h.key)
 		switch {
@@ -265,7 +263,7 @@ func (h *Holding) rewatch() <-chan zk.Event {
 			return w
 		case !zkutil.IsUnavailable(err):
 			contact = time.Now()
-		case time.Since(contact) > noContactLimit:
+		case time.Since(contact) > NoContactLimit:
 			h.end(errNoContact, "no contact")
 			return nil
 		}
@@ -276,6 +274,6 @@ func (h *Holding) rewatch() <-chan zk.Event {
 			t.Stop()
 			return nil
 		}
-		backoff = min(2*backoff, retryMax)
+		backoff = min(2*backoff, RetryMax)
 	}
 }
