@@ -53,7 +53,7 @@ func TestKillBroker(t *testing.T) {
 		pamo.release(streamName(0))
 		palo.release(streamName(0))
 		if held != nil {
-			s.checks = append(s.checks, func() { s.checkCameBack(palo, held, 0, killed) })
+			s.checks = append(s.checks, func() { s.checkCameBack(palo, held, 0, killed, "killed") })
 		}
 		s.dead = append(s.dead, owner)
 		if err := victim.start(); err != nil {
@@ -74,9 +74,20 @@ func TestKillBroker(t *testing.T) {
 // claiming when it stops), then continued. The other brokers redeliver
 // what its leases held; once continued it must not hand out a copy whose
 // lease expired meanwhile (a stale copy, delivered after the newer copy).
+//
+// A packed queue runs beside it, with a stream on every broker, and the
+// pause comes while the victim holds a pack: its stream holds a message
+// of a 100-message pack (holdPack), a Receive through it holds 5 more
+// unsettled, and the rest waits in its pack buffer. The pack's lease
+// runs out while the victim sleeps: every message of the pack its
+// consumers had not received comes back counted through the other
+// brokers before it is continued; once continued, a Receive through it
+// must not get a stale copy from its buffer, and the held messages'
+// late acks are refused.
 func TestPauseBroker(t *testing.T) {
 	s := newScenario(t, "pause-broker", clusterOptions{brokers: 3})
 	l := s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 0, 1, 2}, prefetch: 16, receivers: 1, size: 1024})
+	packed := s.load(qbroker.AtLeastOnce, packedLoad(loadOptions{streams: []int{0, 1, 2}, receiveOn: []int{1}}))
 	victim := s.c.brokers[0]
 	viaVictim := s.dial(victim.addr)
 	// The pause comes a moment after the burst: while the victim's
@@ -85,10 +96,16 @@ func TestPauseBroker(t *testing.T) {
 		[]time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond}) {
 		s.progress(pick(100, 200), time.Minute, "before the pause")
 		owner := s.c.sessionOf(s.zk, victim)
+		pack := s.holdPack(packed, 0, viaVictim)
+		held := packed.receiveHeld(viaVictim, "holder@0", 5)
 		_ = l.burst(viaVictim, 100)
 		time.Sleep(after)
 		victim.pause()
-		paused := s.mark(faults.Fault, fmt.Sprintf("SIGSTOP broker 0, %v after a burst (cycle %d)", after, cycle+1))
+		paused := s.mark(faults.Fault, fmt.Sprintf("SIGSTOP broker 0, %v after a burst, holding a pack (cycle %d)", after, cycle+1))
+		packed.release(streamName(0))
+		if pack != nil {
+			s.checks = append(s.checks, func() { s.checkCameBack(packed, pack, 0, paused, "paused") })
+		}
 		s.dead = append(s.dead, owner)
 		if !s.c.unregistered(s.zk, victim, owner, 30*time.Second) {
 			s.fail("paused broker's session did not expire within 30s")
@@ -96,12 +113,20 @@ func TestPauseBroker(t *testing.T) {
 		// Past the visibility timeout too, and a sweep or two after it.
 		waitFor(time.Minute, func() bool { return time.Since(paused) > visibility+3*sweepInterval })
 		s.recovered(paused, time.Minute, "the pause")
+		// The victim's pack came back through the others while it slept.
+		if !waitFor(time.Minute, func() bool { return packed.allDelivered(pack) && packed.redelivered(keysOf(held)) }) {
+			s.fail("the pack paused broker 0 held did not come back through the other brokers within a minute")
+		}
 		victim.resume()
 		healed := s.mark(faults.Heal, "SIGCONT broker 0")
 		if !s.c.registered(s.zk, victim, 30*time.Second, s.dead...) {
 			s.fail("continued broker %s not registered under a new session within 30s", victim.id)
 		}
 		s.recovered(healed, time.Minute, "the continue")
+		// A Receive through the continued broker takes from its buffer
+		// first: a stale copy would arrive past its lease deadline.
+		packed.ackAll(packed.receiveHeld(viaVictim, "receiver@0", 8))
+		packed.lateAcksRefused(held, "a pause")
 	}
 	s.progress(pick(100, 200), time.Minute, "after the pauses")
 	s.finish()
