@@ -98,6 +98,31 @@ func (s *scenario) checkCameBack(l *load, keys []faults.Key, b int, at time.Time
 	s.t.Logf("%s: %d of a pack of %d held by broker %d when it was %s came back", l.queue, back, len(keys), b, what)
 }
 
+// logHeldOnce logs, at most once, what became of the messages of keys
+// that broker b had claimed when the fault (what) hit it at `at`: handed
+// out by b's stream after the fault (from its buffer), by the others
+// before (a put-back), or never (lost with b's buffer, in doubt up to
+// MayLose). Second deliveries are the checker's duplicates.
+func (s *scenario) logHeldOnce(l *load, keys []faults.Key, b int, at time.Time, what string) {
+	who := streamName(b)
+	var before, byB, others, never int
+	for _, k := range keys {
+		ds := l.check.Deliveries(k)
+		switch {
+		case len(ds) == 0:
+			never++
+		case ds[0].At.Before(at):
+			before++
+		case ds[0].Consumer == who:
+			byB++
+		default:
+			others++
+		}
+	}
+	s.t.Logf("%s: of a pack of %d held by broker %d when it was %s, %d were delivered before, %d by it after, %d by the others, %d never",
+		l.queue, len(keys), b, what, before, byB, others, never)
+}
+
 // receiveHeld takes up to n messages of l at least once with one Receive
 // through via (a client of one broker), records them as who's and holds
 // them unsettled: after a holdPack on the same broker they come from the

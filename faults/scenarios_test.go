@@ -367,33 +367,70 @@ func TestQuorumLoss(t *testing.T) {
 // visibility timeout, then healed. Its session expires; the others
 // redeliver its leases; once healed it must re-register and must not hand
 // out stale copies.
+//
+// Two packed queues (one per mode) run beside them, with a stream on
+// every broker, and the partition cuts the victim off while it holds a
+// pack of each: its stream holds a message of a 100-message pack
+// (holdPack), the rest waits in its pack buffer. At least once, a Receive
+// through it also holds 5 of that pack unsettled; the pack's lease runs
+// out and is swept back while the victim is cut off, and every message
+// of the pack its consumers had not received comes back counted through
+// the other brokers before the heal; once healed, a Receive through it
+// must not get a stale copy from its buffer, and the held messages' late
+// acks are refused. At most once, the victim's buffer is out of
+// ZooKeeper: what it hands out from there while cut off is delivered
+// once, and the loss may be no larger than what it had claimed (its
+// stream's prefetch and one pack), as for a killed broker.
 func TestPartition(t *testing.T) {
 	full(t)
 	s := newScenario(t, "partition", clusterOptions{brokers: 3})
 	alo := s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 1, 2}, receivers: 1})
 	amo := s.load(qbroker.AtMostOnce, loadOptions{streams: []int{1, 2}, receivers: 1})
+	palo := s.load(qbroker.AtLeastOnce, packedLoad(loadOptions{streams: []int{0, 1, 2}, receiveOn: []int{1}}))
+	pamo := s.load(qbroker.AtMostOnce, packedLoad(loadOptions{streams: []int{0, 1, 2}, receiveOn: []int{2}}))
 	victim := s.c.brokers[0]
 	viaVictim := s.dial(victim.addr)
 	for cycle := range 2 {
 		s.progress(200, time.Minute, "before the partition")
 		owner := s.c.sessionOf(s.zk, victim)
+		// The victim holds a pack of each packed queue.
+		packAMO := s.holdPack(pamo, 0, viaVictim)
+		pack := s.holdPack(palo, 0, viaVictim)
+		held := palo.receiveHeld(viaVictim, "holder@0", 5)
 		// A burst through the victim, so it is claiming when cut off.
 		_ = alo.burst(viaVictim, 50)
 		_ = amo.burst(viaVictim, 50)
 		victim.stall()
-		cut := s.mark(faults.Fault, fmt.Sprintf("broker 0 partitioned from ZooKeeper (cycle %d)", cycle+1))
+		cut := s.mark(faults.Fault, fmt.Sprintf("broker 0 partitioned from ZooKeeper holding packs (cycle %d)", cycle+1))
+		pamo.check.MayLose(pamo.o.prefetch + pamo.maxPack())
+		pamo.release(streamName(0))
+		palo.release(streamName(0))
+		if pack != nil {
+			s.checks = append(s.checks, func() { s.checkCameBack(palo, pack, 0, cut, "cut off") })
+		}
+		if packAMO != nil {
+			s.checks = append(s.checks, func() { s.logHeldOnce(pamo, packAMO, 0, cut, "cut off") })
+		}
 		s.dead = append(s.dead, owner)
 		if !s.c.unregistered(s.zk, victim, owner, 30*time.Second) {
 			s.fail("partitioned broker's session did not expire within 30s")
 		}
 		waitFor(time.Minute, func() bool { return time.Since(cut) > visibility+3*sweepInterval })
 		s.recovered(cut, time.Minute, "the partition")
+		// The victim's pack came back through the others while it was cut off.
+		if !waitFor(time.Minute, func() bool { return palo.allDelivered(pack) && palo.redelivered(keysOf(held)) }) {
+			s.fail("the pack partitioned broker 0 held did not come back through the other brokers within a minute")
+		}
 		victim.heal()
 		healed := s.mark(faults.Heal, "partition healed")
 		if !s.c.registered(s.zk, victim, 30*time.Second, s.dead...) {
 			s.fail("healed broker %s not registered under a new session within 30s", victim.id)
 		}
 		s.recovered(healed, time.Minute, "the heal")
+		// A Receive through the healed broker takes from its buffer
+		// first: a stale copy would arrive past its lease deadline.
+		palo.ackAll(palo.receiveHeld(viaVictim, "receiver@0", 8))
+		palo.lateAcksRefused(held, "a partition")
 	}
 	s.progress(200, time.Minute, "after the partition")
 	s.finish()
