@@ -39,6 +39,18 @@ func (l *load) maxPack() int {
 	return max(packBurst, 2*l.o.producers*l.o.batch)
 }
 
+// maxClaimAhead is zkqueue's bound on what one claim of a packed queue
+// takes for the takes waiting on it, in messages (weighed by the counts
+// in the packs' names); the claim's last pack may pass it by up to a
+// pack less one.
+const maxClaimAhead = 1000
+
+// maxClaim bounds the messages one claim of l's queue takes: what an
+// uncertain Receive of it may lose at most once (PackReceiveFailed).
+func (l *load) maxClaim() int {
+	return maxClaimAhead + l.maxPack() - 1
+}
+
 // holdPack publishes bursts of packBurst messages (one pack each) through
 // via until broker b's stream consumer of l receives a message of one:
 // broker b claimed that pack. The consumer then holds that message at
@@ -98,14 +110,16 @@ func (s *scenario) checkCameBack(l *load, keys []faults.Key, b int, at time.Time
 	s.t.Logf("%s: %d of a pack of %d held by broker %d when it was %s came back", l.queue, back, len(keys), b, what)
 }
 
-// logHeldOnce logs, at most once, what became of the messages of keys
-// that broker b had claimed when the fault (what) hit it at `at`: handed
-// out by b's stream after the fault (from its buffer), by the others
-// before (a put-back), or never (lost with b's buffer, in doubt up to
-// MayLose). Second deliveries are the checker's duplicates.
-func (s *scenario) logHeldOnce(l *load, keys []faults.Key, b int, at time.Time, what string) {
+// logHeld logs what became of the messages of keys that broker b had
+// claimed when the fault (what) hit it at `at`: delivered before it, by
+// b's stream after it (from b's buffer), by the others with their count
+// unchanged (never delivered before: given back by b, or at most once
+// put back), by the others counted (swept back after the lease ran out),
+// or never (at most once: lost with b's buffer, in doubt up to MayLose).
+// The checker judges each delivery; this says which path the pack took.
+func (s *scenario) logHeld(l *load, keys []faults.Key, b int, at time.Time, what string) {
 	who := streamName(b)
-	var before, byB, others, never int
+	var before, byB, unchanged, counted, never int
 	for _, k := range keys {
 		ds := l.check.Deliveries(k)
 		switch {
@@ -115,12 +129,14 @@ func (s *scenario) logHeldOnce(l *load, keys []faults.Key, b int, at time.Time, 
 			before++
 		case ds[0].Consumer == who:
 			byB++
+		case ds[0].Count < 2:
+			unchanged++
 		default:
-			others++
+			counted++
 		}
 	}
-	s.t.Logf("%s: of a pack of %d held by broker %d when it was %s, %d were delivered before, %d by it after, %d by the others, %d never",
-		l.queue, len(keys), b, what, before, byB, others, never)
+	s.t.Logf("%s: of a pack of %d held by broker %d when it was %s: %d delivered before, %d by it after, %d by the others unchanged, %d counted, %d never",
+		l.queue, len(keys), b, what, before, byB, unchanged, counted, never)
 }
 
 // receiveHeld takes up to n messages of l at least once with one Receive
