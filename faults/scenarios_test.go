@@ -331,10 +331,11 @@ func TestZooKeeperLeaderKill(t *testing.T) {
 // during the outage. Broker 1 keeps its session: when the quorum is back
 // it gives the rest back unchanged (never delivered) or the sweep puts it
 // back counted, whichever comes first; no stale copy may be delivered
-// (checked through a Receive on broker 1 too). At most once, Receive consumers only (as in the plain
-// queue): a Receive that fails with an uncertain outcome may have lost
-// what its claim took, whole packs, up to a claim's worth of messages
-// published before it failed (Checker.PackReceiveFailed).
+// (checked through a Receive on broker 1 too). At most once, Receive
+// consumers only (as in the plain queue): a Receive that fails with an
+// uncertain outcome may have lost what its claim took, whole packs, up
+// to a claim's worth of messages published before it failed
+// (Checker.PackReceiveFailed).
 func TestQuorumLoss(t *testing.T) {
 	full(t)
 	s := newScenario(t, "quorum-loss", clusterOptions{brokers: 3})
