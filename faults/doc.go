@@ -66,8 +66,11 @@
 //     once in the short one). No stale copy of a message whose lease
 //     expired meanwhile may reach a consumer. The packed queue has a
 //     stream on every broker, and the victim holds a pack when it stops:
-//     its stream a message of a 100-message pack, a Receive through it 5
-//     more (unsettled), its pack buffer the rest. Every message of the
+//     its stream a message of a 100-message pack, its pack buffer the
+//     rest, and a Receive through it 5 messages unsettled (of that pack,
+//     or after an earlier cycle's session expiry of another it claimed:
+//     a stream that outlives its broker's session keeps the queue handle
+//     it opened with, pack buffer included). Every message of the
 //     pack its consumers had not received must come back, counted,
 //     through the other brokers before the victim is continued; then a
 //     Receive through it must get no stale copy from its buffer, and the

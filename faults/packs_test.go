@@ -168,6 +168,24 @@ func (l *load) receiveHeld(via *qbroker.Client, who string, n int) []*qbroker.Me
 	return nil
 }
 
+// freshAt reports whether broker b still held the pack of keys whole in
+// its buffer at `at`: its stream's delivery of it had more than half its
+// lease left then. A buffered lease with less than half its time left
+// is given back unchanged at the broker's next take, so on a slow
+// machine the rest of the pack may go back, uncounted and rightly so,
+// before the fault: checkCameBack does not apply to it then.
+func (l *load) freshAt(keys []faults.Key, b int, at time.Time) bool {
+	who := streamName(b)
+	for _, k := range keys {
+		for _, d := range l.check.Deliveries(k) {
+			if d.Consumer == who && d.At.Before(at) {
+				return d.Deadline.Sub(at) > l.o.vis/2
+			}
+		}
+	}
+	return false
+}
+
 // keysOf returns the keys of ms.
 func keysOf(ms []*qbroker.Message) []faults.Key {
 	var keys []faults.Key
