@@ -114,10 +114,12 @@ const StaleTolerance = 250 * time.Millisecond
 //   - lost: acknowledged publishes never delivered. At most once, a
 //     receive that failed with an uncertain outcome may have claimed
 //     (deleted) up to its maximum of messages that then never reached
-//     the consumer, as the delivery contract allows, and a killed broker
-//     loses what it had claimed and not handed out (MayLose: its pack
-//     buffer and what was in transit); such losses, up to that total,
-//     are "in doubt" and not counted lost;
+//     the consumer, as the delivery contract allows (of a packed queue,
+//     whole packs, up to a claim's worth of messages published before
+//     the failure: PackReceiveFailed), and a killed broker loses what it
+//     had claimed and not handed out (MayLose: its pack buffer and what
+//     was in transit); such losses, up to that total, are "in doubt" and
+//     not counted lost;
 //   - duplicates (at most once): deliveries of a message beyond its
 //     first;
 //   - uncounted redeliveries (at least once): deliveries whose delivery
@@ -135,14 +137,19 @@ const StaleTolerance = 250 * time.Millisecond
 type Checker struct {
 	mode qbroker.DeliveryMode
 
-	mu       sync.Mutex
-	msgs     map[Key]*history
-	marks    []Mark
-	inDoubt  int
-	mayLose  int // at most once: messages faults may have lost in brokers' claims (MayLose)
-	corrupt  problems
-	failures []string
-	errs     map[string]int // failed calls by operation and code, for notes
+	mu      sync.Mutex
+	msgs    map[Key]*history
+	marks   []Mark
+	inDoubt int
+	mayLose int // at most once: messages faults may have lost in brokers' claims (MayLose)
+	// At most once, packed: what uncertain Receives' claims may have
+	// taken beyond what the Receives asked for, and the last such
+	// failure (PackReceiveFailed).
+	claimDoubt  int
+	claimBefore time.Time
+	corrupt     problems
+	failures    []string
+	errs        map[string]int // failed calls by operation and code, for notes
 }
 
 type pubState uint8
@@ -305,6 +312,33 @@ func (c *Checker) ReceiveFailed(max int, err error) {
 	}
 }
 
+// PackReceiveFailed records a failed Receive of a packed queue, at `at`,
+// that asked for up to max messages of a queue whose claims take whole
+// packs, up to claim messages' worth. At most once, an uncertain failure
+// may have lost more than a plain queue's Receive: the claim it waited
+// for deletes whole packs, hands the Receive its share and buffers the
+// rest in the broker, and when the claim's own outcome is uncertain (its
+// connection lost as it committed) the broker buffers nothing and every
+// pack it took is gone. So beside the max of ReceiveFailed, up to
+// claim-max more messages are in doubt; and since a claim can only take
+// messages already stored, only messages whose publish started before
+// the last such failure can be among them. That keeps the bound tight
+// where it matters: a loss of a message published after the last
+// uncertain failure is never in doubt, whatever the sum.
+func (c *Checker) PackReceiveFailed(max, claim int, at time.Time, err error) {
+	c.ReceiveFailed(max, err)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mode == qbroker.AtMostOnce && !Certain(err) {
+		if claim > max {
+			c.claimDoubt += claim - max
+		}
+		if at.After(c.claimBefore) {
+			c.claimBefore = at
+		}
+	}
+}
+
 // Mark records a fault or a heal.
 func (c *Checker) Mark(kind MarkKind, what string, at time.Time) {
 	c.mu.Lock()
@@ -420,7 +454,7 @@ func (c *Checker) Result() Result {
 	r.Uncounted = j.uncounted.n
 	r.Phantoms = j.phantom.n + c.corrupt.n
 	if c.mode == qbroker.AtMostOnce {
-		r.InDoubt = min(j.lost.n, c.inDoubt+c.mayLose)
+		r.InDoubt = min(j.lost.n, c.inDoubt+c.mayLose+min(c.claimDoubt, j.lostBefore))
 	}
 	r.Lost = j.lost.n - r.InDoubt
 	c.judgeRecovery(&r)
@@ -440,6 +474,7 @@ func (c *Checker) Result() Result {
 // judged holds the problems Result found, by kind.
 type judged struct {
 	lost, dup, uncounted, phantom problems
+	lostBefore                    int // lost, published before the last uncertain packed Receive (claimBefore)
 }
 
 // sortedKeys returns the keys of the messages recorded, by producer and
@@ -475,6 +510,9 @@ func (c *Checker) judge(k Key, r *Result, j *judged) {
 	if len(ds) > 0 {
 		r.Delivered++
 		r.Deliveries += len(ds)
+	}
+	if h.pub == publishedOK && len(ds) == 0 && h.pubStart.Before(c.claimBefore) {
+		j.lostBefore++
 	}
 	switch {
 	case h.pub == publishedOK && len(ds) == 0 && h.id != "":

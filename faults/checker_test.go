@@ -187,6 +187,24 @@ var verdictCases = []verdictCase{
 	}, func(r faults.Result) error {
 		return want(r.Lost == 1 && r.InDoubt == 2 && strings.Contains(strings.Join(r.Problems, "\n"), "(qn-0-0000000007#1) never delivered"), r)
 	}, false},
+	{"an uncertain packed Receive: its claim's packs in doubt", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1), key(2), key(3), key(4)}, at(0), nil)
+		c.PackReceiveFailed(1, 3, at(100), unavailable)
+	}, func(r faults.Result) error { return want(r.Lost == 1 && r.InDoubt == 3, r) }, false},
+	{"a loss published after the last uncertain packed Receive", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.PackReceiveFailed(1, 100, at(100), unavailable)
+		c.Published([]faults.Key{key(2), key(3)}, at(200), nil)
+		c.Delivered(dl(c, 1, 1, 300))
+	}, func(r faults.Result) error { return want(r.Lost == 1 && r.InDoubt == 1, r) }, false},
+	{"a refused packed Receive claimed nothing", qbroker.AtMostOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1), key(2)}, at(0), nil)
+		c.PackReceiveFailed(1, 100, at(100), invalid)
+	}, func(r faults.Result) error { return want(r.Lost == 2 && r.InDoubt == 0, r) }, false},
+	{"no packed claims in doubt at least once", qbroker.AtLeastOnce, func(c *faults.Checker) {
+		c.Published([]faults.Key{key(1)}, at(0), nil)
+		c.PackReceiveFailed(8, 1000, at(100), unavailable)
+	}, func(r faults.Result) error { return want(r.Lost == 1 && r.InDoubt == 0, r) }, false},
 	{"no claims in doubt at least once", qbroker.AtLeastOnce, func(c *faults.Checker) {
 		c.Published([]faults.Key{key(1)}, at(0), nil)
 		c.MayLose(8)

@@ -59,12 +59,22 @@
 //     counted (a delivery count above 1); at most once, the loss may be no
 //     larger than what the victim had claimed (its stream's prefetch and
 //     one pack: Checker.MayLose), and nothing is delivered twice.
-//   - pause-broker (at least once; short and full): a broker is
-//     SIGSTOPped 5 to 100ms after a burst published through it (so its
-//     claims are in flight), past its session timeout and the visibility
-//     timeout, then SIGCONTed (four times in the full run, once in the
-//     short one). No stale copy of a
-//     message whose lease expired meanwhile may reach a consumer.
+//   - pause-broker (at least once, and packed; short and full): a
+//     broker is SIGSTOPped 5 to 100ms after a burst published through it
+//     (so its claims are in flight), past its session timeout and the
+//     visibility timeout, then SIGCONTed (four times in the full run,
+//     once in the short one). No stale copy of a message whose lease
+//     expired meanwhile may reach a consumer. The packed queue has a
+//     stream on every broker, and the victim holds a pack when it stops:
+//     its stream a message of a 100-message pack, its pack buffer the
+//     rest, and a Receive through it 5 messages unsettled (of that pack,
+//     or after an earlier cycle's session expiry of another it claimed:
+//     a stream that outlives its broker's session keeps the queue handle
+//     it opened with, pack buffer included). Every message of the
+//     pack its consumers had not received must come back, counted,
+//     through the other brokers before the victim is continued; then a
+//     Receive through it must get no stale copy from its buffer, and the
+//     5 held messages' late acks must be refused (FailedPrecondition).
 //   - slow-reader (at least once; full): no fault; a raw Consume stream
 //     (prefetch 32) with a 64 KiB window stops reading while the broker's
 //     sends of 60 KiB messages wait on flow control, longer than the 1s
@@ -92,11 +102,31 @@
 //     timeout: the 18 come back counted through the other broker, and the
 //     continued broker must not hand out the stale copies its buffer held
 //     (2 cycles, 6 in the full run).
-//   - quorum-loss (both modes; full): two of the three members are
-//     SIGKILLed for twice the brokers' session timeout, then restarted.
-//   - partition (both modes; full): one broker's proxies stop forwarding
-//     without closing anything (packets just stop), past its session
-//     timeout and the visibility timeout, then resume; twice.
+//   - quorum-loss (both modes, and both packed; full): two of the three
+//     members are SIGKILLed for twice the brokers' session timeout, then
+//     restarted. As in zk-leader-kill, the packed queue's receivers on one
+//     broker ack each Receive's messages at once and the loss waits until
+//     at least 8 acks are in flight; another broker's stream holds a
+//     message of a 100-message pack, the rest in its pack buffer, whose
+//     lease runs out during the outage: that broker keeps its session, so
+//     the rest comes back either given back unchanged (never delivered)
+//     or swept back counted, and a Receive through it after the outage
+//     must get no stale copy. At most once, Receive consumers only: an
+//     uncertain Receive of the packed queue may have lost its claim's
+//     packs (Checker.PackReceiveFailed).
+//   - partition (both modes, and both packed; full): one broker's
+//     proxies stop forwarding without closing anything (packets just
+//     stop), past its session timeout and the visibility timeout, then
+//     resume; twice. The packed queues have a stream on every broker and
+//     the cut comes while the victim holds a pack of each, as in
+//     pause-broker. At least once, the pack's lease runs out and is swept
+//     back while the victim is cut off: the rest of the pack comes back
+//     counted before the heal, a Receive through the healed broker gets
+//     no stale copy, and the late acks of the 5 messages a Receive held
+//     are refused. At most once, the victim's buffer is out of
+//     ZooKeeper: what it hands out from there while cut off is delivered
+//     once, and the loss may be no larger than what it had claimed (its
+//     stream's prefetch and one pack: Checker.MayLose).
 //   - abuse (at least once; short and full): one broker with a
 //     descriptor limit of 1024 and a 5s sweep interval, a legitimate
 //     producer and consumers running throughout, and: bad queue names and
@@ -125,9 +155,13 @@
 //   - lost: an acknowledged publish never delivered. At most once, a
 //     Receive that failed with an uncertain outcome may have claimed
 //     (deleted) up to its maximum of messages that never reached the
-//     consumer, as the delivery contract allows; losses up to that total
-//     are reported "in doubt" instead. Uncertain publishes are never
-//     lost, whether or not they were applied;
+//     consumer, as the delivery contract allows; of a packed queue, the
+//     claim it waited for may have deleted whole packs, up to a claim's
+//     worth (1,000 messages and a pack) of messages published before it
+//     failed; a killed or cut-off broker may lose what it had claimed
+//     (its stream's prefetch and a pack); losses up to that total are
+//     reported "in doubt" instead. Uncertain publishes are never lost,
+//     whether or not they were applied;
 //   - duplicates (at most once): any second delivery;
 //   - uncounted redeliveries (at least once): a delivery whose count is
 //     not above every count delivered before it (the same count twice, or

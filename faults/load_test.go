@@ -257,7 +257,11 @@ func (l *load) receive(cl *qbroker.Client, who string) {
 			if l.consCtx.Err() != nil {
 				return // stopped after the queue drained: nothing left to claim
 			}
-			l.check.ReceiveFailed(l.o.maxRecv, err)
+			if l.o.packed {
+				l.check.PackReceiveFailed(l.o.maxRecv, l.maxClaim(), at, err)
+			} else {
+				l.check.ReceiveFailed(l.o.maxRecv, err)
+			}
 			sleep(l.consCtx, 50*time.Millisecond)
 			continue
 		}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	qbroker "github.com/qbroker/qbroker/clients/go"
 	"github.com/qbroker/qbroker/faults"
 )
@@ -35,6 +37,18 @@ func packedLoad(o loadOptions) loadOptions {
 // batches of every producer gathered in one window.
 func (l *load) maxPack() int {
 	return max(packBurst, 2*l.o.producers*l.o.batch)
+}
+
+// maxClaimAhead is zkqueue's bound on what one claim of a packed queue
+// takes for the takes waiting on it, in messages (weighed by the counts
+// in the packs' names); the claim's last pack may pass it by up to a
+// pack less one.
+const maxClaimAhead = 1000
+
+// maxClaim bounds the messages one claim of l's queue takes: what an
+// uncertain Receive of it may lose at most once (PackReceiveFailed).
+func (l *load) maxClaim() int {
+	return maxClaimAhead + l.maxPack() - 1
 }
 
 // holdPack publishes bursts of packBurst messages (one pack each) through
@@ -72,26 +86,152 @@ func (l *load) allDelivered(keys []faults.Key) bool {
 }
 
 // checkCameBack checks, at least once, that the messages of keys that
-// broker b had claimed when it was killed at `killed` came back counted:
-// each one its stream had not received by then is delivered again with a
-// delivery count above 1.
-func (s *scenario) checkCameBack(l *load, keys []faults.Key, b int, killed time.Time) {
+// broker b had claimed when the fault (what: "killed", "paused", "cut
+// off") hit it at `at` came back counted: each one its stream had not
+// received by then is delivered again with a delivery count above 1
+// (those b's consumers had received come back like any other message,
+// judged by the checker).
+func (s *scenario) checkCameBack(l *load, keys []faults.Key, b int, at time.Time, what string) {
 	who := streamName(b)
 	back := 0
 	for _, k := range keys {
 		ds := l.check.Deliveries(k)
-		if slices.ContainsFunc(ds, func(d faults.Delivery) bool { return d.Consumer == who && d.At.Before(killed) }) {
-			continue // its stream had it
+		if slices.ContainsFunc(ds, func(d faults.Delivery) bool { return d.At.Before(at) }) {
+			continue // b's consumers had it
 		}
 		back++
 		for _, d := range ds {
 			if d.Count < 2 && d.Consumer != who {
-				l.check.Fail("%v (%s), claimed in a pack by killed broker %d, delivered again to %s with count %d",
-					k, d.ID, b, d.Consumer, d.Count)
+				l.check.Fail("%v (%s), claimed in a pack by broker %d before it was %s, delivered again to %s with count %d",
+					k, d.ID, b, what, d.Consumer, d.Count)
 			}
 		}
 	}
-	s.t.Logf("%s: %d of a pack of %d held by broker %d when it was killed came back", l.queue, back, len(keys), b)
+	s.t.Logf("%s: %d of a pack of %d held by broker %d when it was %s came back", l.queue, back, len(keys), b, what)
+}
+
+// logHeld logs what became of the messages of keys that broker b had
+// claimed when the fault (what) hit it at `at`: delivered before it, by
+// b's stream after it (from b's buffer), by the others with their count
+// unchanged (never delivered before: given back by b, or at most once
+// put back), by the others counted (swept back after the lease ran out),
+// or never (at most once: lost with b's buffer, in doubt up to MayLose).
+// The checker judges each delivery; this says which path the pack took.
+func (s *scenario) logHeld(l *load, keys []faults.Key, b int, at time.Time, what string) {
+	who := streamName(b)
+	var before, byB, unchanged, counted, never int
+	for _, k := range keys {
+		ds := l.check.Deliveries(k)
+		switch {
+		case len(ds) == 0:
+			never++
+		case ds[0].At.Before(at):
+			before++
+		case ds[0].Consumer == who:
+			byB++
+		case ds[0].Count < 2:
+			unchanged++
+		default:
+			counted++
+		}
+	}
+	s.t.Logf("%s: of a pack of %d held by broker %d when it was %s: %d delivered before, %d by it after, %d by the others unchanged, %d counted, %d never",
+		l.queue, len(keys), b, what, before, byB, unchanged, counted, never)
+}
+
+// receiveHeld takes up to n messages of l at least once with one Receive
+// through via (a client of one broker), records them as who's and holds
+// them unsettled: after a holdPack on the same broker they come from the
+// pack its buffer holds, so their lease is that pack's. It returns them,
+// or nil (a failure) when no Receive returned any within 30s.
+func (l *load) receiveHeld(via *qbroker.Client, who string, n int) []*qbroker.Message {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ms, err := via.Receive(l.s.ctx, l.queue, qbroker.ReceiveOptions{Max: n, Wait: time.Second, Mode: qbroker.AtLeastOnce})
+		at := time.Now()
+		if err != nil {
+			l.check.ReceiveFailed(n, err)
+			sleep(l.s.ctx, 50*time.Millisecond)
+			continue
+		}
+		var held []*qbroker.Message
+		for _, m := range ms {
+			if _, ok := l.record(m, at, who); ok {
+				held = append(held, m)
+			}
+		}
+		if len(held) > 0 {
+			return held
+		}
+	}
+	l.check.Fail("%s: %s received nothing to hold within 30s", l.queue, who)
+	return nil
+}
+
+// freshAt reports whether broker b still held the pack of keys whole in
+// its buffer at `at`: its stream's delivery of it had more than half its
+// lease left then. A buffered lease with less than half its time left
+// is given back unchanged at the broker's next take, so on a slow
+// machine the rest of the pack may go back, uncounted and rightly so,
+// before the fault: checkCameBack does not apply to it then.
+func (l *load) freshAt(keys []faults.Key, b int, at time.Time) bool {
+	who := streamName(b)
+	for _, k := range keys {
+		for _, d := range l.check.Deliveries(k) {
+			if d.Consumer == who && d.At.Before(at) {
+				return d.Deadline.Sub(at) > l.o.vis/2
+			}
+		}
+	}
+	return false
+}
+
+// keysOf returns the keys of ms.
+func keysOf(ms []*qbroker.Message) []faults.Key {
+	var keys []faults.Key
+	for _, m := range ms {
+		if k, err := faults.ParsePayload(m.Payload); err == nil {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// redelivered reports whether every message of keys was delivered with a
+// delivery count above 1: its lease ran out and it came back.
+func (l *load) redelivered(keys []faults.Key) bool {
+	for _, k := range keys {
+		if !slices.ContainsFunc(l.check.Deliveries(k), func(d faults.Delivery) bool { return d.Count > 1 }) {
+			return false
+		}
+	}
+	return true
+}
+
+// lateAcksRefused acks ms through the broker they came from, after a fault
+// during which their pack lease expired and they were delivered again:
+// the broker must refuse every ack (FailedPrecondition: the lease is
+// gone). A call that fails otherwise (the broker still reconnecting) is
+// tried again, for up to 30s.
+func (l *load) lateAcksRefused(ms []*qbroker.Message, what string) {
+	for _, m := range ms {
+		k, _ := faults.ParsePayload(m.Payload)
+		var err error
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			err = m.Ack(l.s.ctx)
+			if err == nil || faults.Code(err) == codes.FailedPrecondition || time.Now().After(deadline) {
+				break
+			}
+			sleep(l.s.ctx, 200*time.Millisecond)
+		}
+		switch {
+		case err == nil:
+			l.check.Fail("late ack of %v (%s), held across %s while its pack lease expired and it was redelivered, was accepted", k, m.ID, what)
+		case faults.Code(err) != codes.FailedPrecondition:
+			l.check.Fail("late ack of %v (%s), held across %s: %v, want FailedPrecondition", k, m.ID, what, err)
+		}
+	}
 }
 
 // receiveKeys takes messages at least once through cl, up to max per

@@ -53,7 +53,7 @@ func TestKillBroker(t *testing.T) {
 		pamo.release(streamName(0))
 		palo.release(streamName(0))
 		if held != nil {
-			s.checks = append(s.checks, func() { s.checkCameBack(palo, held, 0, killed) })
+			s.checks = append(s.checks, func() { s.checkCameBack(palo, held, 0, killed, "killed") })
 		}
 		s.dead = append(s.dead, owner)
 		if err := victim.start(); err != nil {
@@ -74,9 +74,22 @@ func TestKillBroker(t *testing.T) {
 // claiming when it stops), then continued. The other brokers redeliver
 // what its leases held; once continued it must not hand out a copy whose
 // lease expired meanwhile (a stale copy, delivered after the newer copy).
+//
+// A packed queue runs beside it, with a stream on every broker, and the
+// pause comes while the victim holds a pack: its stream holds a message
+// of a 100-message pack (holdPack), the rest waits in its pack buffer,
+// and a Receive through it holds 5 messages unsettled (of that pack; in
+// later cycles of another it claimed: a stream that outlives its
+// broker's session keeps the queue handle, and pack buffer, it opened
+// with, while later calls get a new one). The leases run out while the
+// victim sleeps: every message of the pack its consumers had not
+// received comes back counted through the other brokers before it is
+// continued; once continued, a Receive through it must not get a stale
+// copy from its buffer, and the held messages' late acks are refused.
 func TestPauseBroker(t *testing.T) {
 	s := newScenario(t, "pause-broker", clusterOptions{brokers: 3})
 	l := s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 0, 1, 2}, prefetch: 16, receivers: 1, size: 1024})
+	packed := s.load(qbroker.AtLeastOnce, packedLoad(loadOptions{streams: []int{0, 1, 2}, receiveOn: []int{1}}))
 	victim := s.c.brokers[0]
 	viaVictim := s.dial(victim.addr)
 	// The pause comes a moment after the burst: while the victim's
@@ -85,10 +98,18 @@ func TestPauseBroker(t *testing.T) {
 		[]time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond}) {
 		s.progress(pick(100, 200), time.Minute, "before the pause")
 		owner := s.c.sessionOf(s.zk, victim)
+		pack := s.holdPack(packed, 0, viaVictim)
+		held := packed.receiveHeld(viaVictim, "holder@0", 5)
 		_ = l.burst(viaVictim, 100)
 		time.Sleep(after)
 		victim.pause()
-		paused := s.mark(faults.Fault, fmt.Sprintf("SIGSTOP broker 0, %v after a burst (cycle %d)", after, cycle+1))
+		paused := s.mark(faults.Fault, fmt.Sprintf("SIGSTOP broker 0, %v after a burst, holding a pack (cycle %d)", after, cycle+1))
+		packed.release(streamName(0))
+		if packed.freshAt(pack, 0, paused) {
+			s.checks = append(s.checks, func() { s.checkCameBack(packed, pack, 0, paused, "paused") })
+		} else if pack != nil {
+			t.Logf("cycle %d: the held pack's lease had less than half its time left at the pause", cycle+1)
+		}
 		s.dead = append(s.dead, owner)
 		if !s.c.unregistered(s.zk, victim, owner, 30*time.Second) {
 			s.fail("paused broker's session did not expire within 30s")
@@ -96,12 +117,20 @@ func TestPauseBroker(t *testing.T) {
 		// Past the visibility timeout too, and a sweep or two after it.
 		waitFor(time.Minute, func() bool { return time.Since(paused) > visibility+3*sweepInterval })
 		s.recovered(paused, time.Minute, "the pause")
+		// The victim's pack came back through the others while it slept.
+		if !waitFor(time.Minute, func() bool { return packed.allDelivered(pack) && packed.redelivered(keysOf(held)) }) {
+			s.fail("the pack paused broker 0 held did not come back through the other brokers within a minute")
+		}
 		victim.resume()
 		healed := s.mark(faults.Heal, "SIGCONT broker 0")
 		if !s.c.registered(s.zk, victim, 30*time.Second, s.dead...) {
 			s.fail("continued broker %s not registered under a new session within 30s", victim.id)
 		}
 		s.recovered(healed, time.Minute, "the continue")
+		// A Receive through the continued broker takes from its buffer
+		// first: a stale copy would arrive past its lease deadline.
+		packed.ackAll(packed.receiveHeld(viaVictim, "receiver@0", 8))
+		packed.lateAcksRefused(held, "a pause")
 	}
 	s.progress(pick(100, 200), time.Minute, "after the pauses")
 	s.finish()
@@ -297,15 +326,33 @@ func TestZooKeeperLeaderKill(t *testing.T) {
 // Two of the three ZooKeeper members are killed (the leader and a
 // follower): the ensemble has no quorum for longer than the brokers'
 // session timeout, then both come back.
+//
+// Two packed queues (one per mode) run beside them. At least once, its
+// receivers on broker 0 ack each Receive's messages all at once, so acks
+// of one pack lease coalesce into one write, and the loss comes while at
+// least 8 of them are in flight; broker 1's stream holds a message of a
+// 100-message pack, the rest in its pack buffer, whose lease runs out
+// during the outage. Broker 1 keeps its session: when the quorum is back
+// it gives the rest back unchanged (never delivered) or the sweep puts it
+// back counted, whichever comes first; no stale copy may be delivered
+// (checked through a Receive on broker 1 too). At most once, Receive
+// consumers only (as in the plain queue): a Receive that fails with an
+// uncertain outcome may have lost what its claim took, whole packs, up
+// to a claim's worth of messages published before it failed
+// (Checker.PackReceiveFailed).
 func TestQuorumLoss(t *testing.T) {
 	full(t)
 	s := newScenario(t, "quorum-loss", clusterOptions{brokers: 3})
 	s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 1, 2}, receivers: 1})
 	s.load(qbroker.AtMostOnce, loadOptions{receivers: 2})
+	palo := s.load(qbroker.AtLeastOnce, packedLoad(loadOptions{streams: []int{1, 2}, receiveOn: []int{0, 0, 0}, maxRecv: 32, parallel: true}))
+	s.load(qbroker.AtMostOnce, packedLoad(loadOptions{receivers: 2}))
+	viaB1 := s.dial(s.c.brokers[1].addr)
 	zkc := s.c.s.zk
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
 	defer cancel()
 	s.progress(200, time.Minute, "before the loss")
+	pack := s.holdPack(palo, 1, viaB1)
 	leader, err := zkc.Leader()
 	if err != nil {
 		t.Fatal(err)
@@ -317,10 +364,19 @@ func TestQuorumLoss(t *testing.T) {
 			break
 		}
 	}
+	// The loss comes while the packed queue's acks are in flight.
+	if !waitFor(30*time.Second, func() bool { return palo.acking.Load() >= 8 }) {
+		s.fail("fewer than 8 acks of the packed queue in flight within 30s")
+	}
 	for _, m := range down {
 		m.Kill()
 	}
-	s.mark(faults.Fault, fmt.Sprintf("SIGKILL ZooKeeper members %d and %d: no quorum", down[0].ID, down[1].ID))
+	inFlight := palo.acking.Load()
+	lost := s.mark(faults.Fault, fmt.Sprintf("SIGKILL ZooKeeper members %d and %d: no quorum, %d acks in flight", down[0].ID, down[1].ID, inFlight))
+	palo.release(streamName(1))
+	if pack != nil {
+		s.checks = append(s.checks, func() { s.logHeld(palo, pack, 1, lost, "without quorum") })
+	}
 	// The outage lasts past the brokers' session timeout.
 	time.Sleep(2 * sessionTimeout)
 	for _, m := range down {
@@ -333,6 +389,9 @@ func TestQuorumLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.recovered(healed, 90*time.Second, "the quorum's return")
+	// A Receive through broker 1 takes from its buffer first: a stale
+	// copy would arrive past its lease deadline.
+	palo.ackAll(palo.receiveHeld(viaB1, "receiver@1", 8))
 	s.progress(200, time.Minute, "after the loss")
 	s.finish()
 }
@@ -342,33 +401,72 @@ func TestQuorumLoss(t *testing.T) {
 // visibility timeout, then healed. Its session expires; the others
 // redeliver its leases; once healed it must re-register and must not hand
 // out stale copies.
+//
+// Two packed queues (one per mode) run beside them, with a stream on
+// every broker, and the partition cuts the victim off while it holds a
+// pack of each: its stream holds a message of a 100-message pack
+// (holdPack), the rest waits in its pack buffer. At least once, a Receive
+// through it also holds 5 messages unsettled (as in TestPauseBroker);
+// the leases run out and are swept back while the victim is cut off,
+// and every message of the pack its consumers had not received comes
+// back counted through the other brokers before the heal; once healed,
+// a Receive through it must not get a stale copy from its buffer, and
+// the held messages' late acks are refused. At most once, the victim's buffer is out of
+// ZooKeeper: what it hands out from there while cut off is delivered
+// once, and the loss may be no larger than what it had claimed (its
+// stream's prefetch and one pack), as for a killed broker.
 func TestPartition(t *testing.T) {
 	full(t)
 	s := newScenario(t, "partition", clusterOptions{brokers: 3})
 	alo := s.load(qbroker.AtLeastOnce, loadOptions{streams: []int{0, 1, 2}, receivers: 1})
 	amo := s.load(qbroker.AtMostOnce, loadOptions{streams: []int{1, 2}, receivers: 1})
+	palo := s.load(qbroker.AtLeastOnce, packedLoad(loadOptions{streams: []int{0, 1, 2}, receiveOn: []int{1}}))
+	pamo := s.load(qbroker.AtMostOnce, packedLoad(loadOptions{streams: []int{0, 1, 2}, receiveOn: []int{2}}))
 	victim := s.c.brokers[0]
 	viaVictim := s.dial(victim.addr)
 	for cycle := range 2 {
 		s.progress(200, time.Minute, "before the partition")
 		owner := s.c.sessionOf(s.zk, victim)
+		// The victim holds a pack of each packed queue.
+		packAMO := s.holdPack(pamo, 0, viaVictim)
+		pack := s.holdPack(palo, 0, viaVictim)
+		held := palo.receiveHeld(viaVictim, "holder@0", 5)
 		// A burst through the victim, so it is claiming when cut off.
 		_ = alo.burst(viaVictim, 50)
 		_ = amo.burst(viaVictim, 50)
 		victim.stall()
-		cut := s.mark(faults.Fault, fmt.Sprintf("broker 0 partitioned from ZooKeeper (cycle %d)", cycle+1))
+		cut := s.mark(faults.Fault, fmt.Sprintf("broker 0 partitioned from ZooKeeper holding packs (cycle %d)", cycle+1))
+		pamo.check.MayLose(pamo.o.prefetch + pamo.maxPack())
+		pamo.release(streamName(0))
+		palo.release(streamName(0))
+		if palo.freshAt(pack, 0, cut) {
+			s.checks = append(s.checks, func() { s.checkCameBack(palo, pack, 0, cut, "cut off") })
+		} else if pack != nil {
+			t.Logf("cycle %d: the held pack's lease had less than half its time left at the cut", cycle+1)
+		}
+		if packAMO != nil {
+			s.checks = append(s.checks, func() { s.logHeld(pamo, packAMO, 0, cut, "cut off") })
+		}
 		s.dead = append(s.dead, owner)
 		if !s.c.unregistered(s.zk, victim, owner, 30*time.Second) {
 			s.fail("partitioned broker's session did not expire within 30s")
 		}
 		waitFor(time.Minute, func() bool { return time.Since(cut) > visibility+3*sweepInterval })
 		s.recovered(cut, time.Minute, "the partition")
+		// The victim's pack came back through the others while it was cut off.
+		if !waitFor(time.Minute, func() bool { return palo.allDelivered(pack) && palo.redelivered(keysOf(held)) }) {
+			s.fail("the pack partitioned broker 0 held did not come back through the other brokers within a minute")
+		}
 		victim.heal()
 		healed := s.mark(faults.Heal, "partition healed")
 		if !s.c.registered(s.zk, victim, 30*time.Second, s.dead...) {
 			s.fail("healed broker %s not registered under a new session within 30s", victim.id)
 		}
 		s.recovered(healed, time.Minute, "the heal")
+		// A Receive through the healed broker takes from its buffer
+		// first: a stale copy would arrive past its lease deadline.
+		palo.ackAll(palo.receiveHeld(viaVictim, "receiver@0", 8))
+		palo.lateAcksRefused(held, "a partition")
 	}
 	s.progress(200, time.Minute, "after the partition")
 	s.finish()
