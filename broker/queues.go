@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
-	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
 )
 
@@ -22,7 +21,8 @@ import (
 // queue is this broker's handle on one queue: its metadata and the shared
 // zkqueue.Queue through which all local consumers take messages (the queue's
 // dispatcher in this process). Handles are cached; a metadata watch
-// evicts a handle when the queue is deleted or changed elsewhere.
+// evicts a handle when the queue is deleted or changed elsewhere (not
+// when the broker's session is lost: zkqueue.Handles.Stale).
 type queue struct {
 	name   string
 	h      *zkqueue.Handles // what the catalog opened: the parts below, and the queue's jobs (Run)
@@ -33,8 +33,7 @@ type queue struct {
 	leases *zkqueue.Leases
 	sync   *syncGate // nil unless kind sync
 	policy zkqueue.Policy
-	gone   <-chan zk.Event // the metadata watch; fires on delete/change
-	used   atomic.Int64    // when a call or a scan last used the handle, unix ns
+	used   atomic.Int64 // when a call or a scan last used the handle, unix ns
 
 	depthMu   sync.Mutex
 	depthN    int       // ready messages at depthRead
@@ -96,7 +95,10 @@ func (q *queue) idle(d time.Duration) bool {
 	return time.Since(time.Unix(0, q.used.Load())) > d
 }
 
-func (q *queue) stale() bool { return zkutil.Fired(q.gone) }
+// stale reports whether the queue was deleted or changed under the
+// handle (zkqueue.Handles.Stale): a lost session alone keeps it, so the
+// Consume streams holding it and later calls share one handle.
+func (q *queue) stale() bool { return q.h.Stale() }
 
 // queue returns the handle of an existing queue; errQueueNotFound when
 // there is none.
@@ -178,7 +180,7 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 	if err != nil {
 		return nil, err
 	}
-	q.h, q.path, q.meta, q.gone, q.policy = h, h.Path, h.Spec, h.Watch, h.Spec.Policy()
+	q.h, q.path, q.meta, q.policy = h, h.Path, h.Spec, h.Spec.Policy()
 	q.items, q.leases, q.delayed, q.consumers = h.Items, h.Leases, h.Delayed, h.Consumers
 	if q.meta.Kind == kindSync {
 		if q.sync, err = b.newSyncGate(h); err != nil {

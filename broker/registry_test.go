@@ -151,7 +151,8 @@ func TestRegistrationsRemovedAfterZooKeeperCut(t *testing.T) {
 // A session expiry (a partition longer than the session timeout) deletes
 // the broker's ephemeral nodes: once ZooKeeper is back, brokers/<id> and
 // the registrations of the streams still open exist again, owned by the
-// new session, and Stats counts them.
+// new session, and Stats counts them. The queue did not change, so the
+// broker keeps its one handle of it (the streams' and later calls').
 func TestRegistrationsRecreatedAfterSessionExpiry(t *testing.T) {
 	proxy := zktest.NewProxy(t, zktest.Addr(t))
 	root := zktest.Root(t)
@@ -163,6 +164,10 @@ func TestRegistrationsRecreatedAfterSessionExpiry(t *testing.T) {
 		streams = append(streams, subscribe(t, tb.client, "q", msgs))
 	}
 	waitConsumers(t, tb.client, "q", 3)
+	before, err := tb.b.QueueHandle(context.Background(), "q")
+	if err != nil {
+		t.Fatal(err)
+	}
 	observer := zktest.Conn(t)
 	brokerNode := root + "/brokers/" + tb.b.ID()
 	old := owner(observer, brokerNode)
@@ -211,6 +216,9 @@ func TestRegistrationsRecreatedAfterSessionExpiry(t *testing.T) {
 		t.Fatal("no stream survived the session expiry")
 	}
 	delivers(t, tb.client, "q", "after the expiry", msgs)
+	if after, err := tb.b.QueueHandle(context.Background(), "q"); err != nil || after != before {
+		t.Errorf("after the expiry the broker uses another handle of q (%v): its streams and its calls no longer share one", err)
+	}
 }
 
 // A broker restarted with the same id while its previous process's

@@ -357,27 +357,33 @@ func (c *Catalog) Info(name string) (Spec, error) {
 // queue is marked for deletion, deleted or changed: a process caching
 // what it opened of the queue drops it then.
 func (c *Catalog) Load(name string) (Spec, <-chan zk.Event, error) {
+	s, _, watch, err := c.load(name)
+	return s, watch, err
+}
+
+// load is Load, also returning the metadata node's Stat.
+func (c *Catalog) load(name string) (Spec, *zk.Stat, <-chan zk.Event, error) {
 	if err := checkName(name); err != nil {
-		return Spec{}, nil, err
+		return Spec{}, nil, nil, err
 	}
 	p := c.Path(name)
-	data, _, watch, err := c.zk.GetW(p)
+	data, stat, watch, err := c.zk.GetW(p)
 	if errors.Is(err, zk.ErrNoNode) {
-		return Spec{}, nil, fmt.Errorf("%w: %s", ErrQueueNotFound, name)
+		return Spec{}, nil, nil, fmt.Errorf("%w: %s", ErrQueueNotFound, name)
 	}
 	if err != nil {
-		return Spec{}, nil, fmt.Errorf("get %s: %w", p, err)
+		return Spec{}, nil, nil, fmt.Errorf("get %s: %w", p, err)
 	}
 	s, err := DecodeSpec(data)
 	if err != nil {
 		// Unreadable metadata: treat as absent.
 		c.badSpec(name, err)
-		return Spec{}, nil, fmt.Errorf("%w: %s (%v)", ErrQueueNotFound, name, err)
+		return Spec{}, nil, nil, fmt.Errorf("%w: %s (%v)", ErrQueueNotFound, name, err)
 	}
 	if s.Deleting {
-		return Spec{}, nil, fmt.Errorf("%w: %s (being deleted)", ErrQueueNotFound, name)
+		return Spec{}, nil, nil, fmt.Errorf("%w: %s (being deleted)", ErrQueueNotFound, name)
 	}
-	return s, watch, nil
+	return s, stat, watch, nil
 }
 
 // State is a queue's metadata node as stored, for a process that also

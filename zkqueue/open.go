@@ -6,22 +6,17 @@ import (
 	"sync"
 
 	"github.com/go-zookeeper/zk"
-
-	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // Handles are what a process opens of one queue of a Catalog (Open): its
 // parts, each at the node the Catalog's layout gives it, and the watch of
-// its metadata. They serve until the watch fires (the queue was marked
-// for deletion, deleted or changed): then open the queue again. Handles
-// are safe for concurrent use.
+// its metadata. They serve until Stale (the queue was marked for
+// deletion, deleted or changed; not a lost session alone): then open the
+// queue again. Handles are safe for concurrent use.
 type Handles struct {
 	Name string
 	// Spec is the queue's configuration as Open read it.
 	Spec Spec
-	// Watch fires when the queue is marked for deletion, deleted or
-	// changed (Catalog.Load).
-	Watch <-chan zk.Event
 	// Items are the ready messages (items/).
 	Items *Queue
 	// Leases are the deliveries in flight (leases/, dead letters in
@@ -38,6 +33,13 @@ type Handles struct {
 	// Active is the node of the election among the queue's consumers
 	// when Spec.SingleActive (see active.go), "" otherwise.
 	Active string
+
+	catalog *Catalog
+	meta    zk.Stat // of the metadata node, as Open read it
+
+	mu    sync.Mutex
+	watch <-chan zk.Event // the metadata watch (Catalog.Load)
+	stale bool            // the watch fired for a change: open again
 }
 
 // OpenConfig configures the Handles Open returns.
@@ -69,7 +71,7 @@ type OpenConfig struct {
 // It makes one request. Errors: ErrQueueNotFound, ErrBadName, and those
 // of New.
 func (c *Catalog) Open(name string, cfg OpenConfig, opts ...Option) (*Handles, error) {
-	spec, watch, err := c.Load(name)
+	spec, stat, watch, err := c.load(name)
 	if err != nil {
 		return nil, err
 	}
@@ -110,17 +112,60 @@ func (c *Catalog) Open(name string, cfg OpenConfig, opts ...Option) (*Handles, e
 	if err != nil {
 		return nil, err
 	}
-	h := &Handles{Name: name, Spec: spec, Watch: watch, Items: items, Leases: leases,
-		Delayed: delayed, Consumers: group, Path: p}
+	h := &Handles{Name: name, Spec: spec, Items: items, Leases: leases,
+		Delayed: delayed, Consumers: group, Path: p, catalog: c, meta: *stat, watch: watch}
 	if spec.SingleActive {
 		h.Active = p + "/" + activeParent
 	}
 	return h, nil
 }
 
-// Stale reports whether the Handles' metadata watch fired: the queue was
-// marked for deletion, deleted or changed.
-func (h *Handles) Stale() bool { return zkutil.Fired(h.Watch) }
+// Stale reports whether the queue was marked for deletion, deleted,
+// changed or created again since Open: then open it again. A metadata
+// watch that fired only because the session was lost
+// (zk.EventNotWatching) is armed again when the queue's node is still the
+// one Open read (same creation and version), and the Handles serve on: a
+// process keeps one set of Handles per queue through session changes,
+// and with them one dispatcher and one pack buffer. That takes one read;
+// when it fails (ZooKeeper away, the queue gone), the Handles are stale.
+func (h *Handles) Stale() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.watch
+	select {
+	case ev, ok := <-w:
+		return h.fired(w, ev, ok)
+	default:
+		return h.stale
+	}
+}
+
+// Watch returns the metadata watch the Handles serve under. When it
+// fires, Stale says whether the Handles are done or serve on under a new
+// watch.
+func (h *Handles) Watch() <-chan zk.Event {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.watch
+}
+
+// fired decides on watch w, which fired with ev (ok false: w was closed,
+// its event taken by an earlier caller): true when the Handles are stale,
+// false when they serve on under a watch armed again. h.mu is held.
+func (h *Handles) fired(w <-chan zk.Event, ev zk.Event, ok bool) bool {
+	switch {
+	case h.stale || w != h.watch:
+		return h.stale // decided when the event was taken
+	case ok && ev.Type == zk.EventNotWatching:
+		_, stat, watch, err := h.catalog.load(h.Name)
+		if err == nil && stat.Czxid == h.meta.Czxid && stat.Version == h.meta.Version {
+			h.watch = watch
+			return false
+		}
+	}
+	h.stale = true
+	return true
+}
 
 // Run runs the queue's jobs of this process until ctx ends or the Handles
 // go stale, and returns once they stopped: the mover of due delayed
@@ -155,9 +200,19 @@ func (h *Handles) Run(ctx context.Context, onErr func(error)) {
 			_ = h.Items.RunExpiry(ctx, report("expiring messages"))
 		}()
 	}
-	select {
-	case <-ctx.Done():
-	case <-h.Watch:
+	for {
+		w := h.Watch()
+		select {
+		case <-ctx.Done():
+		case ev, ok := <-w:
+			h.mu.Lock()
+			stale := h.fired(w, ev, ok)
+			h.mu.Unlock()
+			if !stale {
+				continue // a lost session; the queue as it was
+			}
+		}
+		break
 	}
 	cancel()
 	wg.Wait()
