@@ -19,7 +19,8 @@ import (
 // take distinct candidates from it (nextCandidate) and report each
 // claim's end (claimDone). A FIFO snapshot is walked to its end before the children are
 // listed again (new messages sort after it); a priority snapshot is
-// dropped whenever the children changed. Lost races move on to the next
+// dropped whenever the children changed; a fair one is kept up to date
+// (fairness.go). Lost races move on to the next
 // candidate of the same snapshot.
 //
 // With several processes consuming a queue, a snapshot is split into

@@ -177,7 +177,7 @@ type fairPicker struct {
 // after listings that found none: what they added was of keys already
 // waiting their turn, which changes no pick, or nothing at all. So a
 // message published elsewhere is seen within fairRelistMax of a change
-// (within fairRelist while such messages keep coming), and a process
+// (sooner while the listings keep finding such messages), and a process
 // whose messages are all its own lists the head about every
 // fairRelistMax instead of on every change.
 const (
