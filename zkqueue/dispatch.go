@@ -19,7 +19,8 @@ import (
 // take distinct candidates from it (nextCandidate) and report each
 // claim's end (claimDone). A FIFO snapshot is walked to its end before the children are
 // listed again (new messages sort after it); a priority snapshot is
-// dropped whenever the children changed. Lost races move on to the next
+// dropped whenever the children changed; a fair one is kept up to date
+// (fairness.go). Lost races move on to the next
 // candidate of the same snapshot.
 //
 // With several processes consuming a queue, a snapshot is split into
@@ -41,6 +42,9 @@ type dispatcher struct {
 	groups *groups     // nil without WithGroups
 	bad    *badNodes   // nodes that do not decode (baddata.go)
 	fair   *fairPicker // nil without WithFairness (fairness.go)
+	// fresh: this process's publishes not yet listed, merged into the
+	// snapshot (fairness.go); nil without WithFairness or with priorities.
+	fresh *fairFresh
 
 	mu      sync.Mutex
 	pending []Name // sorted candidates of this process's share, not yet handed out
@@ -69,6 +73,12 @@ type dispatcher struct {
 	// listedPubs is the publishes begun here before the snapshot's
 	// listing was answered (publishes.mark).
 	listedPubs uint64
+	// listedLast is the last message of the snapshot's listing (zero
+	// when it had none), and share and ranks the split it was made with:
+	// what merging fresh names needs (mergeFreshLocked).
+	listedLast Name
+	share      Share
+	ranks      map[string]int
 }
 
 func newDispatcher(c *core, r *recent, p *publishes, reads *readGroup, g *groups) *dispatcher {
@@ -77,6 +87,9 @@ func newDispatcher(c *core, r *recent, p *publishes, reads *readGroup, g *groups
 		foreign: map[string]bool{}, claims: map[string]int{}, doneWhileScanning: map[string]bool{}}
 	if c.opt.fairness.Key != "" {
 		d.fair = newFairPicker(c.opt.fairness)
+		if !c.opt.priorities {
+			d.fresh = &fairFresh{}
+		}
 	}
 	return d
 }
@@ -141,6 +154,10 @@ func (d *dispatcher) scan() error {
 	d.mu.Unlock()
 
 	mark := d.recent.mark()
+	var freshMark uint64
+	if d.fresh != nil {
+		freshMark = d.fresh.mark()
+	}
 	h, err := d.chain.listHeads()
 	// Any message the listing shows was created by then: by a publish
 	// begun before the answer came.
@@ -148,6 +165,9 @@ func (d *dispatcher) scan() error {
 	names, foreign := h.names, h.foreign
 	if err == nil {
 		d.recent.prune(names, mark)
+		if d.fresh != nil {
+			d.fresh.listed(names, freshMark)
+		}
 	}
 
 	d.mu.Lock()
@@ -170,7 +190,15 @@ func (d *dispatcher) scan() error {
 	}
 	// The split counts the messages this process is claiming, as the
 	// other processes' listings do, so that all draw the same lines.
-	d.pending, d.others = splitShare(names, d.opt.share)
+	share := d.opt.share
+	if share != nil {
+		sh := share()
+		share = func() Share { return sh }
+		if d.fresh != nil {
+			d.share, d.ranks = sh, publisherRanks(sh.Publishers, sh.N)
+		}
+	}
+	d.pending, d.others = splitShare(names, share)
 	if len(d.claims) > 0 || len(d.doneWhileScanning) > 0 {
 		// Candidates being claimed by this process's consumers, or
 		// claimed while the listing was under way (it may predate
@@ -187,7 +215,66 @@ func (d *dispatcher) scan() error {
 		d.othersHead, d.othersSince = d.others[0], time.Now()
 	}
 	d.aheadMark, d.listedPubs = Name{}, pubMark
+	d.listedLast = Name{}
+	if len(names) > 0 {
+		d.listedLast = names[len(names)-1]
+	}
+	if d.fair != nil {
+		d.fair.listed = time.Now()
+	}
 	return nil
+}
+
+// mergeFreshLocked adds to the snapshot the messages this process
+// published since its listing (fairness.go): those of the listed head
+// segment that sort after the listing's last message (a name that sorts
+// before it existed when the listing was made, which then showed it or
+// found it gone) and are of this process's share. Messages of a later
+// segment wait for the head's to be used up, as in any queue; those of
+// other shares for the next listing.
+func (d *dispatcher) mergeFreshLocked() {
+	if d.scanning != nil {
+		return // the listing under way replaces the snapshot
+	}
+	last := d.listedLast
+	for _, e := range d.fresh.take() {
+		n := e.name
+		if last.Raw == "" || n.Priority != last.Priority || n.Seg != last.Seg || Compare(n, last) <= 0 || !d.ownsLocked(n) {
+			continue
+		}
+		insertName(&d.pending, n)
+	}
+}
+
+// ownsLocked reports whether the split of the snapshot's listing gives
+// message n, published here, to this process (splitShare): when its
+// publisher tag names this process, or its sequence number does.
+func (d *dispatcher) ownsLocked(n Name) bool {
+	sh := d.share
+	if sh.N <= 1 || sh.Rank < 0 || sh.Rank >= sh.N {
+		return true
+	}
+	if r, ok := d.ranks[n.Tag]; ok && n.Tag != "" {
+		return r == sh.Rank
+	}
+	return int(uint32(n.Seq)%uint32(sh.N)) == sh.Rank
+}
+
+// insertName inserts n into sorted names at its place, unless it is
+// there already.
+func insertName(names *[]Name, n Name) {
+	s := *names
+	if len(s) == 0 || Compare(s[len(s)-1], n) < 0 {
+		*names = append(s, n) // new names sort last
+		return
+	}
+	i, _ := slices.BinarySearchFunc(s, n, Compare)
+	for j := i; j < len(s) && Compare(s[j], n) == 0; j++ {
+		if s[j].Raw == n.Raw {
+			return
+		}
+	}
+	*names = slices.Insert(s, i, n)
 }
 
 // markBad notes that candidate n does not decode (baddata.go), and drops
@@ -250,15 +337,25 @@ func (d *dispatcher) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, m
 		if fired && d.opt.priorities && !scanned {
 			d.pending, d.others = nil, nil
 		}
-		if fired && d.fair != nil && !scanned && d.fair.relistDue() {
-			// New messages may be of a key waiting for its turn: list
-			// them now, not once the snapshot is used up.
+		if d.fresh != nil {
+			d.mergeFreshLocked()
+		}
+		relisting := false
+		if fired && d.fair != nil && !scanned && len(d.pending) > 0 && d.fair.relistDue() {
+			// New messages published elsewhere may be of a key
+			// waiting for its turn: list them now, not once the
+			// snapshot is used up (fairness.go).
+			d.fair.dropping(d.pending)
 			d.pending, d.others = nil, nil
+			relisting = true
 		}
 		if len(d.pending) == 0 && fired && !scanned {
 			// Something changed since the last scan (or there was none).
 			if err := d.scan(); err != nil {
 				return Name{}, false, nil, false, err
+			}
+			if relisting {
+				d.fair.learned(d.pending)
 			}
 			continue
 		}

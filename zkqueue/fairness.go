@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -22,12 +23,11 @@ import (
 // name, key included.
 //
 // Each take of the dispatcher picks, among the candidates of its snapshot
-// (the head segment's messages of this process's share; a change of the
-// heads drops it, at most every fairRelist, so new messages of a quiet
-// key do not wait for the snapshot to be used up), the first
-// message of the key whose turn it is: a key keeps its turn for as many
-// messages as its weight, then the next key, in the order of their hashes,
-// that has a candidate takes it. The position in that rotation is the
+// (the head segment's messages of this process's share, kept up to date
+// so that new messages of a quiet key do not wait for the snapshot to be
+// used up: see fairRelist), the first message of the key whose turn it
+// is: a key keeps its turn for as many messages as its weight, then the
+// next key, in the order of their hashes, that has a candidate takes it. The position in that rotation is the
 // dispatcher's and survives new snapshots. Processes sharing a queue split
 // its messages by sequence number (splitShare), whatever their keys, so
 // every process's share holds each backlogged key's messages in
@@ -156,24 +156,125 @@ type fairPicker struct {
 	left    int            // messages left in pos's turn
 	first   map[string]int // scratch: first index of each tag
 	tags    []string       // scratch
-	// listed is when a change of the heads last dropped the snapshot.
+	// listed is when the heads were last listed for a change; every is
+	// how long after that a change drops the snapshot again (between
+	// fairRelist and fairRelistMax, see learned).
 	listed time.Time
+	every  time.Duration
+	// had: the keys with candidates when the snapshot was last dropped
+	// for a change, to tell what the listing taught (learned).
+	had map[string]bool
 }
 
-// fairRelist is how often at most a change of the heads drops a fair
-// dispatcher's snapshot before it is used up: a FIFO snapshot is
-// otherwise walked to its end first, and a key's new message would wait
-// behind another key's whole listed backlog.
-const fairRelist = 10 * time.Millisecond
+// A fair dispatcher's snapshot is not walked to its end before the head
+// is listed again, as a FIFO one is: a key's new message would wait
+// behind another key's whole listed backlog. The messages published
+// through this process are merged into the snapshot as their publishes
+// return (fairFresh), without a listing; the others (published through
+// another process, or put back by one) are learned by listing the head
+// again on a change, at most every fairRelist after a listing that found
+// a candidate of a key the snapshot had none of, and up to fairRelistMax
+// after listings that found none: what they added was of keys already
+// waiting their turn, which changes no pick, or nothing at all. So a
+// message published elsewhere is seen within fairRelistMax of a change
+// (sooner while the listings keep finding such messages), and a process
+// whose messages are all its own lists the head about every
+// fairRelistMax instead of on every change.
+const (
+	fairRelist    = 10 * time.Millisecond
+	fairRelistMax = 100 * time.Millisecond
+)
 
-// relistDue reports whether the snapshot may be dropped for a change,
-// noting that it is.
+// relistDue reports whether the snapshot may be dropped for a change.
 func (p *fairPicker) relistDue() bool {
-	if now := time.Now(); now.Sub(p.listed) >= fairRelist {
-		p.listed = now
-		return true
+	return time.Since(p.listed) >= max(p.every, fairRelist)
+}
+
+// dropping notes the keys with candidates in names, a snapshot being
+// dropped for a change, for learned.
+func (p *fairPicker) dropping(names []Name) {
+	if p.had == nil {
+		p.had = map[string]bool{}
 	}
-	return false
+	clear(p.had)
+	for _, n := range names {
+		p.had[n.Key] = true
+	}
+}
+
+// learned sets the relist interval from the snapshot names that
+// replaced the one dropped (dropping): back to fairRelist when it holds a
+// candidate of a key the dropped one had none of, else twice as long, up
+// to fairRelistMax.
+func (p *fairPicker) learned(names []Name) {
+	for _, n := range names {
+		if !p.had[n.Key] {
+			p.every = fairRelist
+			return
+		}
+	}
+	p.every = min(2*max(p.every, fairRelist), fairRelistMax)
+}
+
+// fairFresh holds the names of the messages this process published to a
+// fair queue and the dispatcher has not seen yet: the producer notes them
+// as its publishes return, the dispatcher merges them into its snapshot
+// (mergeFreshLocked in dispatch.go) and drops those its listings show. It
+// has its own lock, so a publish does not wait for the dispatcher.
+type fairFresh struct {
+	mu      sync.Mutex
+	entries []freshEntry
+	noted   uint64 // names noted so far; an entry's seq is its number
+}
+
+type freshEntry struct {
+	name Name
+	seq  uint64
+}
+
+// fairFreshMax bounds the names waiting in a fairFresh; past it new ones
+// are left to the next listing.
+const fairFreshMax = 4096
+
+// note adds the name of a message just published.
+func (f *fairFresh) note(n Name) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.noted++
+	if len(f.entries) < fairFreshMax {
+		f.entries = append(f.entries, freshEntry{n, f.noted})
+	}
+}
+
+// mark returns the number of names noted so far, for listed.
+func (f *fairFresh) mark() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.noted
+}
+
+// listed drops the names a listing made its own: those noted by mark,
+// taken before it was asked for (the listing has them, or they are gone
+// or in a later segment), and those it shows (names, sorted).
+func (f *fairFresh) listed(names []Name, mark uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.entries = slices.DeleteFunc(f.entries, func(e freshEntry) bool {
+		return e.seq <= mark || listedHas(names, e.name)
+	})
+}
+
+// take returns and forgets the names noted and not yet listed, in the
+// order noted.
+func (f *fairFresh) take() []freshEntry {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.entries) == 0 {
+		return nil
+	}
+	es := f.entries
+	f.entries = nil
+	return es
 }
 
 func newFairPicker(f Fairness) *fairPicker {

@@ -1,10 +1,15 @@
 package zkqueue
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/qbroker/qbroker/internal/zktest"
 )
 
 // A key tag sits after the publisher tag, parses back, and a name without
@@ -97,4 +102,55 @@ func manyWeights(n int) map[string]int {
 		m[fmt.Sprint("k", i)] = 1
 	}
 	return m
+}
+
+// A message published through the Queue that consumes joins the fair
+// dispatcher's snapshot as its publish returns, without a listing: here
+// the snapshot is kept from being listed again for a change, and a quiet
+// key's message published behind another key's backlog is still the next
+// one taken, with no children request between its publish and its
+// delivery.
+func TestFairMergesOwnPublishes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var children atomic.Int64
+	q, err := New(zktest.Conn(t), zktest.Root(t)+"/items", WithFairness(Fairness{Key: FairnessHeader + "tenant"}),
+		WithPublisher("p1"), WithObserver(func(op string, _ time.Duration, _ error) {
+			if op == "children" {
+				children.Add(1)
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.TryDequeue(ctx); !errors.Is(err, ErrEmpty) {
+		t.Fatalf("consuming the empty queue: %v", err) // now its publishes are noted
+	}
+	tenant := func(tn string, k int) []Draft {
+		ds := make([]Draft, k)
+		for i := range ds {
+			ds[i] = Draft{Payload: []byte(fmt.Sprint(tn, i)), Attributes: Attributes{Headers: map[string]string{"tenant": tn}}}
+		}
+		return ds
+	}
+	if _, err := q.PublishAll(ctx, tenant("a", 50)); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := q.TryDequeue(ctx); err != nil || m.Headers["tenant"] != "a" {
+		t.Fatalf("first take: %v, %v; want one of a", m.Headers, err)
+	}
+	q.disp.mu.Lock()
+	q.disp.fair.every = time.Hour // no listing for a change from here on
+	q.disp.mu.Unlock()
+	before := children.Load()
+	if _, err := q.PublishAll(ctx, tenant("b", 1)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := q.TryDequeue(ctx)
+	if err != nil || m.Headers["tenant"] != "b" {
+		t.Fatalf("take after b's publish: %v, %v; want b's message (a's turn is over)", m.Headers, err)
+	}
+	if n := children.Load() - before; n != 0 {
+		t.Fatalf("%d children requests between b's publish and its delivery, want 0", n)
+	}
 }

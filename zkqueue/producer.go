@@ -48,6 +48,9 @@ type producer struct {
 	pubs   *publishes
 	groups *groups // nil without WithGroups
 	packer *packer // nil without WithPacking
+	// fresh is told the messages published, for a fair dispatcher
+	// (fairness.go); nil without one.
+	fresh *fairFresh
 }
 
 // publish creates checked drafts, all in one transaction: all or none.
@@ -425,6 +428,9 @@ func (p *producer) remember(paths []string, datas [][]byte) {
 	for i, x := range paths {
 		if n, ok := ParseName(path.Base(x)); ok {
 			p.recent.put(n, datas[i])
+			if p.fresh != nil && p.recent.consumed() {
+				p.fresh.note(n) // for a fair dispatcher's snapshot
+			}
 		}
 	}
 }

@@ -90,6 +90,7 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 		q.buf = newPackBuf[Message](minClaim(o))
 	}
 	q.disp = newDispatcher(c, q.recent, q.pubs, q.reads, q.groups)
+	q.prod.fresh = q.disp.fresh
 	if q.groups != nil {
 		q.groups.disp = q.disp
 	}
