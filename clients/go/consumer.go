@@ -251,8 +251,8 @@ func (k *Consumer) run(ctx context.Context) {
 type streamEvent struct {
 	gen    uint64
 	opened pb.Queue_ConsumeClient // the subscribe request was sent
-	msg    *pb.Message
-	err    error // the stream ended
+	msgs   []*pb.Message          // one Delivery's messages, in order
+	err    error                  // the stream ended
 }
 
 // consumeLoop is the state of the owner goroutine; only it touches it.
@@ -417,6 +417,9 @@ func (l *consumeLoop) subscribe(ctx context.Context) {
 		VisibilityTimeout: durationOrNil(l.k.opts.Visibility),
 		Prefetch:          uint32(l.credit),
 		Priority:          int32(l.k.opts.Priority),
+		// Several messages per Delivery, up to the prefetch: receive
+		// unpacks them, so the application sees no difference.
+		MaxBatch: uint32(l.k.opts.Prefetch),
 	}
 	go l.k.receive(sctx, l.gen, &pb.ConsumeRequest{Subscribe: sub}, l.events, l.exited)
 }
@@ -479,10 +482,12 @@ func (l *consumeLoop) onEvent(ev streamEvent) error {
 			_ = l.stream.Send(&pb.ConsumeRequest{Credit: uint32(l.owed)})
 			l.owed = 0
 		}
-	case ev.msg != nil:
-		l.credit = max(l.credit-1, 0)
+	case len(ev.msgs) > 0:
+		l.credit = max(l.credit-len(ev.msgs), 0)
 		l.gotMessage = true
-		l.pending = append(l.pending, l.k.c.message(ev.msg, l.k, l.gen))
+		for _, m := range ev.msgs {
+			l.pending = append(l.pending, l.k.c.message(m, l.k, l.gen))
+		}
 	default:
 		lived := l.stream != nil && time.Since(l.openedAt) > l.bo.max
 		l.endStream()
@@ -570,7 +575,15 @@ func (k *Consumer) receive(ctx context.Context, gen uint64, first *pb.ConsumeReq
 			report(streamEvent{err: err})
 			return
 		}
-		if !report(streamEvent{msg: d.GetMessage()}) {
+		msgs := make([]*pb.Message, 0, 1+len(d.GetMore()))
+		if m := d.GetMessage(); m != nil {
+			msgs = append(msgs, m)
+		}
+		msgs = append(msgs, d.GetMore()...)
+		if len(msgs) == 0 {
+			continue
+		}
+		if !report(streamEvent{msgs: msgs}) {
 			return
 		}
 	}
