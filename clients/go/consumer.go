@@ -279,6 +279,7 @@ type consumeLoop struct {
 	exited     chan struct{}
 	credit     int
 	owed       int // credit granted while connecting, sent once open
+	taken      int // at most once: messages taken since the last grant
 	unsettled  int // at least once: taken from this stream, not settled
 	openedAt   time.Time
 	gotMessage bool
@@ -350,7 +351,7 @@ func (l *consumeLoop) run(ctx context.Context) error {
 				l.unsettled++
 			}
 			if !l.atLeastOnce() {
-				l.grant(1)
+				l.took()
 			}
 			if l.k.opts.Max > 0 && l.handed >= l.k.opts.Max {
 				l.closeMsgs()
@@ -407,7 +408,7 @@ func (l *consumeLoop) expiry(head *Message) <-chan time.Time {
 func (l *consumeLoop) subscribe(ctx context.Context) {
 	l.gen++
 	l.active, l.stream = true, nil
-	l.credit, l.owed, l.unsettled = l.initialCredit(), 0, 0
+	l.credit, l.owed, l.unsettled, l.taken = l.initialCredit(), 0, 0, 0
 	l.gotMessage = false
 	sctx, stop := context.WithCancel(ctx)
 	l.stop, l.exited = stop, make(chan struct{})
@@ -509,6 +510,20 @@ func (l *consumeLoop) onEvent(ev streamEvent) error {
 		l.retry = time.After(l.bo.next())
 	}
 	return nil
+}
+
+// took gives back the credit of a message the application took, at most
+// once. Grants are gathered, a quarter of the prefetch at a time, so the
+// broker does not receive a stream message per message; a grant goes at
+// once when the stream has no credit left, so delivery never waits for
+// the rest of a quarter.
+func (l *consumeLoop) took() {
+	l.taken++
+	if l.taken >= max(l.k.opts.Prefetch/4, 1) || l.credit == 0 {
+		n := l.taken
+		l.taken = 0
+		l.grant(n)
+	}
 }
 
 // grant gives the current stream up to n more credit.
