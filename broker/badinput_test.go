@@ -202,6 +202,9 @@ func badLookupsAndStreams(ctx context.Context, tb *testBroker) []badCall {
 		{"consume huge prefetch", func() error {
 			return firstReply(ctx, c, &pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "fifo", Prefetch: 1 << 20}})
 		}, codes.InvalidArgument},
+		{"consume huge max_batch", func() error {
+			return firstReply(ctx, c, &pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "fifo", MaxBatch: 1001}})
+		}, codes.InvalidArgument},
 		{"garbage protobuf", func() error {
 			var out []byte
 			return tb.grpcConn.Invoke(ctx, "/qbroker.v1.Queue/Publish", []byte{0xff, 0xff, 0xff, 0x0f, 0x01}, &out, grpc.ForceCodec(rawCodec{}))

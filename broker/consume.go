@@ -204,6 +204,7 @@ type subscription struct {
 	prefetch int
 	prio     int
 	ahead    *ahead // the buffer the stream takes from (ahead.go); nil: it claims for itself
+	maxBatch int    // the most messages in one Delivery (Subscribe.max_batch), at least 1
 }
 
 // subscribe checks a Consume stream's first request.
@@ -236,7 +237,11 @@ func (b *Broker) subscribe(ctx context.Context, first *pb.ConsumeRequest) (subsc
 	if prio < minStreamPriority || prio > maxStreamPriority {
 		return subscription{}, invalidf("priority %d out of range [%d, %d]", prio, minStreamPriority, maxStreamPriority)
 	}
-	return subscription{q: q, d: d, prefetch: prefetch, prio: prio}, nil
+	maxBatch := max(int(sub.GetMaxBatch()), 1)
+	if maxBatch > maxPrefetch {
+		return subscription{}, invalidf("max_batch %d > %d", maxBatch, maxPrefetch)
+	}
+	return subscription{q: q, d: d, prefetch: prefetch, prio: prio, maxBatch: maxBatch}, nil
 }
 
 // serveConsume runs a subscribed stream until the client leaves or
@@ -360,13 +365,17 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 }
 
 // sendBatch sends the claimed deliveries cs, in order, giving back the
-// ones whose lease ran out before their turn. Deliveries taken from the
+// ones whose lease ran out before their turn. A stream that accepts
+// several messages per Delivery (sub.maxBatch) gets each run of sendable
+// ones, up to maxBatch, in one Delivery: cs is what the stream has in
+// hand now, so batching them holds none back. Deliveries taken from the
 // messages claimed ahead go back to that buffer instead, from the first
 // that cannot be sent on (ahead.putBack), to keep their order. The
 // leases of the ones it could not send stay held, for releaseHeld.
 func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub subscription, st *consumeState, cs []claimed) error {
 	q, d := sub.q, sub.d
-	for i, c := range cs {
+	for i := 0; i < len(cs); {
+		c := cs[i]
 		if !b.sendable(d, c) && sub.ahead != nil {
 			// Taken from the messages claimed ahead: this one and the
 			// rest go back through the buffer, which gives them back
@@ -383,47 +392,72 @@ func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub s
 			st.settled(c.lease)
 			b.unsent(q, c)
 			st.addCredit(1)
+			i++
 			continue
 		}
-		switch err := sendDelivery(ctx, snd, c, d); {
+		j := i + 1
+		for j < len(cs) && j-i < sub.maxBatch && b.sendable(d, cs[j]) {
+			j++
+		}
+		run := cs[i:j]
+		switch err := sendDelivery(ctx, snd, run, d); {
 		case err == nil:
-			b.delivered(q, d, c)
+			for _, r := range run {
+				b.delivered(q, d, r)
+			}
 		case errors.Is(err, errStalled):
-			// The lease runs out while the send waits: leave it to
-			// the sweep rather than release it under a send that may
-			// still complete; give the rest back.
-			st.settled(c.lease)
-			b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
-			for _, r := range cs[i+1:] {
+			// The leases run out while the send waits: leave them to
+			// the sweep rather than release them under a send that
+			// may still complete; give the rest back.
+			for _, r := range run {
+				st.settled(r.lease)
+			}
+			b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(run)))
+			for _, r := range cs[j:] {
 				st.settled(r.lease)
 				if sub.ahead == nil {
 					b.unsent(q, r)
 				}
 			}
 			if sub.ahead != nil {
-				b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - i - 1))
-				sub.ahead.putBack(cs[i+1:])
+				b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - j))
+				sub.ahead.putBack(cs[j:])
 			}
 			b.log.Debug("consume stream stalled: ending it", "queue", q.name)
 			return b.fail(err)
 		default:
 			return errStreamDone // the client is gone, or ctx ended
 		}
+		i = j
 	}
 	return nil
 }
 
-// sendDelivery hands c to the stream's outbox. At least once it gives up
-// with errStalled when the lease gets within sendMargin of its deadline
+// sendDelivery hands the messages run (at least one) to the stream's
+// outbox as one Delivery. At least once it gives up with errStalled when
+// the earliest of their leases gets within sendMargin of its deadline
 // first.
-func sendDelivery(ctx context.Context, snd *outbox[*pb.Delivery], c claimed, d delivery) error {
+func sendDelivery(ctx context.Context, snd *outbox[*pb.Delivery], run []claimed, d delivery) error {
 	var stall <-chan time.Time
 	if d.ack {
-		t := time.NewTimer(time.Until(c.expires) - sendMargin(d.ttl))
+		expires := run[0].expires
+		for _, c := range run[1:] {
+			if c.expires.Before(expires) {
+				expires = c.expires
+			}
+		}
+		t := time.NewTimer(time.Until(expires) - sendMargin(d.ttl))
 		defer t.Stop()
 		stall = t.C
 	}
-	return snd.sendBy(ctx, &pb.Delivery{Message: c.msg}, stall)
+	dl := &pb.Delivery{Message: run[0].msg}
+	if len(run) > 1 {
+		dl.More = make([]*pb.Message, 0, len(run)-1)
+		for _, c := range run[1:] {
+			dl.More = append(dl.More, c.msg)
+		}
+	}
+	return snd.sendBy(ctx, dl, stall)
 }
 
 // tokenLease returns the lease name of an ack token (see ackToken) for

@@ -139,6 +139,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, w want) ([]clai
 		if err != nil {
 			return nil, b.gone(q, err)
 		}
+		out = make([]claimed, 0, len(ls))
 		for i := range ls {
 			out = append(out, claimed{msg: b.leasedPB(q.name, &ls[i]), m: ls[i].Message,
 				lease: ls[i].Token, expires: ls[i].Deadline, session: session})
@@ -149,6 +150,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, w want) ([]clai
 	if err != nil {
 		return nil, b.gone(q, err)
 	}
+	out = make([]claimed, 0, len(ms))
 	for _, m := range ms {
 		out = append(out, claimed{msg: toPB(q.name, m, nil), m: m, session: session})
 	}

@@ -365,6 +365,148 @@ func TestConsumeCredit(t *testing.T) {
 	}
 }
 
+// A stream that asks for max_batch receives several messages per
+// Delivery, never more than max_batch nor than its credit, in queue order,
+// each with its own ack token: a nack of one message in the middle of a
+// batched Delivery redelivers that message alone. Plain and packed
+// queues, at least once.
+func TestConsumeBatchedDeliveries(t *testing.T) {
+	b := newBroker(t, zktest.Root(t))
+	for _, packed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("packed=%v", packed), func(t *testing.T) {
+			name := fmt.Sprintf("batched-%v", packed)
+			createQueue(t, b.client, &pb.CreateQueueRequest{Name: name, Packed: packed})
+			const n, prefetch, maxBatch = 60, 20, 8
+			publishN(t, b.client, name, n)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			stream, err := b.client.Consume(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub := &pb.Subscribe{Queue: name, Mode: alo, Prefetch: prefetch, MaxBatch: maxBatch}
+			if err := stream.Send(&pb.ConsumeRequest{Subscribe: sub}); err != nil {
+				t.Fatal(err)
+			}
+			granted, received, batched := prefetch, 0, 0
+			var nacked string // payload of the message nacked
+			redelivered := false
+			var got []string
+			for len(got) < n || nacked != "" && !redelivered {
+				d, err := stream.Recv()
+				if err != nil {
+					t.Fatalf("Recv after %d messages: %v", received, err)
+				}
+				msgs := append([]*pb.Message{d.GetMessage()}, d.GetMore()...)
+				if len(msgs) > maxBatch {
+					t.Fatalf("a Delivery of %d messages, want at most max_batch %d", len(msgs), maxBatch)
+				}
+				if len(msgs) > 1 {
+					batched++
+				}
+				received += len(msgs)
+				if received > granted {
+					t.Fatalf("%d messages received with %d credit granted", received, granted)
+				}
+				req := &pb.ConsumeRequest{Credit: uint32(len(msgs))}
+				for i, m := range msgs {
+					if m.GetAckToken() == "" {
+						t.Fatalf("message %q has no ack token", m.GetPayload())
+					}
+					p := string(m.GetPayload())
+					nack := nacked == "" && len(msgs) > 2 && i == 1
+					if nack {
+						nacked = p
+					}
+					if m.GetDeliveryCount() > 1 {
+						if p != nacked || m.GetDeliveryCount() != 2 {
+							t.Fatalf("redelivered %q (delivery %d), want only the nacked %q, once", p, m.GetDeliveryCount(), nacked)
+						}
+						redelivered = true
+					} else {
+						got = append(got, p)
+					}
+					req.Settle = append(req.Settle, &pb.Settle{AckToken: m.GetAckToken(), Nack: nack})
+				}
+				granted += len(msgs)
+				if err := stream.Send(req); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if batched == 0 || nacked == "" {
+				t.Fatalf("no Delivery carried more than one message (%d batched, nacked %q)", batched, nacked)
+			}
+			if len(got) != n {
+				t.Fatalf("%d first deliveries, want %d", len(got), n)
+			}
+			for i, p := range got {
+				if want := fmt.Sprintf("m%05d", i); p != want {
+					t.Fatalf("first delivery %d is %q, want %q (queue order)", i, p, want)
+				}
+			}
+			if err := stream.CloseSend(); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				if _, err := stream.Recv(); err != nil {
+					break
+				}
+			}
+			zktest.WaitFor(t, 30*time.Second, "every message acked", func() bool {
+				st := stats(t, b.client, name)
+				return st.GetReady() == 0 && st.GetInFlight() == 0
+			})
+		})
+	}
+}
+
+// A stream that does not ask for max_batch (an older client), or asks
+// for 1, receives one message per Delivery even when many are ready.
+func TestConsumeUnbatchedByDefault(t *testing.T) {
+	b := newBroker(t, zktest.Root(t))
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: "single", Packed: true})
+	const n = 40
+	publishN(t, b.client, "single", 2*n)
+	for _, maxBatch := range []uint32{0, 1} {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		stream, err := b.client.Consume(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub := &pb.Subscribe{Queue: "single", Mode: alo, Prefetch: n, MaxBatch: maxBatch}
+		if err := stream.Send(&pb.ConsumeRequest{Subscribe: sub}); err != nil {
+			t.Fatal(err)
+		}
+		req := &pb.ConsumeRequest{}
+		for i := 0; i < n; i++ {
+			d, err := stream.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(d.GetMore()) != 0 {
+				t.Fatalf("max_batch %d: a Delivery of %d messages, want 1", maxBatch, 1+len(d.GetMore()))
+			}
+			req.Settle = append(req.Settle, &pb.Settle{AckToken: d.GetMessage().GetAckToken()})
+		}
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				break
+			}
+		}
+	}
+	zktest.WaitFor(t, 30*time.Second, "every message acked", func() bool {
+		st := stats(t, b.client, "single")
+		return st.GetReady() == 0 && st.GetInFlight() == 0
+	})
+}
+
 var _ = bufio.NewReader
 var _ = strings.TrimSpace
 

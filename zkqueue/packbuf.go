@@ -82,6 +82,9 @@ func (b *packBuf[T]) push(items []T) {
 func (b *packBuf[T]) take(max int, room Room, size func(T) int, keep func(T) bool) (out, stale []T) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if len(b.items) > 0 {
+		out = make([]T, 0, min(max, len(b.items)))
+	}
 	used, i := 0, 0
 	for ; i < len(b.items) && len(out) < max; i++ {
 		it := b.items[i]

@@ -1564,7 +1564,14 @@ type Subscribe struct {
 	// on one broker, a stream gets messages only while no stream of higher
 	// priority has credit. Across brokers priorities are not compared (see
 	// docs/design.md, "Consumer priority").
-	Priority      int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	Priority int32 `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The most messages the client accepts in one Delivery (message, then
+	// more). Unset, 0 or 1: one message per Delivery. Above 1, the broker
+	// may put the messages it has in hand for the stream at the same moment
+	// (what one claim, or one take of the messages claimed ahead, returned,
+	// within the stream's credit) in one Delivery instead of one each; it
+	// never holds a message back waiting for more. At most 1000.
+	MaxBatch      uint32 `protobuf:"varint,6,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1630,6 +1637,13 @@ func (x *Subscribe) GetPrefetch() uint32 {
 func (x *Subscribe) GetPriority() int32 {
 	if x != nil {
 		return x.Priority
+	}
+	return 0
+}
+
+func (x *Subscribe) GetMaxBatch() uint32 {
+	if x != nil {
+		return x.MaxBatch
 	}
 	return 0
 }
@@ -1762,10 +1776,17 @@ func (x *ConsumeRequest) GetSettle() []*Settle {
 	return nil
 }
 
+// One or more delivered messages: message, then more, in queue order
+// (more is empty unless the stream's Subscribe.max_batch is above 1, and
+// holds at most max_batch - 1). Every message counts as one delivery:
+// each uses one credit, and at least once each has its own ack token,
+// lease deadline and fencing token and is settled on its own.
 type Delivery struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The delivered message.
-	Message       *Message `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	// The delivered message (the first one).
+	Message *Message `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	// The messages delivered after message, in order.
+	More          []*Message `protobuf:"bytes,2,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1803,6 +1824,13 @@ func (*Delivery) Descriptor() ([]byte, []int) {
 func (x *Delivery) GetMessage() *Message {
 	if x != nil {
 		return x.Message
+	}
+	return nil
+}
+
+func (x *Delivery) GetMore() []*Message {
+	if x != nil {
+		return x.More
 	}
 	return nil
 }
@@ -2872,13 +2900,14 @@ const file_api_queue_proto_rawDesc = "" +
 	"\rfencing_token\x18\f \x01(\x04R\ffencingToken\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x01\n" +
 	"\tSubscribe\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12,\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x18.qbroker.v1.DeliveryModeR\x04mode\x12H\n" +
 	"\x12visibility_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11visibilityTimeout\x12\x1a\n" +
 	"\bprefetch\x18\x04 \x01(\rR\bprefetch\x12\x1a\n" +
-	"\bpriority\x18\x05 \x01(\x05R\bpriority\"j\n" +
+	"\bpriority\x18\x05 \x01(\x05R\bpriority\x12\x1b\n" +
+	"\tmax_batch\x18\x06 \x01(\rR\bmaxBatch\"j\n" +
 	"\x06Settle\x12\x1b\n" +
 	"\tack_token\x18\x01 \x01(\tR\backToken\x12\x12\n" +
 	"\x04nack\x18\x02 \x01(\bR\x04nack\x12/\n" +
@@ -2886,9 +2915,10 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x0eConsumeRequest\x123\n" +
 	"\tsubscribe\x18\x01 \x01(\v2\x15.qbroker.v1.SubscribeR\tsubscribe\x12\x16\n" +
 	"\x06credit\x18\x02 \x01(\rR\x06credit\x12*\n" +
-	"\x06settle\x18\x03 \x03(\v2\x12.qbroker.v1.SettleR\x06settle\"9\n" +
+	"\x06settle\x18\x03 \x03(\v2\x12.qbroker.v1.SettleR\x06settle\"b\n" +
 	"\bDelivery\x12-\n" +
-	"\amessage\x18\x01 \x01(\v2\x13.qbroker.v1.MessageR\amessage\"\xf0\x01\n" +
+	"\amessage\x18\x01 \x01(\v2\x13.qbroker.v1.MessageR\amessage\x12'\n" +
+	"\x04more\x18\x02 \x03(\v2\x13.qbroker.v1.MessageR\x04more\"\xf0\x01\n" +
 	"\x0eReceiveRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12!\n" +
 	"\fmax_messages\x18\x02 \x01(\rR\vmaxMessages\x12-\n" +
@@ -3069,56 +3099,57 @@ var file_api_queue_proto_depIdxs = []int32{
 	19, // 26: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
 	20, // 27: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
 	18, // 28: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
-	43, // 29: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 30: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	43, // 31: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	18, // 32: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	43, // 33: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	43, // 34: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	44, // 35: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 36: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	18, // 37: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	18, // 38: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
-	43, // 39: qbroker.v1.RetryBackoff.steps:type_name -> google.protobuf.Duration
-	43, // 40: qbroker.v1.RetryBackoff.initial:type_name -> google.protobuf.Duration
-	43, // 41: qbroker.v1.RetryBackoff.max:type_name -> google.protobuf.Duration
-	3,  // 42: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	6,  // 43: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	7,  // 44: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	9,  // 45: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	11, // 46: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	13, // 47: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	16, // 48: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	21, // 49: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	23, // 50: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	25, // 51: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	27, // 52: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	29, // 53: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	31, // 54: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	33, // 55: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	35, // 56: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	37, // 57: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
-	5,  // 58: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	5,  // 59: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	8,  // 60: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	10, // 61: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	12, // 62: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	14, // 63: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	17, // 64: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	22, // 65: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	24, // 66: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	26, // 67: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	28, // 68: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	30, // 69: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	32, // 70: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	34, // 71: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	36, // 72: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	38, // 73: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
-	58, // [58:74] is the sub-list for method output_type
-	42, // [42:58] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	18, // 29: qbroker.v1.Delivery.more:type_name -> qbroker.v1.Message
+	43, // 30: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 31: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	43, // 32: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	18, // 33: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	43, // 34: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	43, // 35: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	44, // 36: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 37: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	18, // 38: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	18, // 39: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
+	43, // 40: qbroker.v1.RetryBackoff.steps:type_name -> google.protobuf.Duration
+	43, // 41: qbroker.v1.RetryBackoff.initial:type_name -> google.protobuf.Duration
+	43, // 42: qbroker.v1.RetryBackoff.max:type_name -> google.protobuf.Duration
+	3,  // 43: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	6,  // 44: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	7,  // 45: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	9,  // 46: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	11, // 47: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	13, // 48: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	16, // 49: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	21, // 50: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	23, // 51: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	25, // 52: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	27, // 53: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	29, // 54: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	31, // 55: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	33, // 56: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	35, // 57: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	37, // 58: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
+	5,  // 59: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	5,  // 60: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	8,  // 61: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	10, // 62: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	12, // 63: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	14, // 64: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	17, // 65: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	22, // 66: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	24, // 67: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	26, // 68: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	28, // 69: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	30, // 70: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	32, // 71: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	34, // 72: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	36, // 73: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	38, // 74: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
+	59, // [59:75] is the sub-list for method output_type
+	43, // [43:59] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }

@@ -357,6 +357,41 @@ func TestConsumeMax(t *testing.T) {
 	})
 }
 
+// At most once, a consumer with a large prefetch gives credit back in
+// grants of several messages: it still receives every message, in order,
+// also those published after it went idle with a grant not yet sent.
+func TestConsumeGathersCredit(t *testing.T) {
+	_, c := setup(t)
+	ctx := testCtx(t)
+	createQueue(t, c, "gather", qbroker.QueueOptions{})
+	k, err := c.Consume(ctx, "gather", qbroker.ConsumeOptions{Prefetch: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	n := 0
+	for _, count := range []int{101, 7, 1, 45} {
+		var batch []qbroker.OutMessage
+		for i := n; i < n+count; i++ {
+			batch = append(batch, qbroker.OutMessage{Payload: []byte(fmt.Sprintf("m%04d", i))})
+		}
+		if _, err := c.PublishBatch(ctx, "gather", batch); err != nil {
+			t.Fatal(err)
+		}
+		for i := n; i < n+count; i++ {
+			m := next(t, k)
+			if got, want := string(m.Payload), fmt.Sprintf("m%04d", i); got != want {
+				t.Fatalf("got %s, want %s", got, want)
+			}
+		}
+		n += count
+	}
+	st, err := c.Stats(ctx, "gather")
+	if err != nil || st.Ready != 0 {
+		t.Fatalf("Stats: ready %d, %v; want 0", st.Ready, err)
+	}
+}
+
 // The consumer ends with its context, with the context's error.
 func TestConsumeContext(t *testing.T) {
 	_, c := setup(t)

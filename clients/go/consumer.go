@@ -251,8 +251,8 @@ func (k *Consumer) run(ctx context.Context) {
 type streamEvent struct {
 	gen    uint64
 	opened pb.Queue_ConsumeClient // the subscribe request was sent
-	msg    *pb.Message
-	err    error // the stream ended
+	msgs   []*pb.Message          // one Delivery's messages, in order
+	err    error                  // the stream ended
 }
 
 // consumeLoop is the state of the owner goroutine; only it touches it.
@@ -279,6 +279,7 @@ type consumeLoop struct {
 	exited     chan struct{}
 	credit     int
 	owed       int // credit granted while connecting, sent once open
+	taken      int // at most once: messages taken since the last grant
 	unsettled  int // at least once: taken from this stream, not settled
 	openedAt   time.Time
 	gotMessage bool
@@ -350,7 +351,7 @@ func (l *consumeLoop) run(ctx context.Context) error {
 				l.unsettled++
 			}
 			if !l.atLeastOnce() {
-				l.grant(1)
+				l.took()
 			}
 			if l.k.opts.Max > 0 && l.handed >= l.k.opts.Max {
 				l.closeMsgs()
@@ -407,7 +408,7 @@ func (l *consumeLoop) expiry(head *Message) <-chan time.Time {
 func (l *consumeLoop) subscribe(ctx context.Context) {
 	l.gen++
 	l.active, l.stream = true, nil
-	l.credit, l.owed, l.unsettled = l.initialCredit(), 0, 0
+	l.credit, l.owed, l.unsettled, l.taken = l.initialCredit(), 0, 0, 0
 	l.gotMessage = false
 	sctx, stop := context.WithCancel(ctx)
 	l.stop, l.exited = stop, make(chan struct{})
@@ -417,6 +418,9 @@ func (l *consumeLoop) subscribe(ctx context.Context) {
 		VisibilityTimeout: durationOrNil(l.k.opts.Visibility),
 		Prefetch:          uint32(l.credit),
 		Priority:          int32(l.k.opts.Priority),
+		// Several messages per Delivery, up to the prefetch: receive
+		// unpacks them, so the application sees no difference.
+		MaxBatch: uint32(l.k.opts.Prefetch),
 	}
 	go l.k.receive(sctx, l.gen, &pb.ConsumeRequest{Subscribe: sub}, l.events, l.exited)
 }
@@ -479,10 +483,12 @@ func (l *consumeLoop) onEvent(ev streamEvent) error {
 			_ = l.stream.Send(&pb.ConsumeRequest{Credit: uint32(l.owed)})
 			l.owed = 0
 		}
-	case ev.msg != nil:
-		l.credit = max(l.credit-1, 0)
+	case len(ev.msgs) > 0:
+		l.credit = max(l.credit-len(ev.msgs), 0)
 		l.gotMessage = true
-		l.pending = append(l.pending, l.k.c.message(ev.msg, l.k, l.gen))
+		for _, m := range ev.msgs {
+			l.pending = append(l.pending, l.k.c.message(m, l.k, l.gen))
+		}
 	default:
 		lived := l.stream != nil && time.Since(l.openedAt) > l.bo.max
 		l.endStream()
@@ -504,6 +510,20 @@ func (l *consumeLoop) onEvent(ev streamEvent) error {
 		l.retry = time.After(l.bo.next())
 	}
 	return nil
+}
+
+// took gives back the credit of a message the application took, at most
+// once. Grants are gathered, a quarter of the prefetch at a time, so the
+// broker does not receive a stream message per message; a grant goes at
+// once when the stream has no credit left, so delivery never waits for
+// the rest of a quarter.
+func (l *consumeLoop) took() {
+	l.taken++
+	if l.taken >= max(l.k.opts.Prefetch/4, 1) || l.credit == 0 {
+		n := l.taken
+		l.taken = 0
+		l.grant(n)
+	}
 }
 
 // grant gives the current stream up to n more credit.
@@ -570,7 +590,15 @@ func (k *Consumer) receive(ctx context.Context, gen uint64, first *pb.ConsumeReq
 			report(streamEvent{err: err})
 			return
 		}
-		if !report(streamEvent{msg: d.GetMessage()}) {
+		msgs := make([]*pb.Message, 0, 1+len(d.GetMore()))
+		if m := d.GetMessage(); m != nil {
+			msgs = append(msgs, m)
+		}
+		msgs = append(msgs, d.GetMore()...)
+		if len(msgs) == 0 {
+			continue
+		}
+		if !report(streamEvent{msgs: msgs}) {
 			return
 		}
 	}

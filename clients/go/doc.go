@@ -44,7 +44,9 @@
 // A Consumer grants the broker credit, so it is never flooded: Prefetch
 // messages may be in flight; at most once, one more is granted each time
 // the application takes one; at least once, each time it settles one.
-// Receive is the request/response alternative: a long poll for up to 100
+// The broker may send the messages it has ready for the stream together
+// (up to Prefetch in one stream message); the Consumer hands them out one
+// by one, as any other. Receive is the request/response alternative: a long poll for up to 100
 // messages.
 //
 // # Locks and elections
