@@ -3,14 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
-	"github.com/qbroker/qbroker/internal/zkserver"
 )
 
 // TestSingleActiveEndToEnd runs the load test with --single-active over
@@ -18,24 +16,9 @@ import (
 // with single active consumer and the checker finds no two streams
 // holding deliveries at once.
 func TestSingleActiveEndToEnd(t *testing.T) {
-	if !zkserver.Installed() {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("ZooKeeper is required in CI: %v", zkserver.ErrNotInstalled)
-		}
-		t.Skip(zkserver.ErrNotInstalled)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	bin, err := buildQBroker(ctx, dir, raceEnabled)
-	if err != nil {
-		t.Fatal(err)
-	}
-	topo, err := spawnTopology(ctx, 2, bin, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(topo.Close)
+	topo, dir := spawnForTest(ctx, t, 2, false)
 	cfg := Config{
 		Producers: 2, Consumers: 4, ConnsPerBroker: 1,
 		Messages: 1000, Payload: 100, Batch: 10, Prefetch: 4,
@@ -65,24 +48,9 @@ func TestSingleActiveEndToEnd(t *testing.T) {
 // on the other broker takes over, nothing acked is lost, no two streams
 // held deliveries at once, and the run passes with the kill reported.
 func TestKillActiveEndToEnd(t *testing.T) {
-	if !zkserver.Installed() {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("ZooKeeper is required in CI: %v", zkserver.ErrNotInstalled)
-		}
-		t.Skip(zkserver.ErrNotInstalled)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	bin, err := buildQBroker(ctx, dir, raceEnabled)
-	if err != nil {
-		t.Fatal(err)
-	}
-	topo, err := spawnTopology(ctx, 2, bin, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(topo.Close)
+	topo, dir := spawnForTest(ctx, t, 2, false)
 	cfg := Config{
 		SpawnBrokers: 2, Producers: 2, Consumers: 4, ConnsPerBroker: 1,
 		Duration: 6 * time.Second, Payload: 100, Batch: 1, Prefetch: 1,

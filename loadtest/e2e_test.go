@@ -22,25 +22,25 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, zktest.IgnoreGoroutines()...)
 }
 
-// TestEndToEnd runs the load test as the command does, against a spawned
-// ZooKeeper and two brokers built from this tree, in both delivery modes,
-// and checks its verdict and its JSON report. It asserts no timing.
-func TestEndToEnd(t *testing.T) {
+// spawnForTest starts a ZooKeeper and n brokers built from this tree (with
+// the race detector when the test has it; secure: --spawn-secure), and
+// returns them and a directory for the test's files. At the test's end it
+// fails the test if a broker's log reports a data race, then stops them.
+// Without ZooKeeper it skips the test, or fails it in CI.
+func spawnForTest(ctx context.Context, t *testing.T, n int, secure bool) (*Topology, string) {
+	t.Helper()
 	if !zkserver.Installed() {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("ZooKeeper is required in CI: %v", zkserver.ErrNotInstalled)
 		}
 		t.Skip(zkserver.ErrNotInstalled)
 	}
-	// Setup's bound; each case has its own below.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	dir := t.TempDir()
 	bin, err := buildQBroker(ctx, dir, raceEnabled)
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, err := spawnTopology(ctx, 2, bin, false)
+	topo, err := spawnTopology(ctx, n, bin, secure)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +52,17 @@ func TestEndToEnd(t *testing.T) {
 		}
 		topo.Close()
 	})
+	return topo, dir
+}
+
+// TestEndToEnd runs the load test as the command does, against a spawned
+// ZooKeeper and two brokers built from this tree, in both delivery modes,
+// and checks its verdict and its JSON report. It asserts no timing.
+func TestEndToEnd(t *testing.T) {
+	// Setup's bound; each case has its own below.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	topo, dir := spawnForTest(ctx, t, 2, false)
 
 	tests := []struct {
 		name      string

@@ -5,13 +5,11 @@ import (
 	"context"
 	"errors"
 	"io"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
-	"github.com/qbroker/qbroker/internal/zkserver"
 )
 
 func TestSecurityFlags(t *testing.T) {
@@ -41,24 +39,9 @@ func TestSecurityFlags(t *testing.T) {
 // TLS and authentication (--spawn-secure): every call carries the token
 // over TLS, and every message is accounted for.
 func TestEndToEndSecure(t *testing.T) {
-	if !zkserver.Installed() {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("ZooKeeper is required in CI: %v", zkserver.ErrNotInstalled)
-		}
-		t.Skip(zkserver.ErrNotInstalled)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	bin, err := buildQBroker(ctx, dir, raceEnabled)
-	if err != nil {
-		t.Fatal(err)
-	}
-	topo, err := spawnTopology(ctx, 1, bin, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(topo.Close)
+	topo, _ := spawnForTest(ctx, t, 1, true)
 	if topo.Security == nil || topo.Security.TokenFile == "" || topo.Security.TLS.CAFile == "" {
 		t.Fatalf("spawned secure topology without client credentials: %+v", topo.Security)
 	}
