@@ -36,6 +36,10 @@ import (
 type Checker struct {
 	ackMode bool     // at-least-once: completion is the ack
 	holds   *holdLog // --single-active: who held deliveries when (active.go)
+	// ackLost, when set (--kill-active-after), reports whether consumer's
+	// broker was killed: a stream ack it sent may have died with the
+	// broker, unapplied, and the message come back and be acked again.
+	ackLost func(consumer int) bool
 
 	mu        sync.Mutex
 	msgs      [][]msgState // by producer, then seq-1
@@ -65,6 +69,7 @@ type msgState struct {
 	pub        pubState
 	deliveries uint32
 	acks       uint32
+	ackedBy    int32 // the consumer of the first ack, plus 1
 }
 
 // orderKey is what order is checked within.
@@ -105,6 +110,12 @@ func (c *Checker) state(k msgKey) *msgState {
 	}
 	c.msgs[k.Producer] = s
 	return &s[k.Seq-1]
+}
+
+// lostAck reports whether the first ack of s went, on a stream, to a
+// broker that was killed: it may not have been applied.
+func (c *Checker) lostAck(s *msgState) bool {
+	return c.ackLost != nil && s.ackedBy > 0 && c.ackLost(int(s.ackedBy)-1)
 }
 
 func (c *Checker) done(s *msgState) bool {
@@ -169,7 +180,7 @@ func (c *Checker) Delivered(consumer int, k msgKey, priority int, id string, cou
 		c.ids.add("%v published as %s, delivered as %s", k, s.id, id)
 	}
 	s.deliveries++
-	if c.ackMode && s.acks > 0 {
+	if c.ackMode && s.acks > 0 && !c.lostAck(s) {
 		c.dupAfter++
 	}
 	if !c.ackMode && s.deliveries == 1 && s.pub == publishedOK {
@@ -187,8 +198,8 @@ func (c *Checker) Delivered(consumer int, k msgKey, priority int, id string, cou
 	c.lastSeq[ok] = k.Seq
 }
 
-// Acked records a successful ack (at-least-once).
-func (c *Checker) Acked(k msgKey) {
+// Acked records a successful ack by consumer (at-least-once).
+func (c *Checker) Acked(k msgKey, consumer int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.state(k)
@@ -196,6 +207,9 @@ func (c *Checker) Acked(k msgKey) {
 		return // reported by Delivered
 	}
 	s.acks++
+	if s.acks == 1 {
+		s.ackedBy = int32(consumer) + 1
+	}
 	if c.ackMode && s.acks == 1 && s.pub == publishedOK {
 		c.completed++
 	}
@@ -226,13 +240,17 @@ func (c *Checker) Progress() (published, completed int64) {
 
 // Verdict is the checker's conclusion.
 type Verdict struct {
-	Published       int64 `json:"published"`
-	Uncertain       int64 `json:"uncertain_publishes"`
-	Refused         int64 `json:"refused_publishes"`
-	Delivered       int64 `json:"delivered"`
-	Deliveries      int64 `json:"deliveries"`
-	Redeliveries    int64 `json:"redeliveries"`
-	Acked           int64 `json:"acked"`
+	Published    int64 `json:"published"`
+	Uncertain    int64 `json:"uncertain_publishes"`
+	Refused      int64 `json:"refused_publishes"`
+	Delivered    int64 `json:"delivered"`
+	Deliveries   int64 `json:"deliveries"`
+	Redeliveries int64 `json:"redeliveries"`
+	Acked        int64 `json:"acked"`
+	// AckedAgain: messages acked a second time after their first ack,
+	// sent on the stream of a broker then killed, died with it unapplied
+	// (--kill-active-after); not duplicates.
+	AckedAgain      int64 `json:"acked_again,omitempty"`
 	Lost            int64 `json:"lost"`
 	Duplicates      int64 `json:"duplicates"`
 	OrderViolations int64 `json:"order_violations"`
@@ -274,6 +292,8 @@ func (c *Checker) Verdict(strictOrder bool) Verdict {
 				lost.add("%v (%s) never %s", k, orNone(s.id), c.completion())
 			case !c.ackMode && s.deliveries > 1:
 				dup.add("%v (%s) delivered %d times", k, s.id, s.deliveries)
+			case c.ackMode && s.acks == 2 && c.lostAck(s):
+				v.AckedAgain++
 			case c.ackMode && s.acks > 1:
 				dup.add("%v (%s) acked %d times", k, s.id, s.acks)
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
 )
@@ -17,7 +18,8 @@ type connPool struct {
 	shared    [][]*qbroker.Client // [broker][conn], perBroker > 0
 	own       []*qbroker.Client   // perBroker == 0: every client dialled
 	opts      []qbroker.Option    // TLS and token
-	dead      map[int]bool        // brokers killed during the run (--kill-active-after)
+	deadMu    sync.Mutex
+	dead      map[int]bool // brokers killed during the run (--kill-active-after)
 }
 
 func newConnPool(ctx context.Context, brokers []string, perBroker int, opts ...qbroker.Option) (*connPool, error) {
@@ -69,7 +71,7 @@ func (p *connPool) client(ctx context.Context, i int) (*qbroker.Client, error) {
 // broker not killed.
 func (p *connPool) admin(ctx context.Context) (*qbroker.Client, error) {
 	for b := range p.brokers {
-		if !p.dead[b] {
+		if !p.killed(b) {
 			return p.client(ctx, b)
 		}
 	}
@@ -78,11 +80,23 @@ func (p *connPool) admin(ctx context.Context) (*qbroker.Client, error) {
 
 // markDead records that broker b was killed: admin uses another.
 func (p *connPool) markDead(b int) {
+	p.deadMu.Lock()
+	defer p.deadMu.Unlock()
 	if p.dead == nil {
 		p.dead = map[int]bool{}
 	}
 	p.dead[b] = true
 }
+
+func (p *connPool) killed(b int) bool {
+	p.deadMu.Lock()
+	defer p.deadMu.Unlock()
+	return p.dead[b]
+}
+
+// workerKilled reports whether the broker of worker i (see client) was
+// killed.
+func (p *connPool) workerKilled(i int) bool { return p.killed(i % len(p.brokers)) }
 
 // Close closes every connection.
 func (p *connPool) Close() {

@@ -128,7 +128,7 @@ func (c *consumer) handle(ctx context.Context, m *qbroker.Message) {
 	ok := c.settle(ctx, m, nack)
 	c.held(now, ok)
 	if ok && !nack {
-		c.checker.Acked(h.msgKey)
+		c.checker.Acked(h.msgKey, c.id)
 	}
 }
 

@@ -13,9 +13,11 @@ import (
 // the publishing, the broker serving the queue's active stream (the one
 // whose delivered counter grows over a short window) is killed with
 // SIGKILL; the run goes on through the other brokers. The checker's
-// single-active figures give the takeover; the broker counters are not
-// summed over a run in which a broker died (its last ones are lost), and
-// its CPU counts up to the kill.
+// single-active figures give the takeover. A stream ack sent to the
+// killed broker may have died with it unapplied: a message acked again
+// after such an ack is counted apart (Verdict.AckedAgain), not as a
+// duplicate. The broker counters are not summed over a run in which a
+// broker died (its last ones are lost), and its CPU counts up to the kill.
 
 // KillReport says which broker was killed, and when.
 type KillReport struct {

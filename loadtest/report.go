@@ -337,6 +337,9 @@ func writeSummary(out io.Writer, r *Report) {
 		v.Published, v.Uncertain, v.Refused, v.Delivered, v.Deliveries, v.Redeliveries)
 	if c.Mode == qbroker.AtLeastOnce {
 		fmt.Fprintf(&b, ", %d acked", v.Acked)
+		if v.AckedAgain > 0 {
+			fmt.Fprintf(&b, " (%d again: their first ack died with the killed broker)", v.AckedAgain)
+		}
 	}
 	fmt.Fprintf(&b, "; lost %d, duplicates %d, order violations %d\n", v.Lost, v.Duplicates, v.OrderViolations)
 	if a := v.SingleActive; a != nil {

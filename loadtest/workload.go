@@ -65,6 +65,9 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	if cfg.SingleActive {
 		sh.checker.holds = newHoldLog()
 	}
+	if cfg.KillActiveAfter > 0 {
+		sh.checker.ackLost = pool.workerKilled
+	}
 	res := &workloadResult{}
 
 	// Consumers first, so producers publish into a consumed queue; with
