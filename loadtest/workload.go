@@ -75,9 +75,11 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	var consumers *consumerGroup
 	var err error
 	if cfg.Backlog == 0 {
-		if consumers, err = startConsumers(ctx, sh, pool); err != nil {
+		clients, err := consumerClients(ctx, sh, pool)
+		if err != nil {
 			return nil, err
 		}
+		consumers = startConsumers(ctx, sh, clients)
 	}
 	res.Start = time.Now()
 	producers, err := newProducers(ctx, sh, pool, res.Start)
@@ -109,12 +111,17 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 			hooks.beforeDrain(ctx)
 			phase.Store("drain")
 		}
-		res.DrainStart = time.Now()
-		if consumers, err = startConsumers(ctx, sh, pool); err != nil {
+		// Connected before the drain's clock starts, as the JetStream
+		// baseline's consumers are: the drain times the streams, not
+		// the dials.
+		clients, err := consumerClients(ctx, sh, pool)
+		if err != nil {
 			stopSampler()
 			<-s.done
 			return nil, err
 		}
+		res.DrainStart = time.Now()
+		consumers = startConsumers(ctx, sh, clients)
 	}
 
 	if ctx.Err() == nil {
@@ -187,16 +194,25 @@ type consumerGroup struct {
 	hists []*hdrhistogram.Histogram
 }
 
-// startConsumers starts cfg.Consumers consumers, spread over the pool.
-func startConsumers(ctx context.Context, sh *shared, pool *connPool) (*consumerGroup, error) {
-	n := sh.cfg.Consumers
-	g := &consumerGroup{stop: make(chan struct{}), errs: make(chan error, n)}
-	for i := range n {
+// consumerClients returns the connections of cfg.Consumers consumers,
+// spread over the pool.
+func consumerClients(ctx context.Context, sh *shared, pool *connPool) ([]*qbroker.Client, error) {
+	out := make([]*qbroker.Client, sh.cfg.Consumers)
+	for i := range out {
 		cl, err := pool.client(ctx, i)
 		if err != nil {
-			g.close()
 			return nil, err
 		}
+		out[i] = cl
+	}
+	return out, nil
+}
+
+// startConsumers starts a consumer on each of clients.
+func startConsumers(ctx context.Context, sh *shared, clients []*qbroker.Client) *consumerGroup {
+	n := len(clients)
+	g := &consumerGroup{stop: make(chan struct{}), errs: make(chan error, n)}
+	for i, cl := range clients {
 		c := &consumer{shared: sh, id: i, client: cl, hist: newHist()}
 		g.hists = append(g.hists, c.hist)
 		g.wg.Add(1)
@@ -209,7 +225,7 @@ func startConsumers(ctx context.Context, sh *shared, pool *connPool) (*consumerG
 			}
 		}()
 	}
-	return g, nil
+	return g
 }
 
 // close stops the consumers, waits for them and returns why any of them
