@@ -7,7 +7,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -147,6 +149,11 @@ func ParseLeaseName(s string) (item Name, ok bool) {
 
 // isMemberToken reports whether token names a message of a pack's lease.
 func isMemberToken(token string) bool { return strings.Contains(token, MemberSep) }
+
+// AckReads reports whether AckUnread of token reads its lease anyway, as
+// Ack does: a pack's message, or a grouped message (its group is settled
+// with it).
+func AckReads(token string) bool { return groupedLease(token) || isMemberToken(token) }
 
 func newLeaseName(item string) string {
 	var b [8]byte
@@ -329,6 +336,56 @@ func (l *Leases) get(token string) (deadline time.Time, itemData []byte, stat *z
 	return deadline, itemData, stat, nil
 }
 
+// AckMany acks several deliveries and returns each one's message and
+// error (as Ack's), in tokens' order. The messages of one pack lease are
+// settled by one write of it, as concurrent Acks of them would be, with
+// one goroutine waiting rather than one per message; the leases run
+// concurrently, the tokens of other leases one by one after them.
+func (l *Leases) AckMany(ctx context.Context, tokens []string) ([]Message, []error) {
+	msgs, errs := make([]Message, len(tokens)), make([]error, len(tokens))
+	type lease struct {
+		name string
+		item Name
+		ops  []*settleOp
+		at   []int // the ops' places in tokens
+	}
+	var packs []*lease
+	var others []int
+	for i, tok := range tokens {
+		name, item, index, ok := parseMemberToken(tok)
+		if !ok {
+			others = append(others, i)
+			continue
+		}
+		j := slices.IndexFunc(packs, func(p *lease) bool { return p.name == name })
+		if j < 0 {
+			j = len(packs)
+			packs = append(packs, &lease{name: name, item: item})
+		}
+		packs[j].ops = append(packs[j].ops, &settleOp{kind: settleAck, index: index})
+		packs[j].at = append(packs[j].at, i)
+	}
+	settle := func(p *lease) {
+		l.packs.settle(ctx, p.name, p.item, p.ops...)
+		for k, op := range p.ops {
+			msgs[p.at[k]], errs[p.at[k]] = op.m, op.err
+		}
+	}
+	var wg sync.WaitGroup
+	for i, p := range packs {
+		if i == len(packs)-1 {
+			settle(p) // the last on this goroutine
+		} else {
+			wg.Go(func() { settle(p) })
+		}
+	}
+	wg.Wait()
+	for _, i := range others {
+		msgs[i], errs[i] = l.Ack(ctx, tokens[i])
+	}
+	return msgs, errs
+}
+
 // Ack deletes the leased message. Errors: ErrUnknownLease when the lease
 // does not exist, has expired, or was settled already (acked or nacked).
 func (l *Leases) Ack(ctx context.Context, token string) (Message, error) {
@@ -377,7 +434,7 @@ func (l *Leases) AckUnread(ctx context.Context, token string) (Message, error) {
 	if !ok {
 		return Message{}, fmt.Errorf("%w: malformed token", ErrUnknownLease)
 	}
-	if groupedLease(token) || isMemberToken(token) {
+	if AckReads(token) {
 		// Its group is settled with it, or it is one message of a
 		// pack's lease: that takes the lease's data.
 		return l.Ack(ctx, token)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -388,5 +389,92 @@ func TestPackedBrowse(t *testing.T) {
 	}
 	if n, err := q.Len(ctx); err != nil || n != 0 {
 		t.Fatalf("Len after Purge: %d, %v", n, err)
+	}
+}
+
+// TestAckMany: acks of messages of two pack leases, a lone message, one
+// acked twice in the same call and a malformed token, in one call: each
+// answered on its own, the pack leases settled with one write each (their
+// version), and the queue empty after.
+func TestAckMany(t *testing.T) {
+	ctx := context.Background()
+	root := zktest.Root(t)
+	conn := zktest.Conn(t)
+	items := newQueue(t, conn, root+"/items", packed())
+	leases, err := zkqueue.NewLeases(items, root+"/leases", root+"/dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // two packs of 10
+		batch := make([][]byte, 10)
+		for i := range batch {
+			batch[i] = []byte(fmt.Sprintf("m%02d", i))
+		}
+		if _, err := items.PublishBatch(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ls, err := leases.Take(ctx, 20, zkqueue.Room{}, time.Minute, false)
+	if err != nil || len(ls) != 20 {
+		t.Fatalf("take: %d, %v", len(ls), err)
+	}
+	if _, err := items.Publish(ctx, []byte("lone")); err != nil {
+		t.Fatal(err)
+	}
+	lone, err := leases.Take(ctx, 1, zkqueue.Room{}, time.Minute, false)
+	if err != nil || len(lone) != 1 || string(lone[0].Payload) != "lone" {
+		t.Fatalf("take lone: %v, %v", lone, err)
+	}
+	// The first pack's first half, the second pack's all, m03 twice,
+	// the lone message, garbage.
+	var tokens []string
+	var ids []string
+	for _, le := range slices.Concat(ls[:5], ls[10:]) {
+		tokens, ids = append(tokens, le.Token), append(ids, le.ID)
+	}
+	tokens = append(tokens, ls[3].Token, lone[0].Token, "not-a-lease")
+	ms, errs := leases.AckMany(ctx, tokens)
+	if len(ms) != len(tokens) || len(errs) != len(tokens) {
+		t.Fatalf("%d messages, %d errors for %d tokens", len(ms), len(errs), len(tokens))
+	}
+	for i := range 15 {
+		if errs[i] != nil || ms[i].ID != ids[i] {
+			t.Errorf("ack %d (%s): %q, %v", i, ids[i], ms[i].ID, errs[i])
+		}
+	}
+	if !errors.Is(errs[15], zkqueue.ErrUnknownLease) {
+		t.Errorf("m03 acked again in the same call: %v, want ErrUnknownLease", errs[15])
+	}
+	if errs[16] != nil {
+		t.Errorf("lone ack: %v", errs[16])
+	}
+	if !errors.Is(errs[17], zkqueue.ErrUnknownLease) {
+		t.Errorf("garbage token: %v, want ErrUnknownLease", errs[17])
+	}
+	// The first pack's lease holds its second half, written once: the
+	// second pack's lease is gone with its messages.
+	nodes, _, err := conn.Children(root + "/leases")
+	if err != nil || len(nodes) != 2 {
+		t.Fatalf("lease nodes %v, %v; want the first pack's lease and its messages", nodes, err)
+	}
+	for _, n := range nodes {
+		if strings.HasSuffix(n, ".msgs") {
+			continue
+		}
+		_, st, err := conn.Get(root + "/leases/" + n)
+		if err != nil || st.Version != 2 {
+			t.Errorf("lease %s: version %v, %v; want 2 (written at the claim, then once by the acks)", n, st, err)
+		}
+	}
+	ms, errs = leases.AckMany(ctx, []string{ls[5].Token, ls[9].Token, ls[0].Token})
+	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], zkqueue.ErrUnknownLease) || ms[1].ID != ls[9].ID {
+		t.Fatalf("second call: %v, %v", ms, errs)
+	}
+	rest := []string{ls[6].Token, ls[7].Token, ls[8].Token}
+	if _, errs := leases.AckMany(ctx, rest); errs[0] != nil || errs[1] != nil || errs[2] != nil {
+		t.Fatalf("acks of m06..m08: %v", errs)
+	}
+	if nodes, _, err := conn.Children(root + "/leases"); err != nil || len(nodes) != 0 {
+		t.Fatalf("lease nodes left: %v, %v", nodes, err)
 	}
 }
