@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -224,29 +226,85 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
-	// Only a hint a broker signed is trusted to skip the read: an edited
-	// one could otherwise delete a lease past its deadline.
-	if t.trusted(b.tokens) && time.Until(t.deadline) > ackMargin {
-		m, err := q.leases.AckUnread(ctx, t.lease)
-		if err != nil {
-			return err
-		}
-		m.Deliveries = t.deliveries
-		b.metrics.acked.WithLabelValues(q.label).Inc()
-		if b.events != nil {
-			b.emitSized(events.Acked, q, m, t.size, "")
-		}
-		return nil
+	hinted := b.hinted(t)
+	var m zkqueue.Message
+	if hinted {
+		m, err = q.leases.AckUnread(ctx, t.lease)
+	} else {
+		m, err = q.leases.Ack(ctx, t.lease)
 	}
-	m, err := q.leases.Ack(ctx, t.lease)
 	if err != nil {
 		return err
 	}
+	b.acked(q, t, m, hinted)
+	return nil
+}
+
+// hinted reports whether t's hint is to be used: trusted to skip the read
+// of a lease, or for the ack's event. Only a hint a broker signed is
+// trusted: an edited one could otherwise delete a lease past its
+// deadline. The engine reads some leases anyway (a pack's, a group's):
+// then the hint only counts for the event, and its mac is not checked
+// without events.
+func (b *Broker) hinted(t ackToken) bool {
+	return (b.events != nil || !zkqueue.AckReads(t.lease)) && time.Until(t.deadline) > ackMargin && t.trusted(b.tokens)
+}
+
+// acked counts a committed ack and reports its event.
+func (b *Broker) acked(q *queue, t ackToken, m zkqueue.Message, hinted bool) {
 	b.metrics.acked.WithLabelValues(q.label).Inc()
-	if b.events != nil {
+	switch {
+	case b.events == nil:
+	case hinted:
+		m.Deliveries = t.deliveries
+		b.emitSized(events.Acked, q, m, t.size, "")
+	default:
 		b.emit(events.Acked, q, m, "")
 	}
-	return nil
+}
+
+// ackMany acks tokens as ack does each, and returns each one's error: the
+// messages of one queue's pack leases together (zkqueue.Leases.AckMany:
+// those of one lease share a write), the others one by one.
+func (b *Broker) ackMany(ctx context.Context, tokens []string) []error {
+	errs := make([]error, len(tokens))
+	type batch struct {
+		q      *queue
+		toks   []ackToken
+		hinted []bool
+		at     []int // places in tokens
+	}
+	var batches []*batch
+	for i, tok := range tokens {
+		q, t, err := b.tokenOf(ctx, tok)
+		if err == nil && !strings.Contains(t.lease, zkqueue.MemberSep) {
+			err = b.ack(ctx, tok)
+		}
+		if err != nil || !strings.Contains(t.lease, zkqueue.MemberSep) {
+			errs[i] = err
+			continue
+		}
+		j := slices.IndexFunc(batches, func(x *batch) bool { return x.q == q })
+		if j < 0 {
+			j = len(batches)
+			batches = append(batches, &batch{q: q})
+		}
+		bt := batches[j]
+		bt.toks, bt.hinted, bt.at = append(bt.toks, t), append(bt.hinted, b.hinted(t)), append(bt.at, i)
+	}
+	for _, bt := range batches {
+		leases := make([]string, len(bt.toks))
+		for k, t := range bt.toks {
+			leases[k] = t.lease
+		}
+		ms, es := bt.q.leases.AckMany(ctx, leases)
+		for k, t := range bt.toks {
+			if errs[bt.at[k]] = es[k]; es[k] == nil {
+				b.acked(bt.q, t, ms[k], bt.hinted[k])
+			}
+		}
+	}
+	return errs
 }
 
 func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) error {

@@ -109,31 +109,31 @@ func (t ackToken) trusted(s *tokenSigner) bool {
 var errMalformedAck = invalidf("malformed ack token")
 
 func parseToken(tok string) (ackToken, error) {
-	parts := strings.Split(tok, "/")
-	if len(parts) < 2 || len(parts) > 3 || validName("queue", parts[0]) != nil {
+	// Cut rather than Split: every ack parses one, and the parts are
+	// substrings of tok.
+	queue, rest, _ := strings.Cut(tok, "/")
+	lease, hint, hinted := strings.Cut(rest, "/")
+	if validName("queue", queue) != nil || strings.Contains(hint, "/") {
 		return ackToken{}, errMalformedAck
 	}
-	if _, ok := zkqueue.ParseLeaseName(parts[1]); !ok {
+	if _, ok := zkqueue.ParseLeaseName(lease); !ok {
 		return ackToken{}, errMalformedAck
 	}
-	t := ackToken{queue: parts[0], lease: parts[1]}
-	if len(parts) == 3 {
-		f := strings.Split(parts[2], ".")
-		if len(f) != 3 && len(f) != 4 {
-			return ackToken{}, errMalformedAck
-		}
-		ms, err1 := strconv.ParseInt(f[0], 10, 64)
-		deliveries, err2 := strconv.Atoi(f[1])
-		size, err3 := strconv.Atoi(f[2])
-		if err1 != nil || err2 != nil || err3 != nil || ms <= 0 {
-			return ackToken{}, errMalformedAck
-		}
-		t.deadline, t.deliveries, t.size = time.UnixMilli(ms), deliveries, size
-		t.hint = strings.Join(f[:3], ".")
-		if len(f) == 4 {
-			t.mac = f[3]
-		}
+	t := ackToken{queue: queue, lease: lease}
+	if !hinted {
+		return t, nil
 	}
+	msText, rest, ok1 := strings.Cut(hint, ".")
+	dText, rest, ok2 := strings.Cut(rest, ".")
+	sizeText, mac, _ := strings.Cut(rest, ".")
+	ms, err1 := strconv.ParseInt(msText, 10, 64)
+	deliveries, err2 := strconv.Atoi(dText)
+	size, err3 := strconv.Atoi(sizeText)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil || err3 != nil || ms <= 0 || strings.Contains(mac, ".") {
+		return ackToken{}, errMalformedAck
+	}
+	t.deadline, t.deliveries, t.size = time.UnixMilli(ms), deliveries, size
+	t.hint, t.mac = hint[:len(msText)+len(dText)+len(sizeText)+2], mac
 	return t, nil
 }
 

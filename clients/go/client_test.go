@@ -392,6 +392,54 @@ func TestConsumeGathersCredit(t *testing.T) {
 	}
 }
 
+// At least once, a consumer gathers its acks, with the credit they give
+// back, into few stream requests: on a plain and on a packed queue (where
+// the broker applies the acks of one pack lease together), every message
+// is delivered once, in order, through batches larger and smaller than
+// the prefetch, and every ack is applied, including the last ones, sent
+// when the application had nothing left to take.
+func TestConsumeGathersSettlements(t *testing.T) {
+	_, c := setup(t)
+	ctx := testCtx(t)
+	for _, packed := range []bool{false, true} {
+		queue := fmt.Sprintf("settle-%v", packed)
+		createQueue(t, c, queue, qbroker.QueueOptions{Packed: packed})
+		k, err := c.Consume(ctx, queue, qbroker.ConsumeOptions{Prefetch: 40, Mode: qbroker.AtLeastOnce})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, count := range []int{101, 7, 1, 45} {
+			var batch []qbroker.OutMessage
+			for i := n; i < n+count; i++ {
+				batch = append(batch, qbroker.OutMessage{Payload: []byte(fmt.Sprintf("m%04d", i))})
+			}
+			if _, err := c.PublishBatch(ctx, queue, batch); err != nil {
+				t.Fatal(err)
+			}
+			for i := n; i < n+count; i++ {
+				m := next(t, k)
+				if got, want := string(m.Payload), fmt.Sprintf("m%04d", i); got != want || m.DeliveryCount != 1 {
+					t.Fatalf("packed %v: got %s (delivery %d), want %s once", packed, got, m.DeliveryCount, want)
+				}
+				if err := m.Ack(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n += count
+			// The last acks went without waiting for a quarter of the
+			// prefetch: the queue empties while the stream stays open.
+			eventually(t, "every ack applied", func() (bool, error) {
+				st, err := c.Stats(ctx, queue)
+				return st.Ready == 0 && st.InFlight == 0, err
+			})
+		}
+		if err := k.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // The consumer ends with its context, with the context's error.
 func TestConsumeContext(t *testing.T) {
 	_, c := setup(t)

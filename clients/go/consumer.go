@@ -289,6 +289,13 @@ type consumeLoop struct {
 	exhaustedSince time.Time
 
 	retry <-chan time.Time // backoff before the next subscribe
+
+	// Settlements gathered for the stream's next request, with the
+	// credit they give back (settle); flushAt fires when they must go.
+	settles    []*pb.Settle
+	settleCred int
+	flushTimer *time.Timer
+	flushAt    <-chan time.Time
 }
 
 func (l *consumeLoop) atLeastOnce() bool { return l.k.opts.Mode == AtLeastOnce }
@@ -362,6 +369,9 @@ func (l *consumeLoop) run(ctx context.Context) error {
 			}
 		case r := <-l.k.settles:
 			r.reply <- l.onSettle(r)
+		case <-l.flushAt:
+			l.flushAt = nil
+			l.flush()
 		case <-l.retry:
 			l.retry = nil
 		case <-l.k.closing:
@@ -433,6 +443,7 @@ func (l *consumeLoop) drain(ctx context.Context) {
 	if l.stream == nil {
 		return
 	}
+	l.flush()
 	if err := l.stream.CloseSend(); err != nil {
 		return
 	}
@@ -464,6 +475,9 @@ func (l *consumeLoop) endStream() {
 	l.stop()
 	<-l.exited
 	l.active, l.stream, l.credit, l.owed, l.unsettled = false, nil, 0, 0, 0
+	// Settlements not sent die with the stream, like those sent and not
+	// yet applied: the broker releases the stream's leases.
+	l.settles, l.settleCred, l.flushAt = nil, 0, nil
 	if l.atLeastOnce() {
 		// The broker releases the stream's leases: these will be
 		// redelivered, so the application must not get them.
@@ -543,17 +557,51 @@ func (l *consumeLoop) grant(n int) {
 	_ = l.stream.Send(&pb.ConsumeRequest{Credit: uint32(n)}) // a failure ends the stream
 }
 
+// onSettle gathers a settlement of the current stream's delivery, with
+// the credit it gives back, for the stream's next request: a request
+// carries up to a quarter of the prefetch of them, so the broker does not
+// receive a stream message per ack. They go at once when the application
+// has nothing left to take (it waits for the credit they give back), else
+// within settleDelay.
 func (l *consumeLoop) onSettle(r settleReq) bool {
 	if l.stream == nil || r.m.gen != l.gen {
 		return false
 	}
-	req := &pb.ConsumeRequest{Settle: []*pb.Settle{{AckToken: r.m.token, Nack: r.nack, Delay: durationOrNil(r.delay)}}}
+	l.settles = append(l.settles, &pb.Settle{AckToken: r.m.token, Nack: r.nack, Delay: durationOrNil(r.delay)})
 	l.unsettled = max(l.unsettled-1, 0)
 	if n := min(1, l.budget()); n > 0 {
-		req.Credit = uint32(n)
+		l.settleCred += n
 		l.credit += n
 	}
-	return l.stream.Send(req) == nil
+	switch {
+	case len(l.settles) >= max(l.k.opts.Prefetch/4, 1) || len(l.pending) == 0:
+		return l.flush()
+	case l.flushAt == nil:
+		if l.flushTimer == nil {
+			l.flushTimer = time.NewTimer(settleDelay)
+		} else {
+			l.flushTimer.Reset(settleDelay)
+		}
+		l.flushAt = l.flushTimer.C
+	}
+	return true
+}
+
+// settleDelay bounds how long a gathered settlement waits for others.
+const settleDelay = time.Millisecond
+
+// flush sends the gathered settlements and their credit in one request.
+func (l *consumeLoop) flush() bool {
+	if len(l.settles) == 0 || l.stream == nil {
+		return true
+	}
+	req := &pb.ConsumeRequest{Settle: l.settles, Credit: uint32(l.settleCred)}
+	l.settles, l.settleCred = nil, 0
+	if l.flushAt != nil {
+		l.flushTimer.Stop()
+		l.flushAt = nil
+	}
+	return l.stream.Send(req) == nil // a failure ends the stream
 }
 
 // receive opens a stream, sends the subscribe request and reports

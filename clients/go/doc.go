@@ -46,8 +46,11 @@
 // the application takes one; at least once, each time it settles one.
 // The broker may send the messages it has ready for the stream together
 // (up to Prefetch in one stream message); the Consumer hands them out one
-// by one, as any other. Receive is the request/response alternative: a long poll for up to 100
-// messages.
+// by one, as any other. Settlements go back the same way: the Consumer
+// gathers them, with the credit they give back, into one stream message
+// (up to a quarter of Prefetch, for at most a millisecond, at once when
+// the application has nothing left to take). Receive is the
+// request/response alternative: a long poll for up to 100 messages.
 //
 // # Locks and elections
 //

@@ -139,8 +139,10 @@ func (c *Client) message(m *pb.Message, cons *Consumer, gen uint64) *Message {
 
 // Ack acknowledges an at-least-once delivery: the message is gone. For a
 // message from a Consumer whose stream is still open, the ack travels on
-// the stream and Ack returns once it is sent (the broker reports no
-// outcome); otherwise Ack calls the broker. Errors: ErrNoLease (delivered
+// the stream and Ack returns once the stream took it: it goes with the
+// stream's next request, within a millisecond (the broker reports no
+// outcome; an ack the stream's end leaves unsent is like one sent and not
+// applied: the message is redelivered); otherwise Ack calls the broker. Errors: ErrNoLease (delivered
 // at most once), ErrFailedPrecondition (the lease is unknown or expired,
 // for example already acked or past its visibility timeout).
 func (m *Message) Ack(ctx context.Context) error {
