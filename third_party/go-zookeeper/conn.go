@@ -10,6 +10,7 @@ Possible watcher events:
 */
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -416,7 +417,17 @@ func (c *Conn) sendRequest(
 		recvFunc:   recvFunc,
 	}
 
-	if err := c.sendData(rq); err != nil {
+	w := bufio.NewWriterSize(c.conn, 512)
+	err := c.sendData(w, rq)
+	if err == nil {
+		err = w.Flush()
+	}
+	c.conn.SetWriteDeadline(time.Time{})
+	if err != nil {
+		if err != ErrConnectionClosed {
+			rq.recvChan <- response{-1, err}
+			c.conn.Close()
+		}
 		return nil, err
 	}
 
@@ -718,7 +729,9 @@ func (c *Conn) authenticate() error {
 	return nil
 }
 
-func (c *Conn) sendData(req *request) error {
+// sendData encodes req, registers it and appends it to w; the caller
+// flushes w. A request that does not encode is answered at once.
+func (c *Conn) sendData(w *bufio.Writer, req *request) error {
 	header := &requestHeader{req.xid, req.opcode}
 	n, err := encodePacket(c.buf[4:], header)
 	if err != nil {
@@ -748,25 +761,42 @@ func (c *Conn) sendData(req *request) error {
 	c.requestsLock.Unlock()
 
 	c.conn.SetWriteDeadline(time.Now().Add(c.recvTimeout))
-	_, err = c.conn.Write(c.buf[:n+4])
-	c.conn.SetWriteDeadline(time.Time{})
-	if err != nil {
-		req.recvChan <- response{-1, err}
-		c.conn.Close()
-		return err
-	}
-
-	return nil
+	_, err = w.Write(c.buf[:n+4])
+	return err
 }
+
+// sendBatchBytes bounds what the send loop gathers for one write: the
+// requests waiting when it writes go out together, one syscall for all.
+const sendBatchBytes = 64 << 10
 
 func (c *Conn) sendLoop() error {
 	pingTicker := time.NewTicker(c.pingInterval)
 	defer pingTicker.Stop()
+	w := bufio.NewWriterSize(c.conn, sendBatchBytes)
 
 	for {
 		select {
 		case req := <-c.sendChan:
-			if err := c.sendData(req); err != nil {
+			err := c.sendData(w, req)
+			for more := err == nil; more && w.Buffered() < sendBatchBytes; {
+				select {
+				case req := <-c.sendChan:
+					err = c.sendData(w, req)
+					more = err == nil
+				default:
+					more = false
+				}
+			}
+			if err == nil {
+				c.conn.SetWriteDeadline(time.Now().Add(c.recvTimeout))
+				err = w.Flush()
+			}
+			c.conn.SetWriteDeadline(time.Time{})
+			if err != nil {
+				// Every request of the batch is registered: the loop
+				// answers each with the connection's error once both
+				// loops ended (flushRequests).
+				c.conn.Close()
 				return err
 			}
 		case <-pingTicker.C:
@@ -796,12 +826,14 @@ func (c *Conn) recvLoop(conn net.Conn) error {
 		sz = c.maxBufferSize
 	}
 	buf := make([]byte, sz)
+	// Buffered: one read takes the replies that arrived together.
+	r := bufio.NewReaderSize(conn, sendBatchBytes)
 	for {
 		// package length
 		if err := conn.SetReadDeadline(time.Now().Add(c.recvTimeout)); err != nil {
 			c.logger.Printf("failed to set connection deadline: %v", err)
 		}
-		_, err := io.ReadFull(conn, buf[:4])
+		_, err := io.ReadFull(r, buf[:4])
 		if err != nil {
 			return fmt.Errorf("failed to read from connection: %v", err)
 		}
@@ -814,7 +846,7 @@ func (c *Conn) recvLoop(conn net.Conn) error {
 			buf = make([]byte, blen)
 		}
 
-		_, err = io.ReadFull(conn, buf[:blen])
+		_, err = io.ReadFull(r, buf[:blen])
 		conn.SetReadDeadline(time.Time{})
 		if err != nil {
 			return err
