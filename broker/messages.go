@@ -226,13 +226,16 @@ func (b *Broker) ack(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
-	hinted := b.hinted(t)
-	var m zkqueue.Message
+	return b.ackLease(ctx, q, t)
+}
+
+// ackLease acks the lease of a parsed token.
+func (b *Broker) ackLease(ctx context.Context, q *queue, t ackToken) error {
+	ack, hinted := q.leases.Ack, b.hinted(t)
 	if hinted {
-		m, err = q.leases.AckUnread(ctx, t.lease)
-	} else {
-		m, err = q.leases.Ack(ctx, t.lease)
+		ack = q.leases.AckUnread // the lease need not be read
 	}
+	m, err := ack(ctx, t.lease)
 	if err != nil {
 		return err
 	}
@@ -277,11 +280,12 @@ func (b *Broker) ackMany(ctx context.Context, tokens []string) []error {
 	var batches []*batch
 	for i, tok := range tokens {
 		q, t, err := b.tokenOf(ctx, tok)
-		if err == nil && !strings.Contains(t.lease, zkqueue.MemberSep) {
-			err = b.ack(ctx, tok)
-		}
-		if err != nil || !strings.Contains(t.lease, zkqueue.MemberSep) {
+		if err != nil {
 			errs[i] = err
+			continue
+		}
+		if !strings.Contains(t.lease, zkqueue.MemberSep) {
+			errs[i] = b.ackLease(ctx, q, t)
 			continue
 		}
 		j := slices.IndexFunc(batches, func(x *batch) bool { return x.q == q })
