@@ -52,6 +52,7 @@ type Config struct {
 	// ceiling measured in the same run.
 	RateOfRaw float64       `json:"rate_of_raw,omitempty"`
 	Warmup    time.Duration `json:"-"`
+	WarmupMax time.Duration `json:"-"`
 	Prefetch  int           `json:"prefetch"`
 	// ConfirmAcks: at least once, consumers take messages with Receive
 	// and ack each with the Ack call, which returns once the ack is
@@ -188,7 +189,8 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.IntVar(&c.Batch, "batch", 1, "messages per publish call (PublishBatch)")
 	fs.Float64Var(&c.Rate, "rate", 0, "open loop: total publish rate in messages/s (0: closed loop, as fast as possible)")
 	fs.Float64Var(&c.RateOfRaw, "rate-of-raw", 0, "open loop at this fraction of the raw baseline, which then runs first (0.5: half the ceiling); excludes --rate")
-	fs.DurationVar(&c.Warmup, "warmup", 0, "run the same workload this long first (checked, not measured), so JIT and caches are warm; with --backlog, whole backlogs on a queue of their own")
+	fs.DurationVar(&c.Warmup, "warmup", 0, "run the same workload this long first (checked, not measured), so JIT and caches are warm, and with a spawned ZooKeeper on in runs of 5s until its JIT compilers are quiet (under 0.05 cores); with --backlog, whole backlogs on a queue of their own")
+	fs.DurationVar(&c.WarmupMax, "warmup-max", 2*time.Minute, "bound on --warmup's runs past its duration")
 	fs.BoolVar(&c.Probe, "probe", false, "while the producers publish, time a round trip to a broker (ping) and a bare ZooKeeper create on a session of its own, one of each every 2ms: the hops of a publish on the machine as loaded (needs ZooKeeper: --spawn-brokers or --zk)")
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
 	fs.BoolVar(&c.ConfirmAcks, "confirm-acks", false, "at least once: consumers take up to --prefetch (at most 100) messages with Receive and ack each with the Ack call, which returns once the ack is committed, instead of acking on a Consume stream")
@@ -343,6 +345,8 @@ func (c *Config) validate() error {
 		return errors.New("--probe needs ZooKeeper for its bare create: --spawn-brokers or --zk")
 	case c.Warmup < 0:
 		return fmt.Errorf("--warmup %v < 0", c.Warmup)
+	case c.WarmupMax < 0:
+		return fmt.Errorf("--warmup-max %v < 0", c.WarmupMax)
 	case c.Prefetch < 1 || c.Prefetch > 1000:
 		return fmt.Errorf("--prefetch %d not in [1, 1000]", c.Prefetch)
 	case c.VisibilityTimeout < 0:

@@ -33,7 +33,10 @@
 // (--rate-of-raw 0.5). --warmup D runs the same workload for D before the
 // measured run, checked like it but left out of the report (and, with
 // --rate-of-raw, the raw baseline for D before measuring it): a fresh
-// ZooKeeper JVM is still compiling its hot paths for the first seconds.
+// ZooKeeper JVM is still compiling its hot paths for the first seconds,
+// so with a spawned ZooKeeper the warmup goes on, in runs of 5 s, until
+// its JIT compilers used under 0.05 cores in the last one (at most
+// --warmup-max more; warm.go).
 //
 // --backlog N publishes N messages before any consumer starts, then starts
 // the consumers and measures how fast they drain the queue: the delivered

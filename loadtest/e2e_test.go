@@ -63,6 +63,11 @@ func TestEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	topo, dir := spawnForTest(ctx, t, 2, false)
+	// ZooKeeper's JIT compilers compile from its start on: a reading of
+	// none means their thread names no longer match.
+	if d, ok := jitCPU(topo.zk.Pid()); !ok || d <= 0 {
+		t.Errorf("JIT compilers of ZooKeeper (pid %d): %v, ok %v", topo.zk.Pid(), d, ok)
+	}
 
 	tests := []struct {
 		name      string
@@ -89,7 +94,7 @@ func TestEndToEnd(t *testing.T) {
 				Producers: 4, Consumers: 8, ConnsPerBroker: 1,
 				Messages: 3000, Payload: 100, Batch: tt.batch, Prefetch: 4,
 				Mode: tt.mode, NackRate: tt.nackRate, Queue: "e2e-" + tt.name,
-				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup, Probe: tt.probe, ConfirmAcks: tt.confirm, Packed: tt.packed,
+				RateOfRaw: tt.rateOfRaw, Warmup: tt.warmup, WarmupMax: 2 * time.Second, Probe: tt.probe, ConfirmAcks: tt.confirm, Packed: tt.packed,
 				// Two brokers may invert a consumer's order legitimately;
 				// loss and duplicates are what this test asserts.
 				Order:     orderReport,
@@ -117,6 +122,10 @@ func TestEndToEnd(t *testing.T) {
 			}
 			if tt.probe {
 				checkProbe(t, cfg, topo, stdout.String())
+			}
+			if w := readReport(t, cfg.JSONPath).Warmup; (w != nil) != (tt.warmup > 0) ||
+				w != nil && (w.Seconds < tt.warmup.Seconds() || w.JITCores == nil) {
+				t.Errorf("warmup %v, report's %+v", tt.warmup, w)
 			}
 			if !strings.Contains(stdout.String(), "zk cost      per message ") {
 				t.Errorf("summary lacks the ZooKeeper cost line:\n%s", &stdout)
@@ -173,6 +182,7 @@ type jsonReport struct {
 	Baselines []BaselineResult `json:"baselines"`
 	Deep      *DeepReport      `json:"deep"`
 	Probe     *LoadProbe       `json:"probe"`
+	Warmup    *WarmupReport    `json:"warmup"`
 	Ratios    map[string]float64
 	Timeline  []TimelinePoint `json:"timeline"`
 }

@@ -138,10 +138,13 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 		return nil, err
 	}
 	var failures []string
+	var warm *WarmupReport
 	if cfg.Warmup > 0 {
-		if err := warmup(ctx, cfg, admin, pool, progress); err != nil {
+		w, err := warmup(ctx, cfg, topo, admin, pool, progress)
+		if err != nil {
 			failures = append(failures, err.Error())
 		}
+		warm = &w
 	}
 	var hooks workloadHooks
 	var cold *ColdStart
@@ -176,6 +179,7 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 		return nil, err
 	}
 	in.Started = started
+	in.Warmup = warm
 	in.Probe = probe
 	in.Kill = kill
 	failures = append(failures, scrapeFailures...)
@@ -204,9 +208,13 @@ func rawBaselineFirst(ctx context.Context, cfg *Config, topo *Topology, progress
 		return nil, nil
 	}
 	if cfg.Warmup > 0 {
-		wcfg := *cfg
-		wcfg.BaselineDuration = cfg.Warmup
-		if _, err := runRaw(ctx, &wcfg, topo.ZooKeeper, topo, progress); err != nil {
+		_, err := warmUntilQuiet(ctx, cfg, topo, func(d time.Duration) error {
+			wcfg := *cfg
+			wcfg.BaselineDuration = d
+			_, err := runRaw(ctx, &wcfg, topo.ZooKeeper, topo, progress)
+			return err
+		})
+		if err != nil {
 			return nil, fmt.Errorf("baseline raw warmup: %w", err)
 		}
 	}
@@ -335,50 +343,12 @@ func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.
 	return out, failures
 }
 
-// warmup runs the workload for cfg.Warmup, checked like any run but left
-// out of the report, so the measured run meets a warm ZooKeeper (JIT,
-// caches) and warm brokers. A backlog workload is run whole (publish,
-// then drain) until cfg.Warmup has passed, on a queue of its own: the
-// measured backlog must be one no consumer of its queue saw published (its
-// claims read the messages, as after a broker restart), while a broker
-// whose consumers took from a queue remembers what it publishes there. It
-// returns what went wrong, if anything.
-func warmup(ctx context.Context, cfg Config, admin *qbroker.Client, pool *connPool, progress io.Writer) error {
-	if cfg.Backlog == 0 {
-		cfg.Duration, cfg.Messages = cfg.Warmup, 0
-		return warmRun(ctx, cfg, pool, progress)
-	}
-	cfg.Queue += "-warmup"
-	if _, err := admin.CreateQueue(ctx, cfg.Queue, cfg.queueOptions()); err != nil {
-		return fmt.Errorf("warmup: %w", err)
-	}
-	defer deleteQueue(ctx, admin, cfg.Queue)
-	for end := time.Now().Add(cfg.Warmup); ; {
-		if err := warmRun(ctx, cfg, pool, progress); err != nil || !time.Now().Before(end) {
-			return err
-		}
-	}
-}
-
 // deleteQueue deletes the queue a run made, also after ctx ended, within
 // its own timeout.
 func deleteQueue(ctx context.Context, admin *qbroker.Client, name string) {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	_ = admin.DeleteQueue(dctx, name)
-}
-
-// warmRun runs one warmup workload and checks it.
-func warmRun(ctx context.Context, cfg Config, pool *connPool, progress io.Writer) error {
-	w, err := runWorkload(ctx, &cfg, pool, progress, workloadHooks{})
-	if err != nil {
-		return fmt.Errorf("warmup: %w", err)
-	}
-	if !w.Verdict.OK || len(w.Problems) > 0 {
-		return fmt.Errorf("warmup: %d lost, %d duplicates, %d order violations; %s",
-			w.Verdict.Lost, w.Verdict.Duplicates, w.Verdict.OrderViolations, strings.Join(append(w.Verdict.Problems, w.Problems...), "; "))
-	}
-	return nil
 }
 
 // deepFigures completes a backlog run w: the spawned brokers' peak memory

@@ -34,6 +34,9 @@ type Report struct {
 	DrainSeconds float64    `json:"drain_seconds,omitempty"`
 	Throughput   Throughput `json:"throughput"`
 	Latency      Latencies  `json:"latency"`
+	// Warmup: with --warmup, how long it ran (it goes on past --warmup
+	// while a spawned ZooKeeper is still compiling; warm.go).
+	Warmup *WarmupReport `json:"warmup,omitempty"`
 	// Probe: with --probe, the hops of a publish timed alone while
 	// the producers published (probe.go).
 	Probe *LoadProbe `json:"probe,omitempty"`
@@ -139,10 +142,11 @@ type reportInput struct {
 	Zxids     *[2]int64       // ZooKeeper's last zxid before and after; nil when unknown
 	BacklogZK *[2]zkReading   // with a backlog: ZooKeeper before and after its publishing
 	Baselines []BaselineResult
-	Deep      *DeepReport // with a backlog
-	Probe     *LoadProbe  // with --probe
-	Kill      *KillReport // with --kill-active-after
-	Failures  []string    // run-level failures (setup, scrape, baselines)
+	Deep      *DeepReport   // with a backlog
+	Warmup    *WarmupReport // with --warmup
+	Probe     *LoadProbe    // with --probe
+	Kill      *KillReport   // with --kill-active-after
+	Failures  []string      // run-level failures (setup, scrape, baselines)
 }
 
 // buildReport assembles a report. It does no I/O.
@@ -163,6 +167,7 @@ func buildReport(in reportInput) *Report {
 		Baselines:      in.Baselines,
 		Timeline:       w.Timeline,
 		Deep:           in.Deep,
+		Warmup:         in.Warmup,
 		Probe:          in.Probe,
 		Kill:           in.Kill,
 		Tenants:        w.Tenants,
@@ -397,8 +402,12 @@ func writeRun(b *strings.Builder, r *Report) {
 	if c.Backlog > 0 {
 		fmt.Fprintf(b, ", a backlog of %d published before the consumers started", c.Backlog)
 	}
-	if c.Warmup > 0 {
-		fmt.Fprintf(b, ", measured after a %v warmup", c.Warmup)
+	switch w := r.Warmup; {
+	case w != nil && w.JITCores != nil:
+		fmt.Fprintf(b, ", measured after a %.0fs warmup (ZooKeeper's JIT compilers at %.2f cores in its last %v)",
+			w.Seconds, *w.JITCores, min(c.Warmup, warmStep))
+	case w != nil:
+		fmt.Fprintf(b, ", measured after a %.0fs warmup", w.Seconds)
 	}
 	b.WriteString("\n\n")
 }

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	qbroker "github.com/qbroker/qbroker/clients/go"
+)
+
+// A fresh ZooKeeper JVM compiles its hot paths while the first load runs:
+// on this project's 2-core machine its C2 compiler thread took a third of
+// a core for the first 15-20 s of a one-message publish run, whose rate
+// rose from 500 to 1,800 msg/s meanwhile and then stayed. A ZooKeeper in
+// production has long finished compiling, so a warmup with a spawned
+// ZooKeeper goes on past --warmup until its JIT compilers are quiet.
+
+// jitQuiet is the JIT compilers' CPU, as a share of one core over the
+// last warm run, under which a spawned ZooKeeper counts as warm.
+const jitQuiet = 0.05
+
+// warmStep is the length of each warm run past --warmup.
+const warmStep = 5 * time.Second
+
+// WarmupReport is how long the warmup ran and how busy ZooKeeper's JIT
+// compilers still were in its last run.
+type WarmupReport struct {
+	Seconds float64 `json:"seconds"`
+	// JITCores: the JIT compiler threads' CPU over the last warm run, in
+	// cores; absent when ZooKeeper was not spawned.
+	JITCores *float64 `json:"jit_cores,omitempty"`
+}
+
+// warmUntilQuiet runs run(cfg.Warmup) and then, with a spawned
+// ZooKeeper, run(warmStep) while its JIT compilers used more than
+// jitQuiet of a core in the run before, until cfg.WarmupMax has passed.
+func warmUntilQuiet(ctx context.Context, cfg *Config, topo *Topology, run func(time.Duration) error) (WarmupReport, error) {
+	start := time.Now()
+	pid := 0
+	if topo.Spawned && topo.zk != nil {
+		pid = topo.zk.Pid()
+	}
+	var rep WarmupReport
+	for d := cfg.Warmup; ; d = warmStep {
+		before, okBefore := jitCPU(pid)
+		t0 := time.Now()
+		err := run(d)
+		after, okAfter := jitCPU(pid)
+		rep.Seconds = time.Since(start).Seconds()
+		if err != nil {
+			return rep, err
+		}
+		if !okBefore || !okAfter {
+			return rep, nil
+		}
+		cores := (after - before).Seconds() / time.Since(t0).Seconds()
+		rep.JITCores = &cores
+		if cores < jitQuiet || time.Since(start) >= cfg.WarmupMax || ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+	}
+}
+
+// jitCPU returns the CPU time of a JVM's JIT compiler threads (C1 and
+// C2, named "C1 CompilerThre..." and "C2 CompilerThre..."); ok is false
+// when pid is 0 or its threads cannot be read.
+func jitCPU(pid int) (d time.Duration, ok bool) {
+	if pid == 0 {
+		return 0, false
+	}
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, false
+	}
+	for _, t := range tasks {
+		comm, err := os.ReadFile(dir + "/" + t.Name() + "/comm")
+		if err != nil || !strings.Contains(string(comm), "CompilerThre") {
+			continue // a thread that ended since the listing, or not a compiler
+		}
+		stat, err := os.ReadFile(dir + "/" + t.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		cpu, err := parseStatCPU(string(stat))
+		if err != nil {
+			return 0, false
+		}
+		d += cpu
+	}
+	return d, true
+}
+
+// warmup runs the workload before the measured run, checked like any run
+// but left out of the report, so the measured run meets a warm ZooKeeper
+// (JIT, caches) and warm brokers: for cfg.Warmup, and on past it while a
+// spawned ZooKeeper is still compiling (warmUntilQuiet). A backlog
+// workload is run whole (publish, then drain), as often as that takes, on
+// a queue of its own: the measured backlog must be one no consumer of its
+// queue saw published (its claims read the messages, as after a broker
+// restart), while a broker whose consumers took from a queue remembers
+// what it publishes there.
+func warmup(ctx context.Context, cfg Config, topo *Topology, admin *qbroker.Client, pool *connPool, progress io.Writer) (WarmupReport, error) {
+	if cfg.Backlog == 0 {
+		return warmUntilQuiet(ctx, &cfg, topo, func(d time.Duration) error {
+			c := cfg
+			c.Duration, c.Messages = d, 0
+			return warmRun(ctx, c, pool, progress)
+		})
+	}
+	cfg.Queue += "-warmup"
+	if _, err := admin.CreateQueue(ctx, cfg.Queue, cfg.queueOptions()); err != nil {
+		return WarmupReport{}, fmt.Errorf("warmup: %w", err)
+	}
+	defer deleteQueue(ctx, admin, cfg.Queue)
+	return warmUntilQuiet(ctx, &cfg, topo, func(d time.Duration) error {
+		for end := time.Now().Add(d); ; {
+			if err := warmRun(ctx, cfg, pool, progress); err != nil || !time.Now().Before(end) {
+				return err
+			}
+		}
+	})
+}
+
+// warmRun runs one warmup workload and checks it.
+func warmRun(ctx context.Context, cfg Config, pool *connPool, progress io.Writer) error {
+	w, err := runWorkload(ctx, &cfg, pool, progress, workloadHooks{})
+	if err != nil {
+		return fmt.Errorf("warmup: %w", err)
+	}
+	if !w.Verdict.OK || len(w.Problems) > 0 {
+		return fmt.Errorf("warmup: %d lost, %d duplicates, %d order violations; %s",
+			w.Verdict.Lost, w.Verdict.Duplicates, w.Verdict.OrderViolations, strings.Join(append(w.Verdict.Problems, w.Problems...), "; "))
+	}
+	return nil
+}
