@@ -404,8 +404,8 @@ func writeRun(b *strings.Builder, r *Report) {
 	}
 	switch w := r.Warmup; {
 	case w != nil && w.JITCores != nil:
-		fmt.Fprintf(b, ", measured after a %.0fs warmup (ZooKeeper's JIT compilers at %.2f cores in its last %v)",
-			w.Seconds, *w.JITCores, min(c.Warmup, warmStep))
+		fmt.Fprintf(b, ", measured after a %.0fs warmup (ZooKeeper's JIT compilers at %.2f cores in its last %.0fs)",
+			w.Seconds, *w.JITCores, w.LastRunSeconds)
 	case w != nil:
 		fmt.Fprintf(b, ", measured after a %.0fs warmup", w.Seconds)
 	}

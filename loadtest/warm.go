@@ -29,9 +29,11 @@ const warmStep = 5 * time.Second
 // compilers still were in its last run.
 type WarmupReport struct {
 	Seconds float64 `json:"seconds"`
-	// JITCores: the JIT compiler threads' CPU over the last warm run, in
-	// cores; absent when ZooKeeper was not spawned.
-	JITCores *float64 `json:"jit_cores,omitempty"`
+	// JITCores: the JIT compiler threads' CPU over the last warm run
+	// (LastRunSeconds long), in cores; absent when ZooKeeper was not
+	// spawned.
+	JITCores       *float64 `json:"jit_cores,omitempty"`
+	LastRunSeconds float64  `json:"last_run_seconds,omitempty"`
 }
 
 // warmUntilQuiet runs run(cfg.Warmup) and then, with a spawned
@@ -56,7 +58,8 @@ func warmUntilQuiet(ctx context.Context, cfg *Config, topo *Topology, run func(t
 		if !okBefore || !okAfter {
 			return rep, nil
 		}
-		cores := (after - before).Seconds() / time.Since(t0).Seconds()
+		rep.LastRunSeconds = time.Since(t0).Seconds()
+		cores := (after - before).Seconds() / rep.LastRunSeconds
 		rep.JITCores = &cores
 		if cores < jitQuiet || time.Since(start) >= cfg.WarmupMax || ctx.Err() != nil {
 			return rep, ctx.Err()
