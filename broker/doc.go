@@ -140,6 +140,7 @@
 //	qbroker_message_queue_seconds{queue}           histogram: publish to delivery
 //	qbroker_pack_messages{queue}                   histogram: messages per pack written (packed queues)
 //	qbroker_zk_request_duration_seconds{op,result} histogram
+//	qbroker_zk_commit_seconds{result}              histogram: a write through group commit, its wait included
 //	qbroker_zk_session_state                       gauge: 1 with a session
 //	qbroker_zk_reconnects_total                    counter
 //	qbroker_zk_data_bytes                          gauge: ZooKeeper's data as the data budget counts it; -1 while unknown

@@ -34,6 +34,7 @@ type metrics struct {
 	queueTime    *prometheus.HistogramVec
 	packSize     *prometheus.HistogramVec
 	zkDuration   *prometheus.HistogramVec
+	zkCommit     *prometheus.HistogramVec
 	sessionState prometheus.Gauge
 	reconnects   prometheus.Counter
 	zkData       prometheus.Gauge
@@ -104,6 +105,11 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 			Help:    "ZooKeeper request latency by operation and result.",
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}, []string{"op", "result"}),
+		zkCommit: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "qbroker_zk_commit_seconds",
+			Help:    "Writes through group commit (claims, acks, releases, publishes), from their submission to their answer: the wait for a batch and a session, and the multi, by result.",
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"result"}),
 		sessionState: prometheus.NewGauge(prometheus.GaugeOpts{Name: "qbroker_zk_session_state",
 			Help: "1 while the broker has a ZooKeeper session, 0 otherwise."}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "qbroker_zk_reconnects_total",
@@ -180,7 +186,7 @@ func newMetrics(reg prometheus.Registerer, labelCap int) *metrics {
 		Help: "Always 1; the labels describe the build.", ConstLabels: prometheus.Labels{"version": version}})
 	build.Set(1)
 	for _, c := range []prometheus.Collector{m.published, m.duplicates, m.delivered, m.acked, m.nacked, m.redelivered,
-		m.deadLettered, m.conflicts, m.queueTime, m.packSize, m.zkDuration, m.sessionState, m.reconnects, m.zkData, m.zkBudget, m.depth, m.inFlight, m.dead,
+		m.deadLettered, m.conflicts, m.queueTime, m.packSize, m.zkDuration, m.zkCommit, m.sessionState, m.reconnects, m.zkData, m.zkBudget, m.depth, m.inFlight, m.dead,
 		m.oldestAge, m.consumers, m.leader, m.grpc, m.expiredUnsent, build, m.streamsRefused, m.connsRefused, m.connsOpen,
 		m.lockWait, m.locksHeld, m.lockRevocations, m.leaders, m.badNodes, m.expired,
 		m.counterOps, m.counterWrites, m.counterConflicts, m.counterRollovers,
@@ -222,6 +228,10 @@ func zkResult(err error) string {
 
 // observeZK records one ZooKeeper request of a queue's zkqueue.Queue.
 func (b *Broker) observeZK(op string, d time.Duration, err error) {
+	if op == "commit" {
+		b.metrics.zkCommit.WithLabelValues(zkResult(err)).Observe(d.Seconds())
+		return
+	}
 	b.metrics.zkDuration.WithLabelValues(op, zkResult(err)).Observe(d.Seconds())
 }
 

@@ -155,6 +155,11 @@ func TestMetricsAfterWorkload(t *testing.T) {
 	if got := value(fams, "qbroker_zk_request_duration_seconds", map[string]string{"op": "multi", "result": "ok"}); got < 5 {
 		t.Errorf("zk multi requests observed: %v, want >= 5", got)
 	}
+	// Every write through group commit is observed, whatever multi it
+	// shared: the publishes, claims and acks above are more than 5.
+	if got := value(fams, "qbroker_zk_commit_seconds", map[string]string{"result": "ok"}); got < 5 {
+		t.Errorf("writes through group commit observed: %v, want >= 5", got)
+	}
 	if got := value(fams, "qbroker_leader", nil); got != 1 {
 		t.Errorf("qbroker_leader = %v, want 1 (the only broker leads)", got)
 	}

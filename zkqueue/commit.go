@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -37,6 +38,7 @@ import (
 // A Committer is safe for concurrent use. Close stops its goroutines.
 type Committer struct {
 	conns    []observed
+	obs      Observer
 	reqs     chan *batchReq
 	maxOps   int
 	maxBytes int
@@ -100,6 +102,7 @@ func NewCommitter(conns []*zk.Conn, cfg CommitterConfig) *Committer {
 	}
 	workers, maxOps, maxBytes, obs := cfg.Workers, cfg.MaxOps, cfg.MaxBytes, cfg.Observer
 	b := &Committer{
+		obs:      obs,
 		reqs:     make(chan *batchReq, 4*maxOps),
 		maxOps:   maxOps,
 		maxBytes: maxBytes,
@@ -146,9 +149,13 @@ func opBytes(op any) int {
 // When ctx ends first, Do returns ctx.Err(): before the transaction was
 // queued nothing was written; after, its outcome is unknown, as with a
 // connection lost before the answer.
-func (c *Committer) Do(ctx context.Context, ops ...any) ([]zk.MultiResponse, error) {
+func (c *Committer) Do(ctx context.Context, ops ...any) (res []zk.MultiResponse, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if c.obs != nil {
+		start := time.Now()
+		defer func() { c.obs("commit", time.Since(start), err) }()
 	}
 	r := &batchReq{ops: ops, done: make(chan batchResult, 1)}
 	for _, op := range ops {

@@ -8,7 +8,9 @@ import (
 
 // Observer receives the latency and outcome of every ZooKeeper request a
 // Queue makes (op is "get", "create", "delete", "multi", "children",
-// "exists" or "set"), for metrics.
+// "exists" or "set"), for metrics. A Committer also reports each
+// transaction given to Do as op "commit": from Do's call to its answer,
+// the wait for a batch and a session included.
 type Observer func(op string, d time.Duration, err error)
 
 // observed wraps a connection, reporting each request to an Observer.
