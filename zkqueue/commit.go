@@ -84,7 +84,8 @@ type CommitterConfig struct {
 	// MaxBytes bounds a combined Multi's size, about; default 400 KiB,
 	// which with one transaction more stays below jute.maxbuffer.
 	MaxBytes int
-	// Observer, when set, sees every Multi.
+	// Observer, when set, sees every Multi, and every Do as op "commit"
+	// (its wait for a batch and a session included).
 	Observer Observer
 }
 
