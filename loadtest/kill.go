@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"syscall"
 	"time"
+
+	"github.com/qbroker/qbroker/internal/proccpu"
 )
 
 // Killing the active broker (--kill-active-after, with --single-active):
@@ -108,7 +110,7 @@ func (t *Topology) kill(i int) error {
 		return fmt.Errorf("no spawned broker %d", i)
 	}
 	p := t.procs[i]
-	if d, err := procCPU(p.cmd.Process.Pid); err == nil {
+	if d, err := proccpu.Process(p.cmd.Process.Pid); err == nil {
 		p.cpuAtKill = d
 	}
 	if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil {

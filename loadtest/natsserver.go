@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/qbroker/qbroker/internal/ports"
+	"github.com/qbroker/qbroker/internal/proccpu"
 )
 
 // natsServerModule is the nats-server the repository already requires
@@ -139,7 +140,7 @@ func (p *natsProc) waitReady(ctx context.Context) error {
 }
 
 // cpu returns the CPU time the server has used so far.
-func (p *natsProc) cpu() (time.Duration, error) { return procCPU(p.cmd.Process.Pid) }
+func (p *natsProc) cpu() (time.Duration, error) { return proccpu.Process(p.cmd.Process.Pid) }
 
 // exited reports whether the server died.
 func (p *natsProc) exited() bool {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/qbroker/qbroker/internal/ports"
+	"github.com/qbroker/qbroker/internal/proccpu"
 	"github.com/qbroker/qbroker/internal/zkserver"
 )
 
@@ -332,12 +333,12 @@ func (t *Topology) cpu() (s cpuSample, ok bool) {
 	if !t.Spawned || t.zk == nil {
 		return s, false
 	}
-	zk, err := procCPU(t.zk.Pid())
+	zk, err := proccpu.Process(t.zk.Pid())
 	if err != nil {
 		return s, false
 	}
 	s.ZooKeeper = zk
-	if s.Self, err = procCPU(os.Getpid()); err != nil {
+	if s.Self, err = proccpu.Process(os.Getpid()); err != nil {
 		return s, false
 	}
 	for _, p := range t.procs {
@@ -345,7 +346,7 @@ func (t *Topology) cpu() (s cpuSample, ok bool) {
 			s.Brokers += p.cpuAtKill
 			continue
 		}
-		d, err := procCPU(p.cmd.Process.Pid)
+		d, err := proccpu.Process(p.cmd.Process.Pid)
 		if err != nil {
 			return s, false
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
+	"github.com/qbroker/qbroker/internal/proccpu"
 )
 
 // A fresh ZooKeeper JVM compiles its hot paths while the first load runs:
@@ -88,7 +89,7 @@ func jitCPU(pid int) (d time.Duration, ok bool) {
 		if err != nil {
 			continue
 		}
-		cpu, err := parseStatCPU(string(stat))
+		cpu, err := proccpu.ParseStat(string(stat))
 		if err != nil {
 			return 0, false
 		}

@@ -31,7 +31,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +42,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/proccpu"
 	"github.com/qbroker/qbroker/internal/zkserver"
 )
 
@@ -255,7 +255,7 @@ func calls(ctx context.Context, s *server, d time.Duration) (int64, time.Duratio
 	if _, err := c.Publish(ctx, req, grpc.WaitForReady(true)); err != nil {
 		return 0, 0, fmt.Errorf("%s: %w", s.name, err)
 	}
-	cpu0, err := procCPU(s.cmd.Process.Pid)
+	cpu0, err := proccpu.Process(s.cmd.Process.Pid)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -275,7 +275,7 @@ func calls(ctx context.Context, s *server, d time.Duration) (int64, time.Duratio
 		})
 	}
 	wg.Wait()
-	cpu1, err := procCPU(s.cmd.Process.Pid)
+	cpu1, err := proccpu.Process(s.cmd.Process.Pid)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -323,23 +323,4 @@ func freeAddr() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
-}
-
-// procCPU is a process's user+system CPU time, from /proc/<pid>/stat.
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	var ticks int
-	for _, x := range f[11:13] {
-		n, err := strconv.Atoi(x)
-		if err != nil {
-			return 0, fmt.Errorf("stat of %d: %w", pid, err)
-		}
-		ticks += n
-	}
-	return time.Duration(ticks) * 10 * time.Millisecond, nil
 }

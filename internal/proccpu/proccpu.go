@@ -1,4 +1,6 @@
-package main
+// Package proccpu reads the CPU time Linux has charged a process, or one
+// of its threads, from /proc.
+package proccpu
 
 import (
 	"fmt"
@@ -12,20 +14,21 @@ import (
 // Linux architecture Go supports (procfs assumes the same).
 const clockTicks = 100
 
-// procCPU returns the user+system CPU time a process has used, from
+// Process returns the user+system CPU time a process has used, from
 // /proc/<pid>/stat (all its threads; not its waited-for children).
-func procCPU(pid int) (time.Duration, error) {
+func Process(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
-	return parseStatCPU(string(b))
+	return ParseStat(string(b))
 }
 
-// parseStatCPU reads utime and stime (fields 14 and 15) of a stat line.
+// ParseStat reads utime and stime (fields 14 and 15) of a stat line, of a
+// process (/proc/<pid>/stat) or a thread (/proc/<pid>/task/<tid>/stat).
 // The command name (field 2) is in parentheses and may contain spaces, so
 // fields are counted after its closing parenthesis.
-func parseStatCPU(stat string) (time.Duration, error) {
+func ParseStat(stat string) (time.Duration, error) {
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("malformed stat %q", stat)
