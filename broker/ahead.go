@@ -51,16 +51,22 @@ import (
 // broker, widening the documented loss window from the messages in
 // transit to those waiting in the buffer.
 const (
-	aheadMaxCount    = 256
-	aheadMaxBytes    = 256 << 10
+	aheadMaxCount    = 512
+	aheadMaxBytes    = 512 << 10
 	aheadMaxPrefetch = 16
 	aheadWindow      = 250 * time.Millisecond
 	aheadCheck       = 50 * time.Millisecond
 	aheadMaxHold     = time.Second
-	// aheadFillers is the number of claims under way at once: one, as
-	// concurrent claims could complete out of order and a stream would
-	// then receive a message after a later one.
-	aheadFillers = 1
+	// aheadMaxClaim bounds the messages one claim takes; one begun
+	// while others are under way takes at least aheadMinClaim.
+	aheadMaxClaim = 128
+	aheadMinClaim = 32
+	// aheadInFlight bounds the claims under way at once. Each chooses
+	// its messages before the next one begins, and the buffer takes
+	// their messages in the order the claims began, whenever they end
+	// (zkqueue.Leases.TakeOrdered), so the buffer stays in queue order
+	// while one claim's round trips overlap the next one's.
+	aheadInFlight = 4
 )
 
 // ahead is one queue handle's buffer of messages claimed ahead of credit
@@ -72,7 +78,7 @@ type ahead struct {
 
 	users  int // attached streams; guarded by q.aheadMu
 	cancel context.CancelFunc
-	fill   sync.WaitGroup  // the fillers
+	fill   sync.WaitGroup  // the filler
 	after  <-chan struct{} // closed once the queue's previous buffer gave back its messages; nil: none
 	gone   chan struct{}   // closed once this buffer gave back its messages (detach)
 
@@ -82,7 +88,7 @@ type ahead struct {
 	waiters      int // streams waiting in get
 	pending      int // messages asked for by the claims under way
 	pendingBytes int
-	blocking     bool          // a claim under way waits for the first message
+	size         int           // the buffered messages' recent size on the wire (moving average)
 	served       [2]int        // messages taken in the previous and the current window
 	window       time.Time     // when the current window began
 	err          error         // the filler's last claim failed with it
@@ -114,12 +120,10 @@ func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
 	if a == nil {
 		ctx, cancel := context.WithCancel(b.ctx)
 		a = &ahead{b: b, q: q, d: sub.d, cancel: cancel, after: q.aheadGone, gone: make(chan struct{}),
-			window: time.Now(), ready: make(chan struct{}), want: make(chan struct{}, aheadFillers)}
+			window: time.Now(), ready: make(chan struct{}), want: make(chan struct{}, 1)}
 		q.ahead = a
-		a.fill.Add(aheadFillers)
-		for range aheadFillers {
-			go a.run(ctx)
-		}
+		a.fill.Add(1)
+		go a.run(ctx)
 	} else if a.d != sub.d {
 		return nil, func() {}
 	}
@@ -257,43 +261,68 @@ func (a *ahead) poke() {
 	}
 }
 
-// need reserves the messages, and bytes, a filler claims next, and
-// whether it waits for the first: only when a stream waits, nothing is
-// buffered and no other claim waits. The target is what the streams took
-// in the last aheadWindow / 4, plus the streams waiting; a claim tops the
-// buffer up to it once it is half empty (or a stream waits), so each
-// round trip claims many; done returns the reservation.
-func (a *ahead) need() (n, bytes int, block bool, done func()) {
+// need reserves the messages, and bytes, the filler claims next, and
+// whether the claim waits for the first: only when a stream waits,
+// nothing is buffered and no other claim is under way (underway). The
+// target is what the streams took in the last aheadWindow / 2, plus the
+// streams waiting; a claim tops the buffer up to it once it is half empty
+// (or a stream waits), so each round trip claims many; done returns the
+// reservation.
+func (a *ahead) need(underway int) (n, bytes int, block bool, done func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(time.Now())
 	demand := max(a.served[0], a.served[1])
-	target := min(aheadMaxCount, a.waiters+(demand+3)/4)
+	target := min(aheadMaxCount, a.waiters+(demand+1)/2)
 	have := len(a.buf) + a.pending
-	n = min(target-have, aheadMaxCount/2)
-	bytes = aheadMaxBytes - a.bytes - a.pendingBytes
+	n = min(target-have, aheadMaxClaim)
+	if n > 0 && underway > 0 {
+		n = max(n, aheadMinClaim) // not a slot of aheadInFlight for a few
+	}
+	// Each claim gets its share of the bytes, and asks for no more
+	// messages than fit in three quarters of it at their recent size: a
+	// claim that runs out of room makes the ones begun after it give
+	// back what they took (run).
+	bytes = min(aheadMaxBytes-a.bytes-a.pendingBytes, aheadMaxBytes/aheadInFlight)
+	if a.size > 0 {
+		n = min(n, max(1, bytes*3/4/a.size))
+	}
 	if n <= 0 || bytes <= 0 || (a.waiters == 0 && have > target/2) {
 		return 0, 0, false, nil
 	}
-	block = a.waiters > 0 && len(a.buf) == 0 && !a.blocking
+	block = a.waiters > 0 && len(a.buf) == 0 && underway == 0
 	a.pending += n
 	a.pendingBytes += bytes
-	a.blocking = a.blocking || block
 	return n, bytes, block, func() {
 		a.mu.Lock()
 		a.pending -= n
 		a.pendingBytes -= bytes
-		if block {
-			a.blocking = false
-		}
 		a.mu.Unlock()
 	}
 }
 
-// run is one filler: it claims what need asks for and gives back the
-// buffered messages that may no longer be handed out (expire), until ctx
-// ends. It claims only once the queue's previous buffer gave back its
-// messages.
+// fill is one claim of the filler's, under way or ended.
+type fill struct {
+	done   func()        // returns need's reservation
+	picked chan struct{} // closed once the claim chose its messages
+	end    chan struct{} // closed once it ended; then:
+	cs     []claimed
+	full   bool // a message did not fit: it stays first in line
+	err    error
+}
+
+// run is the filler: it claims what need asks for, up to aheadInFlight
+// claims at once, adds their messages to the buffer in the order the
+// claims began, and gives back the buffered messages that may no longer
+// be handed out (expire), until ctx ends. It claims only once the
+// queue's previous buffer gave back its messages. The claims' goroutines
+// are its own: it waits for them before it returns, and gives back what
+// they took.
+//
+// Order: a message given back (by expire, or one a claim found no room
+// for) is older than what the claims under way take, so while any is
+// under way the filler begins no claim, and gives back what they took as
+// they end (spoiled); its next claim then takes the message first.
 func (a *ahead) run(ctx context.Context) {
 	defer a.fill.Done()
 	if a.after != nil {
@@ -305,33 +334,95 @@ func (a *ahead) run(ctx context.Context) {
 	}
 	t := time.NewTicker(aheadCheck)
 	defer t.Stop()
+	var line []*fill // claims under way, in the order they began
+	defer func() {
+		for _, f := range line {
+			<-f.end
+			f.done()
+			a.giveBack(items(f.cs, a.d)) // detach drains the buffer once the filler ends
+		}
+	}()
+	spoiled := false            // the claims under way give back what they take
+	idle := false               // the last claim found nothing: wait for a stream or the ticker
+	var picking <-chan struct{} // the newest claim's, until it chose its messages
 	for {
-		a.expire()
-		if n, bytes, block, done := a.need(); n > 0 {
-			a.retry()
-			cs, err := a.b.take(ctx, a.q, a.d, want{max: n, maxBytes: bytes, block: block})
-			if ctx.Err() != nil {
-				done()
-				a.giveBack(items(cs, a.d)) // detach drains the buffer once the fillers end
-				return
-			}
-			if len(cs) > 0 {
-				a.add(cs)
-			}
-			done()
-			switch {
-			case err != nil && !errors.Is(err, zkqueue.ErrEmpty):
-				a.failed(err)
-			case len(cs) > 0:
+		for len(line) > 0 && ended(line[0]) {
+			f := line[0]
+			line = line[1:]
+			f.done()
+			if spoiled {
+				a.giveBack(items(f.cs, a.d))
 				continue
 			}
+			if len(f.cs) > 0 {
+				a.add(f.cs)
+			}
+			switch {
+			case f.err != nil && !errors.Is(f.err, zkqueue.ErrEmpty):
+				a.failed(f.err)
+			case len(f.cs) == 0:
+				idle = true
+			}
+			spoiled = f.full
+		}
+		if a.expire() {
+			spoiled = true
+		}
+		if len(line) == 0 {
+			spoiled = false
+		}
+		if len(line) == 0 || ended(line[len(line)-1]) {
+			picking = nil
+		}
+		if !spoiled && !idle && picking == nil && len(line) < aheadInFlight {
+			if n, bytes, block, done := a.need(len(line)); n > 0 {
+				a.retry()
+				f := a.start(ctx, n, bytes, block, done)
+				line = append(line, f)
+				picking = f.picked
+				continue
+			}
+		}
+		var next <-chan struct{}
+		if len(line) > 0 {
+			next = line[0].end
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			idle = false
 		case <-a.want:
+			idle = false
+		case <-picking:
+			picking = nil
+		case <-next:
 		}
+	}
+}
+
+// start begins a claim of up to n messages, no more than bytes of them.
+func (a *ahead) start(ctx context.Context, n, bytes int, block bool, done func()) *fill {
+	f := &fill{done: done, picked: make(chan struct{}), end: make(chan struct{})}
+	session := a.b.sessions.Load()
+	go func() {
+		defer close(f.end)
+		ls, full, err := a.q.leases.TakeOrdered(ctx, zkqueue.TakeRequest{Max: n, Room: room(a.q, bytes),
+			TTL: a.d.ttl, Block: block, Picked: func() { close(f.picked) }})
+		f.cs, f.full, f.err = a.b.leased(a.q, ls, session), full, err
+		if err != nil {
+			f.err = a.b.gone(a.q, err)
+		}
+	}()
+	return f
+}
+
+func ended(f *fill) bool {
+	select {
+	case <-f.end:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -355,6 +446,10 @@ func (a *ahead) add(cs []claimed) {
 	for _, it := range its {
 		a.buf = append(a.buf, it)
 		a.bytes += it.size
+		if a.size == 0 {
+			a.size = it.size
+		}
+		a.size += (it.size - a.size) / 16
 	}
 	a.err = nil
 	close(a.ready)
@@ -381,11 +476,12 @@ func (a *ahead) retry() {
 }
 
 // expire gives back the first buffered message that may no longer be
-// handed out and every one behind it, in order; the filler claims again
-// only after, so the queue re-read by its next claim has them back ahead
-// of anything it did not claim yet. Giving back only the stale ones would
-// let the streams take the younger ones behind them first.
-func (a *ahead) expire() {
+// handed out and every one behind it, in order, and reports whether it
+// gave back any; the filler claims again only after, so the queue re-read
+// by its next claim has them back ahead of anything it did not claim yet.
+// Giving back only the stale ones would let the streams take the younger
+// ones behind them first.
+func (a *ahead) expire() (gaveBack bool) {
 	now := time.Now()
 	a.mu.Lock()
 	i := 0
@@ -403,6 +499,7 @@ func (a *ahead) expire() {
 	}
 	a.mu.Unlock()
 	a.giveBack(stale)
+	return len(stale) > 0
 }
 
 // giveBack undoes buffered claims, in order: the messages keep their

@@ -348,3 +348,72 @@ func TestConsumeClaimAheadGivenBackKeepsOrder(t *testing.T) {
 		}
 	}
 }
+
+// Messages of mixed sizes make the buffer's claims run out of room while
+// later claims are under way (the buffer claims several at once): those
+// give back what they took, so every stream still receives its messages
+// in queue order, each exactly once, and the drain does not wait for a
+// lease to expire (the visibility timeout is longer than the test).
+func TestConsumeClaimAheadMixedSizesKeepOrder(t *testing.T) {
+	b := newBroker(t, zktest.Root(t), claimAhead)
+	const queue, n, streams = "ahead-mixed", 600, 4
+	createQueue(t, b.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(10 * time.Minute)})
+	// Every seventh message is 60-100 KiB, the others small: a claim's
+	// share of the buffer's bytes holds a few large ones only.
+	for i := 0; i < n; i += 20 {
+		req := &pb.PublishRequest{Queue: queue}
+		for j := i; j < i+20; j++ {
+			p := []byte(fmt.Sprintf("m%05d", j))
+			if j%7 == 0 {
+				p = append(p, make([]byte, 60<<10+(j%5)*10<<10)...)
+			}
+			req.Messages = append(req.Messages, &pb.OutMessage{Payload: p})
+		}
+		if _, err := b.client.Publish(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	done := make(chan struct{})
+	orders := make([][]string, streams)
+	errs := make(chan error, streams)
+	for i := range streams {
+		go func() {
+			errs <- consumeAll(ctx, b.client, &pb.Subscribe{Queue: queue, Mode: alo, Prefetch: 1}, done, func(m *pb.Message) *pb.Settle {
+				p := string(m.GetPayload()[:6])
+				orders[i] = append(orders[i], p)
+				mu.Lock()
+				seen[p]++
+				if len(seen) == n {
+					select {
+					case <-done:
+					default:
+						close(done)
+					}
+				}
+				mu.Unlock()
+				return &pb.Settle{AckToken: m.GetAckToken()}
+			})
+		}()
+	}
+	for range streams {
+		if err := <-errs; err != nil {
+			t.Fatalf("consume: %v", err)
+		}
+	}
+	for p, k := range seen {
+		if k != 1 {
+			t.Errorf("%s delivered %d times", p, k)
+		}
+	}
+	for i, o := range orders {
+		for j := 1; j < len(o); j++ {
+			if o[j] <= o[j-1] {
+				t.Errorf("stream %d received %s after %s", i, o[j], o[j-1])
+			}
+		}
+	}
+}

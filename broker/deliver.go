@@ -139,12 +139,7 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, w want) ([]clai
 		if err != nil {
 			return nil, b.gone(q, err)
 		}
-		out = make([]claimed, 0, len(ls))
-		for i := range ls {
-			out = append(out, claimed{msg: b.leasedPB(q.name, &ls[i]), m: ls[i].Message,
-				lease: ls[i].Token, expires: ls[i].Deadline, session: session})
-		}
-		return out, nil
+		return b.leased(q, ls, session), nil
 	}
 	ms, err := q.items.Take(ctx, w.max, room(q, w.maxBytes), w.block)
 	if err != nil {
@@ -155,6 +150,17 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, w want) ([]clai
 		out = append(out, claimed{msg: toPB(q.name, m, nil), m: m, session: session})
 	}
 	return out, nil
+}
+
+// leased wraps at-least-once claims made while the broker's session count
+// was session.
+func (b *Broker) leased(q *queue, ls []zkqueue.Lease, session int64) []claimed {
+	out := make([]claimed, 0, len(ls))
+	for i := range ls {
+		out = append(out, claimed{msg: b.leasedPB(q.name, &ls[i]), m: ls[i].Message,
+			lease: ls[i].Token, expires: ls[i].Deadline, session: session})
+	}
+	return out
 }
 
 // toPB converts a delivered message; the lease deadline is set for

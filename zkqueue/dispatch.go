@@ -719,6 +719,12 @@ type takeReq struct {
 	// (ending the wait with errBuffered) and else returns a channel
 	// closed when it does (packbuf.go).
 	wake func() (bool, <-chan zk.Event)
+	// picked, when set, is called once the take has its first
+	// candidates, before it claims them (Leases.TakeOrdered).
+	picked func()
+	// full, when set, is set when a candidate did not fit room and was
+	// given back to the head of the line.
+	full *bool
 }
 
 // takeWithin is takeN bounded by room as well as by count: claims stop
@@ -735,6 +741,10 @@ func takeWithin[T any](ctx context.Context, d *dispatcher, t takeReq, claim fitC
 		if err != nil {
 			return nil, err
 		}
+		if t.picked != nil {
+			t.picked()
+			t.picked = nil
+		}
 		vals, errs := claimAll(ctx, d, cands, room, claim)
 		var out []T
 		var failed error
@@ -742,7 +752,11 @@ func takeWithin[T any](ctx context.Context, d *dispatcher, t takeReq, claim fitC
 			switch {
 			case err == nil:
 				out = append(out, vals[i])
-			case errors.Is(err, ErrNoRoom), errors.Is(err, errExpired), errors.Is(err, errGroupBusy):
+			case errors.Is(err, ErrNoRoom):
+				if t.full != nil {
+					*t.full = true
+				}
+			case errors.Is(err, errExpired), errors.Is(err, errGroupBusy):
 			case errors.Is(err, ErrBadData):
 				d.markBad(cands[i])
 			case errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):

@@ -208,7 +208,9 @@
 // published them; concurrent consumers may of course finish handling them
 // in any order. A message put back at the head is taken next by the Queue
 // that put it back; other processes' Queues see it at their next listing
-// (a FIFO snapshot is walked to its end first).
+// (a FIFO snapshot is walked to its end first). Leases.TakeOrdered lets a
+// caller keep several takes under way and still hand their messages out
+// in queue order (each chooses its messages before the next begins).
 //
 // Message groups (WithGroups, groups.go) narrow that: the messages of one
 // group are delivered in publish order and one at a time, across

@@ -313,6 +313,46 @@ func (l *Leases) Take(ctx context.Context, max int, room Room, ttl time.Duration
 	})
 }
 
+// TakeRequest is what TakeOrdered asks for: up to Max messages within
+// Room, each with a lease of TTL, waiting for the first with Block.
+type TakeRequest struct {
+	Max   int
+	Room  Room
+	TTL   time.Duration
+	Block bool
+	// Picked, when set, is called once the take has chosen the messages
+	// it claims, before it claims them: a take of this process begun
+	// after Picked returned chooses later messages (but see Full).
+	Picked func()
+}
+
+// TakeOrdered is Take for a caller with several takes under way at once
+// that hands out their messages in the order the takes began (a buffer
+// claiming ahead of its consumers): each take chooses its messages before
+// the next one begins (Picked), so in queue order. full reports that a
+// message did not fit r.Room: it stays first in line, so the takes begun
+// after this one have overtaken it, and a caller that keeps order gives
+// their messages back (Unclaim) before it takes again. A packed queue's
+// take chooses and claims in one step: Picked is called once it is done.
+// Lost races to another process move a take on to later messages, as in
+// Take: across processes order is not kept anyway.
+func (l *Leases) TakeOrdered(ctx context.Context, r TakeRequest) (leases []Lease, full bool, err error) {
+	picked := r.Picked
+	if picked == nil {
+		picked = func() {}
+	}
+	if l.buf != nil {
+		defer picked()
+		leases, err = l.Take(ctx, r.Max, r.Room, r.TTL, r.Block)
+		return leases, false, err
+	}
+	t := takeReq{max: r.Max, room: r.Room, block: r.Block, picked: picked, full: &full}
+	leases, err = takeWithin(ctx, l.items.disp, t, func(ctx context.Context, n Name, fit fitFunc) (Lease, error) {
+		return l.claim(ctx, n, r.TTL, fit)
+	})
+	return leases, full, err
+}
+
 // get reads a lease that is not settled. Unknown leases and leases settled
 // by a delayed Nack are ErrUnknownLease; the caller checks the deadline.
 func (l *Leases) get(token string) (deadline time.Time, itemData []byte, stat *zk.Stat, err error) {
