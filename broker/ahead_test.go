@@ -84,50 +84,7 @@ func TestConsumeClaimAheadExactlyOnceInOrder(t *testing.T) {
 	createQueue(t, b.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(30 * time.Second)})
 	publishN(t, b.client, queue, n)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var mu sync.Mutex
-	seen := map[string]int{}
-	total := 0
-	done := make(chan struct{})
-	orders := make([][]string, streams)
-	errs := make(chan error, streams)
-	for i := range streams {
-		go func() {
-			errs <- consumeAll(ctx, b.client, &pb.Subscribe{Queue: queue, Mode: alo, Prefetch: 1}, done, func(m *pb.Message) *pb.Settle {
-				p := string(m.GetPayload())
-				orders[i] = append(orders[i], p)
-				mu.Lock()
-				seen[p]++
-				total++
-				if total == n {
-					close(done)
-				}
-				mu.Unlock()
-				return &pb.Settle{AckToken: m.GetAckToken()}
-			})
-		}()
-	}
-	for range streams {
-		if err := <-errs; err != nil {
-			t.Fatalf("consume: %v", err)
-		}
-	}
-	if len(seen) != n {
-		t.Fatalf("%d distinct messages delivered, want %d", len(seen), n)
-	}
-	for p, k := range seen {
-		if k != 1 {
-			t.Errorf("%s delivered %d times", p, k)
-		}
-	}
-	for i, o := range orders {
-		for j := 1; j < len(o); j++ {
-			if o[j] <= o[j-1] {
-				t.Errorf("stream %d received %s after %s", i, o[j], o[j-1])
-			}
-		}
-	}
+	drainInOrder(t, b.client, queue, n, streams)
 	if st := stats(t, b.client, queue); st.GetReady()+st.GetInFlight() != 0 {
 		t.Errorf("queue not empty: %v", st)
 	}
@@ -373,26 +330,34 @@ func TestConsumeClaimAheadMixedSizesKeepOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	drainInOrder(t, b.client, queue, n, streams)
+}
+
+// drainInOrder takes n deliveries of queue on streams at-least-once
+// streams of prefetch 1, acking each, and checks that they are n distinct
+// messages, each delivered exactly once, and that every stream receives
+// its messages in queue order. A message is named by the first 6 bytes of
+// its payload (publishN's "m%05d").
+func drainInOrder(t *testing.T, c pb.QueueClient, queue string, n, streams int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var mu sync.Mutex
 	seen := map[string]int{}
+	total := 0
 	done := make(chan struct{})
 	orders := make([][]string, streams)
 	errs := make(chan error, streams)
 	for i := range streams {
 		go func() {
-			errs <- consumeAll(ctx, b.client, &pb.Subscribe{Queue: queue, Mode: alo, Prefetch: 1}, done, func(m *pb.Message) *pb.Settle {
-				p := string(m.GetPayload()[:6])
-				orders[i] = append(orders[i], p)
+			errs <- consumeAll(ctx, c, &pb.Subscribe{Queue: queue, Mode: alo, Prefetch: 1}, done, func(m *pb.Message) *pb.Settle {
+				k := string(m.GetPayload()[:6])
+				orders[i] = append(orders[i], k)
 				mu.Lock()
-				seen[p]++
-				if len(seen) == n {
-					select {
-					case <-done:
-					default:
-						close(done)
-					}
+				seen[k]++
+				total++
+				if total == n {
+					close(done)
 				}
 				mu.Unlock()
 				return &pb.Settle{AckToken: m.GetAckToken()}
@@ -404,9 +369,12 @@ func TestConsumeClaimAheadMixedSizesKeepOrder(t *testing.T) {
 			t.Fatalf("consume: %v", err)
 		}
 	}
-	for p, k := range seen {
-		if k != 1 {
-			t.Errorf("%s delivered %d times", p, k)
+	if len(seen) != n {
+		t.Fatalf("%d distinct messages delivered, want %d", len(seen), n)
+	}
+	for k, times := range seen {
+		if times != 1 {
+			t.Errorf("%s delivered %d times", k, times)
 		}
 	}
 	for i, o := range orders {

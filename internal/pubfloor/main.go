@@ -42,6 +42,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/ports"
 	"github.com/qbroker/qbroker/internal/proccpu"
 	"github.com/qbroker/qbroker/internal/zkserver"
 )
@@ -158,7 +159,7 @@ func measure(qbins []string, rounds int) error {
 		}
 	}()
 	for _, sp := range specs {
-		addr, err := freeAddr()
+		addr, err := ports.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -203,11 +204,11 @@ func measure(qbins []string, rounds int) error {
 // startQBroker starts `qbroker serve` on ZooKeeper zkAddr, under a root
 // of its own (the i-th), and creates queue q on it.
 func startQBroker(ctx context.Context, bin, zkAddr, dir string, i int) (*server, error) {
-	addr, err := freeAddr()
+	addr, err := ports.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	metrics, err := freeAddr()
+	metrics, err := ports.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -314,13 +315,4 @@ func purge(ctx context.Context, conn *zk.Conn, s *server) error {
 
 func dial(addr string) (*grpc.ClientConn, error) {
 	return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
