@@ -104,14 +104,15 @@ type aheadItem struct {
 
 // attachAhead returns the claim-ahead buffer a subscribed stream takes
 // its deliveries from, and the func that detaches it; nil when the stream
-// claims for itself: without Config.ClaimAhead, at most once, a sync queue, a large prefetch, or
-// another visibility than the buffer's streams'.
+// claims for itself: at most once, a sync queue, a large prefetch, or
+// another visibility than the buffer's streams'. Only called with
+// Config.ClaimAhead.
 func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
 	q := sub.q
 	// A single-active queue's one stream claims for itself: its turn
 	// fences each claim by session (active.go), and a buffer would hold
 	// leases that keep the next turn waiting.
-	if !b.cfg.ClaimAhead || !sub.d.ack || q.sync != nil || sub.prefetch > aheadMaxPrefetch || q.h.Active != "" {
+	if !sub.d.ack || q.sync != nil || sub.prefetch > aheadMaxPrefetch || q.h.Active != "" {
 		return nil, func() {}
 	}
 	q.aheadMu.Lock()

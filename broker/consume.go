@@ -6,12 +6,14 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/zkqueue"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 const maxPrefetch = 1000
@@ -36,10 +38,10 @@ type consumeState struct {
 	held    map[string]time.Time // lease token -> deadline
 	expires time.Time            // the earliest deadline in held, or before it
 	wake    chan struct{}        // signalled when credit grows
-	preempt context.CancelFunc   // cancels the claim under way (streamprio.go)
+	preempt context.CancelFunc   // cancels the claim under way (prioBoard)
 
 	prio  int         // the stream's priority
-	board *prioBoard  // the queue's streams on this broker (streamprio.go)
+	board *prioBoard  // the queue's streams on this broker
 	turn  *activeTurn // single-active queues: the stream's turn (active.go)
 }
 
@@ -168,7 +170,7 @@ func (c *consumeState) drain() []string {
 // settlements, applied by a settlePool it waits for) and the delivery
 // loop. Then it releases the leases left unsettled. Only the receiver's
 // and the outbox's goroutines, waiting in gRPC's Recv and Send, may
-// outlive the handler (see stream.go).
+// outlive the handler (see receiver and outbox).
 func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	ctx, end, err := b.openStream(stream.Context())
 	if err != nil {
@@ -192,9 +194,11 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	unregister := b.registerConsumer(ctx, sub.q)
 	defer unregister()
 	defer b.packStream(sub.q)()
-	var detach func()
-	sub.ahead, detach = b.attachAhead(sub)
-	defer detach()
+	if b.cfg.ClaimAhead {
+		var detach func()
+		sub.ahead, detach = b.attachAhead(sub)
+		defer detach()
+	}
 
 	st := &consumeState{held: map[string]time.Time{}, wake: make(chan struct{}, 1), prio: sub.prio}
 	if sub.q.h.Active == "" {
@@ -557,7 +561,10 @@ func (b *Broker) settle(detached context.Context, st *consumeState, settles []*p
 			acks = append(acks, s.GetAckToken())
 		}
 	}
-	if len(acks) == 1 {
+	switch len(acks) {
+	case 0:
+		return
+	case 1:
 		done(acks[0], b.ack(ctx, acks[0]))
 		return
 	}
@@ -627,4 +634,578 @@ func (b *Broker) releaseHeld(q *queue, st *consumeState) {
 			b.released(q, m, out)
 		}
 	}
+}
+
+// Delivery: a claimed message on its way to a stream.
+
+// MaxResponseBytes bounds every message the broker sends: 4 MiB, gRPC's
+// default receive limit in every language, less a 64 KiB margin for what
+// the size estimate of a response leaves out. Receive answers with fewer
+// messages than asked for rather than more bytes, and list calls page,
+// so a client with default settings can receive every answer. The
+// largest payload (under 1 MiB) always fits.
+const MaxResponseBytes = 4<<20 - 64<<10
+
+// consumeBatchBytes bounds what a Consume stream claims at once beyond
+// what it has sent: about one HTTP/2 stream window (64 KiB), so that the
+// messages it holds claimed can be handed to the transport at once (the
+// first one always fits, whatever its size).
+const consumeBatchBytes = 64 << 10
+
+// msgOverhead bounds what a delivered message of queue costs on the wire
+// beyond its payload: the queue name (twice: in the message and in the
+// ack token), id, lease name, timestamps, counts and protobuf framing.
+func msgOverhead(queue string) int { return 2*len(queue) + 512 }
+
+// room is the byte budget of one answer's messages from q.
+func room(q *queue, bytes int) zkqueue.Room {
+	return zkqueue.Room{Bytes: bytes, Overhead: msgOverhead(q.name)}
+}
+
+// sendMargin is how much of a lease must be left for the broker to hand
+// the delivery to the transport: max(200ms, ttl/10), but at most half the
+// lease. It covers the time to reach the consumer and clock differences.
+func sendMargin(ttl time.Duration) time.Duration {
+	return min(max(200*time.Millisecond, ttl/10), ttl/2)
+}
+
+// claimed is one message taken for a consumer and not yet sent.
+type claimed struct {
+	msg     *pb.Message
+	m       zkqueue.Message
+	lease   string    // at least once: the lease node's name
+	expires time.Time // at least once: the lease deadline
+	session int64     // the broker's session count when claimed
+}
+
+// sendable reports whether a claimed delivery may still be handed to the
+// transport. At most once always (the message is deleted: not sending it
+// would lose it). At least once only if its lease has sendMargin left and
+// the broker has kept its ZooKeeper session since the claim: a broker
+// paused (or cut off) long enough may find its leases expired and their
+// messages redelivered elsewhere.
+func (b *Broker) sendable(d delivery, c claimed) bool {
+	if !d.ack {
+		return true
+	}
+	return time.Until(c.expires) > sendMargin(d.ttl) && b.hasSession.Load() && b.sessions.Load() == c.session
+}
+
+// unsent gives back at once, and counts, an at-least-once delivery that
+// will not be sent. The claim is undone: the message keeps its place and
+// its delivery count. If the sweep has released the lease already, or the
+// release fails, the sweep's release stands.
+func (b *Broker) unsent(q *queue, c claimed) {
+	b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := q.leases.Unclaim(ctx, c.lease); err != nil {
+		b.log.Debug("giving back an unsent delivery failed; the sweep releases it", "queue", q.name, "err", err)
+	}
+}
+
+// releaseTimeout bounds a release that runs without the caller's context.
+const releaseTimeout = 10 * time.Second
+
+// delivered accounts for a delivery handed to the transport.
+func (b *Broker) delivered(q *queue, d delivery, c claimed) {
+	mode := modeAtMostOnce
+	if d.ack {
+		mode = modeAtLeastOnce
+	}
+	b.metrics.delivered.WithLabelValues(q.label, mode).Inc()
+	b.metrics.queueTime.WithLabelValues(q.label).Observe(time.Since(c.m.Published).Seconds())
+	if c.m.Deliveries > 1 {
+		b.metrics.redelivered.WithLabelValues(q.label).Inc()
+	}
+	if b.events != nil {
+		b.emit(events.Delivered, q, c.m, "")
+	}
+}
+
+// delivery settings of one consume or receive call.
+type delivery struct {
+	ack bool          // at-least-once
+	ttl time.Duration // lease
+}
+
+func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Duration) (delivery, error) {
+	switch mode {
+	case pb.DeliveryMode_DELIVERY_MODE_UNSPECIFIED, pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE:
+		return delivery{}, nil
+	case pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE:
+		ttl, err := clampDuration("visibility_timeout", vis, q.meta.Visibility, minVisibility, maxVisibility)
+		return delivery{ack: true, ttl: ttl}, err
+	}
+	return delivery{}, invalidf("unknown delivery mode %d", mode)
+}
+
+// want is what a take asks for: up to max messages, at most maxBytes of
+// them on the wire, waiting for the first when block is set.
+type want struct {
+	max, maxBytes int
+	block         bool
+}
+
+// take claims up to w.max messages, and no more than w.maxBytes of them on the
+// wire (see MaxResponseBytes; the first always fits), in queue order,
+// waiting for the first when w.block is set (zkqueue.Queue.Take: the claims
+// run concurrently and their writes share a Multi). A message that does
+// not fit is not claimed: it stays at its place in the queue. The caller
+// sends each (see sendable) and accounts for it with delivered.
+func (b *Broker) take(ctx context.Context, q *queue, d delivery, w want) ([]claimed, error) {
+	if q.sync != nil {
+		if err := q.sync.checkOpen(ctx); err != nil {
+			return nil, err
+		}
+	}
+	session := b.sessions.Load()
+	var out []claimed
+	if d.ack {
+		ls, err := q.leases.Take(ctx, w.max, room(q, w.maxBytes), d.ttl, w.block)
+		if err != nil {
+			return nil, b.gone(q, err)
+		}
+		return b.leased(q, ls, session), nil
+	}
+	ms, err := q.items.Take(ctx, w.max, room(q, w.maxBytes), w.block)
+	if err != nil {
+		return nil, b.gone(q, err)
+	}
+	out = make([]claimed, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, claimed{msg: toPB(q.name, m, nil), m: m, session: session})
+	}
+	return out, nil
+}
+
+// leased wraps at-least-once claims made while the broker's session count
+// was session.
+func (b *Broker) leased(q *queue, ls []zkqueue.Lease, session int64) []claimed {
+	out := make([]claimed, 0, len(ls))
+	for i := range ls {
+		out = append(out, claimed{msg: b.leasedPB(q.name, &ls[i]), m: ls[i].Message,
+			lease: ls[i].Token, expires: ls[i].Deadline, session: session})
+	}
+	return out
+}
+
+// toPB converts a delivered message; the lease deadline is set for
+// at-least-once deliveries (leasedPB adds their token).
+func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
+	out := &pb.Message{
+		Queue:         queue,
+		Id:            m.ID,
+		Payload:       m.Payload,
+		Priority:      uint32(m.Priority),
+		PublishedAt:   timestamppb.New(m.Published),
+		DeliveryCount: uint32(m.Deliveries),
+		Headers:       m.Headers,
+		ContentType:   m.ContentType,
+		Group:         m.Group,
+	}
+	if l != nil {
+		out.LeaseDeadline = timestamppb.New(l.Deadline)
+		out.FencingToken = l.FencingToken
+	}
+	return out
+}
+
+// leasedPB converts an at-least-once delivery, with its signed ack token.
+func (b *Broker) leasedPB(queue string, l *zkqueue.Lease) *pb.Message {
+	out := toPB(queue, l.Message, l)
+	out.AckToken = makeToken(b.tokens, queue, *l)
+	return out
+}
+
+// Long-lived streams (Consume, JoinSync, Lock, Campaign, Observe) share a
+// prologue (openStream) and an end (streamEnd). A stream's work runs in
+// goroutines its handler waits for, except two that gRPC does not let a
+// handler stop:
+// grpc-go has no way to interrupt a server stream's Recv or a Send held up
+// by flow control; both return once the stream ends, and gRPC ends it (it
+// cancels the stream's context) right after the handler returns. The
+// receiver and the outbox below are those two: they wait in nothing but
+// Recv and Send, and the broker's WaitGroup counts them, so Shutdown
+// waits for them too.
+
+// openStream admits a long-lived stream under MaxStreams and
+// MaxStreamsPerIdentity (the client is ctx's caller) and joins its
+// context with the broker's, so that Shutdown ends it. The stream's
+// handler defers end. The error is a gRPC status.
+func (b *Broker) openStream(ctx context.Context) (context.Context, func(), error) {
+	leave, err := b.enterStream(ctx)
+	if err != nil {
+		return nil, nil, b.fail(err)
+	}
+	ctx, cancel := b.streamCtx(ctx)
+	return ctx, func() { cancel(); leave() }, nil
+}
+
+// errStreamDone ends a stream's work because the client left or
+// half-closed, or the broker is shutting down: the stream ends with
+// streamEnd's status.
+var errStreamDone = errors.New("stream done")
+
+// streamEnd is the status of a stream that ended because the client
+// left (nil) or the broker is shutting down (Unavailable).
+func (b *Broker) streamEnd() error {
+	if b.ctx.Err() != nil {
+		return b.fail(errClosing)
+	}
+	return nil
+}
+
+// receiver reads a stream's requests on a goroutine of its own, so that
+// the handler can wait for a request, a timer and its context at once.
+// Every streaming RPC that reads requests uses it. The goroutine forwards
+// each request on reqs until stop, then goes on reading without
+// forwarding; ended ends when Recv fails or a request for which last
+// holds arrives (the client's last word, such as a lock's release). The
+// goroutine ends then, at the latest once the handler returned (gRPC ends
+// the stream then, so Recv fails).
+type receiver[T any] struct {
+	reqs  chan T          // closed after the last request, with err set
+	err   error           // why Recv failed: io.EOF when the client half-closed
+	stop  chan struct{}   // closed when the handler reads no more
+	once  sync.Once       // closes stop
+	ended context.Context // ends with the client's last word, or with ctx
+	said  atomic.Bool     // the client's last word, or its half-close, came
+}
+
+// newReceiver starts the receiver of a stream whose requests recv reads,
+// under the stream's context ctx. last may be nil: Recv's failure is then
+// the only end.
+func newReceiver[T any](b *Broker, ctx context.Context, recv func() (T, error), last func(T) bool) *receiver[T] {
+	ended, end := context.WithCancel(ctx)
+	r := &receiver[T]{reqs: make(chan T), stop: make(chan struct{}), ended: ended}
+	b.wg.Add(1) // within the stream's own count, so never from zero
+	go func() {
+		defer b.wg.Done()
+		defer end()
+		forward := true
+		for {
+			req, err := recv()
+			if err != nil {
+				r.err = err
+				r.said.Store(errors.Is(err, io.EOF))
+				close(r.reqs)
+				return
+			}
+			if forward {
+				select {
+				case r.reqs <- req:
+				case <-r.stop:
+					forward = false
+				}
+			}
+			if last != nil && last(req) {
+				r.said.Store(true)
+				return
+			}
+		}
+	}()
+	return r
+}
+
+// close tells the receiver that the handler reads no more requests. It
+// may be called more than once.
+func (r *receiver[T]) close() { r.once.Do(func() { close(r.stop) }) }
+
+// saidLast reports, once ended is done, whether the client ended the
+// stream deliberately: its last word (last) or a half-close, rather than
+// cancelling the stream or vanishing.
+func (r *receiver[T]) saidLast() bool { return r.said.Load() }
+
+// failed reports whether Recv failed (the client left or half-closed),
+// for a handler that gave up waiting for a request. It takes a request
+// the handler would not read anyway.
+func (r *receiver[T]) failed() bool {
+	select {
+	case _, ok := <-r.reqs:
+		return !ok
+	default:
+		return false
+	}
+}
+
+// firstRequest waits up to FirstMessageTimeout for a stream's first
+// request (what names it: "subscribe request", "lock request"). A
+// stream that sends none is refused: it would hold a place under
+// MaxStreams for nothing. It returns Recv's error when the client left
+// (io.EOF when it half-closed), and io.EOF when the broker is closing and
+// the stream can end quietly.
+func firstRequest[T any](ctx context.Context, b *Broker, rx *receiver[T], what string) (T, error) {
+	var zero T
+	t := time.NewTimer(b.cfg.FirstMessageTimeout)
+	defer t.Stop()
+	select {
+	case req, ok := <-rx.reqs:
+		if !ok {
+			return zero, rx.err
+		}
+		return req, nil
+	case <-t.C:
+		b.refuseStream(reasonNoSubscribe)
+		return zero, b.fail(invalidf("no %s within %v", what, b.cfg.FirstMessageTimeout))
+	case <-ctx.Done():
+		if err := b.streamEnd(); err != nil {
+			return zero, err
+		}
+		return zero, io.EOF
+	}
+}
+
+// errStalled ends a Consume stream whose client did not take a delivery
+// before its lease ran out.
+var errStalled = errors.New("consumer did not read a delivery before its lease ran out; the stream ends and its leases are released")
+
+// outbox sends a stream's messages on a goroutine of its own, so that the
+// handler can stop waiting for a send: a Send held up by flow control
+// returns only when the client reads again or the stream ends, which gRPC
+// does right after the handler returns. Every streaming RPC sends through
+// one, never by calling Send itself. The goroutine ends once the handler
+// has closed the outbox and its last Send came back.
+type outbox[T any] struct {
+	in  chan T
+	out chan error
+}
+
+func newOutbox[T any](b *Broker, send func(T) error) *outbox[T] {
+	o := &outbox[T]{in: make(chan T), out: make(chan error, 1)}
+	b.wg.Add(1) // within the stream's own count, so never from zero
+	go func() {
+		defer b.wg.Done()
+		for m := range o.in {
+			o.out <- send(m)
+		}
+	}()
+	return o
+}
+
+// send sends m and waits for the transport to take it, or for ctx.
+func (o *outbox[T]) send(ctx context.Context, m T) error {
+	return o.sendBy(ctx, m, nil)
+}
+
+// sendBy is send that gives up with errStalled when stall fires first
+// (nil: never).
+func (o *outbox[T]) sendBy(ctx context.Context, m T, stall <-chan time.Time) error {
+	select {
+	case o.in <- m:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-o.out:
+		return err
+	case <-stall:
+		return errStalled
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// close lets the goroutine end once its Send under way, if any, returns.
+func (o *outbox[T]) close() { close(o.in) }
+
+// Consumer priority.
+//
+// A Consume stream may carry a priority (Subscribe.priority, default 0).
+// Among the streams of one queue on this broker, a stream claims messages
+// only while no stream of higher priority has credit (credit left, or a
+// claim under way with the credit it took): lower ones get messages only
+// when all higher ones are full. A lower stream's claim that waits for
+// messages is cancelled as soon as a higher one gets credit (a claim
+// already under way runs to its end: claims are never abandoned), so a
+// message that arrives then goes to the higher stream.
+//
+// Priorities are compared among one broker's streams only: streams on
+// different brokers share the queue as without priorities.
+//
+// All of a queue's streams join its board, so a stream of another
+// priority arriving later is seen; but the board acts only while its
+// streams' priorities differ (mixed): a queue whose streams all have the
+// same priority pays no lock and no wake-up per message.
+
+// Stream priorities.
+const (
+	minStreamPriority = -1000
+	maxStreamPriority = 1000
+)
+
+// prioBoards are the broker's boards, one per queue with open streams.
+type prioBoards struct {
+	mu sync.Mutex
+	m  map[string]*prioBoard
+}
+
+// prioBoard is one queue's Consume streams on this broker and their
+// priorities.
+type prioBoard struct {
+	name    string
+	mu      sync.Mutex
+	members map[*consumeState]struct{}
+	changed chan struct{} // closed and replaced when a member's credit changes
+	mixed   atomic.Bool   // the members' priorities differ
+}
+
+// join adds st (its prio set) to the board of queue name.
+func (p *prioBoards) join(name string, st *consumeState) *prioBoard {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[string]*prioBoard{}
+	}
+	bd := p.m[name]
+	if bd == nil {
+		bd = &prioBoard{name: name, members: map[*consumeState]struct{}{}, changed: make(chan struct{})}
+		p.m[name] = bd
+	}
+	bd.mu.Lock()
+	bd.members[st] = struct{}{}
+	bd.update()
+	bd.mu.Unlock()
+	st.board = bd
+	return bd
+}
+
+// leave takes st off its board, dropping the board when it was the last.
+func (p *prioBoards) leave(st *consumeState) {
+	bd := st.board
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	bd.mu.Lock()
+	delete(bd.members, st)
+	bd.update()
+	empty := len(bd.members) == 0
+	bd.mu.Unlock()
+	if empty && p.m[bd.name] == bd {
+		delete(p.m, bd.name)
+	}
+}
+
+// update recomputes mixed and wakes the waiting members. bd.mu is held.
+func (bd *prioBoard) update() {
+	first, mixed := 0, false
+	i := 0
+	for st := range bd.members {
+		if i == 0 {
+			first = st.prio
+		} else if st.prio != first {
+			mixed = true
+		}
+		i++
+	}
+	bd.mixed.Store(mixed)
+	bd.changedLocked()
+}
+
+// changedLocked wakes the members waiting in admit and cancels the
+// waiting claims of members below a member with credit. bd.mu is held.
+func (bd *prioBoard) changedLocked() {
+	close(bd.changed)
+	bd.changed = make(chan struct{})
+	top, any := bd.topReady()
+	if !any {
+		return
+	}
+	for st := range bd.members {
+		if st.prio < top {
+			st.preemptTake()
+		}
+	}
+}
+
+// topReady returns the highest priority of a member with credit. bd.mu
+// is held.
+func (bd *prioBoard) topReady() (top int, any bool) {
+	for st := range bd.members {
+		if st.ready() && (!any || st.prio > top) {
+			top, any = st.prio, true
+		}
+	}
+	return top, any
+}
+
+// changed is called when st's credit changed.
+func (bd *prioBoard) creditChanged() {
+	if !bd.mixed.Load() {
+		return
+	}
+	bd.mu.Lock()
+	bd.changedLocked()
+	bd.mu.Unlock()
+}
+
+// admit waits until no member of higher priority than st has credit and
+// returns the context of st's next claim: it is cancelled (cancel must be
+// called when the claim returns) as soon as a higher member gets credit.
+// Without mixed priorities, or without a board (a stream of a
+// single-active queue, where priority only orders the line), it returns
+// ctx.
+func (bd *prioBoard) admit(ctx context.Context, st *consumeState) (context.Context, context.CancelFunc, error) {
+	for {
+		if bd == nil || !bd.mixed.Load() {
+			return ctx, func() {}, nil
+		}
+		bd.mu.Lock()
+		blocked := false
+		for m := range bd.members {
+			if m.prio > st.prio && m.ready() {
+				blocked = true
+				break
+			}
+		}
+		ch := bd.changed
+		if !blocked {
+			tctx, cancel := context.WithCancel(ctx)
+			st.setPreempt(cancel)
+			bd.mu.Unlock()
+			return tctx, func() { st.setPreempt(nil); cancel() }, nil
+		}
+		bd.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+}
+
+// Registrations.
+//
+// The broker keeps two kinds of EPHEMERAL nodes through session changes,
+// both with its zkqueue.Registry (b.registry, which explains why a create
+// and a delete are not enough): brokers/<id> while the broker runs, and
+// one consumer registration in the queue's consumers/ while one of its
+// Consume streams is open, made with the queue's zkqueue.ConsumerGroup
+// (the Registry is shared by all queues, so a handle opened anew knows
+// the registrations made through the old one).
+// The group counts the registrations (Stats) and ranks the brokers
+// consuming the queue (the dispatcher's share split).
+
+// registerConsumer records an open stream as an ephemeral node, so Stats
+// counts consumers on all brokers and brokers split the queue. It returns
+// the unregister func.
+func (b *Broker) registerConsumer(ctx context.Context, q *queue) func() {
+	g := b.metrics.consumers.WithLabelValues(q.label)
+	g.Inc()
+	r, err := q.consumers.Register(ctx)
+	if err != nil {
+		// The queue was deleted (its next call says so), or the stream
+		// ended.
+		b.log.Debug("consumer registration", "queue", q.name, "err", err)
+	}
+	return func() {
+		g.Dec()
+		if r != nil {
+			_ = r.Close()
+		}
+	}
+}
+
+// countConsumers counts q's live Consume streams on all brokers.
+func (b *Broker) countConsumers(q *queue) (int, error) {
+	return q.consumers.Count(context.Background())
 }

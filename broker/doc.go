@@ -14,7 +14,7 @@
 //	                                           visibility, max deliveries, dead letter, created;
 //	                                           "deleting":true while DeleteQueue removes the queue
 //	/<root>/queues/<name>/items/<segment>/qn-<k>-<tag>-NNNNNNNNNN  ready messages, in segments
-//	                                           of Config.SegmentSize (zkqueue's names.go; pNNN-...
+//	                                           of Config.SegmentSize (zkqueue's node.go; pNNN-...
 //	                                           for priority queues; <tag>, the publishing broker's
 //	                                           while it consumes the queue, else none; ".<hex>"
 //	                                           incarnation suffix after a redelivery)
@@ -57,10 +57,10 @@
 // (zkqueue.Handles.Run: the delay mover and the TTL expiry timer) until
 // the queue's handle goes stale or the broker shuts down (schedule.go), and
 // keeps its consumer registrations through session expiry with one
-// zkqueue.Registry (registry.go). A single-active queue's streams wait in
+// zkqueue.Registry (consume.go). A single-active queue's streams wait in
 // line per broker, the broker campaigning for the queue in its active/
 // election (active.go); stream priorities order a queue's streams on one
-// broker (streamprio.go).
+// broker (consume.go).
 //
 // # Dispatch
 //
@@ -105,7 +105,7 @@
 // unsettled leases.
 //
 // A stream's goroutines end before its handler returns, except the two
-// that wait in gRPC's Recv and Send (stream.go's receiver and outbox, which
+// that wait in gRPC's Recv and Send (consume.go's receiver and outbox, which
 // every streaming RPC reads and sends through), which gRPC ends right
 // after the handler returns; the Broker's Shutdown waits for those as
 // well.
@@ -186,7 +186,7 @@
 // bearer token whose SHA-256 is in the tokens file or a JWT signed by a
 // key of the JWKS file (JWTConfig, jwt.go), and is checked against
 // the rules file (ParseRules): each method maps to an action on a queue,
-// lock or election name (authcall.go's methodAuths; a method missing there
+// lock or election name (calls.go's methodAuths; a method missing there
 // is denied). Streams are checked per request received, so a Consume
 // stream's settlements need consume on their tokens' queues too, and again
 // while open (authstreams.go): when one of the files is reloaded, and when

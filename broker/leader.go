@@ -18,7 +18,8 @@ import (
 // Membership and leadership.
 //
 // Each broker registers an EPHEMERAL node /<root>/brokers/<id> (kept by
-// zkutil.Keeper: created again under every new session, and taken over from an earlier session of the same id) and takes part in the
+// its zkqueue.Registry: created again under every new session, and taken
+// over from an earlier session of the same id) and takes part in the
 // election under /<root>/election (package election: EPHEMERAL_SEQUENTIAL
 // nodes n-<seq>, the lowest leads, every other broker watches only its
 // predecessor; this session's orphaned nodes are removed). The leader

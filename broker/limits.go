@@ -16,9 +16,9 @@ import (
 //
 // Streams: at most MaxStreams long-lived streams (Consume, JoinSync, Lock,
 // Campaign, Observe) per broker, MaxStreamsPerIdentity of them per client
-// (clients.go) and MaxStreamsPerConn calls per connection; a Consume stream
+// (calls.go) and MaxStreamsPerConn calls per connection; a Consume stream
 // must send its subscribe request within FirstMessageTimeout. Connections:
-// a client makes calls on at most MaxConnsPerIdentity (clients.go); on
+// a client makes calls on at most MaxConnsPerIdentity (calls.go); on
 // listeners
 // wrapped by LimitListener): at most MaxConns, MaxConnsPerIP per client
 // address; when the bound is reached, the oldest connection that has not

@@ -1,18 +1,13 @@
 package broker
 
 import (
-	"errors"
 	"runtime/debug"
 	"sync"
-	"time"
-
-	"github.com/go-zookeeper/zk"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/qbroker/qbroker/internal/connlimit"
-	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // metrics are the broker's Prometheus series (listed in doc.go and
@@ -207,32 +202,6 @@ func (m *metrics) initQueue(label string) {
 	for _, mode := range []string{modeAtMostOnce, modeAtLeastOnce} {
 		m.delivered.WithLabelValues(label, mode)
 	}
-}
-
-// zkResult names a ZooKeeper request's outcome for the result label.
-func zkResult(err error) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, zk.ErrNoNode):
-		return "no_node"
-	case errors.Is(err, zk.ErrBadVersion):
-		return "bad_version"
-	case errors.Is(err, zk.ErrNodeExists):
-		return "node_exists"
-	case zkutil.IsUnavailable(err):
-		return "unavailable"
-	}
-	return "error"
-}
-
-// observeZK records one ZooKeeper request of a queue's zkqueue.Queue.
-func (b *Broker) observeZK(op string, d time.Duration, err error) {
-	if op == "commit" {
-		b.metrics.zkCommit.WithLabelValues(zkResult(err)).Observe(d.Seconds())
-		return
-	}
-	b.metrics.zkDuration.WithLabelValues(op, zkResult(err)).Observe(d.Seconds())
 }
 
 // queueLabels bounds the queue label's values: the first cap distinct

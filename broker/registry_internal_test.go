@@ -74,9 +74,7 @@ func TestElectionOrphansRemoved(t *testing.T) {
 	})
 	// The lowest sequence: the orphan is ahead of every campaign.
 	orphan := b.root.Election() + "/n-0000000000"
-	k := zkutil.NewKeeper(nil)
-	k.Bind(b.conn, nil)
-	k.Keep(orphan, []byte(b.cfg.ID))
+	b.registry.Keep(orphan, []byte(b.cfg.ID))
 	if ok, st, err := observer.Exists(orphan); err != nil || !ok || st.EphemeralOwner != session() {
 		t.Fatalf("orphan not made on the broker's session (exists %v, err %v)", ok, err)
 	}

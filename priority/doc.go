@@ -13,7 +13,7 @@
 //	<path>/p007-s0000000000000000004/p007-4-0000000003   one message of priority 7
 //
 // Each priority level is a chain of segments of zkqueue's segment size
-// (zkqueue's names.go), each with its own sequence counter. The header
+// (zkqueue's node.go), each with its own sequence counter. The header
 // holds a format version, the delivery count and the publish time (see
 // package zkqueue). Children whose names do not parse as messages are
 // skipped and logged once, never fatal.

@@ -268,7 +268,10 @@ func (c *Committer) fillWhileBusy(batch []*batchReq, nops, nbytes int) ([]*batch
 func (c *Committer) commit(conn observed, batch []*batchReq, nops int) {
 	if len(batch) == 1 {
 		res, err := conn.Multi(batch[0].ops...)
-		batch[0].done <- batchResult{res, zkutil.MultiError(res, err)}
+		if err != nil {
+			err = zkutil.MultiError(res, err)
+		}
+		batch[0].done <- batchResult{res, err}
 		return
 	}
 	ops := make([]any, 0, nops)

@@ -6,14 +6,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
-
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
@@ -167,7 +168,7 @@ func (g *ConsumerGroup) NewRegistrationPath() string {
 // Registration is one consumer registered by Register.
 type Registration struct {
 	g    *ConsumerGroup
-	kept *zkutil.Kept
+	kept *keptNode
 }
 
 // Register registers a consumer of this process: an EPHEMERAL node named
@@ -271,4 +272,409 @@ func (g *ConsumerGroup) Share() Share {
 		g.read = time.Now()
 	}
 	return g.share
+}
+
+// Registry keeps a process's registrations through session changes: its
+// consumers' of all the queues it consumes (ConsumerGroup.Register), and
+// any node standing for the process itself (Keep). A create and a delete
+// are not enough for an EPHEMERAL node that must exist exactly while what
+// it stands for lives:
+//
+//   - a create or delete whose answer is lost with the connection may or
+//     may not have happened;
+//   - a session expiry deletes the session's ephemeral nodes while the
+//     process and its consumers go on;
+//   - a process restarted under the same process id finds its previous
+//     process's registrations there until that session expires.
+//
+// So a registration has a name no one else uses (<process id>~<nonce>),
+// it counts for this process only while the Registry keeps it, and Run
+// reconciles: every kept registration until it exists under the current
+// session, every closed one until it is gone, retrying with backoff while
+// ZooKeeper is away and again under every new session. A registration
+// under this process's id that the Registry does not know of (its
+// previous process's) is not counted, and Run deletes it.
+//
+// Share one Registry among the ConsumerGroups of a process
+// (ConsumerGroupConfig.Registry, OpenConfig.Registry): a group opened anew
+// for a queue (its metadata changed) must know the registrations made
+// through the old one. A Registry is safe for concurrent use.
+type Registry struct {
+	conn   *zk.Conn
+	keeper *keeper
+}
+
+// RegistryConfig configures a Registry.
+type RegistryConfig struct {
+	// ACL of the registrations (see WithACL); default open.
+	ACL []zk.ACL
+	// Logger receives the replacements of an earlier session's
+	// registrations and the retries (default: discarded).
+	Logger *slog.Logger
+}
+
+// registryPoll is how often Run looks whether the session is back, a
+// local read of the client's state.
+const registryPoll = 100 * time.Millisecond
+
+// NewRegistry returns a Registry of the registrations on conn. It makes no
+// request. Without Run, a registration is made at once when ZooKeeper
+// answers, and lasts until it is closed or the session ends.
+func NewRegistry(conn *zk.Conn, cfg RegistryConfig) *Registry {
+	k := newKeeper(cfg.Logger)
+	k.Bind(conn, cfg.ACL)
+	return &Registry{conn: conn, keeper: k}
+}
+
+// Keep makes the EPHEMERAL node p, with data, exist from now on for as long
+// as the Registry runs, through session changes as a registration does: a
+// process that registers itself (a broker its brokers/<id>) keeps that
+// node here. p's name must be one no other process uses.
+func (r *Registry) Keep(p string, data []byte) { r.keeper.Keep(p, data) }
+
+// Wake makes Run reconcile now; a process that sees its session events may
+// call it whenever the session is back, which Run otherwise notices
+// within 100 ms. It never blocks.
+func (r *Registry) Wake() { r.keeper.Wake() }
+
+// Run keeps the registrations until ctx ends (see Registry); its caller
+// owns the goroutine. It makes no request while nothing changes.
+func (r *Registry) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); r.keeper.Run(ctx) }()
+	defer wg.Wait()
+	t := time.NewTicker(registryPoll)
+	defer t.Stop()
+	connected, sid := false, int64(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Back in session, the same or a new one (seen by its id when the
+		// session changed between two looks): what failed meanwhile
+		// (deletes of closed registrations, a new session's creates) is
+		// retried now.
+		now := r.conn.State() == zk.StateHasSession
+		if now && (!connected || r.conn.SessionID() != sid) {
+			sid = r.conn.SessionID()
+			r.keeper.Wake()
+		}
+		connected = now
+	}
+}
+
+// keep makes the registration p exist until drop; gone: its parent is
+// missing (only known when ZooKeeper answered at once).
+func (r *Registry) keep(p string) (e *keptNode, gone bool) {
+	e = r.keeper.Keep(p, nil)
+	return e, e.Gone()
+}
+
+// own reports whether this process's registration p counts: only while
+// kept. One the Registry does not know of is deleted by Run.
+func (r *Registry) own(p string) bool {
+	known, wanted := r.keeper.Tracked(p)
+	if !known {
+		r.keeper.Stray(p)
+	}
+	return wanted
+}
+
+// Keeping ephemeral nodes.
+//
+// A process keeps EPHEMERAL nodes that must exist exactly while what they
+// stand for lives (a broker while it runs, a consumer while its stream is
+// open). A create and a delete are not enough:
+//
+//   - a create or delete whose answer is lost with the connection (a
+//     ZooKeeper failover) may or may not have happened;
+//   - a session expiry deletes all of the session's ephemeral nodes while
+//     the process and what they stand for go on;
+//   - a process restarted under the same name finds the nodes of its
+//     previous process's session still there until that session expires.
+//
+// So a kept node has a name no one else uses, a node is ours only when its
+// ephemeralOwner is our current session, and one goroutine (Run)
+// reconciles: every wanted node until it exists under the current session,
+// every unwanted one until it is gone, retrying with backoff while
+// ZooKeeper is away and again after every new session. Nodes the caller
+// finds under its names that it does not know of (left by its previous
+// process) are deleted through Stray.
+
+// keeper keeps ephemeral nodes through session changes (see above). It is
+// created before its connection, so that the connection's event callback
+// can Wake it: Bind the connection before any other call. A keeper is safe
+// for concurrent use.
+type keeper struct {
+	conn *zk.Conn
+	acl  []zk.ACL
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	nodes map[string]*keptNode
+	kick  chan struct{}
+}
+
+// keptNode is one node a keeper keeps, or removes.
+type keptNode struct {
+	path string
+	data []byte
+
+	wanted atomic.Bool // should exist; once false, never true again
+
+	mu      sync.Mutex // serializes the node's ZooKeeper calls; guards the fields below
+	owner   int64      // the session that owns the node we made; 0: none that we know of
+	unknown bool       // a create or delete whose outcome is unknown
+	gone    bool       // its parent was deleted: it cannot exist
+}
+
+// Path returns the node's path.
+func (e *keptNode) Path() string { return e.path }
+
+// Gone reports whether the node's parent was found missing: the keeper
+// does not create it until Drop.
+func (e *keptNode) Gone() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.gone
+}
+
+// needsWork reports whether e differs from what is wanted under session
+// sid. e.mu is held.
+func (e *keptNode) needsWork(sid int64) bool {
+	if e.wanted.Load() {
+		return !e.gone && e.owner != sid
+	}
+	return e.owner != 0 || e.unknown
+}
+
+// newKeeper returns a keeper logging to logger (nil discards).
+func newKeeper(logger *slog.Logger) *keeper {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &keeper{log: logger, nodes: map[string]*keptNode{}, kick: make(chan struct{}, 1)}
+}
+
+// Bind sets the connection the nodes live on and their ACL (OpenACL when
+// empty). Call it once, before Keep, Drop, Stray and Run.
+func (k *keeper) Bind(conn *zk.Conn, acl []zk.ACL) { k.conn, k.acl = conn, zkutil.ACLOr(acl) }
+
+// Wake makes Run reconcile now. Call it on every new session (a
+// StateHasSession event): a new session has none of the old one's
+// ephemeral nodes. It never blocks.
+func (k *keeper) Wake() {
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Keep makes the node at p exist with data, owned by the current session,
+// until Drop. It tries at once; when that fails (ZooKeeper away), Run
+// retries. p must be a name no other process uses. Its parent must exist:
+// once it is gone (a queue deleted), the keeper stops trying until Drop.
+func (k *keeper) Keep(p string, data []byte) *keptNode {
+	e := &keptNode{path: p, data: data}
+	e.wanted.Store(true)
+	k.mu.Lock()
+	k.nodes[p] = e
+	k.mu.Unlock()
+	k.reconcileNow(e)
+	return e
+}
+
+// Drop makes the node go away: at once if ZooKeeper answers, else as soon
+// as it does (or the session owning the node ends).
+func (k *keeper) Drop(e *keptNode) {
+	e.wanted.Store(false)
+	k.reconcileNow(e)
+}
+
+// Stray schedules the deletion of the node at p, one of the caller's names
+// that the keeper does not know of (a previous process's). It does nothing
+// when p is kept.
+func (k *keeper) Stray(p string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.nodes[p]; ok {
+		return
+	}
+	k.nodes[p] = &keptNode{path: p, unknown: true}
+	k.Wake()
+}
+
+// Tracked reports whether p is a node of the keeper (kept, or being
+// removed), and whether it is wanted.
+func (k *keeper) Tracked(p string) (known, wanted bool) {
+	k.mu.Lock()
+	e := k.nodes[p]
+	k.mu.Unlock()
+	if e == nil {
+		return false, false
+	}
+	return true, e.wanted.Load()
+}
+
+func (k *keeper) snapshot() []*keptNode {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]*keptNode, 0, len(k.nodes))
+	for _, e := range k.nodes {
+		out = append(out, e)
+	}
+	return out
+}
+
+// forget drops e once nothing is left to do for it.
+func (k *keeper) forget(e *keptNode) {
+	k.mu.Lock()
+	if k.nodes[e.path] == e {
+		delete(k.nodes, e.path)
+	}
+	k.mu.Unlock()
+}
+
+func (k *keeper) hasSession() bool { return k.conn.State() == zk.StateHasSession }
+
+func (k *keeper) reconcileNow(e *keptNode) {
+	if !k.hasSession() {
+		k.Wake() // the new session's event wakes it again
+		return
+	}
+	if err := k.reconcile(e, k.conn.SessionID()); err != nil {
+		k.log.Debug("registration pending", "znode", e.path, "err", err)
+		k.Wake()
+	}
+}
+
+// reconcile does what e needs under session sid: create, replace or
+// delete. Settled unwanted nodes leave the keeper.
+func (k *keeper) reconcile(e *keptNode, sid int64) error {
+	e.mu.Lock()
+	var err error
+	if e.needsWork(sid) {
+		if e.wanted.Load() {
+			err = k.ensure(e)
+		} else {
+			err = k.remove(e)
+		}
+	}
+	done := !e.wanted.Load() && !e.needsWork(sid)
+	e.mu.Unlock()
+	if done {
+		k.forget(e)
+	}
+	return err
+}
+
+// ErrKeepRace is the error of a node replaced repeatedly while the keeper
+// created it; Run retries.
+var ErrKeepRace = errors.New("zk: kept node replaced repeatedly")
+
+// ensure creates e under the current session. A node already there is
+// ours only when its ephemeralOwner is our session; one of an earlier
+// session (a create whose answer was lost, then an expiry; or the
+// previous process's) is deleted and created again. e.mu is held.
+func (k *keeper) ensure(e *keptNode) error {
+	acl := k.acl
+	for range 5 {
+		sid := k.conn.SessionID()
+		_, err := k.conn.Create(e.path, e.data, zk.FlagEphemeral, acl)
+		switch {
+		case err == nil && k.conn.SessionID() == sid:
+			e.owner, e.unknown = sid, false
+			return nil
+		case errors.Is(err, zk.ErrNoNode):
+			e.gone, e.unknown = true, false
+			return nil
+		case err != nil && !errors.Is(err, zk.ErrNodeExists):
+			e.unknown = true
+			return fmt.Errorf("create %s: %w", e.path, err)
+		}
+		// The node exists, or was created while the session changed:
+		// whose is it?
+		ok, st, err := k.conn.Exists(e.path)
+		if err != nil {
+			e.unknown = true
+			return fmt.Errorf("exists %s: %w", e.path, err)
+		}
+		if !ok {
+			continue // its session just ended
+		}
+		if st.EphemeralOwner == k.conn.SessionID() {
+			e.owner, e.unknown = st.EphemeralOwner, false
+			return nil
+		}
+		k.log.Info("replacing a registration of an earlier session", "znode", e.path,
+			"owner", fmt.Sprintf("0x%x", st.EphemeralOwner))
+		err = k.conn.Delete(e.path, st.Version)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrBadVersion) {
+			e.unknown = true
+			return fmt.Errorf("delete %s: %w", e.path, err)
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrKeepRace, e.path)
+}
+
+// remove deletes e's node. Deleting a node that is not there is done: the
+// name is ours alone. e.mu is held.
+func (k *keeper) remove(e *keptNode) error {
+	err := k.conn.Delete(e.path, -1)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		e.unknown = true
+		return fmt.Errorf("delete %s: %w", e.path, err)
+	}
+	e.owner, e.unknown = 0, false
+	return nil
+}
+
+// Retry backoff of Run.
+const (
+	keepRetryMin = 100 * time.Millisecond
+	keepRetryMax = 5 * time.Second
+)
+
+// Run reconciles the nodes when woken (a Keep or Drop failed, a new
+// session began) and retries with backoff until all is settled. It returns
+// when ctx ends; its caller owns the goroutine.
+func (k *keeper) Run(ctx context.Context) {
+	backoff := keepRetryMin
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.kick:
+		case <-retry:
+		}
+		retry = nil
+		if !k.hasSession() {
+			continue // the next session's event wakes us
+		}
+		if k.reconcileAll(ctx) {
+			backoff = keepRetryMin
+			continue
+		}
+		retry = time.After(backoff)
+		backoff = min(2*backoff, keepRetryMax)
+	}
+}
+
+// reconcileAll reconciles every node; it reports whether all settled.
+func (k *keeper) reconcileAll(ctx context.Context) bool {
+	settled := true
+	for _, e := range k.snapshot() {
+		if ctx.Err() != nil || !k.hasSession() {
+			return false
+		}
+		if err := k.reconcile(e, k.conn.SessionID()); err != nil {
+			k.log.Debug("registration pending", "znode", e.path, "err", err)
+			settled = false
+		}
+	}
+	return settled
 }

@@ -3,18 +3,18 @@ package zkqueue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
-
-	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // The dispatcher is a Queue's head algorithm: one sorted snapshot of the
-// head segment's children (heads.go), shared by all of this process's
+// head segment's children (the chain, below), shared by all of this process's
 // consumers of the queue, who
 // take distinct candidates from it (nextCandidate) and report each
 // claim's end (claimDone). A FIFO snapshot is walked to its end before the children are
@@ -57,7 +57,7 @@ type dispatcher struct {
 	wake    chan zk.Event
 	wakeAt  time.Time
 	claims  map[string]int    // candidates handed out whose claim is not done
-	watches []<-chan zk.Event // armed watches of the snapshot (heads.go); nil when none
+	watches []<-chan zk.Event // armed watches of the snapshot (chain.listHeads); nil when none
 	// more: the last listing found messages (a head segment's), so the
 	// queue is not empty while the snapshot is used up: the rest are
 	// being claimed, and later segments wait behind the head.
@@ -68,7 +68,7 @@ type dispatcher struct {
 	// doneWhileScanning: claims finished during the listing under way.
 	doneWhileScanning map[string]bool
 	// aheadMark is the last candidate of this snapshot offered for reading
-	// ahead (reads.go); zero after a listing.
+	// ahead (queue.go's readGroup); zero after a listing.
 	aheadMark Name
 	// listedPubs is the publishes begun here before the snapshot's
 	// listing was answered (publishes.mark).
@@ -313,7 +313,7 @@ func (d *dispatcher) watchFiredLocked() bool {
 		return true
 	}
 	for _, w := range d.watches {
-		if zkutil.Fired(w) && (d.groups == nil || !d.groups.inUse || d.groups.pollFiredLocked(w)) {
+		if (w == nil || anyFired(w)) && (d.groups == nil || !d.groups.inUse || d.groups.pollFiredLocked(w)) {
 			d.watches = nil
 			return true
 		}
@@ -397,7 +397,7 @@ func (d *dispatcher) nextCandidate() (n Name, ok bool, wait []<-chan zk.Event, m
 }
 
 // offerAhead offers the candidates next in line, this process's share,
-// for reading ahead (reads.go): those after the last one offered, so each
+// for reading ahead (queue.go's readGroup): those after the last one offered, so each
 // candidate of a snapshot is looked at once, up to maxReadAhead a call.
 func (d *dispatcher) offerAhead() {
 	d.mu.Lock()
@@ -893,4 +893,437 @@ func claimAll[T any](ctx context.Context, d *dispatcher, cands []Name, room Room
 	}
 	wg.Wait()
 	return vals, errs
+}
+
+// Consumers read a queue by its heads: the first segment of each level's
+// chain (node.go). The segments themselves are known from a listing of
+// the items parent, watched: it changes only when a segment is created or
+// removed (a roll, a drained segment, a redelivery re-creating one), or
+// when legacy messages are claimed. Only a head is listed, so a listing is
+// bounded by the segment size however deep the queue.
+//
+// A head that is empty and sealed is drained: it is removed (delete fails
+// while a redelivery has put a message back, which is then consumed) and
+// its successor becomes the head. A head that is empty and unsealed is its
+// chain's tail: the level is empty, and the consumer waits on the head's
+// watch. A priority queue serves the most urgent levels whose heads hold
+// messages (their heads merged into one snapshot, up to mergeNames); it
+// watches the empty heads of the more urgent levels, so a message
+// published there drops the snapshot.
+
+// chain is what a Queue knows of its segments. Its mutex is held across
+// the requests of one listing of the heads, which the dispatcher runs one
+// at a time.
+type chain struct {
+	*core
+	bad     *badNodes
+	mu      sync.Mutex
+	segs    []segment       // sorted, from the last listing of the parent
+	legacy  []Name          // legacy messages in that listing, sorted
+	foreign []string        // foreign children in that listing
+	watch   <-chan zk.Event // children watch of the parent; nil when none
+	stale   atomic.Bool     // Rescan asked for a new listing of the parent
+	// empty holds the tails found empty, by level, with their armed
+	// watches: while such a tail is still its level's head, the level is
+	// not listed again until the watch fires, so a priority queue with
+	// many levels lists one head per listing, not every more urgent
+	// level's.
+	empty map[int]emptyTail
+}
+
+type emptyTail struct {
+	seg   segment
+	watch <-chan zk.Event
+}
+
+func newChain(c *core, bad *badNodes) *chain {
+	return &chain{core: c, bad: bad, empty: map[int]emptyTail{}}
+}
+
+// stillEmpty reports whether level's head is a tail found empty whose
+// watch has not fired, and returns that watch. A tail found empty that is
+// no longer the last segment of its level was sealed since (a roll only
+// changes its data, which no children watch sees), so it is listed again:
+// sealed and empty, it is removed and its successor becomes the head.
+func (c *chain) stillEmpty(level int) (<-chan zk.Event, bool) {
+	e, ok := c.empty[level]
+	if !ok {
+		return nil, false
+	}
+	if e.watch != nil && !anyFired(e.watch) && c.head(level) == e.seg && c.last(level) == e.seg {
+		return e.watch, true
+	}
+	delete(c.empty, level)
+	return nil, false
+}
+
+// last returns the last listed segment of level; the zero segment when
+// there is none.
+func (c *chain) last(level int) segment {
+	for i := len(c.segs) - 1; i >= 0; i-- {
+		if c.segs[i].level == level {
+			return c.segs[i]
+		}
+	}
+	return segment{}
+}
+
+// head returns the first segment of level, legacy or listed; the zero
+// segment when there is none.
+func (c *chain) head(level int) segment {
+	for _, n := range c.legacy {
+		if n.Priority == level {
+			return segment{level, 0}
+		}
+	}
+	for _, sg := range c.segs {
+		if sg.level == level {
+			return sg
+		}
+	}
+	return segment{}
+}
+
+// listSegments lists the items parent into c, with a watch unless watch
+// is false. c.mu is held.
+func (c *chain) listSegments(watch bool) error {
+	var children []string
+	var w <-chan zk.Event
+	var err error
+	if watch {
+		children, _, w, err = c.zk.ChildrenW(c.path)
+	} else {
+		children, _, err = c.zk.Children(c.path)
+	}
+	if err != nil {
+		return fmt.Errorf("children %s: %w", c.path, err)
+	}
+	c.segs, c.legacy, c.foreign = classify(children, c.opt.priorities)
+	c.watch = w
+	return nil
+}
+
+// classify sorts the children of the items parent of a priority queue
+// (prio) or a FIFO queue into its segments and legacy messages, both
+// sorted, and the rest (foreign).
+func classify(children []string, prio bool) (segs []segment, legacy []Name, foreign []string) {
+	for _, name := range children {
+		if sg, p, ok := parseSegment(name); ok && p == prio {
+			segs = append(segs, sg)
+		} else if n, ok := ParseName(name); ok && n.Seg == 0 {
+			legacy = append(legacy, n)
+		} else {
+			foreign = append(foreign, name)
+		}
+	}
+	slices.SortFunc(segs, compareSegments)
+	slices.SortFunc(legacy, Compare)
+	return segs, legacy, foreign
+}
+
+// levels returns the levels that have segments or legacy messages, in
+// order. c.mu is held.
+func (c *chain) levels() []int {
+	var ls []int
+	add := func(l int) {
+		if i, found := slices.BinarySearch(ls, l); !found {
+			ls = slices.Insert(ls, i, l)
+		}
+	}
+	for _, sg := range c.segs {
+		add(sg.level)
+	}
+	for _, n := range c.legacy {
+		add(n.Priority)
+	}
+	return ls
+}
+
+// head is what a listing of the heads found: the messages of the first
+// head holding some, in order, and the watches whose firing makes them
+// stale.
+type head struct {
+	names   []Name
+	foreign []string
+	watches []<-chan zk.Event
+}
+
+// listHeads lists the heads, level by level, until one holds messages
+// (a priority queue merges a few, see mergeNames), removing the drained
+// ones on the way.
+//
+// Levels skipped as still empty were judged by their watches before any
+// request: a notification on its way then was not seen. ZooKeeper delivers
+// a session's notifications before the answer to its later requests, so
+// once a head was listed, those watches tell the truth; if one fired (or
+// the parent's), the listing is made again, so a more urgent message
+// published before it began is not passed over.
+func (c *chain) listHeads() (head, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		h, skipped, err := c.listHeadsOnce()
+		if err != nil || attempt >= 3 || !anyFired(append(skipped, c.watch)...) {
+			return h, err
+		}
+	}
+}
+
+// anyFired reports whether one of the watches ws has fired; a nil watch
+// (none armed) has not. The client sends a watch's one event and closes
+// its channel.
+func anyFired(ws ...<-chan zk.Event) bool {
+	for _, w := range ws {
+		select {
+		case <-w:
+			return true
+		default:
+		}
+	}
+	return false
+}
+
+// listHeadsOnce is one pass of listHeads; skipped are the watches of the
+// levels it skipped as still empty. c.mu is held.
+func (c *chain) listHeadsOnce() (h head, skipped []<-chan zk.Event, err error) {
+	if c.stale.Swap(false) || c.watch == nil || anyFired(c.watch) {
+		if err := c.listSegments(true); err != nil {
+			return head{}, nil, err
+		}
+	}
+	h = head{foreign: slices.Clone(c.foreign), watches: []<-chan zk.Event{c.watch}}
+	levels := 0 // non-empty levels merged
+	for _, level := range c.levels() {
+		if w, ok := c.stillEmpty(level); ok {
+			h.watches = append(h.watches, w)
+			skipped = append(skipped, w)
+			continue
+		}
+		names, foreign, w, err := c.levelHead(level)
+		if err != nil {
+			return head{}, nil, err
+		}
+		h.foreign = append(h.foreign, foreign...)
+		if w != nil {
+			h.watches = append(h.watches, w)
+		}
+		if len(names) > 0 {
+			h.names = append(h.names, names...)
+			levels++
+			if len(h.names) >= mergeNames || levels >= mergeLevels {
+				return h, skipped, nil
+			}
+		}
+	}
+	return h, skipped, nil
+}
+
+// A priority queue's snapshot merges the heads of the most urgent
+// non-empty levels until it holds mergeNames messages or mergeLevels
+// levels, so that a take of several messages (a Receive, a prefetch) gets
+// them across levels, most urgent first, as from one sorted listing; a
+// listing then costs at most mergeLevels head listings besides the empty
+// levels' (which are listed again only when they change).
+const (
+	mergeNames  = 1000
+	mergeLevels = 8
+)
+
+// levelHead returns the messages of level's head, with a watch on it; no
+// messages and a watch when the level is empty. Drained heads are removed
+// on the way. c.mu is held.
+func (c *chain) levelHead(level int) (names []Name, foreign []string, w <-chan zk.Event, err error) {
+	var legacy []Name
+	for _, n := range c.legacy {
+		if n.Priority == level {
+			legacy = append(legacy, n)
+		}
+	}
+	if c.bad.n.Load() > 0 {
+		legacy = c.bad.without(legacy)
+	}
+	if len(legacy) > 0 {
+		return legacy, nil, nil, nil // the parent's watch covers them
+	}
+	for i := 0; i < len(c.segs); {
+		sg := c.segs[i]
+		if sg.level != level {
+			i++
+			continue
+		}
+		p := segmentPath(c.path, c.opt.priorities, sg)
+		children, stat, w, err := c.zk.ChildrenW(p)
+		if errors.Is(err, zk.ErrNoNode) {
+			c.drop(i) // drained and removed by another consumer
+			continue
+		}
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("children %s: %w", p, err)
+		}
+		names, fgn := SortNames(children)
+		foreign = append(foreign, prefixed(sg, c.opt.priorities, fgn)...)
+		listed := len(names)
+		if c.bad.n.Load() > 0 {
+			names = c.bad.without(names)
+		}
+		if len(children) == 0 && !segmentSealed(stat) {
+			c.empty[level] = emptyTail{sg, w}
+		}
+		if len(names) > 0 || !segmentSealed(stat) {
+			return names, foreign, w, nil
+		}
+		if len(fgn) > 0 || listed > 0 {
+			i++ // sealed, holding foreign or bad nodes only: passed over, kept
+			continue
+		}
+		err = c.zk.Delete(p, stat.Version)
+		if errors.Is(err, zk.ErrNotEmpty) {
+			continue // a message was put back: list it again
+		}
+		if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrBadVersion) {
+			return nil, nil, nil, fmt.Errorf("delete drained segment %s: %w", p, err)
+		}
+		c.drop(i)
+	}
+	return nil, foreign, nil, nil
+}
+
+// drop forgets segment i of c.segs, gone.
+func (c *chain) drop(i int) {
+	c.segs = slices.Delete(c.segs, i, i+1)
+}
+
+// prefixed names foreign children of segment sg relative to the parent,
+// for the log.
+func prefixed(sg segment, prio bool, foreign []string) []string {
+	out := make([]string, len(foreign))
+	for i, f := range foreign {
+		out[i] = segmentName(prio, sg) + "/" + f
+	}
+	return out
+}
+
+// claims is how a claim reads its candidate and decides on it, for both
+// kinds of claim: the at-most-once take (take, here) and the lease
+// (Leases.claim). It keeps no state of its own: it reads through the
+// memory of published messages and the group reads, and asks the
+// optional features' gates (TTL, groups) only of a message that uses
+// them.
+type claims struct {
+	*core
+	recent *recent
+	pubs   *publishes
+	reads  *readGroup
+	disp   *dispatcher
+	groups *groups // nil without WithGroups
+	ttl    *expiry // nil without a TTL
+}
+
+// take is the at-most-once claim: getData, then delete at the read
+// version. Whoever deletes the node owns the message. If the delete's
+// outcome is unknown (connection lost), the message is not returned: it
+// may be lost, never delivered twice. A message that does not fit the
+// caller's room (see fitClaimFunc) is not deleted.
+func (c *claims) take(ctx context.Context, n Name, fit fitFunc) (Message, error) {
+	p := itemPath(c.path, n)
+	data, version, err := c.read(ctx, p, n)
+	if err != nil {
+		return Message{}, err
+	}
+	// Undecodable data is never delivered: the claim fails with
+	// ErrBadData, and the node stays, skipped, until a purge
+	// (baddata.go).
+	m, err := decodeMessage(n, data, 1)
+	if err != nil {
+		return Message{}, err
+	}
+	if c.ttl != nil && c.ttl.expired(m, time.Now()) {
+		return Message{}, c.ttl.expireClaimed(ctx, n, data, version)
+	}
+	var gops []any
+	if m.Group != "" && c.groups != nil {
+		entry, err := c.groups.gate(m)
+		if err != nil {
+			c.unread(n, data, version)
+			return Message{}, err
+		}
+		if entry != "" {
+			gops = c.groups.claimOps(m.Group, entry, false)
+		}
+	}
+	if !fit.admits(m.wireSize()) {
+		c.unread(n, data, version)
+		return Message{}, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
+	}
+	if _, err := c.write(ctx, append([]any{&zk.DeleteRequest{Path: p, Version: version}}, gops...)...); err != nil {
+		return Message{}, fmt.Errorf("delete %s: %w", p, err)
+	}
+	if gops != nil {
+		_ = c.zk.Delete(c.groups.groupPath(m.Group), -1) // idle now unless more wait
+	}
+	return m, nil
+}
+
+// takeNode is take for a packed queue (pack.go): it claims node n
+// whole, a pack or a message of its own, and returns its messages. A
+// plain message node (not a pack) goes through take, which knows the
+// features' gates.
+func (c *claims) takeNode(ctx context.Context, n Name, fit fitFunc) ([]Message, error) {
+	p := itemPath(c.path, n)
+	data, version, err := c.read(ctx, p, n)
+	if err != nil {
+		return nil, err
+	}
+	if !isPack(data) {
+		c.unread(n, data, version)
+		m, err := c.take(ctx, n, fit)
+		if err != nil {
+			return nil, err
+		}
+		return []Message{m}, nil
+	}
+	ms, _, err := decodeNode(n, data, 1)
+	if err != nil {
+		return nil, err
+	}
+	if !fit.admits(ms[0].wireSize()) {
+		c.unread(n, data, version)
+		return nil, fmt.Errorf("%s: %w", n.Raw, ErrNoRoom)
+	}
+	if _, err := c.write(ctx, &zk.DeleteRequest{Path: p, Version: version}); err != nil {
+		return nil, fmt.Errorf("delete %s: %w", p, err)
+	}
+	return ms, nil
+}
+
+// takeAll is take without a Room.
+func (c *claims) takeAll(ctx context.Context, n Name) (Message, error) {
+	return c.take(ctx, n, nil)
+}
+
+// read returns the data and version of candidate n at p for its
+// claim: remembered when this process published it, else read (group
+// read, readGroup). A message with this process's publisher tag may be
+// listed before its publish returned here: the claim waits for the
+// publishes under way at the listing before it reads (publishes).
+func (c *claims) read(ctx context.Context, p string, n Name) (data []byte, version int32, err error) {
+	if data, ok := c.recent.take(n.Raw); ok {
+		return data, 0, nil
+	}
+	if ownTag(n, c.opt.publisher) && c.pubs.settle(ctx, c.disp.listingPubs()) {
+		if data, ok := c.recent.take(n.Raw); ok {
+			return data, 0, nil
+		}
+	}
+	r := c.reads.read(p)
+	return r.data, r.version, r.err
+}
+
+// unread puts back what read took from the memory of published
+// messages, for a candidate given back unclaimed. Data at version 0 is
+// what the message was created with, whoever read it.
+func (c *claims) unread(n Name, data []byte, version int32) {
+	if version == 0 {
+		c.recent.put(n, data)
+	}
 }

@@ -8,17 +8,29 @@
 //
 //	options.go   Option, Limits: defaults and validation, in one place
 //	queue.go     Queue: the public face; wires the parts below; checks drafts
-//	             (Check, CheckDraft), publish, batch, take (at-most-once), dequeue
+//	             (Check, CheckDraft), publish, batch, take (at-most-once),
+//	             dequeue; Catalog.Open: a queue's parts (Handles) at their
+//	             nodes, Handles.Run: the delay mover and TTL expiry of a
+//	             process; the connection: per-request latency for metrics
+//	             (Observer) and group reads of concurrent claims, reading ahead
+//	node.go      a message's node: names and their order (segments, layout,
+//	             redelivery into a removed segment, messages), and the
+//	             message and lease encodings
 //	producer.go  the producer part: encoding, the tail segment, the version
-//	             check, the roll
-//	heads.go     the chain part: listing a queue by its heads, removing drained segments
-//	dispatch.go  the dispatcher part: snapshot, listing, share split, take loop, byte room
-//	reads.go     the read part: group reads of concurrent claims, reading ahead
-//	claims.go    claims: reading a candidate and deciding on it, at-most-once take
-//	inspect.go   the inspector part: Peek, Len (cheap on deep queues), Purge
-//	browse.go    Browse: the ready messages from the head, paged, unclaimed
+//	             check, the roll; Budget: memory of messages published here,
+//	             for read-free claims
+//	commit.go    Committer: group commit of concurrent writes into one Multi
+//	dispatch.go  the dispatcher part: snapshot, listing, share split, take
+//	             loop, byte room; the chain: listing a queue by its heads,
+//	             removing drained segments; claims: reading a candidate and
+//	             deciding on it, at-most-once take
 //	leases.go    Leases: at-least-once claim with lease (and fencing token), ack,
 //	             nack (delay), extend, release, unclaim, dead letters, redrive
+//	consumers.go ConsumerGroup: the processes consuming a queue, their rank
+//	             (share); Registry: a process's registrations, kept through
+//	             session expiry
+//	inspect.go   the inspector part: Peek, Len (cheap on deep queues), Purge
+//	browse.go    Browse: the ready messages from the head, paged, unclaimed
 //	backoff.go   retry backoff part (Spec.Backoff): nacks without a delay and
 //	             expiries held back for their step
 //	release.go   releasing a lease (requeue, dead letter, drop), for Leases and LeaseSweeper
@@ -28,20 +40,11 @@
 //	ttl.go       message TTL part: expiry at claim and by one timer per queue
 //	fairness.go  fair dispatch by key (WithFairness): key tags in names, weighted
 //	             round robin over a snapshot's keys
-//	commit.go    Committer: group commit of concurrent writes into one Multi
-//	consumers.go ConsumerGroup: the processes consuming a queue, their rank (share)
-//	registry.go  Registry: a process's consumer registrations, kept through
-//	             session expiry
 //	catalog.go   Catalog: named queues under one parent, and a queue's layout:
 //	             create, two-step guarded delete, list, load with a watch;
 //	             spec.go: a queue's stored Spec
-//	open.go      Catalog.Open: a queue's parts (Handles) at their nodes;
-//	             Handles.Run: the delay mover and TTL expiry of a process
 //	maintain.go  Catalog.Maintain: one process's upkeep of all queues (expired
 //	             leases, abandoned deletions, dedup buckets), watch-driven
-//	names.go     node names and their order: segments (layout, names, redelivery
-//	             into a removed segment) and messages; codec.go: message and lease encodings
-//	recent.go    Budget: memory of messages published here, for read-free claims
 //	dedup.go     idempotent publish part (WithDedup): dedup records in time
 //	             buckets, created in the message's transaction; ExpireDedup
 //	groups.go    message groups part (WithGroups): per-group order by sequential
@@ -53,7 +56,6 @@
 //	             lease, settlements coalesced per lease, partial put-back
 //	active.go    single active consumer (Spec.SingleActive): the active/ election
 //	             node, and Revoke, which ends the previous consumer's leases
-//	observe.go   Observer: per-request latency for metrics
 //	errors.go    sentinel errors, all prefixed "zkqueue: "
 //
 // # Znode layout
@@ -87,7 +89,7 @@
 // Leases and dead letters (NewLeases) live under two more parents of the
 // caller's choice: <leases>/<item>~<16 hex> holds a claimed message with
 // its deadline, <dead>/<item> a dead letter. The header of a message holds
-// a format version, the delivery count and the publish time (codec.go).
+// a format version, the delivery count and the publish time (node.go).
 // Children whose names do not parse as messages or segments are skipped
 // and logged once, never fatal; so are messages whose data lacks the
 // header or does not decode (baddata.go): never delivered, reported once
@@ -142,7 +144,7 @@
 //
 // Claims read the messages this process does not remember from
 // publishing them together: concurrent reads of a Queue share multiRead
-// requests of up to 16 paths (group read, reads.go; ZooKeeper 3.6 or
+// requests of up to 16 paths (group read, queue.go; ZooKeeper 3.6 or
 // later and a client with multiRead, see The ZooKeeper client below; else
 // one getData each), because ZooKeeper's cost is per request:
 // a deep backlog, read back by a broker that did not publish it, drains at

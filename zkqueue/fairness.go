@@ -17,7 +17,7 @@ import (
 //
 // The dispatcher must know a message's key without reading it, so a
 // publish writes a hash of the key into the message's name, after the
-// publisher tag: "qn-12-3fa0-k1b2c3d4e-0000000042" (names.go). A message
+// publisher tag: "qn-12-3fa0-k1b2c3d4e-0000000042" (node.go). A message
 // without the key (no group, or no such header) carries none and counts
 // as a key of its own. A redelivery re-creates the message under its
 // name, key included.
@@ -37,7 +37,7 @@ import (
 // once, and a key's share is exact only over many deliveries.
 //
 // Fairness works within the head segment (up to the segment size of
-// messages, names.go): messages in later segments wait behind the head
+// messages, node.go): messages in later segments wait behind the head
 // as in any queue. Order within a key is not kept (a nacked message comes
 // back at its place, not its key's turn) unless the key is the message
 // group, whose order groups.go keeps.

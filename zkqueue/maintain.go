@@ -33,7 +33,7 @@ import (
 // record.
 //
 // Drained segments are not the maintainer's: the consumers that drain
-// them remove them (heads.go). Nor are the delayed moves and the TTL
+// them remove them (dispatch.go). Nor are the delayed moves and the TTL
 // expiry, which every process with the queue open runs (Handles.Run).
 
 // sweepWorkers visit queues concurrently within one sweep (their requests

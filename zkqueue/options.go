@@ -133,7 +133,7 @@ func (o *options) validate() error {
 const MaxSegmentSize = 50_000
 
 // WithSegmentSize sets the number of messages after which a segment is
-// sealed and the next one started (names.go); default
+// sealed and the next one started (node.go); default
 // DefaultSegmentSize. Consumers list one segment at a time, so it bounds a
 // listing; every process publishing to a queue should use the same size
 // (a segment is sealed by the first publish past its size).
@@ -226,7 +226,7 @@ func WithCommitter(c *Committer) Option { return func(o *options) { o.committer 
 
 // WithMemory sets the Budget bounding the memory the queue spends
 // remembering the messages this process published, so its consumers claim
-// them without reading them back (recent.go). Share one Budget among the
+// them without reading them back (producer.go). Share one Budget among the
 // queues of a process to bound the total; default: a Budget of
 // DefaultMemoryBytes for this queue alone.
 func WithMemory(b *Budget) Option { return func(o *options) { o.memory = b } }

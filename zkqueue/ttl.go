@@ -64,7 +64,7 @@ func WithExpiry(e Expiry) Option { return func(o *options) { o.expiry = e } }
 // removed it: not an error of the take, which moves on.
 var errExpired = errors.New("zkqueue: message expired")
 
-// tagReady is Message.Ready's field in a version-2 header (codec.go):
+// tagReady is Message.Ready's field in a version-2 header (node.go):
 // varint Unix ns.
 const tagReady = 3
 

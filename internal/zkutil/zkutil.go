@@ -36,15 +36,16 @@ func Connect(servers []string, sessionTimeout time.Duration, logger *slog.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	cb := func(ev zk.Event) {
-		if onEvent != nil {
-			onEvent(ev)
-		}
+	var (
+		conn *zk.Conn
+		err  error
+	)
+	logs, answers := zk.WithLogger(slogAdapter{logger}), zk.WithMaxBufferSize(MaxAnswer)
+	if onEvent != nil {
+		conn, _, err = zk.Connect(servers, sessionTimeout, logs, answers, zk.WithEventCallback(onEvent))
+	} else {
+		conn, _, err = zk.Connect(servers, sessionTimeout, logs, answers)
 	}
-	conn, _, err := zk.Connect(servers, sessionTimeout,
-		zk.WithLogger(slogAdapter{logger}),
-		zk.WithMaxBufferSize(MaxAnswer),
-		zk.WithEventCallback(cb))
 	if err != nil {
 		return nil, fmt.Errorf("zk connect %v: %w", servers, err)
 	}

@@ -1,4 +1,4 @@
-package zkutil_test
+package zkqueue
 
 import (
 	"context"
@@ -12,11 +12,11 @@ import (
 	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
-// keeperOn returns a Keeper on a new session to servers, woken by the
+// keeperOn returns a keeper on a new session to servers, woken by the
 // session's events and run until the test ends.
-func keeperOn(t *testing.T, servers []string, timeout time.Duration) (*zkutil.Keeper, *zk.Conn) {
+func keeperOn(t *testing.T, servers []string, timeout time.Duration) (*keeper, *zk.Conn) {
 	t.Helper()
-	k := zkutil.NewKeeper(nil)
+	k := newKeeper(nil)
 	conn, err := zkutil.Connect(servers, timeout, nil, func(ev zk.Event) {
 		if ev.Type == zk.EventSession && ev.State == zk.StateHasSession {
 			k.Wake()
@@ -50,7 +50,7 @@ func ownerOf(observer *zk.Conn, p string) int64 {
 func TestKeepAdoptsItsOwnNode(t *testing.T) {
 	k, conn := keeperOn(t, []string{zktest.Addr(t)}, 4*time.Second)
 	root := zktest.Root(t)
-	create(t, conn, root)
+	ensurePath(t, conn, root)
 	p := root + "/lost-answer"
 	if _, err := conn.Create(p, nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
 		t.Fatal(err)
@@ -77,7 +77,7 @@ func TestKeepReplacesAndRemovesStrays(t *testing.T) {
 	k, conn := keeperOn(t, []string{zktest.Addr(t)}, 4*time.Second)
 	prev := zktest.Conn(t)
 	root := zktest.Root(t)
-	create(t, prev, root)
+	ensurePath(t, prev, root)
 	kept, stray, marker := root+"/kept", root+"/stray", root+"/marker"
 	for _, p := range []string{kept, stray, marker} {
 		if _, err := prev.Create(p, []byte("old"), zk.FlagEphemeral, zk.WorldACL(zk.PermAll)); err != nil {
@@ -95,21 +95,21 @@ func TestKeepReplacesAndRemovesStrays(t *testing.T) {
 		t.Fatalf("kept node: known %v wanted %v", known, wanted)
 	}
 	k.Stray(stray)
-	zktest.WaitFor(t, 20*time.Second, "the stray node deleted", func() bool { return !exists(t, conn, stray) })
+	zktest.WaitFor(t, 20*time.Second, "the stray node deleted", func() bool { return !nodeExists(t, conn, stray) })
 	zktest.WaitFor(t, 20*time.Second, "the stray node forgotten", func() bool { known, _ := k.Tracked(stray); return !known })
 	prev.Close()
-	zktest.WaitFor(t, 20*time.Second, "the previous session's nodes gone", func() bool { return !exists(t, conn, marker) })
-	if !exists(t, conn, kept) {
+	zktest.WaitFor(t, 20*time.Second, "the previous session's nodes gone", func() bool { return !nodeExists(t, conn, marker) })
+	if !nodeExists(t, conn, kept) {
 		t.Fatal("the kept node vanished with the previous session")
 	}
 
 	orphan := k.Keep(root+"/missing/child", nil)
-	if exists(t, conn, root+"/missing") {
+	if nodeExists(t, conn, root+"/missing") {
 		t.Fatal("Keep created a missing parent")
 	}
 	k.Drop(orphan)
 	k.Drop(e)
-	if exists(t, conn, kept) {
+	if nodeExists(t, conn, kept) {
 		t.Fatal("dropped node still there")
 	}
 }
@@ -122,7 +122,7 @@ func TestKeepRecreatesAfterSessionExpiry(t *testing.T) {
 	k, conn := keeperOn(t, []string{proxy.Addr()}, 2*time.Second)
 	observer := zktest.Conn(t)
 	root := zktest.Root(t)
-	create(t, observer, root)
+	ensurePath(t, observer, root)
 	a, b := root+"/a", root+"/b"
 	k.Keep(a, nil)
 	eb := k.Keep(b, nil)
@@ -146,7 +146,31 @@ func TestKeepRecreatesAfterSessionExpiry(t *testing.T) {
 		t.Fatalf("node owned by 0x%x, the keeper's session is 0x%x", now, conn.SessionID())
 	}
 	zktest.WaitFor(t, 30*time.Second, "the dropped node forgotten", func() bool { known, _ := k.Tracked(b); return !known })
-	if exists(t, observer, b) {
+	if nodeExists(t, observer, b) {
 		t.Fatal("a node dropped during the partition was created again")
 	}
+}
+
+// State returns what the keeper knows of e: the session owning the node
+// it made, and whether an outcome is unknown.
+func (e *keptNode) State() (owner int64, unknown bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.owner, e.unknown
+}
+
+func ensurePath(t *testing.T, conn *zk.Conn, p string) {
+	t.Helper()
+	if err := zkutil.EnsurePath(conn, p, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func nodeExists(t *testing.T, conn *zk.Conn, p string) bool {
+	t.Helper()
+	ok, _, err := conn.Exists(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
 }
