@@ -10,8 +10,9 @@ import (
 )
 
 // A plain publish, consume, ack and lease expiry run no optional
-// feature's code: pathfiles, built with coverage as `make pathfiles`
-// builds it, succeeds and lists each call's files.
+// feature's code, and a publish and a consume stay within their bounds
+// of files: pathfiles, built with coverage as `make pathfiles` builds it,
+// succeeds and lists each call's files.
 func TestPlainPathCrossesNoFeature(t *testing.T) {
 	if !zkserver.Installed() {
 		if os.Getenv("CI") != "" {
