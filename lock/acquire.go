@@ -274,7 +274,7 @@ func (l *locker) grant(key string, mine watched) (*Grant, error) {
 	if err != nil {
 		return nil, errfmt.Errorf("lock: %w", err)
 	}
-	return startGrant(l.conn, l.log, key, mine.st, mine.w, l.delay > 0), nil
+	return startGrant(holding.Config{Conn: l.conn, Log: l.log, Key: key, Stat: mine.st, Watch: mine.w, Marked: l.delay > 0}), nil
 }
 
 // reapOnce deletes the node named with nonce, a create whose answer was

@@ -2,9 +2,6 @@ package lock
 
 import (
 	"context"
-	"log/slog"
-
-	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/holding"
@@ -19,13 +16,12 @@ type Grant struct {
 	h *holding.Holding
 }
 
-// startGrant starts the grant of the node key, whose Stat st and exists
-// watch w were just read.
-func startGrant(conn *zk.Conn, log *slog.Logger, key string, st *zk.Stat, w <-chan zk.Event, marked bool) *Grant {
-	log.Debug("lock granted", "znode", key, "token", st.Czxid)
-	return &Grant{h: holding.Start(holding.Config{
-		Conn: conn, Log: log, Key: key, Stat: st, Watch: w, Marked: marked, Lost: ErrLost, Kind: "lock grant",
-	})}
+// startGrant starts the grant of the node c.Key, whose Stat and exists
+// watch were just read; it sets c.Lost and c.Kind.
+func startGrant(c holding.Config) *Grant {
+	c.Log.Debug("lock granted", "znode", c.Key, "token", c.Stat.Czxid)
+	c.Lost, c.Kind = ErrLost, "lock grant"
+	return &Grant{h: holding.Start(c)}
 }
 
 // Token returns the fencing token: the zxid that created the grant's node.

@@ -314,7 +314,7 @@ func (s *Semaphore) grant(lp string, n int) (*Lease, error) {
 	if err != nil {
 		return nil, errfmt.Errorf("semaphore: %w", err)
 	}
-	return startLease(s.conn, s.log, lp, n, st, w, s.delay > 0), nil
+	return startLease(holding.Config{Conn: s.conn, Log: s.log, Key: lp, Stat: st, Watch: w, Marked: s.delay > 0}, n), nil
 }
 
 // waitDelay waits, first in line, until no lost lease's lock-delay keeps

@@ -2,9 +2,6 @@ package semaphore
 
 import (
 	"context"
-	"log/slog"
-
-	"github.com/go-zookeeper/zk"
 
 	"github.com/qbroker/qbroker/internal/errfmt"
 	"github.com/qbroker/qbroker/internal/holding"
@@ -20,13 +17,12 @@ type Lease struct {
 	permits int
 }
 
-// startLease starts the lease of the node key, whose Stat st and exists
-// watch w were just read.
-func startLease(conn *zk.Conn, log *slog.Logger, key string, permits int, st *zk.Stat, w <-chan zk.Event, marked bool) *Lease {
-	log.Debug("permits granted", "znode", key, "permits", permits, "token", st.Czxid)
-	return &Lease{permits: permits, h: holding.Start(holding.Config{
-		Conn: conn, Log: log, Key: key, Stat: st, Watch: w, Marked: marked, Lost: ErrLost, Kind: "lease",
-	})}
+// startLease starts the lease of permits held by the node c.Key, whose
+// Stat and exists watch were just read; it sets c.Lost and c.Kind.
+func startLease(c holding.Config, permits int) *Lease {
+	c.Log.Debug("permits granted", "znode", c.Key, "permits", permits, "token", c.Stat.Czxid)
+	c.Lost, c.Kind = ErrLost, "lease"
+	return &Lease{permits: permits, h: holding.Start(c)}
 }
 
 // Token returns the fencing token: the zxid that created the lease's

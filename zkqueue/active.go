@@ -84,7 +84,8 @@ func (l *Leases) revokeLive(ctx context.Context, names []string, p Policy, relea
 		}
 		if isPackLease(data) {
 			// Every message of the pack still leased expires now.
-			es, _, err := sweepPack(ctx, l.packs.tx, n, item, data, stat.Version, farFuture, time.Now(), p)
+			h := heldLease{token: n, version: stat.Version, item: item, data: data}
+			es, _, err := l.packs.tx.sweepPack(ctx, h, farFuture, time.Now(), p)
 			switch {
 			case errors.Is(err, zk.ErrNoNode):
 				continue

@@ -165,15 +165,15 @@ func (j *backoffJSON) backoff() *Backoff {
 // with a backoff: the lease becomes a nacked one due at now plus the
 // message's step, under a new name the sweeper knows at once (so that it
 // wakes for it, see LeaseSweeper.NextDue). done: the old lease is gone.
-func (s *LeaseSweeper) holdBack(ctx context.Context, name string, l *sweptLease, version int32, itemData []byte, m Message, b *Backoff, now time.Time) (e *Expired, done bool, err error) {
-	due := now.Add(b.Delay(m.Deliveries))
-	next, ops := delayOps(s.leases, name, version, l.item, itemData, due, s.acl)
+func (s *LeaseSweeper) holdBack(ctx context.Context, h heldLease, b *Backoff, now time.Time) (e *Expired, done bool, err error) {
+	due := now.Add(b.Delay(h.m.Deliveries))
+	next, ops := delayOps(s.leases, h, due, s.acl)
 	if _, err := s.write(ctx, ops...); err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			return nil, false, nil // settled or extended meanwhile: read again
 		}
-		return nil, false, fmt.Errorf("hold back %s/%s: %w", s.leases, name, err)
+		return nil, false, fmt.Errorf("hold back %s/%s: %w", s.leases, h.token, err)
 	}
-	s.known[next] = &sweptLease{item: l.item, deadline: due, nacked: true}
-	return &Expired{Message: m, Outcome: Delayed}, true, nil
+	s.known[next] = &sweptLease{item: h.item, deadline: due, nacked: true}
+	return &Expired{Message: h.m, Outcome: Delayed}, true, nil
 }

@@ -100,7 +100,7 @@ func NewLeases(items *Queue, leasesPath, deadPath string) (*Leases, error) {
 	l.packs = &packLeases{tx: packTx{items: items.path, leases: leasesPath, dead: deadPath, acl: items.opt.acl, tx: rel.tx, get: items.zk.Get},
 		rescan: items.Rescan, rounds: map[string][]*settleRound{}, known: map[string]leaseState{}}
 	if items.buf != nil {
-		l.buf = newPackBuf[Lease](minClaim(items.opt))
+		l.buf = newPackBuf(minClaim(items.opt), func(le Lease) int { return le.wireSize() }, l.giveBack)
 	}
 	return l, nil
 }
@@ -303,10 +303,9 @@ func (l *Leases) claim(ctx context.Context, n Name, ttl time.Duration, fit fitFu
 func (l *Leases) Take(ctx context.Context, max int, room Room, ttl time.Duration, block bool) ([]Lease, error) {
 	if l.buf != nil {
 		fresh := func(le Lease) bool { return time.Until(le.Deadline) >= ttl/2 }
-		size := func(le Lease) int { return le.wireSize() }
 		return takePacked(ctx, l.items.disp, takeReq{max: max, room: room, block: block, weigh: true}, l.buf,
 			func(ctx context.Context, n Name, fit fitFunc) ([]Lease, error) { return l.claimNode(ctx, n, ttl, fit) },
-			size, fresh, l.giveBack)
+			fresh)
 	}
 	return takeWithin(ctx, l.items.disp, takeReq{max: max, room: room, block: block}, func(ctx context.Context, n Name, fit fitFunc) (Lease, error) {
 		return l.claim(ctx, n, ttl, fit)
@@ -557,8 +556,9 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 	if delay == 0 && p.Backoff != nil && !tooMany(m, p) {
 		delay = p.Backoff.Delay(m.Deliveries)
 	}
+	h := heldLease{token: token, version: stat.Version, item: item, data: itemData, m: m}
 	if delay > 0 && !tooMany(m, p) {
-		_, ops := delayOps(l.leases, token, stat.Version, item, itemData, time.Now().Add(delay), l.items.opt.acl)
+		_, ops := delayOps(l.leases, h, time.Now().Add(delay), l.items.opt.acl)
 		if _, err := l.items.write(ctx, ops...); err != nil {
 			if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 				return Message{}, 0, ErrUnknownLease
@@ -567,21 +567,21 @@ func (l *Leases) Nack(ctx context.Context, token string, delay time.Duration, p 
 		}
 		return m, Delayed, nil
 	}
-	out, err := l.release(ctx, heldLease{token: token, version: stat.Version, item: item, data: itemData, m: m}, p)
+	out, err := l.release(ctx, h, p)
 	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 		return Message{}, 0, ErrUnknownLease
 	}
 	return m, out, err
 }
 
-// delayOps is the transaction that settles lease token (at version) and
-// keeps its message leased until due: the lease under a new name, marked
-// nacked. It returns the new name.
-func delayOps(leasesPath, token string, version int32, item Name, itemData []byte, due time.Time, acl []zk.ACL) (string, []any) {
-	next := newLeaseName(item.Raw)
+// delayOps is the transaction that settles the held lease h (a child of
+// leasesPath, at its version) and keeps its message leased until due: the
+// lease under a new name, marked nacked. It returns the new name.
+func delayOps(leasesPath string, h heldLease, due time.Time, acl []zk.ACL) (string, []any) {
+	next := newLeaseName(h.item.Raw)
 	return next, []any{
-		&zk.DeleteRequest{Path: leasesPath + "/" + token, Version: version},
-		&zk.CreateRequest{Path: leasesPath + "/" + next, Data: encodeNackedLease(due, itemData), Acl: acl},
+		&zk.DeleteRequest{Path: leasesPath + "/" + h.token, Version: h.version},
+		&zk.CreateRequest{Path: leasesPath + "/" + next, Data: encodeNackedLease(due, h.data), Acl: acl},
 	}
 }
 

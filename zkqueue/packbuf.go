@@ -32,13 +32,17 @@ type packBuf[T any] struct {
 	waiting  atomic.Int32 // takes waiting for claiming: the claim takes for them too
 	minClaim int          // the least a claim takes (weighed): minClaimAhead, or 0 in a priority queue
 
+	size     func(T) int                // an item's bytes, weighed against a take's room
+	giveBack func(context.Context, []T) // puts back the items a take's keep refused; nil when none is
+
 	mu    sync.Mutex
 	items []T
 	wake  chan zk.Event // closed and replaced when items arrive
 }
 
-func newPackBuf[T any](minClaim int) *packBuf[T] {
-	return &packBuf[T]{wake: make(chan zk.Event), claiming: make(chan struct{}, 1), minClaim: minClaim}
+func newPackBuf[T any](minClaim int, size func(T) int, giveBack func(context.Context, []T)) *packBuf[T] {
+	return &packBuf[T]{wake: make(chan zk.Event), claiming: make(chan struct{}, 1), minClaim: minClaim,
+		size: size, giveBack: giveBack}
 }
 
 // maxClaimAhead bounds the messages one claim takes for the takes
@@ -79,7 +83,7 @@ func (b *packBuf[T]) push(items []T) {
 // (the first always fits), skipping (and returning as stale) the items
 // keep refuses, with every item behind the first refused one: they are
 // given back together, so none comes back behind a younger one handed out.
-func (b *packBuf[T]) take(max int, room Room, size func(T) int, keep func(T) bool) (out, stale []T) {
+func (b *packBuf[T]) take(max int, room Room, keep func(T) bool) (out, stale []T) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if len(b.items) > 0 {
@@ -93,7 +97,7 @@ func (b *packBuf[T]) take(max int, room Room, size func(T) int, keep func(T) boo
 			b.items = nil
 			return out, stale
 		}
-		s := size(it) + room.Overhead
+		s := b.size(it) + room.Overhead
 		if room.Bytes > 0 && len(out) > 0 && used+s > room.Bytes {
 			break
 		}
@@ -116,17 +120,16 @@ func (b *packBuf[T]) drain() []T {
 	return out
 }
 
-// takePacked is takeWithin for a packed queue: it hands out buffered
-// items first; else it claims candidates (weighed by the messages their
-// names count) whole, hands out up to t.max of their items within
-// t.room and buffers the rest. Items keep refuses are given back with
-// giveBack.
-func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packBuf[T], claim fitClaimFunc[[]T],
-	size func(T) int, keep func(T) bool, giveBack func(context.Context, []T)) ([]T, error) {
+// takePacked is takeWithin for a packed queue: it hands out the items of
+// buf first; else it claims candidates of d (weighed by the messages their
+// names count) whole, hands out up to t.max of their items within t.room
+// and buffers the rest. Items keep refuses (nil: none) are given back
+// with buf.giveBack.
+func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packBuf[T], claim fitClaimFunc[[]T], keep func(T) bool) ([]T, error) {
 	for {
-		out, stale := buf.take(t.max, t.room, size, keep)
+		out, stale := buf.take(t.max, t.room, keep)
 		if len(stale) > 0 {
-			giveBack(context.WithoutCancel(ctx), stale)
+			buf.giveBack(context.WithoutCancel(ctx), stale)
 		}
 		if len(out) > 0 {
 			return out, nil
@@ -166,7 +169,7 @@ func takePacked[T any](ctx context.Context, d *dispatcher, t takeReq, buf *packB
 		// The first items go to this take, the rest, younger, wait.
 		used, n := 0, 0
 		for n < len(all) && n < t.max {
-			s := size(all[n]) + t.room.Overhead
+			s := buf.size(all[n]) + t.room.Overhead
 			if t.room.Bytes > 0 && n > 0 && used+s > t.room.Bytes {
 				break
 			}

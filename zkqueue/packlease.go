@@ -144,6 +144,13 @@ type packTx struct {
 	get                 func(string) ([]byte, *zk.Stat, error)
 }
 
+// packLease names a pack lease node: its name, and the pack's item name
+// it was made from.
+type packLease struct {
+	name string
+	item Name
+}
+
 // leaseState is a pack lease as read (or as last written here): its
 // unsettled messages, its version, and its messages' data by index (nil
 // until read: an ack needs none).
@@ -246,7 +253,7 @@ func (pl *packLeases) apply(ctx context.Context, lease string, item Name, ops []
 				return
 			}
 		}
-		next, err := writeSettlements(ctx, pl.tx, lease, item, st, ops, time.Now())
+		next, err := pl.tx.writeSettlements(ctx, packLease{lease, item}, st, ops, time.Now())
 		if errors.Is(err, zk.ErrBadVersion) && attempt < 8 {
 			pl.remember(lease, leaseState{}, false)
 			continue
@@ -323,13 +330,13 @@ func readPackMsgs(t packTx, lease string) (map[int][]byte, error) {
 	return msgs, nil
 }
 
-// writeSettlements applies ops to the lease in state st at now and writes
+// writeSettlements applies ops to lease in state st at now and writes
 // the result: the lease rewritten or deleted, the messages put back,
 // delayed or dead-lettered, in one transaction (a dead letter's segment
 // is made first when missing). Each op's answer is set; an op refused
 // (its message settled already, or its lease expired) changes nothing.
 // It returns the lease's new state.
-func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st leaseState, ops []*settleOp, now time.Time) (leaseState, error) {
+func (t packTx) writeSettlements(ctx context.Context, lease packLease, st leaseState, ops []*settleOp, now time.Time) (leaseState, error) {
 	live := slices.Clone(st.entries)
 	find := func(index int) int {
 		return slices.IndexFunc(live, func(e leaseEntry) bool { return e.index == index })
@@ -346,17 +353,17 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 		}
 		e := live[i]
 		data := st.msgs[e.index]
-		m := Message{ID: memberID(item, e.index), Priority: item.Priority}
+		m := Message{ID: memberID(lease.item, e.index), Priority: lease.item.Priority}
 		if data != nil {
 			dm, err := DecodeData(data)
 			if err != nil {
-				op.err = fmt.Errorf("%s: %w", lease, ErrBadData)
+				op.err = fmt.Errorf("%s: %w", lease.name, ErrBadData)
 				continue
 			}
 			dm.ID, dm.Priority = m.ID, m.Priority
 			m = dm
 		} else if op.kind != settleAck && op.kind != settleExtend {
-			op.err = fmt.Errorf("%s: %w", lease, ErrBadData) // its data is missing
+			op.err = fmt.Errorf("%s: %w", lease.name, ErrBadData) // its data is missing
 			continue
 		}
 		op.m = m
@@ -387,7 +394,7 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 			case tooMany(m, op.p):
 				op.out = Dropped
 			case delay > 0:
-				own := memberName(item, e.index)
+				own := memberName(lease.item, e.index)
 				delayed = append(delayed, &zk.CreateRequest{Path: t.leases + "/" + newLeaseName(own.Raw),
 					Data: encodeNackedLease(now.Add(delay), data), Acl: t.acl})
 				op.out = Delayed
@@ -401,7 +408,7 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 	if !changed {
 		return st, nil // every op refused
 	}
-	p := t.leases + "/" + lease
+	p := t.leases + "/" + lease.name
 	var txOps []any
 	next := leaseState{entries: live, version: st.version + 1, msgs: st.msgs}
 	if len(live) == 0 {
@@ -412,18 +419,18 @@ func writeSettlements(ctx context.Context, t packTx, lease string, item Name, st
 	}
 	txOps = append(txOps, delayed...)
 	if len(dead) > 0 {
-		if err := ensureDeadSegment(t, item); err != nil {
+		if err := ensureDeadSegment(t, lease.item); err != nil {
 			return st, err
 		}
 		for _, e := range dead {
-			txOps = append(txOps, &zk.CreateRequest{Path: deadLetterPath(t.dead, memberName(item, e.index)), Data: e.data, Acl: t.acl})
+			txOps = append(txOps, &zk.CreateRequest{Path: deadLetterPath(t.dead, memberName(lease.item, e.index)), Data: e.data, Acl: t.acl})
 		}
 	}
 	if len(back) == 0 {
 		_, err := t.tx.write(ctx, txOps...)
 		return next, err
 	}
-	at := putBackName(item, back)
+	at := putBackName(lease.item, back)
 	txOps = append(txOps, &zk.CreateRequest{Path: itemPath(t.items, at), Data: putBackData(back), Acl: t.acl})
 	return next, requeue(ctx, t.tx, t.items, at, txOps)
 }
@@ -551,13 +558,13 @@ func (l *Leases) Flush(ctx context.Context) {
 	}
 }
 
-// sweepPack releases the messages of pack lease name (data read at
+// sweepPack releases the messages of pack lease h (its data read at its
 // version) whose deadline is before cutoff (now for the sweep, any time
 // for Revoke), by policy p at now (with its Backoff, an expired message is
 // held back for its step first), and returns them and the lease's next
 // deadline (zero when none is left).
-func sweepPack(ctx context.Context, t packTx, name string, item Name, data []byte, version int32, cutoff, now time.Time, p Policy) ([]Expired, time.Time, error) {
-	entries, err := decodePackLease(data)
+func (t packTx) sweepPack(ctx context.Context, h heldLease, cutoff, now time.Time, p Policy) ([]Expired, time.Time, error) {
+	entries, err := decodePackLease(h.data)
 	if err != nil {
 		return nil, farFuture, nil
 	}
@@ -575,15 +582,15 @@ func sweepPack(ctx context.Context, t packTx, name string, item Name, data []byt
 	if len(ops) == 0 {
 		return nil, next, nil
 	}
-	msgs, err := readPackMsgs(t, name)
+	msgs, err := readPackMsgs(t, h.token)
 	if errors.Is(err, ErrUnknownLease) {
 		return nil, next, zk.ErrNoNode
 	}
 	if err != nil {
 		return nil, now, err
 	}
-	st := leaseState{entries: entries, version: version, msgs: msgs}
-	if _, err := writeSettlements(ctx, t, name, item, st, ops, now); err != nil {
+	st := leaseState{entries: entries, version: h.version, msgs: msgs}
+	if _, err := t.writeSettlements(ctx, packLease{h.token, h.item}, st, ops, now); err != nil {
 		return nil, now, err
 	}
 	var out []Expired

@@ -88,7 +88,7 @@ func New(conn *zk.Conn, p string, opts ...Option) (*Queue, error) {
 	q.prod = &producer{core: c, tails: tails{k: map[int]int64{}}, recent: q.recent, pubs: q.pubs, groups: q.groups}
 	if o.packing != nil {
 		q.prod.packer = &packer{p: q.prod, limits: *o.packing, levels: map[int]*packLevel{}}
-		q.buf = newPackBuf[Message](minClaim(o))
+		q.buf = newPackBuf(minClaim(o), Message.size, nil)
 	}
 	q.disp = newDispatcher(c, q.recent, q.pubs, q.reads, q.groups)
 	q.prod.fresh = q.disp.fresh
@@ -383,7 +383,7 @@ func (q *Queue) Take(ctx context.Context, max int, room Room, block bool) ([]Mes
 	t := takeReq{max: max, room: room, block: block}
 	if q.buf != nil {
 		t.weigh = true
-		ms, err := takePacked(ctx, q.disp, t, q.buf, q.claims.takeNode, Message.size, nil, nil)
+		ms, err := takePacked(ctx, q.disp, t, q.buf, q.claims.takeNode, nil)
 		return ms, q.wrap("take", err)
 	}
 	ms, err := takeWithin(ctx, q.disp, t, q.claims.take)

@@ -189,7 +189,7 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 	}
 	if isPackLease(data) {
 		t := packTx{items: s.items, leases: s.leases, dead: s.dead, acl: s.acl, tx: s.rel.tx, get: s.zk.Get}
-		es, next, err := sweepPack(ctx, t, name, l.item, data, stat.Version, now, now, p)
+		es, next, err := t.sweepPack(ctx, heldLease{token: name, version: stat.Version, item: l.item, data: data}, now, now, p)
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			return nil, false, nil // settled meanwhile: read again next time
 		}
@@ -213,14 +213,15 @@ func (s *LeaseSweeper) sweepOne(ctx context.Context, name string, l *sweptLease,
 		l.deadline = farFuture
 		return nil, false, nil
 	}
+	h := heldLease{token: name, version: stat.Version, item: l.item, data: itemData, m: m}
 	if !nacked && p.Backoff != nil && !tooMany(m, p) {
-		e, done, err := s.holdBack(ctx, name, l, stat.Version, itemData, m, p.Backoff, now)
+		e, done, err := s.holdBack(ctx, h, p.Backoff, now)
 		if e == nil {
 			return nil, done, err
 		}
 		return []Expired{*e}, done, err
 	}
-	out, err := s.rel.release(ctx, heldLease{token: name, version: stat.Version, item: l.item, data: itemData, m: m}, p)
+	out, err := s.rel.release(ctx, h, p)
 	if err != nil {
 		if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
 			// Settled, extended or released meanwhile (or the queue is
