@@ -51,7 +51,8 @@ type barrierServer struct {
 var _ pb.BarrierServer = barrierServer{}
 
 // barrierOf checks a barrier's name and returns its recipe.
-func (b *Broker) barrierOf(name string) (*syncqueue.Barrier, error) {
+func (s barrierServer) barrierOf(name string) (*syncqueue.Barrier, error) {
+	b := s.b
 	if err := validName("barrier name", name); err != nil {
 		return nil, err
 	}
@@ -65,7 +66,7 @@ func (b *Broker) barrierOf(name string) (*syncqueue.Barrier, error) {
 // Set implements pb.BarrierServer.
 func (s barrierServer) Set(ctx context.Context, req *pb.SetBarrierRequest) (*pb.SetBarrierResponse, error) {
 	b := s.b
-	bar, err := b.barrierOf(req.GetName())
+	bar, err := s.barrierOf(req.GetName())
 	if err == nil {
 		err = b.zkmem.admitNode(0, "this barrier")
 	}
@@ -82,7 +83,7 @@ func (s barrierServer) Set(ctx context.Context, req *pb.SetBarrierRequest) (*pb.
 // Remove implements pb.BarrierServer.
 func (s barrierServer) Remove(ctx context.Context, req *pb.RemoveBarrierRequest) (*pb.RemoveBarrierResponse, error) {
 	b := s.b
-	bar, err := b.barrierOf(req.GetName())
+	bar, err := s.barrierOf(req.GetName())
 	if err == nil {
 		err = bar.Remove(ctx)
 	}
@@ -98,7 +99,7 @@ func (s barrierServer) Remove(ctx context.Context, req *pb.RemoveBarrierRequest)
 // the broker's Shutdown ends it with Unavailable.
 func (s barrierServer) Wait(ctx context.Context, req *pb.WaitBarrierRequest) (*pb.WaitBarrierResponse, error) {
 	b := s.b
-	bar, err := b.barrierOf(req.GetName())
+	bar, err := s.barrierOf(req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -129,7 +130,8 @@ var _ pb.DoubleBarrierServer = doubleBarrierServer{}
 
 // doubleBarrierPathOf checks a double barrier's name and count and
 // returns its node.
-func (b *Broker) doubleBarrierPathOf(name string, count int32) (string, error) {
+func (s doubleBarrierServer) doubleBarrierPathOf(name string, count int32) (string, error) {
+	b := s.b
 	if err := validName("double barrier name", name); err != nil {
 		return "", err
 	}
@@ -168,7 +170,7 @@ func (s doubleBarrierServer) Enter(stream pb.DoubleBarrier_EnterServer) error {
 	}
 	rx.close() // after the first request, only the leave matters
 	name := first.GetName()
-	p, err := b.doubleBarrierPathOf(name, first.GetCount())
+	p, err := s.doubleBarrierPathOf(name, first.GetCount())
 	if err != nil {
 		return b.fail(err)
 	}
@@ -197,14 +199,15 @@ func (s doubleBarrierServer) Enter(stream pb.DoubleBarrier_EnterServer) error {
 		return b.fail(err)
 	}
 	b.metrics.barrierEnterWait.Observe(time.Since(start).Seconds())
-	return b.holdParticipant(ctx, stream, rx, name, db)
+	return s.holdParticipant(ctx, stream, rx, name, db)
 }
 
 // holdParticipant tells the client it entered, then waits for its leave
 // (Leave, then LEFT), its going away or the participant's loss (LOST,
 // then Aborted).
-func (b *Broker) holdParticipant(ctx context.Context, stream pb.DoubleBarrier_EnterServer, rx *receiver[*pb.DoubleBarrierRequest],
+func (s doubleBarrierServer) holdParticipant(ctx context.Context, stream pb.DoubleBarrier_EnterServer, rx *receiver[*pb.DoubleBarrierRequest],
 	name string, db *syncqueue.DoubleBarrier) error {
+	b := s.b
 	node := db.Key()
 	key := path.Base(node)
 	b.emitBarrier(events.DoubleBarrierEntered, "", name, key)
@@ -219,7 +222,7 @@ func (b *Broker) holdParticipant(ctx context.Context, stream pb.DoubleBarrier_En
 	}
 	switch err := db.Held(rx.ended); {
 	case errors.Is(err, syncqueue.ErrParticipantLost):
-		return b.participantLost(ctx, out, name, key, err)
+		return s.participantLost(ctx, out, name, key, err)
 	case rx.ended.Err() == nil:
 		return b.fail(err)
 	}
@@ -239,7 +242,8 @@ func (b *Broker) holdParticipant(ctx context.Context, stream pb.DoubleBarrier_En
 }
 
 // participantLost sends LOST and ends the stream with Aborted.
-func (b *Broker) participantLost(ctx context.Context, out *outbox[*pb.DoubleBarrierEvent], name, key string, why error) error {
+func (s doubleBarrierServer) participantLost(ctx context.Context, out *outbox[*pb.DoubleBarrierEvent], name, key string, why error) error {
+	b := s.b
 	_ = out.send(ctx, &pb.DoubleBarrierEvent{Type: pb.DoubleBarrierEvent_TYPE_LOST, Key: key})
 	b.log.Debug("double barrier participant lost", "double_barrier", name, "znode", key, "err", why)
 	return b.fail(fmt.Errorf("%w: %s", errParticipantLost, name))

@@ -39,7 +39,8 @@ type counterEntry struct {
 
 // counterOf checks a counter's name and returns its Counter for one
 // call; release gives it back.
-func (b *Broker) counterOf(name string) (c *counter.Counter, release func(), err error) {
+func (s counterServer) counterOf(name string) (c *counter.Counter, release func(), err error) {
+	b := s.b
 	if err := validName("counter name", name); err != nil {
 		return nil, nil, err
 	}
@@ -54,7 +55,7 @@ func (b *Broker) counterOf(name string) (c *counter.Counter, release func(), err
 	if e == nil {
 		c, err := counter.New(b.conn, p, counter.WithACL(b.acl),
 			counter.WithConflictHook(b.metrics.counterConflicts.Inc),
-			counter.WithWriteHook(func(w counter.Write) { b.counterWritten(name, w) }))
+			counter.WithWriteHook(func(w counter.Write) { s.counterWritten(name, w) }))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -78,7 +79,8 @@ func (b *Broker) counterOf(name string) (c *counter.Counter, release func(), err
 // per write, so Adds combined into one write make one event, with the
 // value after them all. The event's id names the state the write made
 // (value node and version), unique over the counter's life.
-func (b *Broker) counterWritten(name string, w counter.Write) {
+func (s counterServer) counterWritten(name string, w counter.Write) {
+	b := s.b
 	b.metrics.counterWrites.Inc()
 	if w.Rollover {
 		b.metrics.counterRollovers.Inc()
@@ -97,14 +99,15 @@ func (b *Broker) counterWritten(name string, w counter.Write) {
 }
 
 // counterWrite admits a write that may create the counter's nodes.
-func (b *Broker) counterWrite() error {
+func (s counterServer) counterWrite() error {
+	b := s.b
 	return b.zkmem.admitNode(20, "this counter write")
 }
 
 // Get implements pb.CounterServer.
 func (s counterServer) Get(ctx context.Context, req *pb.CounterGetRequest) (*pb.CounterValue, error) {
 	b := s.b
-	c, release, err := b.counterOf(req.GetName())
+	c, release, err := s.counterOf(req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -120,9 +123,9 @@ func (s counterServer) Get(ctx context.Context, req *pb.CounterGetRequest) (*pb.
 // Add implements pb.CounterServer.
 func (s counterServer) Add(ctx context.Context, req *pb.CounterAddRequest) (*pb.CounterValue, error) {
 	b := s.b
-	c, release, err := b.counterOf(req.GetName())
+	c, release, err := s.counterOf(req.GetName())
 	if err == nil {
-		err = b.counterWrite()
+		err = s.counterWrite()
 	}
 	if err != nil {
 		return nil, b.fail(err)
@@ -142,9 +145,9 @@ func (s counterServer) Add(ctx context.Context, req *pb.CounterAddRequest) (*pb.
 // CompareAndSet implements pb.CounterServer.
 func (s counterServer) CompareAndSet(ctx context.Context, req *pb.CounterCompareAndSetRequest) (*pb.CounterCompareAndSetResponse, error) {
 	b := s.b
-	c, release, err := b.counterOf(req.GetName())
+	c, release, err := s.counterOf(req.GetName())
 	if err == nil {
-		err = b.counterWrite()
+		err = s.counterWrite()
 	}
 	if err != nil {
 		return nil, b.fail(err)
@@ -161,9 +164,9 @@ func (s counterServer) CompareAndSet(ctx context.Context, req *pb.CounterCompare
 // Set implements pb.CounterServer.
 func (s counterServer) Set(ctx context.Context, req *pb.CounterSetRequest) (*pb.CounterValue, error) {
 	b := s.b
-	c, release, err := b.counterOf(req.GetName())
+	c, release, err := s.counterOf(req.GetName())
 	if err == nil {
-		err = b.counterWrite()
+		err = s.counterWrite()
 	}
 	if err != nil {
 		return nil, b.fail(err)

@@ -21,7 +21,8 @@ type electionServer struct {
 var _ pb.ElectionServer = electionServer{}
 
 // electionPathOf checks an election's name and returns its node.
-func (b *Broker) electionPathOf(name string) (string, error) {
+func (s electionServer) electionPathOf(name string) (string, error) {
+	b := s.b
 	if err := validName("election name", name); err != nil {
 		return "", err
 	}
@@ -30,8 +31,9 @@ func (b *Broker) electionPathOf(name string) (string, error) {
 
 // lookElection returns an Election under name for calls that only look
 // or act by key: it creates no node.
-func (b *Broker) lookElection(name string) (*election.Election, error) {
-	p, err := b.electionPathOf(name)
+func (s electionServer) lookElection(name string) (*election.Election, error) {
+	b := s.b
+	p, err := s.electionPathOf(name)
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +51,7 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 		return err
 	}
 	defer end()
-	p, err := b.electionPathOf(req.GetName())
+	p, err := s.electionPathOf(req.GetName())
 	if err == nil {
 		err = checkValue(req.GetValue())
 	}
@@ -74,14 +76,14 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 	if err != nil {
 		return b.fail(err)
 	}
-	defer b.closeElection(e)
+	defer s.closeElection(e)
 	if err := e.Campaign(ctx, req.GetValue()); err != nil {
 		if ctx.Err() != nil {
 			return b.streamEnd()
 		}
 		return b.fail(err)
 	}
-	return b.holdLeadership(ctx, stream, req.GetName(), e)
+	return s.holdLeadership(ctx, stream, req.GetName(), e)
 }
 
 // holdLeadership holds a won leadership until the stream or the
@@ -89,7 +91,8 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 // leadership as a loss (Election.Abandon): a lock-delay then runs, since
 // the client may only be cut off from this broker; Resign by key is the
 // explicit end.
-func (b *Broker) holdLeadership(ctx context.Context, stream pb.Election_CampaignServer, name string, e *election.Election) error {
+func (s electionServer) holdLeadership(ctx context.Context, stream pb.Election_CampaignServer, name string, e *election.Election) error {
+	b := s.b
 	done, key, token := e.Done(), e.Key(), e.Token()
 	if key == "" {
 		return b.fail(errLeadershipLost) // ended as soon as won
@@ -123,7 +126,8 @@ func (b *Broker) holdLeadership(ctx context.Context, stream pb.Election_Campaign
 // closeElection resigns and ends e's goroutines. A failed delete leaves
 // the node to the next campaign of this session in the election (it
 // removes its session's orphans) or to the session's end.
-func (b *Broker) closeElection(e *election.Election) {
+func (s electionServer) closeElection(e *election.Election) {
+	b := s.b
 	if err := e.Close(); err != nil {
 		b.log.Warn("election: resign failed; the node goes with the next campaign here or the session", "election", e.Path(), "err", err)
 	}
@@ -132,14 +136,14 @@ func (b *Broker) closeElection(e *election.Election) {
 // Proclaim implements pb.ElectionServer.
 func (s electionServer) Proclaim(ctx context.Context, req *pb.ProclaimRequest) (*pb.ProclaimResponse, error) {
 	b := s.b
-	key, err := b.electionKey(req.GetName(), req.GetKey())
+	key, err := s.electionKey(req.GetName(), req.GetKey())
 	if err == nil {
 		err = checkValue(req.GetValue())
 	}
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	opts, id := b.electionKeyOpts(ctx, req.GetName())
+	opts, id := s.electionKeyOpts(ctx, req.GetName())
 	err = election.ProclaimKey(ctx, b.conn, key, req.GetValue(), opts...)
 	if err != nil {
 		return nil, b.fail(ofCaller(id, ActElectionAdmin, "election", req.GetName(), err))
@@ -150,11 +154,11 @@ func (s electionServer) Proclaim(ctx context.Context, req *pb.ProclaimRequest) (
 // Resign implements pb.ElectionServer.
 func (s electionServer) Resign(ctx context.Context, req *pb.ResignRequest) (*pb.ResignResponse, error) {
 	b := s.b
-	key, err := b.electionKey(req.GetName(), req.GetKey())
+	key, err := s.electionKey(req.GetName(), req.GetKey())
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	opts, id := b.electionKeyOpts(ctx, req.GetName())
+	opts, id := s.electionKeyOpts(ctx, req.GetName())
 	err = election.ResignKey(ctx, b.conn, key, opts...)
 	if err != nil {
 		return nil, b.fail(ofCaller(id, ActElectionAdmin, "election", req.GetName(), err))
@@ -164,7 +168,8 @@ func (s electionServer) Resign(ctx context.Context, req *pb.ResignRequest) (*pb.
 
 // electionKeyOpts: without election.admin on name, ctx's caller may
 // proclaim or resign only its own candidates.
-func (b *Broker) electionKeyOpts(ctx context.Context, name string) ([]election.KeyOption, Identity) {
+func (s electionServer) electionKeyOpts(ctx context.Context, name string) ([]election.KeyOption, Identity) {
+	b := s.b
 	own, id := b.ownOnly(ctx, ActElectionAdmin, name)
 	if own {
 		return []election.KeyOption{election.IfOwner(id.Name)}, id
@@ -174,8 +179,8 @@ func (b *Broker) electionKeyOpts(ctx context.Context, name string) ([]election.K
 
 // electionKey checks an election's name and a candidate's key and returns
 // the candidate's node.
-func (b *Broker) electionKey(name, key string) (string, error) {
-	p, err := b.electionPathOf(name)
+func (s electionServer) electionKey(name, key string) (string, error) {
+	p, err := s.electionPathOf(name)
 	if err != nil {
 		return "", err
 	}
@@ -185,11 +190,11 @@ func (b *Broker) electionKey(name, key string) (string, error) {
 // Leader implements pb.ElectionServer.
 func (s electionServer) Leader(ctx context.Context, req *pb.LeaderRequest) (*pb.LeaderInfo, error) {
 	b := s.b
-	e, err := b.lookElection(req.GetName())
+	e, err := s.lookElection(req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	defer b.closeElection(e)
+	defer s.closeElection(e)
 	l, err := e.Leader(ctx)
 	if err != nil {
 		return nil, b.fail(err)
@@ -210,11 +215,11 @@ func (s electionServer) Observe(req *pb.ObserveRequest, stream pb.Election_Obser
 		return err
 	}
 	defer end()
-	e, err := b.lookElection(req.GetName())
+	e, err := s.lookElection(req.GetName())
 	if err != nil {
 		return b.fail(err)
 	}
-	defer b.closeElection(e)
+	defer s.closeElection(e)
 	out := newOutbox(b, stream.Send)
 	defer out.close()
 	for l := range e.Observe(ctx) {

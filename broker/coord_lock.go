@@ -22,7 +22,8 @@ type lockServer struct {
 var _ pb.LockServer = lockServer{}
 
 // lockPathOf checks a lock's name and returns its node.
-func (b *Broker) lockPathOf(name string) (string, error) {
+func (s lockServer) lockPathOf(name string) (string, error) {
+	b := s.b
 	if err := validName("lock name", name); err != nil {
 		return "", err
 	}
@@ -52,7 +53,7 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 		return err
 	}
 	rx.close() // after the first request, only the release matters
-	p, err := b.lockPathOf(first.GetName())
+	p, err := s.lockPathOf(first.GetName())
 	if err == nil {
 		err = checkValue(first.GetValue())
 	}
@@ -85,13 +86,14 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 		return b.fail(err)
 	}
 	b.metrics.lockWait.Observe(time.Since(start).Seconds())
-	return b.holdLock(ctx, stream, rx, first.GetName(), g)
+	return s.holdLock(ctx, stream, rx, first.GetName(), g)
 }
 
 // holdLock keeps the grant g for the client (holdStream): the grant is
 // unlocked in every case, abandoned (Grant.Abandon) when the client left
 // without its unlock.
-func (b *Broker) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *receiver[*pb.LockRequest], name string, g *lock.Grant) error {
+func (s lockServer) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *receiver[*pb.LockRequest], name string, g *lock.Grant) error {
+	b := s.b
 	key, token := path.Base(g.Key()), g.Token()
 	b.metrics.locksHeld.Inc()
 	b.emitCoord(events.LockGranted, name, "", key, token)
@@ -112,7 +114,7 @@ func (b *Broker) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx *re
 // Unlock implements pb.LockServer.
 func (s lockServer) Unlock(ctx context.Context, req *pb.UnlockRequest) (*pb.UnlockResponse, error) {
 	b := s.b
-	p, err := b.lockPathOf(req.GetName())
+	p, err := s.lockPathOf(req.GetName())
 	var key string
 	if err == nil {
 		key, err = keyPath(p, req.GetKey(), "lock-")
@@ -138,7 +140,7 @@ func (s lockServer) Unlock(ctx context.Context, req *pb.UnlockRequest) (*pb.Unlo
 // Revoke implements pb.LockServer.
 func (s lockServer) Revoke(ctx context.Context, req *pb.RevokeRequest) (*pb.RevokeResponse, error) {
 	b := s.b
-	p, err := b.lockPathOf(req.GetName())
+	p, err := s.lockPathOf(req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
 	}

@@ -64,7 +64,8 @@ func newSemaphoreMetrics(reg prometheus.Registerer) semaphoreMetrics {
 }
 
 // semaphorePathOf checks a semaphore's name and returns its node.
-func (b *Broker) semaphorePathOf(name string) (string, error) {
+func (s semaphoreServer) semaphorePathOf(name string) (string, error) {
+	b := s.b
 	if err := validName("semaphore name", name); err != nil {
 		return "", err
 	}
@@ -106,7 +107,7 @@ func (s semaphoreServer) Acquire(stream pb.Semaphore_AcquireServer) error {
 	if permits == 0 {
 		permits = 1
 	}
-	p, err := b.semaphorePathOf(name)
+	p, err := s.semaphorePathOf(name)
 	if err == nil {
 		err = checkLimit(limit)
 	}
@@ -153,14 +154,15 @@ func (s semaphoreServer) Acquire(stream pb.Semaphore_AcquireServer) error {
 		return b.fail(err)
 	}
 	b.metrics.sem.wait.Observe(time.Since(start).Seconds())
-	return b.holdPermits(ctx, stream, rx, name, l)
+	return s.holdPermits(ctx, stream, rx, name, l)
 }
 
 // holdPermits keeps the lease l for the client (holdStream): the lease
 // is released in every case, abandoned (Lease.Abandon) when the client
 // left without its release.
-func (b *Broker) holdPermits(ctx context.Context, stream pb.Semaphore_AcquireServer, rx *receiver[*pb.SemaphoreAcquireRequest],
+func (s semaphoreServer) holdPermits(ctx context.Context, stream pb.Semaphore_AcquireServer, rx *receiver[*pb.SemaphoreAcquireRequest],
 	name string, l *semaphore.Lease) error {
+	b := s.b
 	key, token, permits := path.Base(l.Key()), l.Token(), int32(l.Permits())
 	b.metrics.sem.held.Add(float64(permits))
 	b.emitSemaphore(events.SemaphoreGranted, name, key, token)
@@ -188,7 +190,7 @@ func leaseKeyPath(p, key string) (string, error) {
 // Release implements pb.SemaphoreServer.
 func (s semaphoreServer) Release(ctx context.Context, req *pb.SemaphoreReleaseRequest) (*pb.SemaphoreReleaseResponse, error) {
 	b := s.b
-	p, err := b.semaphorePathOf(req.GetName())
+	p, err := s.semaphorePathOf(req.GetName())
 	var key string
 	if err == nil {
 		key, err = leaseKeyPath(p, req.GetKey())
@@ -216,7 +218,7 @@ func (s semaphoreServer) Release(ctx context.Context, req *pb.SemaphoreReleaseRe
 // their own identity or to an admin.
 func (s semaphoreServer) Revoke(ctx context.Context, req *pb.SemaphoreRevokeRequest) (*pb.SemaphoreRevokeResponse, error) {
 	b := s.b
-	p, err := b.semaphorePathOf(req.GetName())
+	p, err := s.semaphorePathOf(req.GetName())
 	var key string
 	if err == nil && req.GetKey() != "" {
 		key, err = leaseKeyPath(p, req.GetKey())
@@ -252,7 +254,7 @@ func (s semaphoreServer) Revoke(ctx context.Context, req *pb.SemaphoreRevokeRequ
 // SetLimit implements pb.SemaphoreServer.
 func (s semaphoreServer) SetLimit(ctx context.Context, req *pb.SemaphoreSetLimitRequest) (*pb.SemaphoreSetLimitResponse, error) {
 	b := s.b
-	p, err := b.semaphorePathOf(req.GetName())
+	p, err := s.semaphorePathOf(req.GetName())
 	if err == nil {
 		err = checkLimit(req.GetLimit())
 	}
