@@ -37,6 +37,8 @@ import (
 
 // activeGates are the broker's gates of single-active queues, by name.
 type activeGates struct {
+	b *Broker
+
 	mu    sync.Mutex
 	gates map[string]*activeGate
 	last  map[string]chan struct{} // done of the latest gate of a name
@@ -64,7 +66,7 @@ type activeTurn struct {
 	ready   chan struct{} // closed when the turn starts
 	lost    chan struct{} // closed when the turn ended under the stream
 	left    chan struct{} // closed by leave
-	session int64         // b.sessions when the turn started; set before ready
+	session int64         // b.member.sessions when the turn started; set before ready
 	once    sync.Once
 }
 
@@ -73,7 +75,8 @@ type activeTurn struct {
 var errTurnLost = fmt.Errorf("this broker lost the ZooKeeper session under which the stream was the single active consumer: %w", zk.ErrSessionExpired)
 
 // joinActive puts a stream of the single-active queue q in its line.
-func (b *Broker) joinActive(q *queue, prio int) *activeTurn {
+func (ag *activeGates) joinActive(q *queue, prio int) *activeTurn {
+	b := ag.b
 	t := &activeTurn{q: q, prio: prio, ready: make(chan struct{}), lost: make(chan struct{}), left: make(chan struct{})}
 	a := &b.active
 	a.mu.Lock()
@@ -134,7 +137,7 @@ func (t *activeTurn) wait(ctx context.Context) error {
 		return errTurnLost
 	default:
 	}
-	if t.g.b.sessions.Load() != t.session || !t.g.b.hasSession.Load() {
+	if t.g.b.member.sessions.Load() != t.session || !t.g.b.member.hasSession.Load() {
 		return errTurnLost
 	}
 	return nil
@@ -302,7 +305,7 @@ func (g *activeGate) serve(ctx context.Context, el *election.Election) error {
 			continue // took itself out of the line before starting
 		default:
 		}
-		if !b.hasSession.Load() {
+		if !b.member.hasSession.Load() {
 			if !sleepCtx(ctx, activeRetry) {
 				return ctx.Err()
 			}
@@ -313,7 +316,7 @@ func (g *activeGate) serve(ctx context.Context, el *election.Election) error {
 			return fmt.Errorf("single active consumer of %s: leadership lost", g.name)
 		default:
 		}
-		t.session = b.sessions.Load()
+		t.session = b.member.sessions.Load()
 		t.q.items.Rescan() // from the head: another broker may have put messages back
 		close(t.ready)
 		b.log.Debug("single active consumer: turn started", "queue", g.name)
@@ -357,7 +360,7 @@ func (g *activeGate) clear(ctx context.Context, el *election.Election, t *active
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		err := t.q.leases.Revoke(wctx, t.q.policy, func(m zkqueue.Message, out zkqueue.Outcome) { b.released(t.q, m, out) })
+		err := t.q.leases.Revoke(wctx, t.q.policy, func(m zkqueue.Message, out zkqueue.Outcome) { b.acks.released(t.q, m, out) })
 		switch {
 		case err == nil:
 			return nil

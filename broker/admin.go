@@ -122,7 +122,7 @@ func checkPacked(req *pb.CreateQueueRequest, kind zkqueue.Kind) error {
 
 // GetQueue implements pb.QueueServer.
 func (b *Broker) GetQueue(ctx context.Context, req *pb.GetQueueRequest) (*pb.QueueInfo, error) {
-	q, err := b.queue(ctx, req.GetName())
+	q, err := b.handles.queue(ctx, req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -167,7 +167,7 @@ func (b *Broker) ListQueues(ctx context.Context, req *pb.ListQueuesRequest) (*pb
 		if !view(n) {
 			continue
 		}
-		s, err := b.spec(n)
+		s, err := b.handles.spec(n)
 		if err != nil {
 			continue // deleted meanwhile, or being deleted
 		}
@@ -201,7 +201,7 @@ func (b *Broker) DeleteQueue(ctx context.Context, req *pb.DeleteQueueRequest) (*
 	}
 	err := b.catalog.Delete(ctx, req.GetName())
 	// This broker's handle went stale with the mark; drop it now.
-	b.evict(req.GetName())
+	b.handles.evict(req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -217,55 +217,55 @@ func (b *Broker) DeleteQueue(ctx context.Context, req *pb.DeleteQueueRequest) (*
 
 // Purge implements pb.QueueServer.
 func (b *Broker) Purge(ctx context.Context, req *pb.PurgeRequest) (*pb.PurgeResponse, error) {
-	q, err := b.queue(ctx, req.GetName())
+	q, err := b.handles.queue(ctx, req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
 	}
 	n, err := q.items.Purge(ctx)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	d, err := q.delayed.Purge(ctx)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	return &pb.PurgeResponse{Purged: uint64(n + d)}, nil
 }
 
 // Stats implements pb.QueueServer.
 func (b *Broker) Stats(ctx context.Context, req *pb.StatsRequest) (*pb.QueueStats, error) {
-	q, err := b.queue(ctx, req.GetName())
+	q, err := b.handles.queue(ctx, req.GetName())
 	if err != nil {
 		return nil, b.fail(err)
 	}
 	st := &pb.QueueStats{Name: q.name}
 	ready, err := q.items.Len(ctx)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	inFlight, err := q.leases.InFlight(ctx)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	dead, err := q.leases.DeadCount(ctx)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	age, err := q.items.OldestAge(ctx)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
-	consumers, err := b.countConsumers(q)
+	consumers, err := b.handles.countConsumers(q)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	delayed, err := q.delayed.Len(ctx)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	expired, err := q.items.ExpiredCount(ctx)
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	st.Ready, st.InFlight, st.Dead, st.Consumers = uint64(ready), uint64(inFlight), uint64(dead), uint64(consumers)
 	st.Delayed, st.Expired = uint64(delayed), uint64(expired)
@@ -273,14 +273,14 @@ func (b *Broker) Stats(ctx context.Context, req *pb.StatsRequest) (*pb.QueueStat
 	if q.sync != nil {
 		joined, open, err := q.sync.state(ctx)
 		if err != nil {
-			return nil, b.fail(b.gone(q, err))
+			return nil, b.fail(b.handles.gone(q, err))
 		}
 		st.SyncJoined, st.SyncOpen = uint32(joined), open
 	}
 	if q.stale() {
 		// Marked for deletion during the reads (the watch event comes
 		// before any read that sees the deletion): answer as of now.
-		if _, err := b.queue(ctx, q.name); err != nil {
+		if _, err := b.handles.queue(ctx, q.name); err != nil {
 			return nil, b.fail(err)
 		}
 	}

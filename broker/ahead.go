@@ -107,7 +107,8 @@ type aheadItem struct {
 // claims for itself: at most once, a sync queue, a large prefetch, or
 // another visibility than the buffer's streams'. Only called with
 // Config.ClaimAhead.
-func (b *Broker) attachAhead(sub subscription) (*ahead, func()) {
+func (hs *handles) attachAhead(sub subscription) (*ahead, func()) {
+	b := hs.b
 	q := sub.q
 	// A single-active queue's one stream claims for itself: its turn
 	// fences each claim by session (active.go), and a buffer would hold
@@ -239,7 +240,7 @@ func (a *ahead) putBack(cs []claimed) {
 
 // keep reports whether a buffered message may still be handed out.
 func (a *ahead) keep(it aheadItem, now time.Time) bool {
-	return now.Before(it.by) && a.b.sendable(a.d, it.c)
+	return now.Before(it.by) && a.b.claims.sendable(a.d, it.c)
 }
 
 // roll starts a new demand window when the current one is over; a.mu is
@@ -405,14 +406,14 @@ func (a *ahead) run(ctx context.Context) {
 // start begins a claim of up to n messages, no more than bytes of them.
 func (a *ahead) start(ctx context.Context, n, bytes int, block bool, done func()) *fill {
 	f := &fill{done: done, picked: make(chan struct{}), end: make(chan struct{})}
-	session := a.b.sessions.Load()
+	session := a.b.member.sessions.Load()
 	go func() {
 		defer close(f.end)
 		ls, full, err := a.q.leases.TakeOrdered(ctx, zkqueue.TakeRequest{Max: n, Room: room(a.q, bytes),
 			TTL: a.d.ttl, Block: block, Picked: func() { close(f.picked) }})
-		f.cs, f.full, f.err = a.b.leased(a.q, ls, session), full, err
+		f.cs, f.full, f.err = a.b.claims.leased(a.q, ls, session), full, err
 		if err != nil {
-			f.err = a.b.gone(a.q, err)
+			f.err = a.b.handles.gone(a.q, err)
 		}
 	}()
 	return f

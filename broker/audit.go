@@ -55,54 +55,6 @@ var auditedMethods = map[string]func(req any) (action, kind, name string){
 	},
 }
 
-// audit logs an audited call of method with request req (nil when not
-// read yet) by id, with its outcome err, and any call refused with
-// Unauthenticated or PermissionDenied. Refusals are rate-limited per
-// caller (auditLimit), so a client retrying a refused call in a loop
-// cannot flood the log; what was left out is counted in the next line.
-func (b *Broker) audit(ctx context.Context, method string, req any, id Identity, err error) {
-	code := status.Code(err)
-	refused := code == codes.Unauthenticated || code == codes.PermissionDenied
-	f, audited := auditedMethods[method]
-	if !audited && !refused {
-		return
-	}
-	var action, kind, name string
-	switch {
-	case audited && req != nil:
-		action, kind, name = f(req)
-	default:
-		action = method
-		if ma, ok := authFor(method); ok && ma.needs != nil && req != nil {
-			if need := ma.needs(req); len(need) > 0 {
-				action, kind, name = need[0].action, need[0].kind, need[0].name
-			}
-		}
-	}
-	args := []any{"action", action}
-	if kind != "" {
-		args = append(args, kind, printable(name)) // queue=..., lock=..., election=...
-	}
-	args = append(args, "method", method, "peer", peerAddr(ctx), "grpc_code", code.String())
-	if b.cfg.Auth != nil {
-		args = append(args, "identity", id.Name, "via", id.Via)
-	}
-	if refused {
-		key := id.Name
-		if code == codes.Unauthenticated {
-			key = "" // no identity: one budget for every unauthenticated caller
-		}
-		n, ok := b.refusals.take(key)
-		if !ok {
-			return
-		}
-		if n > 0 {
-			args = append(args, "refusals_not_logged", n)
-		}
-	}
-	b.log.Info("audit", args...)
-}
-
 // Refusals audited per caller and second; beyond, they are counted and
 // the count goes with the caller's next audited refusal.
 const auditRefusalsPerSecond = 20
@@ -147,4 +99,53 @@ func (l *auditLimit) take(key string) (skipped int, ok bool) {
 	k.lines++
 	skipped, k.skipped = k.skipped, 0
 	return skipped, true
+}
+
+// audit logs an audited call of method with request req (nil when not
+// read yet) by id, with its outcome err, and any call refused with
+// Unauthenticated or PermissionDenied. Refusals are rate-limited per
+// caller (auditLimit), so a client retrying a refused call in a loop
+// cannot flood the log; what was left out is counted in the next line.
+func (gt *gate) audit(ctx context.Context, method string, req any, id Identity, err error) {
+	b := gt.b
+	code := status.Code(err)
+	refused := code == codes.Unauthenticated || code == codes.PermissionDenied
+	f, audited := auditedMethods[method]
+	if !audited && !refused {
+		return
+	}
+	var action, kind, name string
+	switch {
+	case audited && req != nil:
+		action, kind, name = f(req)
+	default:
+		action = method
+		if ma, ok := authFor(method); ok && ma.needs != nil && req != nil {
+			if need := ma.needs(req); len(need) > 0 {
+				action, kind, name = need[0].action, need[0].kind, need[0].name
+			}
+		}
+	}
+	args := []any{"action", action}
+	if kind != "" {
+		args = append(args, kind, printable(name)) // queue=..., lock=..., election=...
+	}
+	args = append(args, "method", method, "peer", peerAddr(ctx), "grpc_code", code.String())
+	if b.cfg.Auth != nil {
+		args = append(args, "identity", id.Name, "via", id.Via)
+	}
+	if refused {
+		key := id.Name
+		if code == codes.Unauthenticated {
+			key = "" // no identity: one budget for every unauthenticated caller
+		}
+		n, ok := gt.refusals.take(key)
+		if !ok {
+			return
+		}
+		if n > 0 {
+			args = append(args, "refusals_not_logged", n)
+		}
+	}
+	b.log.Info("audit", args...)
 }

@@ -70,7 +70,8 @@ func (s *authStreams) list() []*authStream {
 
 // runAuthWatch re-checks the open streams when the files change and when
 // a stream's credential expires, until Shutdown.
-func (b *Broker) runAuthWatch() {
+func (gt *gate) runAuthWatch() {
+	b := gt.b
 	defer b.wg.Done()
 	a := b.cfg.Auth
 	gen := a.generation()
@@ -83,7 +84,7 @@ func (b *Broker) runAuthWatch() {
 		case <-t.C:
 		}
 		g := a.generation()
-		b.recheckStreams(g != gen, time.Now())
+		gt.recheckStreams(g != gen, time.Now())
 		gen = g
 	}
 }
@@ -91,13 +92,14 @@ func (b *Broker) runAuthWatch() {
 // recheckStreams ends the open streams no longer allowed: all of them
 // are checked when changed, else only those whose credential expired by
 // now.
-func (b *Broker) recheckStreams(changed bool, now time.Time) {
-	for _, st := range b.authStreams.list() {
+func (gt *gate) recheckStreams(changed bool, now time.Time) {
+	b := gt.b
+	for _, st := range gt.authStreams.list() {
 		if !changed && (st.id.until.IsZero() || now.Before(st.id.until)) {
 			continue
 		}
-		if err := b.recheck(st); err != nil {
-			b.warnings.warn(b.log, "auth:revoked", "open stream ended: no longer allowed", "method", st.method,
+		if err := gt.recheck(st); err != nil {
+			gt.warnings.warn(b.log, "auth:revoked", "open stream ended: no longer allowed", "method", st.method,
 				"identity", st.id.Name, "via", st.id.Via, "err", status.Convert(err).Message())
 			st.w.end(err)
 		}
@@ -106,7 +108,8 @@ func (b *Broker) recheckStreams(changed bool, now time.Time) {
 
 // recheck authenticates st's credential again and checks what st was
 // granted against the current rules.
-func (b *Broker) recheck(st *authStream) error {
+func (gt *gate) recheck(st *authStream) error {
+	b := gt.b
 	a := b.cfg.Auth
 	id, err := a.authenticate(st.ctx)
 	if err == nil && id.Name != st.id.Name {

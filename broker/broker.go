@@ -15,17 +15,18 @@ import (
 
 	"github.com/go-zookeeper/zk"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/connlimit"
 	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/internal/layout"
 	"github.com/qbroker/qbroker/internal/zkutil"
 	"github.com/qbroker/qbroker/zkqueue"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/reflection"
 )
 
 // Config configures a Broker. Zero fields take the defaults noted.
@@ -372,54 +373,37 @@ const maxMaxQueues = 20_000
 type Broker struct {
 	pb.UnimplementedQueueServer
 
-	cfg     Config
-	acl     []zk.ACL // of every node the broker creates; nil: open (zkauth.go)
-	log     *slog.Logger
-	conn    *zk.Conn           // the primary session: watches, scans, ephemerals, health
-	extra   []*zk.Conn         // further sessions, split into writers and readers
-	writers []*zk.Conn         // group-commit sessions
-	readers []*zk.Conn         // claims' read sessions
-	root    layout.Root        // where the root's nodes live
-	catalog *zkqueue.Catalog   // the queues: create, delete, list, metadata
-	batcher *zkqueue.Committer // group commit of all queues' writes
-	recent  *zkqueue.Budget    // all queues' memory of messages published here
-	sched   schedulers         // the queues' delay and expiry schedulers (schedule.go)
-	zkmem   *zkMemory          // ZooKeeper's data against ZKDataBudget
-	metrics *metrics
-	health  *health.Server
-	events  events.Sink
-
-	// tokens signs ack tokens with the key the brokers of a root share.
-	tokens *tokenSigner
+	cfg      Config
+	acl      []zk.ACL // of every node the broker creates; nil: open (zkauth.go)
+	log      *slog.Logger
+	conn     *zk.Conn           // the primary session: watches, scans, ephemerals, health
+	extra    []*zk.Conn         // further sessions, split into writers and readers
+	writers  []*zk.Conn         // group-commit sessions
+	readers  []*zk.Conn         // claims' read sessions
+	root     layout.Root        // where the root's nodes live
+	catalog  *zkqueue.Catalog   // the queues: create, delete, list, metadata
+	batcher  *zkqueue.Committer // group commit of all queues' writes
+	recent   *zkqueue.Budget    // all queues' memory of messages published here
+	registry *zkqueue.Registry  // brokers/<id> and the consumer registrations of all queues (consume.go)
+	zkmem    *zkMemory          // ZooKeeper's data against ZKDataBudget (calls.go)
+	metrics  *metrics
+	health   *health.Server
 
 	ctx    context.Context // cancelled by Close: ends streams and loops
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background loops and open streams
 
-	queuesMu sync.Mutex
-	queues   map[string]*queue
-
-	streams    atomic.Int64
-	hasSession atomic.Bool
-	sessions   atomic.Int64 // sessions established so far
-	lostAt     atomic.Int64 // unix nanoseconds the session was lost; 0 with a session
-	zkState    atomic.Int32 // the last session state seen (zk.State)
-	leading    atomic.Bool  // leading the election (sweeping while it has a session)
-
-	registry *zkqueue.Registry // brokers/<id> and the consumer registrations of all queues (consume.go)
-
-	coord coordState // the Election and Lock services' local state (coord.go)
-
-	active activeGates // single-active queues' lines of streams (active.go)
-	prio   prioBoards  // the queues' streams by priority (consume.go)
-
-	clients     clientUse   // streams and connections per client (calls.go)
-	authStreams authStreams // open streams, re-checked when auth files change (authstreams.go)
-
-	listenersMu sync.Mutex
-	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
-	warnings    rateLimit             // refusals' warnings
-	refusals    auditLimit            // audit lines of refused calls
+	// Its parts, each with the state it keeps.
+	gate    gate        // every call's way in: authentication, limits per client, audit (calls.go)
+	member  membership  // the session's state and the leadership (leader.go)
+	handles handles     // the queues' handles in use here (broker.go)
+	claims  claims      // claiming messages for deliveries (consume.go)
+	acks    acks        // settling deliveries by their ack tokens (messages.go)
+	ev      emitter     // events to Config.Events (emit.go)
+	sched   schedulers  // the queues' delay and expiry schedulers (schedule.go)
+	active  activeGates // single-active queues' lines of streams (active.go)
+	prio    prioBoards  // the queues' streams by priority (consume.go)
+	coord   coordState  // the Election and Lock services' local state (coord.go)
 }
 
 var _ pb.QueueServer = (*Broker)(nil)
@@ -443,9 +427,16 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 		log:     cfg.Logger.With("broker", cfg.ID),
 		metrics: newMetrics(cfg.Registerer, cfg.MaxQueueLabels),
 		health:  health.NewServer(),
-		events:  cfg.Events,
-		queues:  make(map[string]*queue),
 	}
+	// The broker's parts, each with the state it keeps.
+	b.gate.b = b
+	b.member.b = b
+	b.handles = handles{b: b, queues: make(map[string]*queue)}
+	b.claims.b = b
+	b.acks.b = b
+	b.ev = emitter{b: b, sink: cfg.Events}
+	b.sched.b = b
+	b.active.b = b
 	// Set before the first session event can read it (setServing).
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	b.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
@@ -468,12 +459,12 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 	b.wg.Add(5)
 	go func() { defer b.wg.Done(); b.registry.Run(b.ctx) }()
 	go func() { defer b.wg.Done(); b.zkmem.run(b.ctx) }()
-	go b.runSessionWatch()
-	go b.runMembership()
-	go b.runStats()
+	go b.member.runSessionWatch()
+	go b.member.runMembership()
+	go b.handles.runStats()
 	if cfg.Auth != nil {
 		b.wg.Add(1)
-		go b.runAuthWatch()
+		go b.gate.runAuthWatch()
 	}
 	b.log.Info("broker started", "zookeeper", cfg.ZooKeeper, "root", cfg.Root,
 		"max_streams", cfg.MaxStreams, "max_streams_per_identity", cfg.MaxStreamsPerIdentity,
@@ -485,7 +476,7 @@ func New(ctx context.Context, cfg Config) (*Broker, error) {
 // commit, and waits until the primary session is established. On error
 // it closes what it opened.
 func (b *Broker) openSessions(ctx context.Context) error {
-	conn, err := b.connect(ctx, b.onZKEvent)
+	conn, err := b.connect(ctx, b.member.onZKEvent)
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
@@ -501,9 +492,9 @@ func (b *Broker) openSessions(ctx context.Context) error {
 	}
 	b.writers, b.readers = splitSessions(conn, b.extra)
 	b.batcher = zkqueue.NewCommitter(b.writers, zkqueue.CommitterConfig{
-		Workers: batchWorkers, MaxOps: batchMaxOps, MaxBytes: batchMaxBytes, Observer: b.observeZK})
+		Workers: batchWorkers, MaxOps: batchMaxOps, MaxBytes: batchMaxBytes, Observer: b.handles.observeZK})
 	b.recent = zkqueue.NewBudget(recentBytes)
-	for !b.hasSession.Load() {
+	for !b.member.hasSession.Load() {
 		select {
 		case <-ctx.Done():
 			b.batcher.Close()
@@ -513,6 +504,52 @@ func (b *Broker) openSessions(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// onZKEvent tracks the primary session for health, metrics and logs. It
+// runs on the ZooKeeper client's goroutine, for every event (a watch's
+// too), and must not block.
+func (mb *membership) onZKEvent(ev zk.Event) {
+	b := mb.b
+	if ev.Type != zk.EventSession {
+		return
+	}
+	mb.zkState.Store(int32(ev.State))
+	switch ev.State {
+	case zk.StateHasSession:
+		if !mb.hasSession.Swap(true) {
+			lost := mb.lostAt.Swap(0)
+			if mb.sessions.Add(1) > 1 {
+				b.metrics.reconnects.Inc()
+			}
+			b.metrics.sessionState.Set(1)
+			mb.setServing(true)
+			mb.updateLeader()
+			if lost != 0 {
+				b.log.Info("zookeeper session regained", "server", ev.Server,
+					"after", time.Since(time.Unix(0, lost)).Round(time.Millisecond))
+			} else {
+				b.log.Info("zookeeper session established", "server", ev.Server)
+			}
+		}
+		// A new session (after an expiry) has none of the old one's
+		// ephemeral nodes: the registry, which notices the session
+		// itself, creates them again.
+	case zk.StateDisconnected, zk.StateExpired, zk.StateConnecting, zk.StateAuthFailed:
+		if mb.hasSession.Swap(false) {
+			mb.lostAt.Store(time.Now().UnixNano())
+			b.metrics.sessionState.Set(0)
+			mb.setServing(false)
+			mb.updateLeader()
+			if ev.State != zk.StateExpired && !b.closing() {
+				b.log.Warn("zookeeper session lost: reconnecting", "state", ev.State.String(),
+					"session_timeout", b.cfg.SessionTimeout)
+			}
+		}
+		if ev.State == zk.StateExpired {
+			b.log.Error("zookeeper session expired: this broker's registrations and leadership are gone; registering again with a new session")
+		}
+	}
 }
 
 // prepareRoot checks the root's ACL, creates the broker's parents under
@@ -531,7 +568,7 @@ func (b *Broker) prepareRoot(ctx context.Context) error {
 	}
 	var err error
 	b.catalog, err = zkqueue.NewCatalog(b.conn, b.root.Queues(), zkqueue.CatalogConfig{
-		MaxQueues: b.cfg.MaxQueues, Observer: b.observeZK, Logger: b.log, ACL: b.acl})
+		MaxQueues: b.cfg.MaxQueues, Observer: b.handles.observeZK, Logger: b.log, ACL: b.acl})
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
@@ -539,7 +576,7 @@ func (b *Broker) prepareRoot(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("broker: token key: %w", err)
 	}
-	b.tokens = newTokenSigner(key)
+	b.acks.tokens = newTokenSigner(key)
 	return nil
 }
 
@@ -550,81 +587,8 @@ func (b *Broker) ID() string { return b.cfg.ID }
 // ZooKeeper session, NOT_SERVING otherwise and after Close.
 func (b *Broker) Health() *health.Server { return b.health }
 
-// onZKEvent tracks the session for health, metrics, logs and
-// re-registration. It runs on the ZooKeeper client's goroutine and must
-// not block.
-func (b *Broker) onZKEvent(ev zk.Event) {
-	if ev.Type != zk.EventSession {
-		return
-	}
-	b.zkState.Store(int32(ev.State))
-	switch ev.State {
-	case zk.StateHasSession:
-		if !b.hasSession.Swap(true) {
-			lost := b.lostAt.Swap(0)
-			if b.sessions.Add(1) > 1 {
-				b.metrics.reconnects.Inc()
-			}
-			b.metrics.sessionState.Set(1)
-			b.setServing(true)
-			b.updateLeader()
-			if lost != 0 {
-				b.log.Info("zookeeper session regained", "server", ev.Server,
-					"after", time.Since(time.Unix(0, lost)).Round(time.Millisecond))
-			} else {
-				b.log.Info("zookeeper session established", "server", ev.Server)
-			}
-		}
-		// A new session (after an expiry) has none of the old one's
-		// ephemeral nodes: the registry, which notices the session
-		// itself, creates them again.
-	case zk.StateDisconnected, zk.StateExpired, zk.StateConnecting, zk.StateAuthFailed:
-		if b.hasSession.Swap(false) {
-			b.lostAt.Store(time.Now().UnixNano())
-			b.metrics.sessionState.Set(0)
-			b.setServing(false)
-			b.updateLeader()
-			if ev.State != zk.StateExpired && !b.closing() {
-				b.log.Warn("zookeeper session lost: reconnecting", "state", ev.State.String(),
-					"session_timeout", b.cfg.SessionTimeout)
-			}
-		}
-		if ev.State == zk.StateExpired {
-			b.log.Error("zookeeper session expired: this broker's registrations and leadership are gone; registering again with a new session")
-		}
-	}
-}
-
 // closing reports whether Shutdown has begun.
 func (b *Broker) closing() bool { return b.ctx != nil && b.ctx.Err() != nil }
-
-// updateLeader sets the leader gauge: 1 only while leading with a
-// session. Without one the broker cannot know whether it still leads.
-func (b *Broker) updateLeader() {
-	v := 0.0
-	if b.leading.Load() && b.hasSession.Load() {
-		v = 1
-	}
-	b.metrics.leader.Set(v)
-}
-
-func (b *Broker) setServing(ok bool) {
-	if b.closing() {
-		return // closing: stays NOT_SERVING
-	}
-	st := healthpb.HealthCheckResponse_NOT_SERVING
-	if ok {
-		st = healthpb.HealthCheckResponse_SERVING
-	}
-	b.health.SetServingStatus("", st)
-	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, st)
-	b.health.SetServingStatus(pb.Election_ServiceDesc.ServiceName, st)
-	b.health.SetServingStatus(pb.Lock_ServiceDesc.ServiceName, st)
-	b.health.SetServingStatus(pb.Counter_ServiceDesc.ServiceName, st)
-	b.health.SetServingStatus(pb.Semaphore_ServiceDesc.ServiceName, st)
-	b.health.SetServingStatus(pb.Barrier_ServiceDesc.ServiceName, st)
-	b.health.SetServingStatus(pb.DoubleBarrier_ServiceDesc.ServiceName, st)
-}
 
 // GRPCServer returns a gRPC server with the Queue service, health,
 // reflection and the broker's logging, metrics and (with Config.Auth)
@@ -635,8 +599,8 @@ func (b *Broker) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		// Only authenticated calls prove a connection (limits.go): with
 		// authentication on, a client without credentials cannot keep its
 		// connection from being evicted by calling.
-		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.callUnary),
-		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.callStream),
+		grpc.ChainUnaryInterceptor(b.metrics.grpc.UnaryServerInterceptor(), b.gate.callUnary),
+		grpc.ChainStreamInterceptor(b.metrics.grpc.StreamServerInterceptor(), b.gate.callStream),
 		grpc.MaxRecvMsgSize(b.cfg.maxRequest()),
 		grpc.StatsHandler(connEnds{b}), // a connection's end frees its place under MaxConnsPerIdentity
 		grpc.MaxConcurrentStreams(uint32(b.cfg.MaxStreamsPerConn)),
@@ -702,7 +666,7 @@ func (b *Broker) Stop(srv *grpc.Server, timeout time.Duration) {
 // returned or timed out.
 func (b *Broker) Close() error {
 	b.Shutdown()
-	b.givePacksBackAll() // after the unary calls, which may have buffered some
+	b.handles.givePacksBackAll() // after the unary calls, which may have buffered some
 	b.batcher.Close()
 	b.closeConns()
 	b.log.Info("broker stopped")
@@ -751,28 +715,6 @@ func (b *Broker) streamCtx(ctx context.Context) (context.Context, context.Cancel
 	return ctx, func() { stop(); cancel() }
 }
 
-// enterStream accounts for a long-lived stream of ctx's client under
-// MaxStreamsPerIdentity and MaxStreams; the returned func ends it.
-func (b *Broker) enterStream(ctx context.Context) (func(), error) {
-	if b.ctx.Err() != nil {
-		return nil, errClosing
-	}
-	if b.streams.Add(1) > int64(b.cfg.MaxStreams) {
-		b.streams.Add(-1)
-		b.refuseStream(reasonMaxStreams)
-		return nil, fmt.Errorf("%w: %d streams open, the most the broker serves (--max-streams)", errLimit, b.cfg.MaxStreams)
-	}
-	c := b.clientOf(ctx)
-	if n, ok := b.clients.addStream(c.key, b.cfg.MaxStreamsPerIdentity); !ok {
-		b.streams.Add(-1)
-		b.refuseStream(reasonPerIdentity)
-		return nil, fmt.Errorf("%w: %s has %d open streams, the most one client may open (--max-streams-per-identity)",
-			errLimit, c, n)
-	}
-	b.wg.Add(1)
-	return func() { b.streams.Add(-1); b.clients.endStream(c.key); b.wg.Done() }, nil
-}
-
 // streamWorkers is the gRPC server's goroutines kept to run calls
 // (grpc.NumStreamWorkers). A goroutine started for each call, as without
 // them, grows its stack to the depth of a publish on every call: copying
@@ -785,6 +727,16 @@ const streamWorkers = 64
 // creation and two-step deletion are there, and it opens a queue's parts
 // (zkqueue.Catalog.Open). Handles only read: a handle opened while its
 // queue is being deleted cannot bring parts of it back.
+
+// handles are the handles of the queues in use on this broker, by name,
+// and what is done to all of them: loading, eviction when their queue
+// changes, the periodic stats, giving back what packed queues buffered.
+type handles struct {
+	b *Broker
+
+	queuesMu sync.Mutex
+	queues   map[string]*queue
+}
 
 // queue is this broker's handle on one queue: its metadata and the shared
 // zkqueue.Queue through which all local consumers take messages (the queue's
@@ -870,10 +822,11 @@ func (q *queue) stale() bool { return q.h.Stale() }
 
 // queue returns the handle of an existing queue; errQueueNotFound when
 // there is none.
-func (b *Broker) queue(ctx context.Context, name string) (*queue, error) {
-	b.queuesMu.Lock()
-	q := b.queues[name]
-	b.queuesMu.Unlock()
+func (hs *handles) queue(ctx context.Context, name string) (*queue, error) {
+	b := hs.b
+	hs.queuesMu.Lock()
+	q := hs.queues[name]
+	hs.queuesMu.Unlock()
 	if q != nil && !q.stale() {
 		q.touch() // only valid names are ever cached
 		return q, nil
@@ -881,36 +834,38 @@ func (b *Broker) queue(ctx context.Context, name string) (*queue, error) {
 	if err := validName("queue name", name); err != nil {
 		return nil, err
 	}
-	q, err := b.loadQueue(name)
+	q, err := hs.loadQueue(name)
 	if err != nil {
 		return nil, err
 	}
 	q.touch()
-	b.queuesMu.Lock()
-	defer b.queuesMu.Unlock()
-	if cur := b.queues[name]; cur != nil && !cur.stale() {
+	hs.queuesMu.Lock()
+	defer hs.queuesMu.Unlock()
+	if cur := hs.queues[name]; cur != nil && !cur.stale() {
 		cur.touch()
 		return cur, nil // another call loaded it first: share its Queue
 	}
-	b.queues[name] = q
-	b.startSchedulers(q)
+	hs.queues[name] = q
+	b.sched.startSchedulers(q)
 	return q, nil
 }
 
 // spec returns a queue's configuration: from its handle when this broker
 // has one, else read, without opening a handle (listing many queues must
 // not leave a handle and a watch per queue behind).
-func (b *Broker) spec(name string) (zkqueue.Spec, error) {
-	b.queuesMu.Lock()
-	q := b.queues[name]
-	b.queuesMu.Unlock()
+func (hs *handles) spec(name string) (zkqueue.Spec, error) {
+	b := hs.b
+	hs.queuesMu.Lock()
+	q := hs.queues[name]
+	hs.queuesMu.Unlock()
 	if q != nil && !q.stale() {
 		return q.meta, nil
 	}
 	return b.catalog.Info(name)
 }
 
-func (b *Broker) loadQueue(name string) (*queue, error) {
+func (hs *handles) loadQueue(name string) (*queue, error) {
+	b := hs.b
 	label := b.metrics.labels.get(name)
 	b.metrics.initQueue(label)
 	conflicts := b.metrics.conflicts.WithLabelValues(label)
@@ -960,18 +915,18 @@ func (b *Broker) loadQueue(name string) (*queue, error) {
 
 // gone turns a NoNode from a queue's own nodes (lost races never get
 // here) into errQueueNotFound: the queue was deleted under the handle.
-func (b *Broker) gone(q *queue, err error) error {
+func (hs *handles) gone(q *queue, err error) error {
 	if errors.Is(err, zk.ErrNoNode) {
-		b.evict(q.name)
+		hs.evict(q.name)
 		return fmt.Errorf("%w: %s (deleted)", errQueueNotFound, q.name)
 	}
 	return err
 }
 
-func (b *Broker) evict(name string) {
-	b.queuesMu.Lock()
-	delete(b.queues, name)
-	b.queuesMu.Unlock()
+func (hs *handles) evict(name string) {
+	hs.queuesMu.Lock()
+	delete(hs.queues, name)
+	hs.queuesMu.Unlock()
 }
 
 // A handle unused for statsIdleAfter (no call, no scan by a local
@@ -990,7 +945,8 @@ const packHoldIdle = time.Second
 // runStats refreshes the queue gauges of the queues this broker has
 // served, every StatsInterval (see statsIdleAfter). Reads only: Stats of
 // two parents, and the head message of a queue that has one.
-func (b *Broker) runStats() {
+func (hs *handles) runStats() {
+	b := hs.b
 	defer b.wg.Done()
 	t := time.NewTicker(b.cfg.StatsInterval)
 	defer t.Stop()
@@ -1000,19 +956,19 @@ func (b *Broker) runStats() {
 			return
 		case <-t.C:
 		}
-		b.queuesMu.Lock()
-		qs := make([]*queue, 0, len(b.queues))
-		for name, q := range b.queues {
+		hs.queuesMu.Lock()
+		qs := make([]*queue, 0, len(hs.queues))
+		for name, q := range hs.queues {
 			if q.stale() {
-				delete(b.queues, name) // deleted or changed: reloaded when used
+				delete(hs.queues, name) // deleted or changed: reloaded when used
 				continue
 			}
 			qs = append(qs, q)
 		}
-		b.queuesMu.Unlock()
+		hs.queuesMu.Unlock()
 		for _, q := range qs {
 			if q.meta.Packed && q.streams.Load() == 0 && q.idle(packHoldIdle) {
-				b.givePacksBack(q) // what Receive calls claimed and did not take
+				hs.givePacksBack(q) // what Receive calls claimed and did not take
 			}
 			if q.label == OtherQueue || (q.idle(statsIdleAfter) && tick%statsIdleEvery != 0) {
 				continue
@@ -1054,10 +1010,52 @@ func zkResult(err error) string {
 }
 
 // observeZK records one ZooKeeper request of a queue's zkqueue.Queue.
-func (b *Broker) observeZK(op string, d time.Duration, err error) {
+func (hs *handles) observeZK(op string, d time.Duration, err error) {
+	b := hs.b
 	if op == "commit" {
 		b.metrics.zkCommit.WithLabelValues(zkResult(err)).Observe(d.Seconds())
 		return
 	}
 	b.metrics.zkDuration.WithLabelValues(op, zkResult(err)).Observe(d.Seconds())
+}
+
+// packStream counts a Consume stream of q; the function it returns, run
+// when the stream ended (after releaseHeld), gives back what q's packed
+// takes claimed and did not hand out (zkqueue's pack buffer) once the last
+// stream of q on this broker ended, so the messages wait at their places
+// rather than in this broker.
+func (hs *handles) packStream(q *queue) func() {
+	q.streams.Add(1)
+	return func() {
+		if q.streams.Add(-1) == 0 && q.meta.Packed {
+			hs.givePacksBack(q)
+		}
+	}
+}
+
+// givePacksBackAll gives back what the packed queues' takes buffered.
+func (hs *handles) givePacksBackAll() {
+	hs.queuesMu.Lock()
+	var qs []*queue
+	for _, q := range hs.queues {
+		if q.meta.Packed {
+			qs = append(qs, q)
+		}
+	}
+	hs.queuesMu.Unlock()
+	for _, q := range qs {
+		hs.givePacksBack(q)
+	}
+}
+
+// givePacksBack gives back what q's packed takes claimed and did not hand
+// out, with its own bounded context (it also runs at shutdown).
+func (hs *handles) givePacksBack(q *queue) {
+	b := hs.b
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	q.leases.Flush(ctx)
+	if err := q.items.Flush(ctx); err != nil {
+		b.log.Warn("giving back buffered messages failed", "queue", q.name, "err", err)
+	}
 }

@@ -18,7 +18,7 @@ const (
 // token is the id of the last message of the previous page: a page starts
 // after it, wherever the queue's head went since.
 func (b *Broker) Browse(ctx context.Context, req *pb.BrowseRequest) (*pb.BrowseResponse, error) {
-	q, err := b.queue(ctx, req.GetQueue())
+	q, err := b.handles.queue(ctx, req.GetQueue())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -35,7 +35,7 @@ func (b *Broker) Browse(ctx context.Context, req *pb.BrowseRequest) (*pb.BrowseR
 	}
 	ms, next, err := q.items.Browse(ctx, after, limit, room(q, MaxResponseBytes))
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	resp := &pb.BrowseResponse{NextPageToken: next}
 	for _, m := range ms {

@@ -18,16 +18,59 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
-	pb "github.com/qbroker/qbroker/api/queuepb"
-	"github.com/qbroker/qbroker/internal/layout"
-	"github.com/qbroker/qbroker/internal/zkutil"
-	"github.com/qbroker/qbroker/zkqueue"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
+	"github.com/qbroker/qbroker/internal/connlimit"
+	"github.com/qbroker/qbroker/internal/layout"
+	"github.com/qbroker/qbroker/internal/zkutil"
+	"github.com/qbroker/qbroker/zkqueue"
 )
+
+// gate is every call's way in: it authenticates and authorizes calls
+// (Config.Auth), re-checks the streams they keep open (authstreams.go),
+// counts each client's streams and connections against the limits
+// (limits.go), writes the audit log (audit.go) and logs the calls. The
+// gRPC server's interceptors are its callUnary and callStream.
+type gate struct {
+	b *Broker
+
+	streams     atomic.Int64 // open long-lived streams, under MaxStreams
+	clients     clientUse    // streams and connections per client
+	authStreams authStreams  // open streams, re-checked when auth files change (authstreams.go)
+
+	listenersMu sync.Mutex
+	listeners   []*connlimit.Listener // LimitListener's, told which connections proved themselves
+	warnings    rateLimit             // refusals' warnings
+	refusals    auditLimit            // audit lines of refused calls
+}
+
+// enterStream accounts for a long-lived stream of ctx's client under
+// MaxStreamsPerIdentity and MaxStreams; the returned func ends it.
+func (gt *gate) enterStream(ctx context.Context) (func(), error) {
+	b := gt.b
+	if b.ctx.Err() != nil {
+		return nil, errClosing
+	}
+	if gt.streams.Add(1) > int64(b.cfg.MaxStreams) {
+		gt.streams.Add(-1)
+		gt.refuseStream(reasonMaxStreams)
+		return nil, fmt.Errorf("%w: %d streams open, the most the broker serves (--max-streams)", errLimit, b.cfg.MaxStreams)
+	}
+	c := gt.clientOf(ctx)
+	if n, ok := gt.clients.addStream(c.key, b.cfg.MaxStreamsPerIdentity); !ok {
+		gt.streams.Add(-1)
+		gt.refuseStream(reasonPerIdentity)
+		return nil, fmt.Errorf("%w: %s has %d open streams, the most one client may open (--max-streams-per-identity)",
+			errLimit, c, n)
+	}
+	b.wg.Add(1)
+	return func() { gt.streams.Add(-1); gt.clients.endStream(c.key); b.wg.Done() }, nil
+}
 
 // access is one permission a request needs: action on the queue, lock or
 // election called name.
@@ -187,7 +230,8 @@ func authFor(method string) (methodAuth, bool) {
 // authorize authenticates a call to method and checks its first (or only)
 // request msg; nil msg checks only the identity. It returns ctx with the
 // identity.
-func (b *Broker) authorize(ctx context.Context, method string) (context.Context, Identity, methodAuth, error) {
+func (gt *gate) authorize(ctx context.Context, method string) (context.Context, Identity, methodAuth, error) {
+	b := gt.b
 	if b.cfg.Auth == nil {
 		return ctx, Identity{}, methodAuth{}, nil
 	}
@@ -197,7 +241,7 @@ func (b *Broker) authorize(ctx context.Context, method string) (context.Context,
 	}
 	id, err := b.cfg.Auth.authenticate(ctx)
 	if err != nil {
-		b.warnings.warn(b.log, "auth:unauthenticated", "call refused: unauthenticated", "method", method, "peer", peerAddr(ctx), "err", status.Convert(err).Message())
+		gt.warnings.warn(b.log, "auth:unauthenticated", "call refused: unauthenticated", "method", method, "peer", peerAddr(ctx), "err", status.Convert(err).Message())
 		return ctx, Identity{}, ma, err
 	}
 	if !ok {
@@ -208,14 +252,15 @@ func (b *Broker) authorize(ctx context.Context, method string) (context.Context,
 
 // check returns PermissionDenied, naming the action and the name, unless
 // id may do all that msg needs.
-func (b *Broker) check(ctx context.Context, id Identity, ma methodAuth, method string, msg any) error {
+func (gt *gate) check(ctx context.Context, id Identity, ma methodAuth, method string, msg any) error {
+	b := gt.b
 	if b.cfg.Auth == nil || ma.public || ma.needs == nil { // no Auth: ma is empty
 		return nil
 	}
 	rules := b.cfg.Auth.rules.Get()
 	for _, a := range ma.needs(msg) {
 		if !rules.Allowed(id.Name, a.action, a.name) {
-			b.warnings.warn(b.log, "auth:denied", "call refused: permission denied", "method", method,
+			gt.warnings.warn(b.log, "auth:denied", "call refused: permission denied", "method", method,
 				"identity", id.Name, "action", a.action, a.kind, a.name)
 			return status.Errorf(codes.PermissionDenied, "%s may not %s %s %q", id.Name, a.action, a.kind, printable(a.name))
 		}
@@ -229,23 +274,23 @@ func (b *Broker) check(ctx context.Context, id Identity, ma methodAuth, method s
 // for the methods audit.go names and for refusals, and logs the call at
 // debug. A call without Auth on a connection already counted runs none of
 // that but a map lookup and the log level's check.
-func (b *Broker) callUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (gt *gate) callUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	start := time.Now()
-	ctx, id, ma, err := b.authorize(ctx, info.FullMethod)
+	ctx, id, ma, err := gt.authorize(ctx, info.FullMethod)
 	if err == nil {
-		err = b.check(ctx, id, ma, info.FullMethod, req)
+		err = gt.check(ctx, id, ma, info.FullMethod, req)
 	}
 	if err == nil {
-		err = b.enterConn(ctx)
+		err = gt.enterConn(ctx)
 	}
 	var resp any
 	if err == nil {
 		resp, err = h(ctx, req)
 	}
 	if _, audited := auditedMethods[info.FullMethod]; audited || err != nil {
-		b.audit(ctx, info.FullMethod, req, id, err)
+		gt.audit(ctx, info.FullMethod, req, id, err)
 	}
-	b.logCall(ctx, info.FullMethod, start, err)
+	gt.logCall(ctx, info.FullMethod, start, err)
 	return resp, err
 }
 
@@ -253,34 +298,35 @@ func (b *Broker) callUnary(ctx context.Context, req any, info *grpc.UnaryServerI
 // Auth is set, authorizes each request they receive (a Consume stream's
 // subscription and settlements, a Lock stream's lock, ...) and re-checks
 // the stream while it is open (authstreams.go).
-func (b *Broker) callStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+func (gt *gate) callStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	start := time.Now()
-	err := b.authStream(srv, ss, info, h)
-	b.logCall(ss.Context(), info.FullMethod, start, err)
+	err := gt.authStream(srv, ss, info, h)
+	gt.logCall(ss.Context(), info.FullMethod, start, err)
 	return err
 }
 
-func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	ctx, id, ma, err := b.authorize(ss.Context(), info.FullMethod)
+func (gt *gate) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	b := gt.b
+	ctx, id, ma, err := gt.authorize(ss.Context(), info.FullMethod)
 	if err != nil {
-		b.audit(ctx, info.FullMethod, nil, id, err)
+		gt.audit(ctx, info.FullMethod, nil, id, err)
 		return err
 	}
 	if b.cfg.Auth == nil || ma.public {
-		if err := b.enterConn(ctx); err != nil {
+		if err := gt.enterConn(ctx); err != nil {
 			return err
 		}
 		return h(srv, ss)
 	}
-	if err := b.enterConn(ctx); err != nil {
+	if err := gt.enterConn(ctx); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w := &checkedStream{ServerStream: ss, ctx: ctx, cancel: cancel}
 	w.check = func(m any) error {
-		if err := b.check(ctx, id, ma, info.FullMethod, m); err != nil {
-			b.audit(ctx, info.FullMethod, m, id, err)
+		if err := gt.check(ctx, id, ma, info.FullMethod, m); err != nil {
+			gt.audit(ctx, info.FullMethod, m, id, err)
 			return err
 		}
 		if ma.needs != nil && !w.recorded.Load() {
@@ -291,8 +337,8 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	// Re-checked while open: a revoked credential or rule ends it
 	// (authstreams.go).
 	st := &authStream{ctx: ss.Context(), id: id, method: info.FullMethod, w: w}
-	b.authStreams.add(st)
-	defer b.authStreams.remove(st)
+	gt.authStreams.add(st)
+	defer gt.authStreams.remove(st)
 	err = h(srv, w)
 	if d := w.deniedErr(); d != nil {
 		return d // the handler saw a failed receive, or its context end
@@ -302,16 +348,17 @@ func (b *Broker) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 
 // enterConn admits the call's connection (limits.go's admitConn) unless
 // it is settled already.
-func (b *Broker) enterConn(ctx context.Context) error {
+func (gt *gate) enterConn(ctx context.Context) error {
 	cn, _ := ctx.Value(connKey{}).(*conn)
 	if cn != nil && cn.settled.Load() {
 		return nil
 	}
-	return b.admitConn(ctx, cn)
+	return gt.admitConn(ctx, cn)
 }
 
 // logCall logs a call at debug.
-func (b *Broker) logCall(ctx context.Context, method string, start time.Time, err error) {
+func (gt *gate) logCall(ctx context.Context, method string, start time.Time, err error) {
+	b := gt.b
 	if !b.log.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
@@ -424,7 +471,8 @@ type client struct {
 func (c client) String() string { return c.kind + " " + printable(c.name) }
 
 // clientOf returns the client of ctx's call.
-func (b *Broker) clientOf(ctx context.Context) client {
+func (gt *gate) clientOf(ctx context.Context) client {
+	b := gt.b
 	if b.cfg.Auth != nil {
 		if id, ok := IdentityFrom(ctx); ok && id.Name != "" {
 			return client{key: "identity:" + id.Name, kind: "identity", name: id.Name}
@@ -520,16 +568,17 @@ type connKey struct{}
 // made calls on MaxConnsPerIdentity other connections still open: then it
 // returns a ResourceExhausted status naming the limit. Calls without a
 // connection the stats handler tagged (in-process calls) are not counted.
-func (b *Broker) claimConn(ctx context.Context) error {
+func (gt *gate) claimConn(ctx context.Context) error {
+	b := gt.b
 	cn, _ := ctx.Value(connKey{}).(*conn)
 	if cn == nil {
 		return nil
 	}
-	c := b.clientOf(ctx)
+	c := gt.clientOf(ctx)
 	if c.key == "" {
 		return nil
 	}
-	u := &b.clients
+	u := &gt.clients
 	u.mu.Lock()
 	if cn.ended || cn.clients[c.key] {
 		u.mu.Unlock()
@@ -540,7 +589,7 @@ func (b *Broker) claimConn(ctx context.Context) error {
 		held := n.conns
 		u.put(c.key, n)
 		u.mu.Unlock()
-		b.connRefusedFor(c, held)
+		gt.connRefusedFor(c, held)
 		return b.fail(fmt.Errorf("%w: %s has calls on %d open connections, the most one client may use (--max-conns-per-identity)",
 			errLimit, c, held))
 	}
@@ -583,7 +632,7 @@ func (h connEnds) HandleConn(ctx context.Context, s stats.ConnStats) {
 		return
 	}
 	if cn, ok := ctx.Value(connKey{}).(*conn); ok {
-		h.b.clients.connEnded(cn)
+		h.b.gate.clients.connEnded(cn)
 	}
 }
 

@@ -9,11 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/internal/events"
 	"github.com/qbroker/qbroker/zkqueue"
-	"golang.org/x/sync/errgroup"
-	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 const maxPrefetch = 1000
@@ -191,12 +192,12 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 	if err != nil {
 		return b.fail(err)
 	}
-	unregister := b.registerConsumer(ctx, sub.q)
+	unregister := b.handles.registerConsumer(ctx, sub.q)
 	defer unregister()
-	defer b.packStream(sub.q)()
+	defer b.handles.packStream(sub.q)()
 	if b.cfg.ClaimAhead {
 		var detach func()
-		sub.ahead, detach = b.attachAhead(sub)
+		sub.ahead, detach = b.handles.attachAhead(sub)
 		defer detach()
 	}
 
@@ -206,13 +207,23 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 		defer b.prio.leave(st)
 	} else {
 		// One stream receives at a time: priority orders the line.
-		st.turn = b.joinActive(sub.q, sub.prio)
+		st.turn = b.active.joinActive(sub.q, sub.prio)
 		defer st.turn.leave() // after releaseHeld: the next turn waits for no lease
 	}
 	st.addCredit(sub.prefetch + int(first.GetCredit()))
-	defer b.releaseHeld(sub.q, st)
-	b.settle(context.WithoutCancel(ctx), st, first.GetSettle())
-	return b.serveConsume(ctx, stream, rx, sub, st)
+	c := &consumer{b: b, stream: stream, sub: sub, st: st}
+	defer c.releaseHeld()
+	c.settle(context.WithoutCancel(ctx), first.GetSettle())
+	return c.serve(ctx, rx)
+}
+
+// consumer is one Consume stream being served: the stream, what its first
+// request subscribed to, and its credit and held leases.
+type consumer struct {
+	b      *Broker
+	stream pb.Queue_ConsumeServer
+	sub    subscription
+	st     *consumeState
 }
 
 // subscription is what a Consume stream's first request asked for.
@@ -231,11 +242,11 @@ func (b *Broker) subscribe(ctx context.Context, first *pb.ConsumeRequest) (subsc
 	if sub == nil {
 		return subscription{}, invalidf("the first Consume request must carry subscribe")
 	}
-	q, err := b.queue(ctx, sub.GetQueue())
+	q, err := b.handles.queue(ctx, sub.GetQueue())
 	if err != nil {
 		return subscription{}, err
 	}
-	d, err := b.deliverySettings(q, sub.GetMode(), sub.GetVisibilityTimeout().AsDuration())
+	d, err := b.claims.deliverySettings(q, sub.GetMode(), sub.GetVisibilityTimeout().AsDuration())
 	if err != nil {
 		return subscription{}, err
 	}
@@ -262,7 +273,7 @@ func (b *Broker) subscribe(ctx context.Context, first *pb.ConsumeRequest) (subsc
 	return subscription{q: q, d: d, prefetch: prefetch, prio: prio, maxBatch: maxBatch}, nil
 }
 
-// serveConsume runs a subscribed stream until the client leaves or
+// serve runs a subscribed stream until the client leaves or
 // half-closes, the broker shuts down or a delivery fails, and returns the
 // stream's status once all of its goroutines but the receiver's and the
 // outbox's have ended.
@@ -272,15 +283,16 @@ func (b *Broker) subscribe(ctx context.Context, first *pb.ConsumeRequest) (subsc
 // the stream's context, not the group's: the settlements a client sent
 // before it half-closed are all applied before the stream ends and its
 // unsettled leases are released.
-func (b *Broker) serveConsume(ctx context.Context, stream pb.Queue_ConsumeServer, rx *receiver[*pb.ConsumeRequest], sub subscription, st *consumeState) error {
+func (c *consumer) serve(ctx context.Context, rx *receiver[*pb.ConsumeRequest]) error {
+	b := c.b
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		detached := context.WithoutCancel(ctx)
-		pool := newSettlePool(func(s []*pb.Settle) { b.settle(detached, st, s) })
+		pool := newSettlePool(func(s []*pb.Settle) { c.settle(detached, s) })
 		defer pool.close()
-		return b.receiveRequests(gctx, rx, st, pool.submit)
+		return c.receiveRequests(gctx, rx, pool.submit)
 	})
-	g.Go(func() error { return b.deliver(gctx, stream, sub, st) })
+	g.Go(func() error { return c.deliver(gctx) })
 	err := g.Wait()
 	if errors.Is(err, errStreamDone) {
 		return b.streamEnd()
@@ -341,7 +353,8 @@ func (p *settlePool) close() {
 // messages a request carries go together, so that those of one lease wait
 // for their write together; every other settlement goes alone, so that
 // each waits only for its own.
-func (b *Broker) receiveRequests(ctx context.Context, rx *receiver[*pb.ConsumeRequest], st *consumeState, settle func([]*pb.Settle)) error {
+func (c *consumer) receiveRequests(ctx context.Context, rx *receiver[*pb.ConsumeRequest], settle func([]*pb.Settle)) error {
+	st := c.st
 	for {
 		select {
 		case req, ok := <-rx.reqs:
@@ -378,7 +391,8 @@ func (b *Broker) receiveRequests(ctx context.Context, rx *receiver[*pb.ConsumeRe
 // must not outlast its lease either: it runs on the stream's outbox, and
 // if the lease gets within sendMargin of its deadline first, the stream
 // ends, which abandons the send before the message reaches the transport.
-func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub subscription, st *consumeState) error {
+func (c *consumer) deliver(ctx context.Context) error {
+	b, stream, sub, st := c.b, c.stream, c.sub, c.st
 	snd := newOutbox(b, stream.Send)
 	defer snd.close()
 	for {
@@ -402,7 +416,7 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 		if sub.ahead != nil {
 			cs, err = sub.ahead.get(tctx, credit, consumeBatchBytes)
 		} else {
-			cs, err = b.take(tctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
+			cs, err = b.claims.take(tctx, sub.q, sub.d, want{max: credit, maxBytes: consumeBatchBytes, block: true})
 		}
 		done()
 		st.endTake(credit - len(cs))
@@ -423,7 +437,7 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 				st.hold(c.lease, c.expires)
 			}
 		}
-		if err := b.sendBatch(ctx, snd, sub, st, cs); err != nil {
+		if err := c.sendBatch(ctx, snd, cs); err != nil {
 			return err
 		}
 	}
@@ -437,11 +451,12 @@ func (b *Broker) deliver(ctx context.Context, stream pb.Queue_ConsumeServer, sub
 // messages claimed ahead go back to that buffer instead, from the first
 // that cannot be sent on (ahead.putBack), to keep their order. The
 // leases of the ones it could not send stay held, for releaseHeld.
-func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub subscription, st *consumeState, cs []claimed) error {
+func (c *consumer) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], cs []claimed) error {
+	b, sub, st := c.b, c.sub, c.st
 	q, d := sub.q, sub.d
 	for i := 0; i < len(cs); {
 		c := cs[i]
-		if !b.sendable(d, c) && sub.ahead != nil {
+		if !b.claims.sendable(d, c) && sub.ahead != nil {
 			// Taken from the messages claimed ahead: this one and the
 			// rest go back through the buffer, which gives them back
 			// before any younger message reaches its streams.
@@ -453,22 +468,22 @@ func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub s
 			st.addCredit(len(cs) - i)
 			return nil
 		}
-		if !b.sendable(d, c) {
+		if !b.claims.sendable(d, c) {
 			st.settled(c.lease)
-			b.unsent(q, c)
+			b.claims.unsent(q, c)
 			st.addCredit(1)
 			i++
 			continue
 		}
 		j := i + 1
-		for j < len(cs) && j-i < sub.maxBatch && b.sendable(d, cs[j]) {
+		for j < len(cs) && j-i < sub.maxBatch && b.claims.sendable(d, cs[j]) {
 			j++
 		}
 		run := cs[i:j]
 		switch err := sendDelivery(ctx, snd, run, d); {
 		case err == nil:
 			for _, r := range run {
-				b.delivered(q, d, r)
+				b.claims.delivered(q, d, r)
 			}
 		case errors.Is(err, errStalled):
 			// The leases run out while the send waits: leave them to
@@ -481,7 +496,7 @@ func (b *Broker) sendBatch(ctx context.Context, snd *outbox[*pb.Delivery], sub s
 			for _, r := range cs[j:] {
 				st.settled(r.lease)
 				if sub.ahead == nil {
-					b.unsent(q, r)
+					b.claims.unsent(q, r)
 				}
 			}
 			if sub.ahead != nil {
@@ -543,7 +558,8 @@ func tokenLease(tok string) string {
 //
 // The acks among settles are applied together (ackMany): those of one
 // pack lease share one write and one wait.
-func (b *Broker) settle(detached context.Context, st *consumeState, settles []*pb.Settle) {
+func (c *consumer) settle(detached context.Context, settles []*pb.Settle) {
+	b, st := c.b, c.st
 	ctx, cancel := context.WithTimeout(detached, releaseTimeout)
 	defer cancel()
 	done := func(token string, err error) {
@@ -556,7 +572,7 @@ func (b *Broker) settle(detached context.Context, st *consumeState, settles []*p
 	var acks []string
 	for _, s := range settles {
 		if s.GetNack() {
-			done(s.GetAckToken(), b.nack(ctx, s.GetAckToken(), s.GetDelay().AsDuration()))
+			done(s.GetAckToken(), b.acks.nack(ctx, s.GetAckToken(), s.GetDelay().AsDuration()))
 		} else {
 			acks = append(acks, s.GetAckToken())
 		}
@@ -565,58 +581,19 @@ func (b *Broker) settle(detached context.Context, st *consumeState, settles []*p
 	case 0:
 		return
 	case 1:
-		done(acks[0], b.ack(ctx, acks[0]))
+		done(acks[0], b.acks.ack(ctx, acks[0]))
 		return
 	}
-	for i, err := range b.ackMany(ctx, acks) {
+	for i, err := range b.acks.ackMany(ctx, acks) {
 		done(acks[i], err)
-	}
-}
-
-// packStream counts a Consume stream of q; the function it returns, run
-// when the stream ended (after releaseHeld), gives back what q's packed
-// takes claimed and did not hand out (zkqueue's pack buffer) once the last
-// stream of q on this broker ended, so the messages wait at their places
-// rather than in this broker.
-func (b *Broker) packStream(q *queue) func() {
-	q.streams.Add(1)
-	return func() {
-		if q.streams.Add(-1) == 0 && q.meta.Packed {
-			b.givePacksBack(q)
-		}
-	}
-}
-
-// givePacksBackAll gives back what the packed queues' takes buffered.
-func (b *Broker) givePacksBackAll() {
-	b.queuesMu.Lock()
-	var qs []*queue
-	for _, q := range b.queues {
-		if q.meta.Packed {
-			qs = append(qs, q)
-		}
-	}
-	b.queuesMu.Unlock()
-	for _, q := range qs {
-		b.givePacksBack(q)
-	}
-}
-
-// givePacksBack gives back what q's packed takes claimed and did not hand
-// out, with its own bounded context (it also runs at shutdown).
-func (b *Broker) givePacksBack(q *queue) {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	q.leases.Flush(ctx)
-	if err := q.items.Flush(ctx); err != nil {
-		b.log.Warn("giving back buffered messages failed", "queue", q.name, "err", err)
 	}
 }
 
 // releaseHeld gives back the stream's unsettled leases for redelivery.
 // It runs when the stream ends, also during shutdown, so it uses its own
 // bounded context.
-func (b *Broker) releaseHeld(q *queue, st *consumeState) {
+func (c *consumer) releaseHeld() {
+	b, q, st := c.b, c.sub.q, c.st
 	tokens := st.drain()
 	if len(tokens) == 0 {
 		return
@@ -631,12 +608,17 @@ func (b *Broker) releaseHeld(q *queue, st *consumeState) {
 			continue
 		}
 		if ok {
-			b.released(q, m, out)
+			b.acks.released(q, m, out)
 		}
 	}
 }
 
 // Delivery: a claimed message on its way to a stream.
+
+// claims claims messages for deliveries (Consume streams, Receive calls,
+// the claim-ahead buffers) and accounts for each one sent or not: the
+// broker's metrics, its events, the leases given back.
+type claims struct{ b *Broker }
 
 // MaxResponseBytes bounds every message the broker sends: 4 MiB, gRPC's
 // default receive limit in every language, less a 64 KiB margin for what
@@ -684,18 +666,20 @@ type claimed struct {
 // the broker has kept its ZooKeeper session since the claim: a broker
 // paused (or cut off) long enough may find its leases expired and their
 // messages redelivered elsewhere.
-func (b *Broker) sendable(d delivery, c claimed) bool {
+func (cl *claims) sendable(d delivery, c claimed) bool {
+	b := cl.b
 	if !d.ack {
 		return true
 	}
-	return time.Until(c.expires) > sendMargin(d.ttl) && b.hasSession.Load() && b.sessions.Load() == c.session
+	return time.Until(c.expires) > sendMargin(d.ttl) && b.member.hasSession.Load() && b.member.sessions.Load() == c.session
 }
 
 // unsent gives back at once, and counts, an at-least-once delivery that
 // will not be sent. The claim is undone: the message keeps its place and
 // its delivery count. If the sweep has released the lease already, or the
 // release fails, the sweep's release stands.
-func (b *Broker) unsent(q *queue, c claimed) {
+func (cl *claims) unsent(q *queue, c claimed) {
+	b := cl.b
 	b.metrics.expiredUnsent.WithLabelValues(q.label).Inc()
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
@@ -708,7 +692,8 @@ func (b *Broker) unsent(q *queue, c claimed) {
 const releaseTimeout = 10 * time.Second
 
 // delivered accounts for a delivery handed to the transport.
-func (b *Broker) delivered(q *queue, d delivery, c claimed) {
+func (cl *claims) delivered(q *queue, d delivery, c claimed) {
+	b := cl.b
 	mode := modeAtMostOnce
 	if d.ack {
 		mode = modeAtLeastOnce
@@ -718,8 +703,8 @@ func (b *Broker) delivered(q *queue, d delivery, c claimed) {
 	if c.m.Deliveries > 1 {
 		b.metrics.redelivered.WithLabelValues(q.label).Inc()
 	}
-	if b.events != nil {
-		b.emit(events.Delivered, q, c.m, "")
+	if b.ev.sink != nil {
+		b.ev.emit(events.Delivered, q, c.m, "")
 	}
 }
 
@@ -729,7 +714,7 @@ type delivery struct {
 	ttl time.Duration // lease
 }
 
-func (b *Broker) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Duration) (delivery, error) {
+func (cl *claims) deliverySettings(q *queue, mode pb.DeliveryMode, vis time.Duration) (delivery, error) {
 	switch mode {
 	case pb.DeliveryMode_DELIVERY_MODE_UNSPECIFIED, pb.DeliveryMode_DELIVERY_MODE_AT_MOST_ONCE:
 		return delivery{}, nil
@@ -753,24 +738,25 @@ type want struct {
 // run concurrently and their writes share a Multi). A message that does
 // not fit is not claimed: it stays at its place in the queue. The caller
 // sends each (see sendable) and accounts for it with delivered.
-func (b *Broker) take(ctx context.Context, q *queue, d delivery, w want) ([]claimed, error) {
+func (cl *claims) take(ctx context.Context, q *queue, d delivery, w want) ([]claimed, error) {
+	b := cl.b
 	if q.sync != nil {
 		if err := q.sync.checkOpen(ctx); err != nil {
 			return nil, err
 		}
 	}
-	session := b.sessions.Load()
+	session := b.member.sessions.Load()
 	var out []claimed
 	if d.ack {
 		ls, err := q.leases.Take(ctx, w.max, room(q, w.maxBytes), d.ttl, w.block)
 		if err != nil {
-			return nil, b.gone(q, err)
+			return nil, b.handles.gone(q, err)
 		}
-		return b.leased(q, ls, session), nil
+		return cl.leased(q, ls, session), nil
 	}
 	ms, err := q.items.Take(ctx, w.max, room(q, w.maxBytes), w.block)
 	if err != nil {
-		return nil, b.gone(q, err)
+		return nil, b.handles.gone(q, err)
 	}
 	out = make([]claimed, 0, len(ms))
 	for _, m := range ms {
@@ -781,10 +767,10 @@ func (b *Broker) take(ctx context.Context, q *queue, d delivery, w want) ([]clai
 
 // leased wraps at-least-once claims made while the broker's session count
 // was session.
-func (b *Broker) leased(q *queue, ls []zkqueue.Lease, session int64) []claimed {
+func (cl *claims) leased(q *queue, ls []zkqueue.Lease, session int64) []claimed {
 	out := make([]claimed, 0, len(ls))
 	for i := range ls {
-		out = append(out, claimed{msg: b.leasedPB(q.name, &ls[i]), m: ls[i].Message,
+		out = append(out, claimed{msg: cl.leasedPB(q.name, &ls[i]), m: ls[i].Message,
 			lease: ls[i].Token, expires: ls[i].Deadline, session: session})
 	}
 	return out
@@ -812,9 +798,10 @@ func toPB(queue string, m zkqueue.Message, l *zkqueue.Lease) *pb.Message {
 }
 
 // leasedPB converts an at-least-once delivery, with its signed ack token.
-func (b *Broker) leasedPB(queue string, l *zkqueue.Lease) *pb.Message {
+func (cl *claims) leasedPB(queue string, l *zkqueue.Lease) *pb.Message {
+	b := cl.b
 	out := toPB(queue, l.Message, l)
-	out.AckToken = makeToken(b.tokens, queue, *l)
+	out.AckToken = makeToken(b.acks.tokens, queue, *l)
 	return out
 }
 
@@ -834,7 +821,7 @@ func (b *Broker) leasedPB(queue string, l *zkqueue.Lease) *pb.Message {
 // context with the broker's, so that Shutdown ends it. The stream's
 // handler defers end. The error is a gRPC status.
 func (b *Broker) openStream(ctx context.Context) (context.Context, func(), error) {
-	leave, err := b.enterStream(ctx)
+	leave, err := b.gate.enterStream(ctx)
 	if err != nil {
 		return nil, nil, b.fail(err)
 	}
@@ -946,7 +933,7 @@ func firstRequest[T any](ctx context.Context, b *Broker, rx *receiver[T], what s
 		}
 		return req, nil
 	case <-t.C:
-		b.refuseStream(reasonNoSubscribe)
+		b.gate.refuseStream(reasonNoSubscribe)
 		return zero, b.fail(invalidf("no %s within %v", what, b.cfg.FirstMessageTimeout))
 	case <-ctx.Done():
 		if err := b.streamEnd(); err != nil {
@@ -1188,7 +1175,8 @@ func (bd *prioBoard) admit(ctx context.Context, st *consumeState) (context.Conte
 // registerConsumer records an open stream as an ephemeral node, so Stats
 // counts consumers on all brokers and brokers split the queue. It returns
 // the unregister func.
-func (b *Broker) registerConsumer(ctx context.Context, q *queue) func() {
+func (hs *handles) registerConsumer(ctx context.Context, q *queue) func() {
+	b := hs.b
 	g := b.metrics.consumers.WithLabelValues(q.label)
 	g.Inc()
 	r, err := q.consumers.Register(ctx)
@@ -1206,6 +1194,6 @@ func (b *Broker) registerConsumer(ctx context.Context, q *queue) func() {
 }
 
 // countConsumers counts q's live Consume streams on all brokers.
-func (b *Broker) countConsumers(q *queue) (int, error) {
+func (hs *handles) countConsumers(q *queue) (int, error) {
 	return q.consumers.Count(context.Background())
 }

@@ -47,7 +47,8 @@ import (
 
 // coordOwner is the owner recorded in the nodes ctx's caller makes: its
 // identity, "" without authentication.
-func (b *Broker) coordOwner(ctx context.Context) string {
+func (gt *gate) coordOwner(ctx context.Context) string {
+	b := gt.b
 	if b.cfg.Auth == nil {
 		return ""
 	}
@@ -58,7 +59,8 @@ func (b *Broker) coordOwner(ctx context.Context) string {
 // ownOnly reports whether ctx's caller may act only on its own nodes of
 // the lock or election name (it lacks adminAction there), and its
 // identity. Without authentication everyone may act on every node.
-func (b *Broker) ownOnly(ctx context.Context, adminAction, name string) (bool, Identity) {
+func (gt *gate) ownOnly(ctx context.Context, adminAction, name string) (bool, Identity) {
+	b := gt.b
 	if b.cfg.Auth == nil {
 		return false, Identity{}
 	}
@@ -166,15 +168,16 @@ type coordState struct {
 
 // emitCoord emits a coordination event: kind of lock or election name,
 // for the node key (a name) and token.
-func (b *Broker) emitCoord(kind events.Kind, lock, election, key string, token int64) {
-	if b.events == nil {
+func (em *emitter) emitCoord(kind events.Kind, lock, election, key string, token int64) {
+	b := em.b
+	if em.sink == nil {
 		return
 	}
 	name, what := lock, "lock"
 	if election != "" {
 		name, what = election, "election"
 	}
-	b.events.Emit(events.Event{
+	em.sink.Emit(events.Event{
 		ID:       fmt.Sprintf("%s/%s/%s/%d", what, name, kind, token),
 		Kind:     kind,
 		Lock:     lock,

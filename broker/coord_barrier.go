@@ -76,7 +76,7 @@ func (s barrierServer) Set(ctx context.Context, req *pb.SetBarrierRequest) (*pb.
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	b.emitBarrier(events.BarrierSet, req.GetName(), "", "")
+	b.ev.emitBarrier(events.BarrierSet, req.GetName(), "", "")
 	return &pb.SetBarrierResponse{}, nil
 }
 
@@ -90,7 +90,7 @@ func (s barrierServer) Remove(ctx context.Context, req *pb.RemoveBarrierRequest)
 	if err != nil {
 		return nil, b.fail(err)
 	}
-	b.emitBarrier(events.BarrierRemoved, req.GetName(), "", "")
+	b.ev.emitBarrier(events.BarrierRemoved, req.GetName(), "", "")
 	return &pb.RemoveBarrierResponse{}, nil
 }
 
@@ -210,8 +210,8 @@ func (s doubleBarrierServer) holdParticipant(ctx context.Context, stream pb.Doub
 	b := s.b
 	node := db.Key()
 	key := path.Base(node)
-	b.emitBarrier(events.DoubleBarrierEntered, "", name, key)
-	defer b.emitBarrier(events.DoubleBarrierLeft, "", name, key)
+	b.ev.emitBarrier(events.DoubleBarrierEntered, "", name, key)
+	defer b.ev.emitBarrier(events.DoubleBarrierLeft, "", name, key)
 	out := newOutbox(b, stream.Send)
 	defer out.close()
 	event := func(t pb.DoubleBarrierEvent_Type) error {
@@ -259,8 +259,9 @@ func leaveAsked(ctx context.Context, rx *receiver[*pb.DoubleBarrierRequest]) boo
 
 // emitBarrier emits a barrier event: kind of barrier or doubleBarrier
 // name, for a participant's node name key (double barrier events).
-func (b *Broker) emitBarrier(kind events.Kind, barrier, doubleBarrier, key string) {
-	if b.events == nil {
+func (em *emitter) emitBarrier(kind events.Kind, barrier, doubleBarrier, key string) {
+	b := em.b
+	if em.sink == nil {
 		return
 	}
 	id := fmt.Sprintf("double_barrier/%s/%s/%s", doubleBarrier, kind, key)
@@ -268,7 +269,7 @@ func (b *Broker) emitBarrier(kind events.Kind, barrier, doubleBarrier, key strin
 		// Each Set and Remove is its own event.
 		id = fmt.Sprintf("barrier/%s/%s/%s/%d", barrier, kind, b.cfg.ID, time.Now().UnixNano())
 	}
-	b.events.Emit(events.Event{
+	em.sink.Emit(events.Event{
 		ID:            id,
 		Kind:          kind,
 		Barrier:       barrier,

@@ -85,10 +85,10 @@ func (s counterServer) counterWritten(name string, w counter.Write) {
 	if w.Rollover {
 		b.metrics.counterRollovers.Inc()
 	}
-	if b.events == nil {
+	if b.ev.sink == nil {
 		return
 	}
-	b.events.Emit(events.Event{
+	b.ev.sink.Emit(events.Event{
 		ID:      fmt.Sprintf("counter/%s/%s/%s/%d", name, events.CounterChanged, w.Node, w.Version),
 		Kind:    events.CounterChanged,
 		Counter: name,

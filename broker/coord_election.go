@@ -67,7 +67,7 @@ func (s electionServer) Campaign(req *pb.CampaignRequest, stream pb.Election_Cam
 		return b.streamEnd()
 	}
 	defer release()
-	owner := b.coordOwner(ctx)
+	owner := b.gate.coordOwner(ctx)
 	if err := b.zkmem.admitNode(len(owner)+len(req.GetValue()), "this campaign"); err != nil {
 		return b.fail(err)
 	}
@@ -100,8 +100,8 @@ func (s electionServer) holdLeadership(ctx context.Context, stream pb.Election_C
 	key = path.Base(key)
 	b.metrics.leaders.Inc()
 	defer b.metrics.leaders.Dec()
-	b.emitCoord(events.LeaderElected, "", name, key, token)
-	defer b.emitCoord(events.LeaderEnded, "", name, key, token)
+	b.ev.emitCoord(events.LeaderElected, "", name, key, token)
+	defer b.ev.emitCoord(events.LeaderEnded, "", name, key, token)
 	out := newOutbox(b, stream.Send)
 	defer out.close()
 	if err := out.send(ctx, &pb.LeaderEvent{Type: pb.LeaderEvent_TYPE_LEADING, Key: key, Token: token}); err != nil {
@@ -170,7 +170,7 @@ func (s electionServer) Resign(ctx context.Context, req *pb.ResignRequest) (*pb.
 // proclaim or resign only its own candidates.
 func (s electionServer) electionKeyOpts(ctx context.Context, name string) ([]election.KeyOption, Identity) {
 	b := s.b
-	own, id := b.ownOnly(ctx, ActElectionAdmin, name)
+	own, id := b.gate.ownOnly(ctx, ActElectionAdmin, name)
 	if own {
 		return []election.KeyOption{election.IfOwner(id.Name)}, id
 	}

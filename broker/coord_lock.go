@@ -67,7 +67,7 @@ func (s lockServer) Lock(stream pb.Lock_LockServer) error {
 	if first.GetUnlock() {
 		return nil // released before asking
 	}
-	owner := b.coordOwner(ctx)
+	owner := b.gate.coordOwner(ctx)
 	if err := b.zkmem.admitNode(len(owner)+len(first.GetValue()), "this lock request"); err != nil {
 		return b.fail(err)
 	}
@@ -96,10 +96,10 @@ func (s lockServer) holdLock(ctx context.Context, stream pb.Lock_LockServer, rx 
 	b := s.b
 	key, token := path.Base(g.Key()), g.Token()
 	b.metrics.locksHeld.Inc()
-	b.emitCoord(events.LockGranted, name, "", key, token)
+	b.ev.emitCoord(events.LockGranted, name, "", key, token)
 	defer func() {
 		b.metrics.locksHeld.Dec()
-		b.emitCoord(events.LockReleased, name, "", key, token)
+		b.ev.emitCoord(events.LockReleased, name, "", key, token)
 	}()
 	event := func(t pb.LockEvent_Type) *pb.LockEvent { return &pb.LockEvent{Type: t, Key: key, Token: token} }
 	return holdStream(b, ctx, rx, stream.Send, g, holdSpec[*pb.LockEvent]{
@@ -126,7 +126,7 @@ func (s lockServer) Unlock(ctx context.Context, req *pb.UnlockRequest) (*pb.Unlo
 		return nil, b.fail(err)
 	}
 	var opts []lock.KeyOption
-	own, id := b.ownOnly(ctx, ActLockAdmin, req.GetName())
+	own, id := b.gate.ownOnly(ctx, ActLockAdmin, req.GetName())
 	if own {
 		opts = append(opts, lock.IfOwner(id.Name))
 	}
@@ -148,7 +148,7 @@ func (s lockServer) Revoke(ctx context.Context, req *pb.RevokeRequest) (*pb.Revo
 	// the holder's key and token, which Unlock takes, go back only to
 	// its own identity or to an admin of the lock.
 	var opts []lock.KeyOption
-	own, id := b.ownOnly(ctx, ActLockAdmin, req.GetName())
+	own, id := b.gate.ownOnly(ctx, ActLockAdmin, req.GetName())
 	if own {
 		opts = append(opts, lock.IfOwner(id.Name))
 	}

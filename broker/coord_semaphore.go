@@ -127,7 +127,7 @@ func (s semaphoreServer) Acquire(stream pb.Semaphore_AcquireServer) error {
 	if first.GetRelease() {
 		return nil // released before asking
 	}
-	owner := b.coordOwner(ctx)
+	owner := b.gate.coordOwner(ctx)
 	if err := b.zkmem.admitNode(len(owner)+len(first.GetValue()), "this acquire request"); err != nil {
 		return b.fail(err)
 	}
@@ -165,10 +165,10 @@ func (s semaphoreServer) holdPermits(ctx context.Context, stream pb.Semaphore_Ac
 	b := s.b
 	key, token, permits := path.Base(l.Key()), l.Token(), int32(l.Permits())
 	b.metrics.sem.held.Add(float64(permits))
-	b.emitSemaphore(events.SemaphoreGranted, name, key, token)
+	b.ev.emitSemaphore(events.SemaphoreGranted, name, key, token)
 	defer func() {
 		b.metrics.sem.held.Sub(float64(permits))
-		b.emitSemaphore(events.SemaphoreReleased, name, key, token)
+		b.ev.emitSemaphore(events.SemaphoreReleased, name, key, token)
 	}()
 	event := func(t pb.SemaphoreEvent_Type) *pb.SemaphoreEvent {
 		return &pb.SemaphoreEvent{Type: t, Key: key, Token: token, Permits: permits}
@@ -202,7 +202,7 @@ func (s semaphoreServer) Release(ctx context.Context, req *pb.SemaphoreReleaseRe
 		return nil, b.fail(err)
 	}
 	var opts []semaphore.KeyOption
-	own, id := b.ownOnly(ctx, ActSemaphoreAdmin, req.GetName())
+	own, id := b.gate.ownOnly(ctx, ActSemaphoreAdmin, req.GetName())
 	if own {
 		opts = append(opts, semaphore.IfOwner(id.Name))
 	}
@@ -227,7 +227,7 @@ func (s semaphoreServer) Revoke(ctx context.Context, req *pb.SemaphoreRevokeRequ
 		return nil, b.fail(err)
 	}
 	var opts []semaphore.KeyOption
-	own, id := b.ownOnly(ctx, ActSemaphoreAdmin, req.GetName())
+	own, id := b.gate.ownOnly(ctx, ActSemaphoreAdmin, req.GetName())
 	if own {
 		opts = append(opts, semaphore.IfOwner(id.Name))
 	}
@@ -273,11 +273,12 @@ func (s semaphoreServer) SetLimit(ctx context.Context, req *pb.SemaphoreSetLimit
 
 // emitSemaphore emits a semaphore event for the lease key (a name) and
 // token of the semaphore name.
-func (b *Broker) emitSemaphore(kind events.Kind, name, key string, token int64) {
-	if b.events == nil {
+func (em *emitter) emitSemaphore(kind events.Kind, name, key string, token int64) {
+	b := em.b
+	if em.sink == nil {
 		return
 	}
-	b.events.Emit(events.Event{
+	em.sink.Emit(events.Event{
 		ID:        fmt.Sprintf("semaphore/%s/%s/%d", name, kind, token),
 		Kind:      kind,
 		Semaphore: name,

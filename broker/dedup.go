@@ -34,7 +34,7 @@ func (b *Broker) publishIdempotent(ctx context.Context, q *queue, drafts []zkque
 	var rs []zkqueue.Receipt
 	var err error
 	if delayed {
-		err = b.withDelayedParent(ctx, q, func() error {
+		err = b.sched.withDelayedParent(ctx, q, func() error {
 			rs, err = q.delayed.PublishReceipts(ctx, drafts, due)
 			return err
 		})
@@ -42,7 +42,7 @@ func (b *Broker) publishIdempotent(ctx context.Context, q *queue, drafts []zkque
 		rs, err = q.items.PublishReceipts(ctx, drafts)
 	}
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	resp := &pb.PublishResponse{Ids: make([]string, len(rs)), Duplicates: make([]bool, len(rs))}
 	n := 0
@@ -52,7 +52,7 @@ func (b *Broker) publishIdempotent(ctx context.Context, q *queue, drafts []zkque
 			continue
 		}
 		n++
-		b.emit(events.Published, q, zkqueue.Message{ID: r.ID, Payload: drafts[i].Payload, Priority: drafts[i].Priority,
+		b.ev.emit(events.Published, q, zkqueue.Message{ID: r.ID, Payload: drafts[i].Payload, Priority: drafts[i].Priority,
 			Attributes: drafts[i].Attributes}, "")
 	}
 	q.published(n)

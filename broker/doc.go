@@ -46,6 +46,28 @@
 // its parts), and the broker makes ZooKeeper requests only through them
 // and the recipes.
 //
+// # Parts
+//
+// The Broker serves the gRPC methods and owns the sessions; what it keeps
+// is held by its parts, each a type of its own:
+//
+//	gate        calls.go     every call's way in: authentication and authorization,
+//	                         streams and connections per client (limits.go), the
+//	                         audit log (audit.go), open streams re-checked (authstreams.go)
+//	membership  leader.go    the session's state (health, metrics), the leadership
+//	handles     broker.go    the handles of the queues in use, their stats, consumer
+//	                         registrations (consume.go), quotas (quota.go), claim-ahead
+//	                         buffers (ahead.go)
+//	claims      consume.go   claiming messages for Consume streams and Receive calls
+//	consumer    consume.go   one Consume stream: credit, deliveries, settlements
+//	acks        messages.go  settling deliveries by ack token
+//	emitter     emit.go      events to the NATS bridge
+//	schedulers  schedule.go  the queues' delayed moves and TTL expiry
+//	activeGates active.go    single-active queues' lines of streams
+//
+// The coordination services are types of their own too (electionServer,
+// lockServer, ...: coord_*.go).
+//
 // # Upkeep
 //
 // The elected leader runs zkqueue.Catalog.Maintain while it has a session

@@ -8,23 +8,31 @@ import (
 )
 
 // Queue events go to Config.Events (the NATS bridge). Without a sink
-// none is built: the message path checks b.events before it calls in
+// none is built: the message path checks b.ev.sink before it calls in
 // here.
+
+// emitter builds and emits the broker's events: those of queues here,
+// those of the coordination services in coord.go and its neighbours.
+type emitter struct {
+	b    *Broker
+	sink events.Sink // nil: no events
+}
 
 // emit emits an event for message m of q (member: of a sync group
 // event).
-func (b *Broker) emit(kind events.Kind, q *queue, m zkqueue.Message, member string) {
-	b.emitSized(kind, q, m, len(m.Payload), member)
+func (em *emitter) emit(kind events.Kind, q *queue, m zkqueue.Message, member string) {
+	em.emitSized(kind, q, m, len(m.Payload), member)
 }
 
 // emitSized emits an event for a message that may be known by its size
 // only (an ack that did not read the message). It builds every event the
 // broker emits.
-func (b *Broker) emitSized(kind events.Kind, q *queue, m zkqueue.Message, size int, member string) {
-	if b.events == nil {
+func (em *emitter) emitSized(kind events.Kind, q *queue, m zkqueue.Message, size int, member string) {
+	b := em.b
+	if em.sink == nil {
 		return // no sink
 	}
-	b.events.Emit(events.Event{
+	em.sink.Emit(events.Event{
 		ID:        events.MakeID(q.name, m.ID, kind, m.Deliveries, member),
 		Kind:      kind,
 		Queue:     q.name,

@@ -43,7 +43,7 @@ func MethodAuth(method string, msg any) (public, mapped bool, actions []string) 
 // QueueHandle returns the handle the broker uses for queue name (loading
 // it as a call would), to compare handles across events.
 func (b *Broker) QueueHandle(ctx context.Context, name string) (any, error) {
-	q, err := b.queue(ctx, name)
+	q, err := b.handles.queue(ctx, name)
 	if err != nil {
 		return nil, err
 	}

@@ -28,14 +28,14 @@ func (b *Broker) CheckHealth() error {
 	if b.closing() {
 		return fmt.Errorf("%w: shutting down", errUnhealthy)
 	}
-	if b.hasSession.Load() {
+	if b.member.hasSession.Load() {
 		return nil
 	}
 	since := time.Duration(0)
-	if lost := b.lostAt.Load(); lost != 0 {
+	if lost := b.member.lostAt.Load(); lost != 0 {
 		since = time.Since(time.Unix(0, lost)).Round(time.Second)
 	}
-	st := zk.State(b.zkState.Load())
+	st := zk.State(b.member.zkState.Load())
 	if since >= b.cfg.SessionTimeout {
 		return fmt.Errorf("%w: no ZooKeeper session for %v (state %v), longer than the session timeout %v",
 			errUnhealthy, since, st, b.cfg.SessionTimeout)
@@ -60,35 +60,3 @@ func (b *Broker) HealthHandler() http.Handler {
 
 // outageRepeat is how often a continuing outage is logged again.
 const outageRepeat = time.Minute
-
-// runSessionWatch logs at error once the broker has been without a
-// session for longer than the session timeout: by then ZooKeeper has
-// expired the session, whatever the client library knows (it learns of
-// the expiry only once it reconnects). It repeats every outageRepeat while
-// the outage lasts.
-func (b *Broker) runSessionWatch() {
-	defer b.wg.Done()
-	t := time.NewTicker(min(b.cfg.SessionTimeout/4, time.Second))
-	defer t.Stop()
-	var reported int64       // the outage (lostAt) last reported
-	var reportedAt time.Time // when
-	for {
-		select {
-		case <-b.ctx.Done():
-			return
-		case <-t.C:
-		}
-		lost := b.lostAt.Load()
-		if lost == 0 {
-			continue
-		}
-		down := time.Since(time.Unix(0, lost))
-		if down < b.cfg.SessionTimeout || (lost == reported && time.Since(reportedAt) < outageRepeat) {
-			continue
-		}
-		reported, reportedAt = lost, time.Now()
-		b.log.Error("no zookeeper session for longer than the session timeout: the session has expired, with this broker's registrations and leadership",
-			"down", down.Round(time.Second), "state", zk.State(b.zkState.Load()).String(),
-			"session_timeout", b.cfg.SessionTimeout, "zookeeper", b.cfg.ZooKeeper)
-	}
-}

@@ -94,7 +94,7 @@ func (b *Broker) Invoke(ctx context.Context, method string, req proto.Message) (
 		proto.Merge(in, req)
 		return nil
 	}
-	resp, err := desc.Handler(b, ctx, dec, b.callUnary)
+	resp, err := desc.Handler(b, ctx, dec, b.gate.callUnary)
 	if err != nil {
 		return nil, err
 	}

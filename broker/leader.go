@@ -7,6 +7,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	pb "github.com/qbroker/qbroker/api/queuepb"
 	"github.com/qbroker/qbroker/election"
 	"github.com/qbroker/qbroker/lock"
 	"github.com/qbroker/qbroker/lockdelay"
@@ -28,7 +32,23 @@ import (
 // expires, the election node vanishes and the broker campaigns again with
 // its new session.
 
-func (b *Broker) runMembership() {
+// membership is the broker's standing with ZooKeeper: its primary
+// session's state (onZKEvent), which health, metrics and the streams'
+// fencing by session read, and its leadership.
+type membership struct {
+	b *Broker
+
+	hasSession atomic.Bool
+	sessions   atomic.Int64 // sessions established so far
+	lostAt     atomic.Int64 // unix nanoseconds the session was lost; 0 with a session
+	zkState    atomic.Int32 // the last session state seen (zk.State)
+	leading    atomic.Bool  // leading the election (sweeping while it has a session)
+}
+
+// runMembership campaigns in the brokers' election under every session
+// until the broker closes, and leads while elected.
+func (mb *membership) runMembership() {
+	b := mb.b
 	defer b.wg.Done()
 	el, err := election.New(b.conn, b.root.Election(), election.WithLogger(b.log), election.WithCreateParents(false), election.WithACL(b.acl))
 	if err != nil {
@@ -37,7 +57,7 @@ func (b *Broker) runMembership() {
 	}
 	defer el.Close()
 	for b.ctx.Err() == nil {
-		err := b.memberOnce(el)
+		err := mb.memberOnce(el)
 		if b.ctx.Err() != nil {
 			return
 		}
@@ -54,7 +74,8 @@ func (b *Broker) runMembership() {
 
 // memberOnce campaigns and, when leading, sweeps, until the leadership
 // ends (the session expired, the node was deleted) or the broker closes.
-func (b *Broker) memberOnce(el *election.Election) error {
+func (mb *membership) memberOnce(el *election.Election) error {
+	b := mb.b
 	if err := el.Campaign(b.ctx, []byte(b.cfg.ID)); err != nil {
 		return err
 	}
@@ -64,7 +85,7 @@ func (b *Broker) memberOnce(el *election.Election) error {
 		// this session).
 		_ = el.Resign(context.Background())
 	}()
-	return b.lead(el.Done())
+	return mb.lead(el.Done())
 }
 
 // lead runs the catalog's upkeep (zkqueue.Catalog.Maintain: expired
@@ -72,27 +93,28 @@ func (b *Broker) memberOnce(el *election.Election) error {
 // SweepInterval, and reaps idle locks and elections (reapCoordination),
 // while this broker leads and has a session: without one it cannot know
 // whether it still leads (qbroker_leader is 0 meanwhile).
-func (b *Broker) lead(lost <-chan struct{}) error {
+func (mb *membership) lead(lost <-chan struct{}) error {
+	b := mb.b
 	b.log.Info("leadership acquired")
-	b.leading.Store(true)
-	b.updateLeader()
+	mb.leading.Store(true)
+	mb.updateLeader()
 	defer func() {
-		b.leading.Store(false)
-		b.updateLeader()
+		mb.leading.Store(false)
+		mb.updateLeader()
 		b.log.Info("leadership released")
 	}()
 	ctx, stop := context.WithCancel(b.ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); b.reapCoordination(ctx) }()
+	go func() { defer wg.Done(); mb.reapCoordination(ctx) }()
 	go func() {
 		defer wg.Done()
 		_ = b.catalog.Maintain(ctx, zkqueue.MaintainConfig{
 			Interval:       b.cfg.SweepInterval,
-			Ready:          b.hasSession.Load,
+			Ready:          mb.hasSession.Load,
 			Committer:      b.batcher,
 			AbandonedAfter: max(time.Duration(abandonedAfter.Load()), time.Nanosecond), // 0 in tests: at once
-			Released:       b.releasedBySweep,
+			Released:       mb.releasedBySweep,
 			Error:          func(err error) { b.log.Debug("sweep", "err", err) },
 		})
 	}()
@@ -114,16 +136,17 @@ func init() { abandonedAfter.Store(int64(zkqueue.DefaultAbandonedAfter)) }
 // releasedBySweep accounts for the leases the leader's sweep released
 // from the queue name (metrics, events). A queue this broker consumes also
 // gets its snapshot dropped, so the requeued messages are seen at once.
-func (b *Broker) releasedBySweep(name string, expired []zkqueue.Expired) {
-	b.queuesMu.Lock()
-	q := b.queues[name]
-	b.queuesMu.Unlock()
+func (mb *membership) releasedBySweep(name string, expired []zkqueue.Expired) {
+	b := mb.b
+	b.handles.queuesMu.Lock()
+	q := b.handles.queues[name]
+	b.handles.queuesMu.Unlock()
 	if q == nil || q.stale() {
 		q = &queue{name: name, label: b.metrics.labels.get(name)}
 	}
 	requeued := false
 	for _, e := range expired {
-		b.released(q, e.Message, e.Outcome)
+		b.acks.released(q, e.Message, e.Outcome)
 		requeued = requeued || e.Outcome == zkqueue.Requeued
 	}
 	if requeued && q.items != nil {
@@ -147,7 +170,8 @@ func init() { coordReapInterval.Store(int64(30 * time.Second)) }
 // Before that it ends the lock-delays of lost holders, leaders and leases
 // that nobody contends for (lockdelay.Sweeper): their markers go once their
 // delay has passed, and the names can then be reaped.
-func (b *Broker) reapCoordination(ctx context.Context) {
+func (mb *membership) reapCoordination(ctx context.Context) {
+	b := mb.b
 	lr, err := lock.NewReaper(b.conn, b.root.Locks())
 	if err != nil {
 		b.log.Error("lock reaper", "err", err) // not with a root that New accepted
@@ -181,7 +205,7 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if !b.hasSession.Load() {
+		if !mb.hasSession.Load() {
 			continue
 		}
 		for _, s := range sweepers {
@@ -211,5 +235,68 @@ func (b *Broker) reapCoordination(ctx context.Context) {
 		} else if n > 0 {
 			b.log.Debug("deleted idle double barriers", "count", n)
 		}
+	}
+}
+
+// updateLeader sets the leader gauge: 1 only while leading with a
+// session. Without one the broker cannot know whether it still leads.
+func (mb *membership) updateLeader() {
+	b := mb.b
+	v := 0.0
+	if mb.leading.Load() && mb.hasSession.Load() {
+		v = 1
+	}
+	b.metrics.leader.Set(v)
+}
+
+func (mb *membership) setServing(ok bool) {
+	b := mb.b
+	if b.closing() {
+		return // closing: stays NOT_SERVING
+	}
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ok {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	b.health.SetServingStatus("", st)
+	b.health.SetServingStatus(pb.Queue_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Election_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Lock_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Counter_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Semaphore_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.Barrier_ServiceDesc.ServiceName, st)
+	b.health.SetServingStatus(pb.DoubleBarrier_ServiceDesc.ServiceName, st)
+}
+
+// runSessionWatch logs at error once the broker has been without a
+// session for longer than the session timeout: by then ZooKeeper has
+// expired the session, whatever the client library knows (it learns of
+// the expiry only once it reconnects). It repeats every outageRepeat while
+// the outage lasts.
+func (mb *membership) runSessionWatch() {
+	b := mb.b
+	defer b.wg.Done()
+	t := time.NewTicker(min(b.cfg.SessionTimeout/4, time.Second))
+	defer t.Stop()
+	var reported int64       // the outage (lostAt) last reported
+	var reportedAt time.Time // when
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+		}
+		lost := mb.lostAt.Load()
+		if lost == 0 {
+			continue
+		}
+		down := time.Since(time.Unix(0, lost))
+		if down < b.cfg.SessionTimeout || (lost == reported && time.Since(reportedAt) < outageRepeat) {
+			continue
+		}
+		reported, reportedAt = lost, time.Now()
+		b.log.Error("no zookeeper session for longer than the session timeout: the session has expired, with this broker's registrations and leadership",
+			"down", down.Round(time.Second), "state", zk.State(mb.zkState.Load()).String(),
+			"session_timeout", b.cfg.SessionTimeout, "zookeeper", b.cfg.ZooKeeper)
 	}
 }

@@ -39,27 +39,6 @@ const (
 // has a series from the start.
 var streamRefusals = []string{reasonMaxStreams, reasonNoSubscribe}
 
-func (b *Broker) refuseStream(reason string) {
-	b.metrics.streamsRefused.WithLabelValues(reason).Inc()
-	msg := "stream refused: broker stream limit reached"
-	switch reason {
-	case reasonNoSubscribe:
-		msg = "stream ended: no subscribe request in time"
-	case reasonPerIdentity:
-		msg = "stream refused: a client's stream limit reached"
-	}
-	b.warnings.warn(b.log, "stream:"+reason, msg, "reason", reason, "max_streams", b.cfg.MaxStreams,
-		"max_streams_per_identity", b.cfg.MaxStreamsPerIdentity, "first_message_timeout", b.cfg.FirstMessageTimeout)
-}
-
-// connRefusedFor counts and logs a call refused because its client had
-// calls on held other connections.
-func (b *Broker) connRefusedFor(c client, held int) {
-	b.metrics.connsRefused.WithLabelValues(reasonPerIdentity).Inc()
-	b.warnings.warn(b.log, "conn:"+reasonPerIdentity, "call refused: a client's connection limit reached",
-		"reason", reasonPerIdentity, "client", c.String(), "connections", held, "max_conns_per_identity", b.cfg.MaxConnsPerIdentity)
-}
-
 // LimitListener wraps lis with the broker's connection limits (MaxConns,
 // MaxConnsPerIP, HandshakeTimeout; see package connlimit). Serve the
 // broker's GRPCServer on the result: its calls tell the listener which
@@ -71,58 +50,12 @@ func (b *Broker) LimitListener(lis net.Listener) net.Listener {
 		HandshakeTimeout: b.cfg.HandshakeTimeout,
 		OnOpen:           b.metrics.connsOpen.Inc,
 		OnClose:          b.metrics.connsOpen.Dec,
-		OnRefuse:         b.connRefused,
+		OnRefuse:         b.gate.connRefused,
 	})
-	b.listenersMu.Lock()
-	b.listeners = append(b.listeners, l)
-	b.listenersMu.Unlock()
+	b.gate.listenersMu.Lock()
+	b.gate.listeners = append(b.gate.listeners, l)
+	b.gate.listenersMu.Unlock()
 	return l
-}
-
-func (b *Broker) connRefused(reason connlimit.Reason, remote net.Addr) {
-	b.metrics.connsRefused.WithLabelValues(string(reason)).Inc()
-	msg := "connection refused: connection limit reached"
-	switch reason {
-	case connlimit.ReasonPerIP:
-		msg = "connection refused: per-address connection limit reached"
-	case connlimit.ReasonEvicted:
-		msg = "connection closed to make room: it had made no call"
-	case connlimit.ReasonHandshake:
-		msg = "connection closed: it sent nothing within the handshake timeout"
-	}
-	b.warnings.warn(b.log, "conn:"+string(reason), msg, "reason", string(reason), "remote", remote.String(),
-		"max_conns", b.cfg.MaxConns, "max_conns_per_ip", b.cfg.MaxConnsPerIP)
-}
-
-// proven tells the limiting listeners that the connection of ctx's call
-// works: it is never evicted to make room.
-func (b *Broker) proven(ctx context.Context) {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return
-	}
-	b.listenersMu.Lock()
-	ls := b.listeners
-	b.listenersMu.Unlock()
-	for _, l := range ls {
-		l.Proven(p.Addr)
-	}
-}
-
-// admitConn counts the call's connection for its client (claimConn)
-// and, unless that refuses the call, tells the limiting listeners that
-// the connection works. Without Auth a connection's client is its
-// address, the same for all its calls: once admitted, it is settled and
-// its calls skip this (enterConn).
-func (b *Broker) admitConn(ctx context.Context, cn *conn) error {
-	if err := b.claimConn(ctx); err != nil {
-		return err
-	}
-	b.proven(ctx)
-	if cn != nil && b.cfg.Auth == nil {
-		cn.settled.Store(true)
-	}
-	return nil
 }
 
 // warnEvery is how often one kind of refusal is logged.
@@ -159,4 +92,75 @@ func (r *rateLimit) warn(log *slog.Logger, key, msg string, args ...any) {
 	k.last, k.suppressed = time.Now(), 0
 	r.mu.Unlock()
 	log.Warn(msg, append(args, "not_logged_since_last", n)...)
+}
+
+func (gt *gate) refuseStream(reason string) {
+	b := gt.b
+	b.metrics.streamsRefused.WithLabelValues(reason).Inc()
+	msg := "stream refused: broker stream limit reached"
+	switch reason {
+	case reasonNoSubscribe:
+		msg = "stream ended: no subscribe request in time"
+	case reasonPerIdentity:
+		msg = "stream refused: a client's stream limit reached"
+	}
+	gt.warnings.warn(b.log, "stream:"+reason, msg, "reason", reason, "max_streams", b.cfg.MaxStreams,
+		"max_streams_per_identity", b.cfg.MaxStreamsPerIdentity, "first_message_timeout", b.cfg.FirstMessageTimeout)
+}
+
+// connRefusedFor counts and logs a call refused because its client had
+// calls on held other connections.
+func (gt *gate) connRefusedFor(c client, held int) {
+	b := gt.b
+	b.metrics.connsRefused.WithLabelValues(reasonPerIdentity).Inc()
+	gt.warnings.warn(b.log, "conn:"+reasonPerIdentity, "call refused: a client's connection limit reached",
+		"reason", reasonPerIdentity, "client", c.String(), "connections", held, "max_conns_per_identity", b.cfg.MaxConnsPerIdentity)
+}
+
+func (gt *gate) connRefused(reason connlimit.Reason, remote net.Addr) {
+	b := gt.b
+	b.metrics.connsRefused.WithLabelValues(string(reason)).Inc()
+	msg := "connection refused: connection limit reached"
+	switch reason {
+	case connlimit.ReasonPerIP:
+		msg = "connection refused: per-address connection limit reached"
+	case connlimit.ReasonEvicted:
+		msg = "connection closed to make room: it had made no call"
+	case connlimit.ReasonHandshake:
+		msg = "connection closed: it sent nothing within the handshake timeout"
+	}
+	gt.warnings.warn(b.log, "conn:"+string(reason), msg, "reason", string(reason), "remote", remote.String(),
+		"max_conns", b.cfg.MaxConns, "max_conns_per_ip", b.cfg.MaxConnsPerIP)
+}
+
+// proven tells the limiting listeners that the connection of ctx's call
+// works: it is never evicted to make room.
+func (gt *gate) proven(ctx context.Context) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return
+	}
+	gt.listenersMu.Lock()
+	ls := gt.listeners
+	gt.listenersMu.Unlock()
+	for _, l := range ls {
+		l.Proven(p.Addr)
+	}
+}
+
+// admitConn counts the call's connection for its client (claimConn)
+// and, unless that refuses the call, tells the limiting listeners that
+// the connection works. Without Auth a connection's client is its
+// address, the same for all its calls: once admitted, it is settled and
+// its calls skip this (enterConn).
+func (gt *gate) admitConn(ctx context.Context, cn *conn) error {
+	b := gt.b
+	if err := gt.claimConn(ctx); err != nil {
+		return err
+	}
+	gt.proven(ctx)
+	if cn != nil && b.cfg.Auth == nil {
+		cn.settled.Store(true)
+	}
+	return nil
 }

@@ -31,7 +31,7 @@ const (
 
 // Publish implements pb.QueueServer.
 func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.PublishResponse, error) {
-	q, err := b.queue(ctx, req.GetQueue())
+	q, err := b.handles.queue(ctx, req.GetQueue())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -74,15 +74,15 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	delayed := false
 	if timed {
 		var err error
-		if due, delayed, err = b.dueTimes(msgs); err != nil {
+		if due, delayed, err = b.sched.dueTimes(msgs); err != nil {
 			return nil, b.fail(err)
 		}
 	}
 	// A depth or data quota: the queue's own or the broker's --max-depth.
 	quota := q.meta.MaxDepth > 0 || b.cfg.MaxDepth > 0 || q.meta.MaxBytes > 0
 	if quota {
-		if err := b.admitQuota(ctx, q, len(drafts), payload); err != nil {
-			return nil, b.fail(b.gone(q, err))
+		if err := b.handles.admitQuota(ctx, q, len(drafts), payload); err != nil {
+			return nil, b.fail(b.handles.gone(q, err))
 		}
 	}
 	// The data budget counts the payloads with their headers and paths
@@ -101,7 +101,7 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 	}
 	var ids []string
 	if delayed {
-		ids, err = b.publishDue(ctx, q, drafts, due)
+		ids, err = b.sched.publishDue(ctx, q, drafts, due)
 	} else if len(msgs) == 1 {
 		var id string
 		id, err = q.items.PublishDraft(ctx, drafts[0])
@@ -110,15 +110,15 @@ func (b *Broker) Publish(ctx context.Context, req *pb.PublishRequest) (*pb.Publi
 		ids, err = q.items.PublishAll(ctx, drafts)
 	}
 	if err != nil {
-		return nil, b.fail(b.gone(q, err))
+		return nil, b.fail(b.handles.gone(q, err))
 	}
 	if quota {
 		q.published(len(ids))
 	}
 	b.metrics.published.WithLabelValues(q.label).Add(float64(len(ids)))
-	if b.events != nil {
+	if b.ev.sink != nil {
 		for i, id := range ids {
-			b.emit(events.Published, q, zkqueue.Message{ID: id, Payload: drafts[i].Payload, Priority: drafts[i].Priority,
+			b.ev.emit(events.Published, q, zkqueue.Message{ID: id, Payload: drafts[i].Payload, Priority: drafts[i].Priority,
 				Attributes: drafts[i].Attributes}, "")
 		}
 	}
@@ -151,14 +151,14 @@ func checkOptions(q *queue, i int, m *pb.OutMessage, d zkqueue.Draft) error {
 
 // Receive implements pb.QueueServer.
 func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.ReceiveResponse, error) {
-	q, err := b.queue(ctx, req.GetQueue())
+	q, err := b.handles.queue(ctx, req.GetQueue())
 	if err != nil {
 		return nil, b.fail(err)
 	}
 	if q.meta.SingleActive {
 		return nil, b.fail(fmt.Errorf("%w: queue %s has a single active consumer: consume it with a Consume stream", errWrongKind, q.name))
 	}
-	d, err := b.deliverySettings(q, req.GetMode(), req.GetVisibilityTimeout().AsDuration())
+	d, err := b.claims.deliverySettings(q, req.GetMode(), req.GetVisibilityTimeout().AsDuration())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -184,7 +184,7 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 		first, c = context.WithTimeout(ctx, wait)
 		defer c()
 	}
-	cs, err := b.take(first, q, d, want{max: max, maxBytes: MaxResponseBytes, block: wait > 0})
+	cs, err := b.claims.take(first, q, d, want{max: max, maxBytes: MaxResponseBytes, block: wait > 0})
 	switch {
 	case errors.Is(err, zkqueue.ErrEmpty), wait > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		return resp, nil
@@ -192,28 +192,37 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 		return nil, b.fail(err)
 	}
 	for _, c := range cs {
-		if !b.sendable(d, c) {
-			b.unsent(q, c)
+		if !b.claims.sendable(d, c) {
+			b.claims.unsent(q, c)
 			continue
 		}
-		b.delivered(q, d, c)
+		b.claims.delivered(q, d, c)
 		resp.Messages = append(resp.Messages, c.msg)
 	}
 	return resp, nil
 }
 
+// acks settles deliveries by their ack tokens, signed with the key the
+// brokers of a root share: for Ack, Nack and ExtendLease calls and for the
+// settlements a Consume stream carries.
+type acks struct {
+	b      *Broker
+	tokens *tokenSigner
+}
+
 // leaseOf resolves an ack token to its queue.
-func (b *Broker) leaseOf(ctx context.Context, token string) (*queue, string, error) {
-	q, t, err := b.tokenOf(ctx, token)
+func (ak *acks) leaseOf(ctx context.Context, token string) (*queue, string, error) {
+	q, t, err := ak.tokenOf(ctx, token)
 	return q, t.lease, err
 }
 
-func (b *Broker) tokenOf(ctx context.Context, token string) (*queue, ackToken, error) {
+func (ak *acks) tokenOf(ctx context.Context, token string) (*queue, ackToken, error) {
+	b := ak.b
 	t, err := parseToken(token)
 	if err != nil {
 		return nil, t, err
 	}
-	q, err := b.queue(ctx, t.queue)
+	q, err := b.handles.queue(ctx, t.queue)
 	return q, t, err
 }
 
@@ -221,17 +230,17 @@ func (b *Broker) tokenOf(ctx context.Context, token string) (*queue, ackToken, e
 // differences between brokers.
 const ackMargin = 200 * time.Millisecond
 
-func (b *Broker) ack(ctx context.Context, token string) error {
-	q, t, err := b.tokenOf(ctx, token)
+func (ak *acks) ack(ctx context.Context, token string) error {
+	q, t, err := ak.tokenOf(ctx, token)
 	if err != nil {
 		return err
 	}
-	return b.ackLease(ctx, q, t)
+	return ak.ackLease(ctx, q, t)
 }
 
 // ackLease acks the lease of a parsed token.
-func (b *Broker) ackLease(ctx context.Context, q *queue, t ackToken) error {
-	ack, hinted := q.leases.Ack, b.hinted(t)
+func (ak *acks) ackLease(ctx context.Context, q *queue, t ackToken) error {
+	ack, hinted := q.leases.Ack, ak.hinted(t)
 	if hinted {
 		ack = q.leases.AckUnread // the lease need not be read
 	}
@@ -239,7 +248,7 @@ func (b *Broker) ackLease(ctx context.Context, q *queue, t ackToken) error {
 	if err != nil {
 		return err
 	}
-	b.acked(q, t, m, hinted)
+	ak.acked(q, t, m, hinted)
 	return nil
 }
 
@@ -249,27 +258,29 @@ func (b *Broker) ackLease(ctx context.Context, q *queue, t ackToken) error {
 // deadline. The engine reads some leases anyway (a pack's, a group's):
 // then the hint only counts for the event, and its mac is not checked
 // without events.
-func (b *Broker) hinted(t ackToken) bool {
-	return (b.events != nil || !zkqueue.AckReads(t.lease)) && time.Until(t.deadline) > ackMargin && t.trusted(b.tokens)
+func (ak *acks) hinted(t ackToken) bool {
+	b := ak.b
+	return (b.ev.sink != nil || !zkqueue.AckReads(t.lease)) && time.Until(t.deadline) > ackMargin && t.trusted(ak.tokens)
 }
 
 // acked counts a committed ack and reports its event.
-func (b *Broker) acked(q *queue, t ackToken, m zkqueue.Message, hinted bool) {
+func (ak *acks) acked(q *queue, t ackToken, m zkqueue.Message, hinted bool) {
+	b := ak.b
 	b.metrics.acked.WithLabelValues(q.label).Inc()
 	switch {
-	case b.events == nil:
+	case b.ev.sink == nil:
 	case hinted:
 		m.Deliveries = t.deliveries
-		b.emitSized(events.Acked, q, m, t.size, "")
+		b.ev.emitSized(events.Acked, q, m, t.size, "")
 	default:
-		b.emit(events.Acked, q, m, "")
+		b.ev.emit(events.Acked, q, m, "")
 	}
 }
 
 // ackMany acks tokens as ack does each, and returns each one's error: the
 // messages of one queue's pack leases together (zkqueue.Leases.AckMany:
 // those of one lease share a write), the others one by one.
-func (b *Broker) ackMany(ctx context.Context, tokens []string) []error {
+func (ak *acks) ackMany(ctx context.Context, tokens []string) []error {
 	errs := make([]error, len(tokens))
 	type batch struct {
 		q      *queue
@@ -279,13 +290,13 @@ func (b *Broker) ackMany(ctx context.Context, tokens []string) []error {
 	}
 	var batches []*batch
 	for i, tok := range tokens {
-		q, t, err := b.tokenOf(ctx, tok)
+		q, t, err := ak.tokenOf(ctx, tok)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
 		if !strings.Contains(t.lease, zkqueue.MemberSep) {
-			errs[i] = b.ackLease(ctx, q, t)
+			errs[i] = ak.ackLease(ctx, q, t)
 			continue
 		}
 		j := slices.IndexFunc(batches, func(x *batch) bool { return x.q == q })
@@ -294,7 +305,7 @@ func (b *Broker) ackMany(ctx context.Context, tokens []string) []error {
 			batches = append(batches, &batch{q: q})
 		}
 		bt := batches[j]
-		bt.toks, bt.hinted, bt.at = append(bt.toks, t), append(bt.hinted, b.hinted(t)), append(bt.at, i)
+		bt.toks, bt.hinted, bt.at = append(bt.toks, t), append(bt.hinted, ak.hinted(t)), append(bt.at, i)
 	}
 	for _, bt := range batches {
 		leases := make([]string, len(bt.toks))
@@ -304,18 +315,19 @@ func (b *Broker) ackMany(ctx context.Context, tokens []string) []error {
 		ms, es := bt.q.leases.AckMany(ctx, leases)
 		for k, t := range bt.toks {
 			if errs[bt.at[k]] = es[k]; es[k] == nil {
-				b.acked(bt.q, t, ms[k], bt.hinted[k])
+				ak.acked(bt.q, t, ms[k], bt.hinted[k])
 			}
 		}
 	}
 	return errs
 }
 
-func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) error {
+func (ak *acks) nack(ctx context.Context, token string, delay time.Duration) error {
+	b := ak.b
 	if delay < 0 || delay > maxNackDelay {
 		return invalidf("delay %v out of range [0, %v]", delay, maxNackDelay)
 	}
-	q, lease, err := b.leaseOf(ctx, token)
+	q, lease, err := ak.leaseOf(ctx, token)
 	if err != nil {
 		return err
 	}
@@ -324,26 +336,27 @@ func (b *Broker) nack(ctx context.Context, token string, delay time.Duration) er
 		return err
 	}
 	b.metrics.nacked.WithLabelValues(q.label).Inc()
-	if b.events != nil {
-		b.emit(events.Nacked, q, m, "")
+	if b.ev.sink != nil {
+		b.ev.emit(events.Nacked, q, m, "")
 	}
-	b.released(q, m, out)
+	ak.released(q, m, out)
 	return nil
 }
 
 // released accounts for a message given back by nack, stream end or expiry.
-func (b *Broker) released(q *queue, m zkqueue.Message, out zkqueue.Outcome) {
+func (ak *acks) released(q *queue, m zkqueue.Message, out zkqueue.Outcome) {
+	b := ak.b
 	if out == zkqueue.DeadLettered || out == zkqueue.Dropped {
 		b.metrics.deadLettered.WithLabelValues(q.label).Inc()
-		if b.events != nil {
-			b.emit(events.DeadLettered, q, m, "")
+		if b.ev.sink != nil {
+			b.ev.emit(events.DeadLettered, q, m, "")
 		}
 	}
 }
 
 // Ack implements pb.QueueServer.
 func (b *Broker) Ack(ctx context.Context, req *pb.AckRequest) (*pb.AckResponse, error) {
-	if err := b.ack(ctx, req.GetAckToken()); err != nil {
+	if err := b.acks.ack(ctx, req.GetAckToken()); err != nil {
 		return nil, b.fail(err)
 	}
 	return &pb.AckResponse{}, nil
@@ -351,7 +364,7 @@ func (b *Broker) Ack(ctx context.Context, req *pb.AckRequest) (*pb.AckResponse, 
 
 // Nack implements pb.QueueServer.
 func (b *Broker) Nack(ctx context.Context, req *pb.NackRequest) (*pb.NackResponse, error) {
-	if err := b.nack(ctx, req.GetAckToken(), req.GetDelay().AsDuration()); err != nil {
+	if err := b.acks.nack(ctx, req.GetAckToken(), req.GetDelay().AsDuration()); err != nil {
 		return nil, b.fail(err)
 	}
 	return &pb.NackResponse{}, nil
@@ -359,7 +372,7 @@ func (b *Broker) Nack(ctx context.Context, req *pb.NackRequest) (*pb.NackRespons
 
 // ExtendLease implements pb.QueueServer.
 func (b *Broker) ExtendLease(ctx context.Context, req *pb.ExtendLeaseRequest) (*pb.ExtendLeaseResponse, error) {
-	q, lease, err := b.leaseOf(ctx, req.GetAckToken())
+	q, lease, err := b.acks.leaseOf(ctx, req.GetAckToken())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -376,7 +389,7 @@ func (b *Broker) ExtendLease(ctx context.Context, req *pb.ExtendLeaseRequest) (*
 
 // ListDeadLetters implements pb.QueueServer.
 func (b *Broker) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersRequest) (*pb.ListDeadLettersResponse, error) {
-	q, err := b.queue(ctx, req.GetQueue())
+	q, err := b.handles.queue(ctx, req.GetQueue())
 	if err != nil {
 		return nil, b.fail(err)
 	}
@@ -406,7 +419,7 @@ func (b *Broker) ListDeadLetters(ctx context.Context, req *pb.ListDeadLettersReq
 
 // Redrive implements pb.QueueServer.
 func (b *Broker) Redrive(ctx context.Context, req *pb.RedriveRequest) (*pb.RedriveResponse, error) {
-	q, err := b.queue(ctx, req.GetQueue())
+	q, err := b.handles.queue(ctx, req.GetQueue())
 	if err != nil {
 		return nil, b.fail(err)
 	}

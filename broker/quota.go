@@ -26,7 +26,8 @@ import (
 
 // depthLimit returns the depth quota that applies to q and what sets it,
 // 0 when none does.
-func (b *Broker) depthLimit(q *queue) (int, string) {
+func (hs *handles) depthLimit(q *queue) (int, string) {
+	b := hs.b
 	own, broker := q.meta.MaxDepth, b.cfg.MaxDepth
 	switch {
 	case own > 0 && (broker == 0 || own <= broker):
@@ -41,8 +42,9 @@ func (b *Broker) depthLimit(q *queue) (int, string) {
 // messages of payload bytes in all. Publish calls it, and counts what it
 // published (queue.published, queue.addData), only for a queue with a
 // quota.
-func (b *Broker) admitQuota(ctx context.Context, q *queue, n int, payload int64) error {
-	if limit, by := b.depthLimit(q); limit > 0 {
+func (hs *handles) admitQuota(ctx context.Context, q *queue, n int, payload int64) error {
+	b := hs.b
+	if limit, by := hs.depthLimit(q); limit > 0 {
 		depth, err := q.depth(ctx)
 		if err != nil {
 			return err

@@ -62,7 +62,7 @@ func TestElectionOrphansRemoved(t *testing.T) {
 	}
 	waitLeading := func(what string, cond func() bool) {
 		t.Helper()
-		zktest.WaitFor(t, 30*time.Second, what, func() bool { return b.leading.Load() && cond() })
+		zktest.WaitFor(t, 30*time.Second, what, func() bool { return b.member.leading.Load() && cond() })
 	}
 	var me string
 	waitLeading("the broker to lead", func() bool {
@@ -122,13 +122,13 @@ func TestElectionSharedWithOlderBrokers(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if b.leading.Load() {
+	if b.member.leading.Load() {
 		t.Fatal("the broker leads behind an older broker's node")
 	}
 	if err := other.Delete(old, -1); err != nil {
 		t.Fatal(err)
 	}
-	for !b.leading.Load() {
+	for !b.member.leading.Load() {
 		if time.Now().After(deadline) {
 			t.Fatal("the broker did not lead once the older broker's node was gone")
 		}

@@ -41,6 +41,8 @@ const (
 // schedulers owns the goroutines of the queues' jobs: started while the
 // broker runs, all stopped and waited for by stop.
 type schedulers struct {
+	b *Broker
+
 	mu     sync.Mutex
 	closed bool
 	wg     sync.WaitGroup
@@ -71,7 +73,8 @@ func (s *schedulers) stop() {
 
 // startSchedulers runs q's jobs (zkqueue.Handles.Run) until q's handle
 // goes stale or the broker shuts down.
-func (b *Broker) startSchedulers(q *queue) {
+func (sc *schedulers) startSchedulers(q *queue) {
+	b := sc.b
 	log := b.log.With("queue", q.name)
 	b.sched.run(func() {
 		q.h.Run(b.ctx, func(err error) { log.Warn("queue upkeep", "err", err) })
@@ -80,7 +83,8 @@ func (b *Broker) startSchedulers(q *queue) {
 
 // dueTimes returns each message's due time (zero: at once) from its delay
 // or deliver_at, checked against MaxDelay.
-func (b *Broker) dueTimes(msgs []*pb.OutMessage) ([]time.Time, bool, error) {
+func (sc *schedulers) dueTimes(msgs []*pb.OutMessage) ([]time.Time, bool, error) {
+	b := sc.b
 	now := time.Now()
 	due := make([]time.Time, len(msgs))
 	any := false
@@ -128,9 +132,9 @@ func dueOption(m *pb.OutMessage) string {
 }
 
 // publishDue publishes drafts with their due times (zkqueue.Scheduled).
-func (b *Broker) publishDue(ctx context.Context, q *queue, drafts []zkqueue.Draft, due []time.Time) ([]string, error) {
+func (sc *schedulers) publishDue(ctx context.Context, q *queue, drafts []zkqueue.Draft, due []time.Time) ([]string, error) {
 	var ids []string
-	err := b.withDelayedParent(ctx, q, func() (err error) {
+	err := sc.withDelayedParent(ctx, q, func() (err error) {
 		ids, err = q.delayed.PublishAll(ctx, drafts, due)
 		return err
 	})
@@ -140,7 +144,8 @@ func (b *Broker) publishDue(ctx context.Context, q *queue, drafts []zkqueue.Draf
 // withDelayedParent runs publish, a publish through q's delayed parent; a
 // queue created before delayed delivery gets its parent first, then
 // publish runs again.
-func (b *Broker) withDelayedParent(ctx context.Context, q *queue, publish func() error) error {
+func (sc *schedulers) withDelayedParent(ctx context.Context, q *queue, publish func() error) error {
+	b := sc.b
 	err := publish()
 	if errors.Is(err, zk.ErrNoNode) {
 		if rerr := b.catalog.Repair(ctx, q.name, "delayed"); rerr != nil {

@@ -68,7 +68,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 	if err := validName("member id", req.GetMemberId()); err != nil {
 		return b.fail(err)
 	}
-	q, err := b.queue(ctx, req.GetQueue())
+	q, err := b.handles.queue(ctx, req.GetQueue())
 	if err != nil {
 		return b.fail(err)
 	}
@@ -80,7 +80,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 		err = b.fail(ofMember(q, req.GetMemberId(), err))
 	}
 	id, _ := IdentityFrom(ctx)
-	b.audit(ctx, pb.Queue_JoinSync_FullMethodName, req, id, err)
+	b.gate.audit(ctx, pb.Queue_JoinSync_FullMethodName, req, id, err)
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 			b.log.Debug("sync leave", "queue", q.name, "member", req.GetMemberId(), "err", err)
 		}
 	}()
-	b.emit(events.SyncJoined, q, zkqueue.Message{}, req.GetMemberId())
+	b.ev.emit(events.SyncJoined, q, zkqueue.Message{}, req.GetMemberId())
 
 	out := newOutbox(b, stream.Send)
 	defer out.close()
@@ -116,7 +116,7 @@ func (b *Broker) JoinSync(req *pb.JoinSyncRequest, stream pb.Queue_JoinSyncServe
 			return nil // the client is gone
 		}
 		if st.Open {
-			b.emit(events.SyncOpened, q, zkqueue.Message{}, "")
+			b.ev.emit(events.SyncOpened, q, zkqueue.Message{}, "")
 			break
 		}
 	}

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/qbroker/qbroker/internal/zkutil"
-
 	"github.com/go-zookeeper/zk"
+
+	"github.com/qbroker/qbroker/internal/zkutil"
 )
 
 // Expired is one lease the sweep released.
