@@ -60,32 +60,36 @@ func jsMaxAckPending(consumers, prefetch int) int {
 // for; it only matters once the queue is empty.
 const jsFetchWait = time.Second
 
-// runJetStream runs the JetStream baseline name (syncAlways for
-// jetstream-sync) on a nats-server started from bin: once at most once
+// runJetStream runs the JetStream baseline (jetstream, or jetstream-sync
+// with syncAlways) on a nats-server started from bin: once at most once
 // (plain Ack), twice at least once (plain Ack, then DoubleAck), each on a
 // fresh server.
 func runJetStream(ctx context.Context, cfg *Config, bin string, syncAlways bool, progress io.Writer) ([]BaselineResult, error) {
-	name := baselineJetStream
-	if syncAlways {
-		name = baselineJetStreamSync
-	}
 	styles := []string{jsAckPlain}
 	if cfg.Mode == qbroker.AtLeastOnce {
 		styles = []string{jsAckPlain, jsAckDouble}
 	}
 	var out []BaselineResult
 	for _, ack := range styles {
-		n := name
-		if ack == jsAckDouble {
-			n += doubleAckSuffix
-		}
-		r, err := runJetStreamOnce(ctx, cfg, bin, n, syncAlways, ack, progress)
+		r, err := runJetStreamOnce(ctx, cfg, bin, syncAlways, ack, progress)
 		if err != nil {
-			return out, fmt.Errorf("%s: %w", n, err)
+			return out, fmt.Errorf("%s: %w", jsName(syncAlways, ack), err)
 		}
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// jsName names the JetStream baseline of a durability and an ack style.
+func jsName(syncAlways bool, ack string) string {
+	name := baselineJetStream
+	if syncAlways {
+		name = baselineJetStreamSync
+	}
+	if ack == jsAckDouble {
+		name += doubleAckSuffix
+	}
+	return name
 }
 
 // runJetStreamOnce starts a nats-server in a temporary directory, runs
@@ -100,9 +104,9 @@ func runJetStream(ctx context.Context, cfg *Config, bin string, syncAlways bool,
 // message is delivered (acked) and the stream is empty, that is when the
 // server has applied every ack; the server's CPU is read over the same
 // span.
-func runJetStreamOnce(ctx context.Context, cfg *Config, bin, name string, syncAlways bool, ack string, progress io.Writer) (BaselineResult, error) {
+func runJetStreamOnce(ctx context.Context, cfg *Config, bin string, syncAlways bool, ack string, progress io.Writer) (BaselineResult, error) {
 	conns := cfg.Producers + cfg.Consumers
-	res := BaselineResult{Name: name, Sessions: conns, Goroutines: conns, Ack: ack,
+	res := BaselineResult{Name: jsName(syncAlways, ack), Sessions: conns, Goroutines: conns, Ack: ack,
 		MaxAckPending: jsMaxAckPending(cfg.Consumers, cfg.Prefetch)}
 	if res.MaxAckPending == 0 {
 		res.MaxAckPending = jsDefaultMaxAckPending
@@ -125,7 +129,7 @@ func runJetStreamOnce(ctx context.Context, cfg *Config, bin, name string, syncAl
 	start := time.Now()
 	n, errs, err := q.run(ctx, cfg, srv, func(delivered *atomic.Int64) (stop func()) {
 		tctx, cancel := context.WithCancel(ctx)
-		done := baselineTicker(tctx, progress, name, start, delivered, "delivered")
+		done := baselineTicker(tctx, progress, res.Name, start, delivered, "delivered")
 		return func() { cancel(); <-done }
 	})
 	if err != nil {

@@ -24,10 +24,10 @@ import (
 //
 // The queue is filled with cfg.NaivePrefill messages first; the run ends
 // after cfg.BaselineDuration or when the queue is empty.
-func runNaive(ctx context.Context, cfg *Config, zkAddr string, topo *Topology, progress io.Writer) (BaselineResult, error) {
+func runNaive(ctx context.Context, cfg *Config, topo *Topology, progress io.Writer) (BaselineResult, error) {
 	res := BaselineResult{Name: baselineNaive, Sessions: cfg.Consumers, Goroutines: cfg.Consumers, Prefill: cfg.NaivePrefill}
 	parent := baselineRoot(cfg.Queue) + "/naive"
-	conns, err := openSessions(zkAddr, cfg.Consumers)
+	conns, err := openSessions(topo.ZooKeeper, cfg.Consumers)
 	if err != nil {
 		return res, err
 	}

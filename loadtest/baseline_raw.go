@@ -18,7 +18,7 @@ import (
 // all (each goroutine deletes the node it created). cfg.RawSessions
 // sessions each run cfg.RawGoroutines goroutines: one session alone tops
 // out far below ZooKeeper's capacity.
-func runRaw(ctx context.Context, cfg *Config, zkAddr string, topo *Topology, progress io.Writer) (BaselineResult, error) {
+func runRaw(ctx context.Context, cfg *Config, topo *Topology, progress io.Writer) (BaselineResult, error) {
 	res := BaselineResult{Name: baselineRaw, Sessions: cfg.RawSessions, Goroutines: cfg.RawSessions * cfg.RawGoroutines}
 	op := func(conn *zk.Conn, parent string, data []byte) error {
 		p, err := conn.Create(parent+"/qn-", data, zk.FlagSequence, worldACL)
@@ -27,22 +27,34 @@ func runRaw(ctx context.Context, cfg *Config, zkAddr string, topo *Topology, pro
 		}
 		return conn.Delete(p, -1)
 	}
-	return runZKOps(ctx, cfg, zkAddr, topo, progress, res, cfg.RawGoroutines, "pairs", nil, op)
+	return runZKOps(ctx, cfg, topo, progress, zkOps{res: res, perSession: cfg.RawGoroutines, unit: "pairs", op: op})
 }
 
 // worldACL is the ACL of the baselines' nodes.
 var worldACL = zk.WorldACL(zk.PermAll)
 
-// runZKOps runs res.Sessions sessions of perSession goroutines, each
-// calling op in closed loop under a fresh parent node (removed after)
+// zkOps is a baseline of ZooKeeper calls: its result to fill in (named,
+// with its sessions), the goroutines per session, the unit its progress
+// counts, the call, and where each goroutine's latency histogram goes
+// (nil: none is kept).
+type zkOps struct {
+	res        BaselineResult
+	perSession int
+	unit       string
+	hists      *[]*hdrhistogram.Histogram
+	op         func(conn *zk.Conn, parent string, data []byte) error
+}
+
+// runZKOps runs o.res.Sessions sessions of o.perSession goroutines, each
+// calling o.op in closed loop under a fresh parent node (removed after)
 // until cfg.BaselineDuration passes, and counts the calls that succeed.
-// With hists, each goroutine also records its calls' latencies into one
-// (hists gets one per goroutine). A call failing because ZooKeeper is
+// With o.hists, each goroutine also records its calls' latencies into one
+// (o.hists gets one per goroutine). A call failing because ZooKeeper is
 // away is retried after 10 ms.
-func runZKOps(ctx context.Context, cfg *Config, zkAddr string, topo *Topology, progress io.Writer, res BaselineResult,
-	perSession int, unit string, hists *[]*hdrhistogram.Histogram, op func(conn *zk.Conn, parent string, data []byte) error) (BaselineResult, error) {
+func runZKOps(ctx context.Context, cfg *Config, topo *Topology, progress io.Writer, o zkOps) (BaselineResult, error) {
+	res, perSession, unit, hists, op := o.res, o.perSession, o.unit, o.hists, o.op
 	parent := baselineRoot(cfg.Queue) + "/" + res.Name
-	conns, err := openSessions(zkAddr, res.Sessions)
+	conns, err := openSessions(topo.ZooKeeper, res.Sessions)
 	if err != nil {
 		return res, err
 	}

@@ -185,7 +185,10 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	failures = append(failures, scrapeFailures...)
 	failures = append(failures, topo.exited()...)
 	if cfg.Backlog > 0 && !in.Workload.Interrupted {
-		in.Deep, failures = deepFigures(ctx, cfg, topo, pool, progress, in.Workload, cold, failures)
+		var more []string
+		in.Deep, more = deepFigures(ctx, cfg, topo, pool, progress, in.Workload)
+		in.Deep.Cold = cold
+		failures = append(failures, more...)
 	}
 	deleteOnce()
 
@@ -211,14 +214,14 @@ func rawBaselineFirst(ctx context.Context, cfg *Config, topo *Topology, progress
 		_, err := warmUntilQuiet(ctx, cfg, topo, func(d time.Duration) error {
 			wcfg := *cfg
 			wcfg.BaselineDuration = d
-			_, err := runRaw(ctx, &wcfg, topo.ZooKeeper, topo, progress)
+			_, err := runRaw(ctx, &wcfg, topo, progress)
 			return err
 		})
 		if err != nil {
 			return nil, fmt.Errorf("baseline raw warmup: %w", err)
 		}
 	}
-	b, err := runRaw(ctx, cfg, topo.ZooKeeper, topo, progress)
+	b, err := runRaw(ctx, cfg, topo, progress)
 	if err != nil {
 		return nil, fmt.Errorf("baseline raw (for --rate-of-raw): %w", err)
 	}
@@ -309,11 +312,11 @@ func runBaselines(ctx context.Context, cfg *Config, topo *Topology, progress io.
 		var err error
 		switch name {
 		case baselineRaw:
-			b, err = runRaw(ctx, cfg, topo.ZooKeeper, topo, progress)
+			b, err = runRaw(ctx, cfg, topo, progress)
 		case baselineNaive:
-			b, err = runNaive(ctx, cfg, topo.ZooKeeper, topo, progress)
+			b, err = runNaive(ctx, cfg, topo, progress)
 		case baselineCreate:
-			b, err = runCreate(ctx, cfg, topo.ZooKeeper, topo, progress)
+			b, err = runCreate(ctx, cfg, topo, progress)
 		default:
 			if natsBin == "" {
 				dir, derr := os.MkdirTemp("", "qbroker-loadtest-nats-")
@@ -353,16 +356,15 @@ func deleteQueue(ctx context.Context, admin *qbroker.Client, name string) {
 
 // deepFigures completes a backlog run w: the spawned brokers' peak memory
 // so far (the deep run's), then, with --compare-shallow, the shallow run
-// of the same messages. It returns the figures and failures with those of
-// the shallow run added.
-func deepFigures(ctx context.Context, cfg Config, topo *Topology, pool *connPool, progress io.Writer,
-	w *workloadResult, cold *ColdStart, failures []string) (*DeepReport, []string) {
+// of the same messages. It returns the figures and the failures met
+// (with those of the shallow run).
+func deepFigures(ctx context.Context, cfg Config, topo *Topology, pool *connPool, progress io.Writer, w *workloadResult) (*DeepReport, []string) {
+	var failures []string
 	delivered := w.Verdict.Delivered
 	if cfg.Mode == qbroker.AtLeastOnce {
 		delivered = w.Verdict.Acked
 	}
 	d := deepReport(cfg, w, delivered)
-	d.Cold = cold
 	if topo.Spawned {
 		rss, err := topo.peakRSS()
 		if err != nil {

@@ -132,7 +132,9 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	res.Problems = append(res.Problems, consumers.close()...)
 	stopSampler()
 	<-s.done
-	return finishWorkload(ctx, cfg, pool, sh, res, producers, consumers, s), nil
+	judge(ctx, pool, sh, res)
+	res.addFigures(sh, producers, consumers, s)
+	return res, nil
 }
 
 // workloadHooks are what a run does besides publishing and consuming.
@@ -159,9 +161,9 @@ func runProducers(ctx context.Context, producers []*producer) {
 	wg.Wait()
 }
 
-// finishWorkload gives a run that ended its verdict and its figures.
-func finishWorkload(ctx context.Context, cfg *Config, pool *connPool, sh *shared, res *workloadResult,
-	producers []*producer, consumers *consumerGroup, s *sampler) *workloadResult {
+// judge gives a run that ended its verdict.
+func judge(ctx context.Context, pool *connPool, sh *shared, res *workloadResult) {
+	cfg := sh.cfg
 	if !res.Interrupted {
 		res.Verdict = sh.checker.Verdict(cfg.Order == orderStrict)
 		if p := leftovers(ctx, cfg, pool, res.Verdict); p != "" {
@@ -172,6 +174,12 @@ func finishWorkload(ctx context.Context, cfg *Config, pool *connPool, sh *shared
 		res.Verdict = sh.checker.Verdict(false)
 		res.Verdict.OK, res.Verdict.Lost, res.Verdict.Problems = false, 0, nil
 	}
+}
+
+// addFigures adds a run's figures: its producers' publish latencies,
+// its consumers' end-to-end ones, the errors counted and the sampled
+// timeline.
+func (res *workloadResult) addFigures(sh *shared, producers []*producer, consumers *consumerGroup, s *sampler) {
 	pubHists := make([]*hdrhistogram.Histogram, len(producers))
 	for i, p := range producers {
 		pubHists[i] = p.hist
@@ -179,10 +187,9 @@ func finishWorkload(ctx context.Context, cfg *Config, pool *connPool, sh *shared
 	}
 	res.Publish = mergeHists(pubHists)
 	res.EndToEnd = mergeHists(consumers.hists)
-	res.Tenants = sh.tenants.summaries(cfg)
+	res.Tenants = sh.tenants.summaries(sh.cfg)
 	res.ErrorsByCode, res.ErrorsByOp = sh.errs.snapshot()
 	res.Timeline = s.points
-	return res
 }
 
 // consumerGroup owns the consumers' goroutines.

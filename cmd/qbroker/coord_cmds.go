@@ -175,13 +175,20 @@ Ctrl-C resigns at once.`, std)
 	if *observeOnly || len(pos) == 1 {
 		return ignoreCanceled(<-observed)
 	}
-	return campaignAndHold(ctx, c, pos[0], []byte(pos[1]), observed, stop, qbroker.CampaignDelay(*delay))
+	return campaignAndHold(ctx, c, pos[0], []byte(pos[1]), observer{observed, stop}, qbroker.CampaignDelay(*delay))
+}
+
+// observer is the election's observer running beside a campaign: done
+// gets its end, stop ends it.
+type observer struct {
+	done <-chan error
+	stop func()
 }
 
 // campaignAndHold campaigns, then holds the leadership until Ctrl-C (then
-// resigns), its loss, or the observer's failure (stop ends the observer).
-func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value []byte, observed <-chan error, stop func(),
-	opts ...qbroker.CampaignOption) error {
+// resigns), its loss, or the observer's failure.
+func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value []byte, obs observer, opts ...qbroker.CampaignOption) error {
+	observed, stop := obs.done, obs.stop
 	type won struct {
 		l   *qbroker.Leadership
 		err error

@@ -34,13 +34,23 @@ func main() {
 	wait := flag.Duration("wait", 30*time.Second, "how long to wait for a message")
 	dump := flag.Bool("dump", false, "print the table's rows and exit")
 	flag.Parse()
-	if err := run(*addr, *queue, *db, *name, *hold, *wait, *dump); err != nil {
+	o := options{addr: *addr, queue: *queue, db: *db, name: *name, hold: *hold, wait: *wait, dump: *dump}
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "fencing:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, queue, db, name string, hold bool, wait time.Duration, dump bool) error {
+// options are the command's flags.
+type options struct {
+	addr, queue, db, name string
+	hold                  bool
+	wait                  time.Duration
+	dump                  bool
+}
+
+func run(o options) error {
+	addr, queue, db, name, hold, wait, dump := o.addr, o.queue, o.db, o.name, o.hold, o.wait, o.dump
 	ctx := context.Background()
 	sink, err := OpenSink(db)
 	if err != nil {
