@@ -214,7 +214,7 @@ func TestDelayedPurgeDeleteQuota(t *testing.T) {
 	if _, err := b.client.DeleteQueue(context.Background(), &pb.DeleteQueueRequest{Name: "q"}); err != nil {
 		t.Fatal(err)
 	}
-	if nodeExists(t, conn, root+"/queues/q") {
+	if zktest.Exists(t, conn, root+"/queues/q") {
 		t.Fatal("the queue survived its deletion")
 	}
 }

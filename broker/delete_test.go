@@ -45,15 +45,6 @@ func markDeleting(t *testing.T, conn *zk.Conn, root, name string) int32 {
 	return st.Version
 }
 
-func nodeExists(t *testing.T, conn *zk.Conn, p string) bool {
-	t.Helper()
-	ok, _, err := conn.Exists(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ok
-}
-
 // queueCalls makes every call that names a queue and returns each one's
 // error (nil when it succeeded).
 func queueCalls(ctx context.Context, c pb.QueueClient, name, token string) map[string]error {
@@ -135,7 +126,7 @@ func TestMarkedQueueIsAbsentAndNotRecreated(t *testing.T) {
 			t.Error("ListQueues lists a queue being deleted")
 		}
 	}
-	if nodeExists(t, conn, q+"/items") {
+	if zktest.Exists(t, conn, q+"/items") {
 		t.Fatal("the deleted items parent was created again")
 	}
 
@@ -150,7 +141,7 @@ func TestMarkedQueueIsAbsentAndNotRecreated(t *testing.T) {
 		t.Errorf("the new queue holds %+v, want nothing", st)
 	}
 	for _, c := range []string{"items", "leases", "dead", "consumers", "members"} {
-		if !nodeExists(t, conn, q+"/"+c) {
+		if !zktest.Exists(t, conn, q+"/"+c) {
 			t.Errorf("the new queue has no %s", c)
 		}
 	}
@@ -187,7 +178,7 @@ func TestDeleteQueueFinishesAbandonedDeletion(t *testing.T) {
 	if _, err := b.client.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: "q"}); err != nil {
 		t.Fatalf("DeleteQueue of a marked queue: %v", err)
 	}
-	if nodeExists(t, conn, q) {
+	if zktest.Exists(t, conn, q) {
 		t.Fatal("the queue's node survived")
 	}
 	if _, err := b.client.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: "q"}); status.Code(err) != codes.NotFound {
@@ -232,7 +223,7 @@ func TestConcurrentDeletesCooperate(t *testing.T) {
 		if ok == 0 {
 			t.Fatalf("round %d: no DeleteQueue answered OK: %v", round, errs)
 		}
-		if nodeExists(t, conn, root+"/queues/q") {
+		if zktest.Exists(t, conn, root+"/queues/q") {
 			t.Fatalf("round %d: the queue survived", round)
 		}
 	}
@@ -285,7 +276,7 @@ func TestQueueMissingParents(t *testing.T) {
 			t.Errorf("%s of a queue without items: got %v, want NotFound", call, errs[call])
 		}
 	}
-	if nodeExists(t, conn, q+"/items") || nodeExists(t, conn, q+"/leases") {
+	if zktest.Exists(t, conn, q+"/items") || zktest.Exists(t, conn, q+"/leases") {
 		t.Fatal("a call created a missing parent")
 	}
 	if _, err := b.client.CreateQueue(ctx, &pb.CreateQueueRequest{Name: "q", MaxDeliveries: 2}); status.Code(err) != codes.AlreadyExists {
@@ -299,7 +290,7 @@ func TestQueueMissingParents(t *testing.T) {
 	if _, err := b.client.DeleteQueue(ctx, &pb.DeleteQueueRequest{Name: "r"}); err != nil {
 		t.Fatal(err)
 	}
-	if nodeExists(t, conn, root+"/queues/r") {
+	if zktest.Exists(t, conn, root+"/queues/r") {
 		t.Fatal("r survived its deletion")
 	}
 }
@@ -315,7 +306,7 @@ func TestLeaderFinishesAbandonedDeletion(t *testing.T) {
 	publishN(t, b.client, "q", 10)
 	markDeleting(t, conn, root, "q")
 	deadline := time.Now().Add(30 * time.Second)
-	for nodeExists(t, conn, root+"/queues/q") {
+	for zktest.Exists(t, conn, root+"/queues/q") {
 		if time.Now().After(deadline) {
 			t.Fatal("the leader did not finish the deletion")
 		}
@@ -406,7 +397,7 @@ func TestDeletedQueueStaysDeleted(t *testing.T) {
 	// The leases expire meanwhile: give the leader's sweep (every 100 ms)
 	// a few rounds with them before looking.
 	time.Sleep(500 * time.Millisecond)
-	if nodeExists(t, conn, root+"/queues/q") {
+	if zktest.Exists(t, conn, root+"/queues/q") {
 		t.Fatal("the deleted queue came back")
 	}
 }
@@ -688,7 +679,7 @@ func (s *deleteStress) observe(r *uint64) bool {
 // absent as allowed, and, if present, complete and delivering.
 func (s *deleteStress) checkFinal(t *testing.T, conn *zk.Conn, p, name string, allowed map[bool]bool) {
 	t.Helper()
-	present := nodeExists(t, conn, p)
+	present := zktest.Exists(t, conn, p)
 	if !allowed[present] {
 		t.Errorf("%s: present %v, but its calls allow only %v", name, present, allowed)
 		return
@@ -697,7 +688,7 @@ func (s *deleteStress) checkFinal(t *testing.T, conn *zk.Conn, p, name string, a
 		return
 	}
 	for _, c := range []string{"items", "leases", "dead", "consumers", "members"} {
-		if !nodeExists(t, conn, p+"/"+c) {
+		if !zktest.Exists(t, conn, p+"/"+c) {
 			t.Errorf("%s: present without %s", name, c)
 		}
 	}

@@ -97,15 +97,6 @@ func waitConsumers(t *testing.T, c pb.QueueClient, queue string, want uint64) {
 	})
 }
 
-// owner returns the session owning the node at p, 0 when there is none.
-func owner(observer *zk.Conn, p string) int64 {
-	ok, st, err := observer.Exists(p)
-	if err != nil || !ok {
-		return 0
-	}
-	return st.EphemeralOwner
-}
-
 // Streams that end while ZooKeeper is unreachable (the broker keeps its
 // session: the cut is shorter than the session timeout) leave no
 // registration once it is back: the failed deletes are retried.
@@ -170,7 +161,7 @@ func TestRegistrationsRecreatedAfterSessionExpiry(t *testing.T) {
 	}
 	observer := zktest.Conn(t)
 	brokerNode := root + "/brokers/" + tb.b.ID()
-	old := owner(observer, brokerNode)
+	old := zktest.Owner(observer, brokerNode)
 	if old == 0 {
 		t.Fatal("broker not registered")
 	}
@@ -182,13 +173,13 @@ func TestRegistrationsRecreatedAfterSessionExpiry(t *testing.T) {
 
 	proxy.Cut()
 	zktest.WaitFor(t, 30*time.Second, "the session expired on the server", func() bool {
-		return owner(observer, brokerNode) == 0 && len(consumersOf(t, observer, root, "q")) == 0
+		return zktest.Owner(observer, brokerNode) == 0 && len(consumersOf(t, observer, root, "q")) == 0
 	})
 	proxy.Restore()
 	waitHealth(t, tb, healthpb.HealthCheckResponse_SERVING, 30*time.Second)
 	var now int64
 	zktest.WaitFor(t, 30*time.Second, "brokers/<id> registered by the new session", func() bool {
-		now = owner(observer, brokerNode)
+		now = zktest.Owner(observer, brokerNode)
 		return now != 0 && now != old
 	})
 	// Streams the expiry ended (if any) are not counted; the others are,
@@ -241,7 +232,7 @@ func TestRestartedBrokerTakesOverItsRegistration(t *testing.T) {
 
 	tb := newBroker(t, root, func(c *broker.Config) { c.ID = id })
 	observer := zktest.Conn(t)
-	if o := owner(observer, brokerNode); o == 0 || o == prev.SessionID() {
+	if o := zktest.Owner(observer, brokerNode); o == 0 || o == prev.SessionID() {
 		t.Fatalf("brokers/%s owned by 0x%x, the previous session is 0x%x", id, o, prev.SessionID())
 	}
 	createQueue(t, tb.client, &pb.CreateQueueRequest{Name: "q"})
@@ -261,7 +252,7 @@ func TestRestartedBrokerTakesOverItsRegistration(t *testing.T) {
 		_, err := observer.Sync(root)
 		return err == nil
 	})
-	if o := owner(observer, brokerNode); o == 0 {
+	if o := zktest.Owner(observer, brokerNode); o == 0 {
 		t.Fatalf("brokers/%s vanished with the previous session", id)
 	}
 	delivers(t, tb.client, "q", "m", msgs)

@@ -36,15 +36,6 @@ func mustCreate(t *testing.T, c *zkqueue.Catalog, name string, s zkqueue.Spec) z
 	return got
 }
 
-func exists(t *testing.T, conn *zk.Conn, p string) bool {
-	t.Helper()
-	ok, _, err := conn.Exists(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ok
-}
-
 // queueNodes lists what is under a queue's node.
 func queueNodes(t *testing.T, conn *zk.Conn, p string) []string {
 	t.Helper()
@@ -126,7 +117,7 @@ func TestCatalogMaxQueues(t *testing.T) {
 	if _, err := c.Create(ctx, "c", fifo(time.Second)); !errors.Is(err, zkqueue.ErrTooManyQueues) {
 		t.Fatalf("third queue: %v, want ErrTooManyQueues", err)
 	}
-	if exists(t, conn, c.Path("c")) {
+	if zktest.Exists(t, conn, c.Path("c")) {
 		t.Fatal("the refused queue exists")
 	}
 	mustCreate(t, c, "a", fifo(time.Second))
@@ -162,7 +153,7 @@ func TestCatalogDelete(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the metadata watch did not fire")
 	}
-	if exists(t, conn, p) {
+	if zktest.Exists(t, conn, p) {
 		t.Fatal("the queue's node is still there")
 	}
 	if err := c.Delete(ctx, "q"); !errors.Is(err, zkqueue.ErrQueueNotFound) {
@@ -205,7 +196,7 @@ func TestCatalogDeleteChildCreatedAfterListing(t *testing.T) {
 			if staged != 1 {
 				t.Fatalf("staged %d times, want 1", staged)
 			}
-			if exists(t, conn, p) {
+			if zktest.Exists(t, conn, p) {
 				t.Fatal("the queue's node is still there")
 			}
 		})
@@ -270,7 +261,7 @@ func TestCatalogMarkedQueue(t *testing.T) {
 		t.Fatalf("a stale deleter touched the new queue: nodes %v, want %v", nodes, want)
 	}
 	// A FinishDelete of the current, unmarked incarnation does nothing.
-	if err := c.FinishDelete(ctx, "q", 0); err != nil || !exists(t, conn, c.Path("q")+"/items") {
+	if err := c.FinishDelete(ctx, "q", 0); err != nil || !zktest.Exists(t, conn, c.Path("q")+"/items") {
 		t.Fatalf("FinishDelete of an unmarked queue: %v, or it deleted", err)
 	}
 }

@@ -37,14 +37,6 @@ func keeperOn(t *testing.T, servers []string, timeout time.Duration) (*keeper, *
 	return k, conn
 }
 
-func ownerOf(observer *zk.Conn, p string) int64 {
-	ok, st, err := observer.Exists(p)
-	if err != nil || !ok {
-		return 0
-	}
-	return st.EphemeralOwner
-}
-
 // A create whose answer was lost (the node exists, made by this very
 // session) is recognized as ours, and dropping it deletes it.
 func TestKeepAdoptsItsOwnNode(t *testing.T) {
@@ -85,7 +77,7 @@ func TestKeepReplacesAndRemovesStrays(t *testing.T) {
 		}
 	}
 	e := k.Keep(kept, []byte("new"))
-	if o := ownerOf(conn, kept); o != conn.SessionID() {
+	if o := zktest.Owner(conn, kept); o != conn.SessionID() {
 		t.Fatalf("kept node owned by 0x%x, want 0x%x", o, conn.SessionID())
 	}
 	if data, _, err := conn.Get(kept); err != nil || string(data) != "new" {
@@ -95,21 +87,21 @@ func TestKeepReplacesAndRemovesStrays(t *testing.T) {
 		t.Fatalf("kept node: known %v wanted %v", known, wanted)
 	}
 	k.Stray(stray)
-	zktest.WaitFor(t, 20*time.Second, "the stray node deleted", func() bool { return !nodeExists(t, conn, stray) })
+	zktest.WaitFor(t, 20*time.Second, "the stray node deleted", func() bool { return !zktest.Exists(t, conn, stray) })
 	zktest.WaitFor(t, 20*time.Second, "the stray node forgotten", func() bool { known, _ := k.Tracked(stray); return !known })
 	prev.Close()
-	zktest.WaitFor(t, 20*time.Second, "the previous session's nodes gone", func() bool { return !nodeExists(t, conn, marker) })
-	if !nodeExists(t, conn, kept) {
+	zktest.WaitFor(t, 20*time.Second, "the previous session's nodes gone", func() bool { return !zktest.Exists(t, conn, marker) })
+	if !zktest.Exists(t, conn, kept) {
 		t.Fatal("the kept node vanished with the previous session")
 	}
 
 	orphan := k.Keep(root+"/missing/child", nil)
-	if nodeExists(t, conn, root+"/missing") {
+	if zktest.Exists(t, conn, root+"/missing") {
 		t.Fatal("Keep created a missing parent")
 	}
 	k.Drop(orphan)
 	k.Drop(e)
-	if nodeExists(t, conn, kept) {
+	if zktest.Exists(t, conn, kept) {
 		t.Fatal("dropped node still there")
 	}
 }
@@ -126,27 +118,27 @@ func TestKeepRecreatesAfterSessionExpiry(t *testing.T) {
 	a, b := root+"/a", root+"/b"
 	k.Keep(a, nil)
 	eb := k.Keep(b, nil)
-	old := ownerOf(observer, a)
-	if old == 0 || ownerOf(observer, b) != old {
-		t.Fatalf("nodes owned by 0x%x and 0x%x", old, ownerOf(observer, b))
+	old := zktest.Owner(observer, a)
+	if old == 0 || zktest.Owner(observer, b) != old {
+		t.Fatalf("nodes owned by 0x%x and 0x%x", old, zktest.Owner(observer, b))
 	}
 
 	proxy.Cut()
 	zktest.WaitFor(t, 30*time.Second, "the session expired on the server", func() bool {
-		return ownerOf(observer, a) == 0 && ownerOf(observer, b) == 0
+		return zktest.Owner(observer, a) == 0 && zktest.Owner(observer, b) == 0
 	})
 	k.Drop(eb)
 	proxy.Restore()
 	var now int64
 	zktest.WaitFor(t, 30*time.Second, "the kept node created by a new session", func() bool {
-		now = ownerOf(observer, a)
+		now = zktest.Owner(observer, a)
 		return now != 0 && now != old
 	})
 	if now != conn.SessionID() {
 		t.Fatalf("node owned by 0x%x, the keeper's session is 0x%x", now, conn.SessionID())
 	}
 	zktest.WaitFor(t, 30*time.Second, "the dropped node forgotten", func() bool { known, _ := k.Tracked(b); return !known })
-	if nodeExists(t, observer, b) {
+	if zktest.Exists(t, observer, b) {
 		t.Fatal("a node dropped during the partition was created again")
 	}
 }
@@ -164,13 +156,4 @@ func ensurePath(t *testing.T, conn *zk.Conn, p string) {
 	if err := zkutil.EnsurePath(conn, p, nil); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func nodeExists(t *testing.T, conn *zk.Conn, p string) bool {
-	t.Helper()
-	ok, _, err := conn.Exists(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ok
 }

@@ -87,7 +87,7 @@ func TestCatalogMaintain(t *testing.T) {
 	if n, err := leased.Items.Len(ctx); err != nil || n != 1 {
 		t.Fatalf("Len after the release: got %d, %v; want 1", n, err)
 	}
-	zktest.WaitFor(t, 20*time.Second, "the abandoned deletion finished", func() bool { return !exists(t, conn, c.Path("abandoned")) })
+	zktest.WaitFor(t, 20*time.Second, "the abandoned deletion finished", func() bool { return !zktest.Exists(t, conn, c.Path("abandoned")) })
 	zktest.WaitFor(t, 20*time.Second, "the dedup bucket of the past window deleted", func() bool {
 		return len(queueNodes(t, conn, c.Path("dedup")+"/dedup")) == 0
 	})

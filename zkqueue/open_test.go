@@ -48,7 +48,7 @@ func TestCatalogOpen(t *testing.T) {
 	if _, err := c.Open("missing", zkqueue.OpenConfig{ProcessID: "p"}); !errors.Is(err, zkqueue.ErrQueueNotFound) {
 		t.Fatalf("Open of a missing queue: got %v, want ErrQueueNotFound", err)
 	}
-	if exists(t, conn, c.Path("missing")) {
+	if zktest.Exists(t, conn, c.Path("missing")) {
 		t.Fatal("Open created a missing queue's node")
 	}
 	mustCreate(t, c, "m", fifo(time.Minute))

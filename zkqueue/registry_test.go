@@ -24,15 +24,6 @@ func runRegistry(t *testing.T, conn *zk.Conn) *zkqueue.Registry {
 	return r
 }
 
-// ownerOf returns the session owning the ephemeral node p; 0 when none.
-func ownerOf(observer *zk.Conn, p string) int64 {
-	ok, st, err := observer.Exists(p)
-	if err != nil || !ok {
-		return 0
-	}
-	return st.EphemeralOwner
-}
-
 // A registration outlives its session: when the session expires (the
 // process is cut off from ZooKeeper for longer than the session timeout),
 // the running Registry makes it again under the new session, and the
@@ -51,16 +42,16 @@ func TestRegistrationSurvivesSessionExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := ownerOf(observer, r.Path())
+	old := zktest.Owner(observer, r.Path())
 	if old == 0 || old != conn.SessionID() {
 		t.Fatalf("registration owned by 0x%x, the session is 0x%x", old, conn.SessionID())
 	}
 
 	proxy.Cut()
-	zktest.WaitFor(t, 30*time.Second, "the session expired on the server", func() bool { return ownerOf(observer, r.Path()) == 0 })
+	zktest.WaitFor(t, 30*time.Second, "the session expired on the server", func() bool { return zktest.Owner(observer, r.Path()) == 0 })
 	proxy.Restore()
 	zktest.WaitFor(t, 30*time.Second, "the registration made again by the new session", func() bool {
-		now := ownerOf(observer, r.Path())
+		now := zktest.Owner(observer, r.Path())
 		return now != 0 && now != old && now == conn.SessionID()
 	})
 	if n, err := g.Count(ctx); err != nil || n != 1 {
@@ -70,7 +61,7 @@ func TestRegistrationSurvivesSessionExpiry(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if ownerOf(observer, r.Path()) != 0 {
+	if zktest.Owner(observer, r.Path()) != 0 {
 		t.Fatal("a closed registration is still there")
 	}
 	if n, err := g.Count(ctx); err != nil || n != 0 {
@@ -110,9 +101,9 @@ func TestRegistryDeletesItsPreviousProcesssRegistrations(t *testing.T) {
 		t.Fatalf("Consumers: got %v, %v; want [o]", ids, err)
 	}
 	zktest.WaitFor(t, 20*time.Second, "the previous process's registration deleted", func() bool {
-		return ownerOf(conn, stray.Path()) == 0
+		return zktest.Owner(conn, stray.Path()) == 0
 	})
-	if ownerOf(conn, kept.Path()) == 0 {
+	if zktest.Owner(conn, kept.Path()) == 0 {
 		t.Fatal("another process's registration was deleted")
 	}
 }
@@ -133,14 +124,14 @@ func TestRegistrationClosedWhileCutOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sid := ownerOf(observer, r.Path())
+	sid := zktest.Owner(observer, r.Path())
 	proxy.Cut()
 	zktest.WaitFor(t, 20*time.Second, "the client to lose its connection", func() bool { return conn.State() != zk.StateHasSession })
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
 	proxy.Restore()
-	zktest.WaitFor(t, 20*time.Second, "the closed registration deleted", func() bool { return ownerOf(observer, r.Path()) == 0 })
+	zktest.WaitFor(t, 20*time.Second, "the closed registration deleted", func() bool { return zktest.Owner(observer, r.Path()) == 0 })
 	if conn.SessionID() != sid {
 		t.Fatalf("the session changed (0x%x, was 0x%x): the cut outlasted it", conn.SessionID(), sid)
 	}

@@ -124,3 +124,23 @@ func Root(t testing.TB) string {
 	_, _ = rand.Read(b[:])
 	return "/t/" + unsafeChars.ReplaceAllString(t.Name(), "_") + "-" + hex.EncodeToString(b[:])
 }
+
+// Exists reports whether node p exists; an error fails the test.
+func Exists(t testing.TB, conn *zk.Conn, p string) bool {
+	t.Helper()
+	ok, _, err := conn.Exists(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// Owner returns the session owning the ephemeral node p: 0 when there is
+// none, or when it cannot be read.
+func Owner(conn *zk.Conn, p string) int64 {
+	ok, st, err := conn.Exists(p)
+	if err != nil || !ok {
+		return 0
+	}
+	return st.EphemeralOwner
+}

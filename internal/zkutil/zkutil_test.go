@@ -27,15 +27,6 @@ func create(t *testing.T, conn *zk.Conn, paths ...string) {
 	}
 }
 
-func exists(t *testing.T, conn *zk.Conn, p string) bool {
-	t.Helper()
-	ok, _, err := conn.Exists(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ok
-}
-
 // A tree of several levels and more siblings than one Multi takes is
 // deleted; deleting it again, or a path that never existed, is no error.
 func TestDeleteTree(t *testing.T) {
@@ -56,7 +47,7 @@ func TestDeleteTree(t *testing.T) {
 	if err := zkutil.DeleteTree(ctx, conn, root, nil); err != nil {
 		t.Fatal(err)
 	}
-	if exists(t, conn, root) {
+	if zktest.Exists(t, conn, root) {
 		t.Fatal("root still exists")
 	}
 	if err := zkutil.DeleteTree(ctx, conn, root, nil); err != nil {
@@ -98,7 +89,7 @@ func TestDeleteTreeChildCreatedAfterListing(t *testing.T) {
 			if staged != 1 {
 				t.Fatalf("staged %d times, want 1", staged)
 			}
-			if exists(t, conn, root) {
+			if zktest.Exists(t, conn, root) {
 				t.Fatal("root still exists")
 			}
 		})
@@ -145,7 +136,7 @@ func TestDeleteTreeWithConcurrentCreates(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	if exists(t, conn, root) {
+	if zktest.Exists(t, conn, root) {
 		t.Fatal("root still exists")
 	}
 }
@@ -169,7 +160,7 @@ func TestDeleteTreeGuard(t *testing.T) {
 	if err := zkutil.DeleteTree(ctx, conn, q+"/items", old); err != nil {
 		t.Fatal(err)
 	}
-	if exists(t, conn, q+"/items") {
+	if zktest.Exists(t, conn, q+"/items") {
 		t.Fatal("items survived the guarded delete")
 	}
 
@@ -184,7 +175,7 @@ func TestDeleteTreeGuard(t *testing.T) {
 		}
 	}
 	for _, p := range []string{q + "/items/m2", q + "/leases/l1"} {
-		if !exists(t, conn, p) {
+		if !zktest.Exists(t, conn, p) {
 			t.Errorf("%s of the new tree was deleted", p)
 		}
 	}
@@ -197,7 +188,7 @@ func TestDeleteTreeGuard(t *testing.T) {
 	if err := zkutil.DeleteTree(ctx, conn, q, old); err != nil {
 		t.Fatal(err)
 	}
-	if exists(t, conn, q) {
+	if zktest.Exists(t, conn, q) {
 		t.Fatal("marked tree survived")
 	}
 }
@@ -212,7 +203,7 @@ func TestDeleteTreeContext(t *testing.T) {
 	if err := zkutil.DeleteTree(ctx, conn, root, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, want context.Canceled", err)
 	}
-	if !exists(t, conn, root+"/a") {
+	if !zktest.Exists(t, conn, root+"/a") {
 		t.Fatal("deleted despite the cancelled context")
 	}
 }
