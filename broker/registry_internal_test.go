@@ -30,7 +30,7 @@ func newTestBroker(t *testing.T) *Broker {
 // client deletes its node) while an orphan of its session waits in the
 // election, ahead of it; the broker campaigns again behind the orphan and
 // leads. The test looks through a session of its own, and makes the
-// orphan on the broker's session with a zkutil.Keeper.
+// orphan on the broker's session with the broker's zkqueue.Registry.
 func TestElectionOrphansRemoved(t *testing.T) {
 	b := newTestBroker(t)
 	observer := zktest.Conn(t)

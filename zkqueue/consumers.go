@@ -384,31 +384,15 @@ func (r *Registry) own(p string) bool {
 	return wanted
 }
 
-// Keeping ephemeral nodes.
-//
-// A process keeps EPHEMERAL nodes that must exist exactly while what they
-// stand for lives (a broker while it runs, a consumer while its stream is
-// open). A create and a delete are not enough:
-//
-//   - a create or delete whose answer is lost with the connection (a
-//     ZooKeeper failover) may or may not have happened;
-//   - a session expiry deletes all of the session's ephemeral nodes while
-//     the process and what they stand for go on;
-//   - a process restarted under the same name finds the nodes of its
-//     previous process's session still there until that session expires.
-//
-// So a kept node has a name no one else uses, a node is ours only when its
-// ephemeralOwner is our current session, and one goroutine (Run)
-// reconciles: every wanted node until it exists under the current session,
-// every unwanted one until it is gone, retrying with backoff while
-// ZooKeeper is away and again after every new session. Nodes the caller
-// finds under its names that it does not know of (left by its previous
-// process) are deleted through Stray.
-
-// keeper keeps ephemeral nodes through session changes (see above). It is
-// created before its connection, so that the connection's event callback
-// can Wake it: Bind the connection before any other call. A keeper is safe
-// for concurrent use.
+// keeper keeps a Registry's EPHEMERAL nodes through session changes (the
+// Registry's doc says why a create and a delete are not enough): a node
+// is ours only when its ephemeralOwner is our current session, and one
+// goroutine (Run) reconciles every wanted node until it exists under the
+// current session and every unwanted one until it is gone, retrying with
+// backoff while ZooKeeper is away and again after every new session.
+// Nodes found under our names that the keeper does not know of (left by
+// the previous process) are deleted through Stray. Bind its connection
+// before any other call; a keeper is safe for concurrent use.
 type keeper struct {
 	conn *zk.Conn
 	acl  []zk.ACL
