@@ -59,6 +59,10 @@ type Config struct {
 	// committed, instead of acking on a Consume stream (sent, not
 	// confirmed).
 	ConfirmAcks bool `json:"confirm_acks,omitempty"`
+	// ZKNoSync: the spawned ZooKeeper does not sync its log before it
+	// applies a transaction (forceSync=no), the durability of JetStream's
+	// default; the report says so.
+	ZKNoSync bool `json:"zk_no_sync,omitempty"`
 	// Probe times a ping and a bare create beside the producers
 	// (probe.go).
 	Probe bool   `json:"probe,omitempty"`
@@ -193,6 +197,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.DurationVar(&c.WarmupMax, "warmup-max", 2*time.Minute, "bound on --warmup's runs past its duration")
 	fs.BoolVar(&c.Probe, "probe", false, "while the producers publish, time a round trip to a broker (ping) and a bare ZooKeeper create on a session of its own, one of each every 2ms: the hops of a publish on the machine as loaded (needs ZooKeeper: --spawn-brokers or --zk)")
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
+	fs.BoolVar(&c.ZKNoSync, "zk-no-sync", false, "with --spawn-brokers: run ZooKeeper with forceSync=no (transactions applied before their log is synced, as JetStream's default durability; a machine crash loses the last ones), to compare like with like")
 	fs.BoolVar(&c.ConfirmAcks, "confirm-acks", false, "at least once: consumers take up to --prefetch (at most 100) messages with Receive and ack each with the Ack call, which returns once the ack is committed, instead of acking on a Consume stream")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
 	fs.IntVar(&c.Tenants, "tenants", 0, "publish for this many tenants (a \"tenant\" header), tenant t0 at --noisy-factor times the others' rate, sharing the open-loop --rate; the report gives each tenant's time in queue")
@@ -357,6 +362,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("--kill-active-after %v < 0", c.KillActiveAfter)
 	case c.KillActiveAfter > 0 && (!c.SingleActive || c.SpawnBrokers < 2 || c.Backlog > 0 || c.Probe):
 		return errors.New("--kill-active-after needs --single-active and --spawn-brokers 2 or more, without --backlog or --probe")
+	case c.ZKNoSync && c.SpawnBrokers == 0:
+		return errors.New("--zk-no-sync needs --spawn-brokers (it configures the ZooKeeper the load tester starts)")
 	case c.SingleActive && c.ConfirmAcks:
 		return errors.New("--single-active excludes --confirm-acks (a single-active queue refuses Receive)")
 	case c.ConfirmAcks && (c.Mode != qbroker.AtLeastOnce || c.Prefetch > maxReceive):

@@ -192,6 +192,7 @@ var badFlags = []parseFlagsCase{
 	{name: "negative rate-of-raw", args: []string{"--spawn-brokers", "1", "--rate-of-raw", "-1"}, wantErr: "--rate-of-raw"},
 	{name: "negative warmup", args: []string{"--spawn-brokers", "1", "--warmup", "-1s"}, wantErr: "--warmup"},
 	{name: "no topology", args: nil, wantErr: "--broker"},
+	{name: "zk-no-sync needs spawned", args: []string{"--broker", "127.0.0.1:7070", "--zk-no-sync"}, wantErr: "--zk-no-sync needs --spawn-brokers"},
 	{name: "both topologies", args: []string{"--spawn-brokers", "1", "--broker", "127.0.0.1:1"}, wantErr: "excludes"},
 	{name: "not loopback", args: []string{"--broker", "10.0.0.1:7070"}, wantErr: "not a loopback"},
 	{name: "zk not loopback", args: []string{"--broker", "127.0.0.1:7070", "--zk", "example.com:2181"}, wantErr: "not a loopback"},

@@ -151,7 +151,10 @@
 // the Consume stream and are not confirmed; --confirm-acks makes consumers
 // take messages with Receive (up to --prefetch, at most 100, a call) and
 // ack each with the Ack call, which returns once the ack is committed:
-// the counterpart of DoubleAck.
+// the counterpart of DoubleAck. ZooKeeper syncs its log to disk before it
+// applies each transaction, JetStream's default only every 2 minutes:
+// --zk-no-sync runs the spawned ZooKeeper with forceSync=no, the same
+// durability as that default, to compare like with like.
 //
 // # Report
 //

@@ -40,7 +40,7 @@ func spawnForTest(ctx context.Context, t *testing.T, n int, secure bool) (*Topol
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo, err := spawnTopology(ctx, n, bin, secure)
+	topo, err := spawnTopology(ctx, n, bin, secure, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func run(ctx context.Context, cfg Config, stdout, stderr io.Writer) int {
 	if cfg.SpawnBrokers > 0 {
 		fmt.Fprintf(stderr, "loadtest: starting ZooKeeper and %d broker(s)\n", cfg.SpawnBrokers)
 		var err error
-		topo, err = spawnTopology(ctx, cfg.SpawnBrokers, cfg.QBrokerBin, cfg.Security.SpawnSecure)
+		topo, err = spawnTopology(ctx, cfg.SpawnBrokers, cfg.QBrokerBin, cfg.Security.SpawnSecure, cfg.ZKNoSync)
 		if err != nil {
 			fmt.Fprintf(stderr, "loadtest: FAILED: %v\n", err)
 			return 1

@@ -376,6 +376,9 @@ func writeRun(b *strings.Builder, r *Report) {
 	topo := fmt.Sprintf("%d broker(s) at %s", len(r.Topology.Brokers), strings.Join(r.Topology.Brokers, ","))
 	if r.Topology.Spawned {
 		topo = fmt.Sprintf("%d spawned broker(s), ZooKeeper %s", len(r.Topology.Brokers), r.Topology.ZooKeeper)
+		if c.ZKNoSync {
+			topo += " without a sync per transaction (forceSync=no)"
+		}
 	}
 	fmt.Fprintf(b, "qbroker load test: %s\n", topo)
 	fmt.Fprintf(b, "  %s %s queue %s, %d producers, %d consumers (prefetch %d), payload %d B, batch %d",

@@ -67,7 +67,7 @@ func externalTopology(c Config) *Topology {
 // process runs in its own process group with SIGKILL as its parent-death
 // signal; Close stops them all. The brokers log (at warn level) to files
 // in a temporary directory, whose last lines errors quote.
-func spawnTopology(ctx context.Context, n int, bin string, secure bool) (_ *Topology, err error) {
+func spawnTopology(ctx context.Context, n int, bin string, secure, noSync bool) (_ *Topology, err error) {
 	if !zkserver.Installed() {
 		return nil, zkserver.ErrNotInstalled
 	}
@@ -92,7 +92,7 @@ func spawnTopology(ctx context.Context, n int, bin string, secure bool) (_ *Topo
 	}
 	defer zkLog.Close() // the child has its own descriptor
 	t.bin = bin
-	t.zk, err = zkserver.Start(ctx, zkserver.Config{Dir: filepath.Join(tmp, "zk"), HeapMB: spawnZKHeapMB, Stdout: zkLog})
+	t.zk, err = zkserver.Start(ctx, zkserver.Config{Dir: filepath.Join(tmp, "zk"), HeapMB: spawnZKHeapMB, Stdout: zkLog, NoSync: noSync})
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,11 @@ type Config struct {
 	// Stdout also receives the server's console output when set; the
 	// log file in the server's directory always does.
 	Stdout *os.File
+	// NoSync runs the server with forceSync=no: it applies a transaction
+	// without waiting for its log to reach the disk, so a machine crash
+	// loses its last transactions. For measurements against servers that
+	// sync on a timer (JetStream's default); never for data that matters.
+	NoSync bool
 }
 
 // DefaultHeapMB is a server's heap unless Config.HeapMB says otherwise:
@@ -255,6 +260,9 @@ func (s *Server) writeConfig() (string, error) {
 	// zk_znode_count).
 	b.WriteString("4lw.commands.whitelist=ruok,srvr,mntr,stat,conf,cons\n")
 	b.WriteString("autopurge.purgeInterval=1\nautopurge.snapRetainCount=3\n")
+	if s.cfg.NoSync {
+		b.WriteString("forceSync=no\n")
+	}
 	if s.peers != "" {
 		b.WriteString("initLimit=20\nsyncLimit=10\nreconfigEnabled=false\nstandaloneEnabled=false\n")
 		b.WriteString(s.peers)

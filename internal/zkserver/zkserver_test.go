@@ -249,3 +249,25 @@ func TestDeathIsReported(t *testing.T) {
 		}
 	}
 }
+
+// A NoSync server runs with zookeeper.forceSync=no (the JVM's system
+// property, set from the configuration file) and serves writes.
+func TestNoSync(t *testing.T) {
+	requireZK(t)
+	if _, err := exec.LookPath("jcmd"); err != nil {
+		t.Skip("jcmd (a JDK) reads the server's system properties")
+	}
+	for _, noSync := range []bool{false, true} {
+		s, conn := startConnected(t, zkserver.Config{NoSync: noSync})
+		if _, err := conn.Create("/written", nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("jcmd", strconv.Itoa(s.Pid()), "VM.system_properties").CombinedOutput()
+		if err != nil {
+			t.Fatalf("jcmd: %v: %s", err, out)
+		}
+		if got := strings.Contains(string(out), "zookeeper.forceSync=no"); got != noSync {
+			t.Errorf("NoSync %v: zookeeper.forceSync=no set: %v", noSync, got)
+		}
+	}
+}
