@@ -15,15 +15,6 @@ import (
 // repeat with the first message's id. The leader deletes the records of
 // past windows, a bucket at a time (zkqueue.Catalog.Maintain).
 
-func withDedupIDs(drafts []zkqueue.Draft) bool {
-	for _, d := range drafts {
-		if d.DedupID != "" {
-			return true
-		}
-	}
-	return false
-}
-
 // publishIdempotent publishes checked and admitted drafts of which some
 // carry dedup ids, the delayed ones (due, when delayed) through the
 // queue's delayed parent with their records in the same transaction;

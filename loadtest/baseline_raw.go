@@ -52,7 +52,7 @@ type zkOps struct {
 // (o.hists gets one per goroutine). A call failing because ZooKeeper is
 // away is retried after 10 ms.
 func runZKOps(ctx context.Context, cfg *Config, topo *Topology, progress io.Writer, o zkOps) (BaselineResult, error) {
-	res, perSession, unit, hists, op := o.res, o.perSession, o.unit, o.hists, o.op
+	res := o.res
 	parent := baselineRoot(cfg.Queue) + "/" + res.Name
 	conns, err := openSessions(topo.ZooKeeper, res.Sessions)
 	if err != nil {
@@ -71,11 +71,11 @@ func runZKOps(ctx context.Context, cfg *Config, topo *Topology, progress io.Writ
 	cpu0, cpuOK := topo.cpu()
 	start := time.Now()
 	for _, conn := range conns {
-		for range perSession {
+		for range o.perSession {
 			var h *hdrhistogram.Histogram
-			if hists != nil {
+			if o.hists != nil {
 				h = newHist()
-				*hists = append(*hists, h)
+				*o.hists = append(*o.hists, h)
 			}
 			wg.Add(1)
 			go func() {
@@ -85,7 +85,7 @@ func runZKOps(ctx context.Context, cfg *Config, topo *Topology, progress io.Writ
 					if h != nil {
 						t = time.Now()
 					}
-					if err := op(conn, parent, data); err != nil {
+					if err := o.op(conn, parent, data); err != nil {
 						errs.Add(1)
 						if zkutil.IsUnavailable(err) {
 							time.Sleep(10 * time.Millisecond)
@@ -101,7 +101,7 @@ func runZKOps(ctx context.Context, cfg *Config, topo *Topology, progress io.Writ
 		}
 	}
 	tctx, stopTicker := context.WithCancel(ctx)
-	tickerDone := baselineTicker(tctx, progress, res.Name, start, &done, unit)
+	tickerDone := baselineTicker(tctx, progress, res.Name, start, &done, o.unit)
 	stopAfter(ctx, cfg.BaselineDuration, &stop, nil)
 	elapsed := time.Since(start)
 	res.Messages = done.Load()

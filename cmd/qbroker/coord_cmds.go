@@ -188,7 +188,6 @@ type observer struct {
 // campaignAndHold campaigns, then holds the leadership until Ctrl-C (then
 // resigns), its loss, or the observer's failure.
 func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value []byte, obs observer, opts ...qbroker.CampaignOption) error {
-	observed, stop := obs.done, obs.stop
 	type won struct {
 		l   *qbroker.Leadership
 		err error
@@ -203,14 +202,14 @@ func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value 
 	observerDone := false
 	defer func() {
 		if !observerDone {
-			stop()
-			<-observed
+			obs.stop()
+			<-obs.done
 		}
 	}()
 	var w won
 	select {
 	case w = <-ch:
-	case err := <-observed:
+	case err := <-obs.done:
 		observerDone = true
 		giveUp()
 		// The campaign ends as given up (or won meanwhile: resigned
@@ -232,7 +231,7 @@ func campaignAndHold(ctx context.Context, c *qbroker.Client, name string, value 
 	select {
 	case <-w.l.Done():
 		return w.l.Err()
-	case err := <-observed:
+	case err := <-obs.done:
 		observerDone = true
 		return ignoreCanceled(err)
 	case <-ctx.Done():

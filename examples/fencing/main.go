@@ -50,14 +50,13 @@ type options struct {
 }
 
 func run(o options) error {
-	addr, queue, db, name, hold, wait, dump := o.addr, o.queue, o.db, o.name, o.hold, o.wait, o.dump
 	ctx := context.Background()
-	sink, err := OpenSink(db)
+	sink, err := OpenSink(o.db)
 	if err != nil {
 		return err
 	}
 	defer sink.Close()
-	if dump {
+	if o.dump {
 		rows, err := sink.Rows(ctx)
 		if err != nil {
 			return err
@@ -68,21 +67,21 @@ func run(o options) error {
 		return nil
 	}
 
-	c, err := qbroker.Dial(ctx, addr)
+	c, err := qbroker.Dial(ctx, o.addr)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	ms, err := c.Receive(ctx, queue, qbroker.ReceiveOptions{Mode: qbroker.AtLeastOnce, Wait: wait})
+	ms, err := c.Receive(ctx, o.queue, qbroker.ReceiveOptions{Mode: qbroker.AtLeastOnce, Wait: o.wait})
 	if err != nil {
 		return err
 	}
 	if len(ms) == 0 {
-		return fmt.Errorf("no message within %v", wait)
+		return fmt.Errorf("no message within %v", o.wait)
 	}
 	m := ms[0]
 	fmt.Printf("received %s delivery=%d token=%d\n", m.ID, m.DeliveryCount, m.FencingToken)
-	if hold {
+	if o.hold {
 		fmt.Println("holding")
 		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 			return fmt.Errorf("waiting on standard input: %w", err)
@@ -90,7 +89,7 @@ func run(o options) error {
 	}
 	// The effect: whatever handling the message produced, keyed by the
 	// message, stored with the delivery's token.
-	err = sink.Write(ctx, m.ID, fmt.Sprintf("%s handled by %s", m.Payload, name), m.FencingToken)
+	err = sink.Write(ctx, m.ID, fmt.Sprintf("%s handled by %s", m.Payload, o.name), m.FencingToken)
 	switch {
 	case errors.Is(err, ErrStale):
 		fmt.Printf("refused %s token=%d: %v\n", m.ID, m.FencingToken, err)
