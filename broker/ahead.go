@@ -89,6 +89,8 @@ type ahead struct {
 	pending      int // messages asked for by the claims under way
 	pendingBytes int
 	size         int           // the buffered messages' recent size on the wire (moving average)
+	soonest      time.Time     // no buffered message is due back before then; zero: unknown
+	session      int64         // the session all buffered messages were claimed in; -1: several
 	served       [2]int        // messages taken in the previous and the current window
 	window       time.Time     // when the current window began
 	err          error         // the filler's last claim failed with it
@@ -131,6 +133,87 @@ func (hs *handles) attachAhead(sub subscription) (*ahead, func()) {
 	}
 	a.users++
 	return a, func() { a.detach() }
+}
+
+// receivers keeps a queue's buffer attached for its Receive calls. A
+// unary call has no stream whose end detaches it, so the first Receive
+// that may take from the buffer attaches it, and it stays attached while
+// Receive calls keep coming: it is detached (and what it buffered given
+// back) once no call used it for aheadMaxHold, or when the broker shuts
+// down. Its goroutine is the broker's (b.wg).
+type receivers struct {
+	a     *ahead
+	inUse int       // Receive calls taking from a; guarded by q.aheadMu
+	last  time.Time // when the latest of them ended; guarded by q.aheadMu
+}
+
+// receiveAhead returns the buffer a Receive call of sub.prefetch messages
+// takes from, and the func the call runs when done with it; nil when the
+// call claims for itself (see attachAhead). Only called with
+// Config.ClaimAhead, for calls that may wait.
+func (hs *handles) receiveAhead(sub subscription) (*ahead, func()) {
+	b, q := hs.b, sub.q
+	q.aheadMu.Lock()
+	r := q.recv
+	if r != nil && r.a.d == sub.d && sub.prefetch <= aheadMaxPrefetch {
+		r.inUse++
+		q.aheadMu.Unlock()
+		return r.a, func() { r.done(q) }
+	}
+	q.aheadMu.Unlock()
+	if r != nil || b.ctx.Err() != nil {
+		return nil, func() {}
+	}
+	a, detach := hs.attachAhead(sub)
+	if a == nil {
+		return nil, func() {}
+	}
+	q.aheadMu.Lock()
+	if q.recv != nil { // another call attached it first
+		q.aheadMu.Unlock()
+		detach()
+		return hs.receiveAhead(sub)
+	}
+	r = &receivers{a: a, inUse: 1}
+	q.recv = r
+	q.aheadMu.Unlock()
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		r.linger(b.ctx, q)
+		detach()
+	}()
+	return a, func() { r.done(q) }
+}
+
+func (r *receivers) done(q *queue) {
+	q.aheadMu.Lock()
+	r.inUse--
+	r.last = time.Now()
+	q.aheadMu.Unlock()
+}
+
+// linger returns once no Receive call used the buffer for aheadMaxHold,
+// or ctx ended, with q.recv cleared: the caller detaches the buffer.
+func (r *receivers) linger(ctx context.Context, q *queue) {
+	t := time.NewTimer(aheadMaxHold)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		q.aheadMu.Lock()
+		idle := time.Since(r.last)
+		if ctx.Err() == nil && (r.inUse > 0 || idle < aheadMaxHold) {
+			q.aheadMu.Unlock()
+			t.Reset(max(aheadMaxHold-idle, aheadCheck))
+			continue
+		}
+		q.recv = nil
+		q.aheadMu.Unlock()
+		return
+	}
 }
 
 // detach ends one stream's use of the buffer. The last one stops the
@@ -234,6 +317,7 @@ func (a *ahead) putBack(cs []claimed) {
 		a.bytes += its[i].size
 	}
 	a.buf = append(its, a.buf...)
+	a.soonest = time.Time{}
 	a.mu.Unlock()
 	a.poke()
 }
@@ -345,7 +429,7 @@ func (a *ahead) run(ctx context.Context) {
 		}
 	}()
 	spoiled := false            // the claims under way give back what they take
-	idle := false               // the last claim found nothing: wait for a stream or the ticker
+	idle := false               // the last claim found nothing or failed: wait for a stream or the ticker
 	var picking <-chan struct{} // the newest claim's, until it chose its messages
 	for {
 		for len(line) > 0 && ended(line[0]) {
@@ -362,6 +446,7 @@ func (a *ahead) run(ctx context.Context) {
 			switch {
 			case f.err != nil && !errors.Is(f.err, zkqueue.ErrEmpty):
 				a.failed(f.err)
+				idle = true // tried again for a stream that waits, or on the ticker
 			case len(f.cs) == 0:
 				idle = true
 			}
@@ -445,7 +530,16 @@ func items(cs []claimed, d delivery) []aheadItem {
 func (a *ahead) add(cs []claimed) {
 	its := items(cs, a.d)
 	a.mu.Lock()
+	if len(a.buf) == 0 {
+		a.soonest, a.session = its[0].by, its[0].c.session
+	}
 	for _, it := range its {
+		if it.by.Before(a.soonest) {
+			a.soonest = it.by
+		}
+		if it.c.session != a.session {
+			a.session = -1
+		}
 		a.buf = append(a.buf, it)
 		a.bytes += it.size
 		if a.size == 0 {
@@ -482,12 +576,21 @@ func (a *ahead) retry() {
 // gave back any; the filler claims again only after, so the queue re-read
 // by its next claim has them back ahead of anything it did not claim yet.
 // Giving back only the stale ones would let the streams take the younger
-// ones behind them first.
+// ones behind them first. It looks at each message only when one may be
+// due (soonest) or the session changed: the filler runs it on every turn.
 func (a *ahead) expire() (gaveBack bool) {
 	now := time.Now()
 	a.mu.Lock()
+	if m := &a.b.member; now.Before(a.soonest) && m.hasSession.Load() && m.sessions.Load() == a.session {
+		a.mu.Unlock()
+		return false
+	}
 	i := 0
+	a.soonest, a.session = time.Time{}, a.b.member.sessions.Load()
 	for i < len(a.buf) && a.keep(a.buf[i], now) {
+		if it := a.buf[i]; i == 0 || it.by.Before(a.soonest) {
+			a.soonest = it.by
+		}
 		i++
 	}
 	var stale []aheadItem

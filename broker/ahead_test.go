@@ -385,3 +385,83 @@ func drainInOrder(t *testing.T, c pb.QueueClient, queue string, n, streams int) 
 		}
 	}
 }
+
+// Receive calls that may wait take from the same buffer: concurrent
+// callers get each message once, each caller in queue order. Once they
+// stop calling, what the buffer holds is given back within about a second
+// (not when its leases expire, minutes later); at Shutdown, at once.
+func TestReceiveClaimAhead(t *testing.T) {
+	root := zktest.Root(t)
+	a, other := newBroker(t, root, claimAhead), newBroker(t, root)
+	const queue, n, callers, first = "ahead-receive", 300, 3, 150
+	createQueue(t, a.client, &pb.CreateQueueRequest{Name: queue, VisibilityTimeout: durationpb.New(2 * time.Minute)})
+	publishN(t, a.client, queue, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	seen := map[string]int{}
+	total := 0
+	orders := make([][]string, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				enough := total >= first
+				mu.Unlock()
+				if enough || ctx.Err() != nil {
+					return
+				}
+				resp, err := a.client.Receive(ctx, &pb.ReceiveRequest{Queue: queue, Mode: alo, Wait: durationpb.New(time.Second)})
+				if err != nil {
+					t.Errorf("Receive: %v", err)
+					return
+				}
+				for _, m := range resp.GetMessages() {
+					k := string(m.GetPayload())
+					orders[i] = append(orders[i], k)
+					mu.Lock()
+					seen[k]++
+					total++
+					mu.Unlock()
+					if _, err := a.client.Ack(ctx, &pb.AckRequest{AckToken: m.GetAckToken()}); err != nil {
+						t.Errorf("Ack: %v", err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	for k, times := range seen {
+		if times != 1 {
+			t.Errorf("%s received %d times", k, times)
+		}
+	}
+	for i, o := range orders {
+		for j := 1; j < len(o); j++ {
+			if o[j] <= o[j-1] {
+				t.Errorf("caller %d received %s after %s", i, o[j], o[j-1])
+			}
+		}
+	}
+	left := uint64(n - total)
+	zktest.WaitFor(t, 20*time.Second, "the idle buffer given back", func() bool {
+		st := stats(t, other.client, queue)
+		return st.GetInFlight() == 0 && st.GetReady() == left
+	})
+
+	ms := receive(t, a.client, &pb.ReceiveRequest{Queue: queue, Mode: alo, Wait: durationpb.New(time.Second)})
+	if len(ms) != 1 {
+		t.Fatalf("Receive returned %d messages, want 1", len(ms))
+	}
+	waitClaimedAhead(t, a.client, queue, int(left))
+	a.b.Shutdown()
+	if st := stats(t, other.client, queue); st.GetInFlight() != 1 || st.GetReady() != left-1 {
+		t.Fatalf("after Shutdown: %d in flight, %d ready; want 1 (the one received), %d", st.GetInFlight(), st.GetReady(), left-1)
+	}
+}

@@ -772,6 +772,7 @@ type queue struct {
 	aheadMu   sync.Mutex
 	ahead     *ahead          // the messages claimed ahead for this broker's streams (ahead.go); nil without streams
 	aheadGone <-chan struct{} // closed once the last ended buffer gave back its messages; nil: none yet
+	recv      *receivers      // the buffer's attachment for Receive calls (ahead.go); nil: none
 }
 
 // published counts n messages this broker added into the cached depth.

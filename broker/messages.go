@@ -184,14 +184,32 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 		first, c = context.WithTimeout(ctx, wait)
 		defer c()
 	}
-	cs, err := b.claims.take(first, q, d, want{max: max, maxBytes: MaxResponseBytes, block: wait > 0})
+	var a *ahead // the messages claimed ahead (ahead.go), for calls that may wait
+	if b.cfg.ClaimAhead && wait > 0 {
+		var done func()
+		a, done = b.handles.receiveAhead(subscription{q: q, d: d, prefetch: max})
+		defer done()
+	}
+	var cs []claimed
+	if a != nil {
+		cs, err = a.get(first, max, MaxResponseBytes)
+	} else {
+		cs, err = b.claims.take(first, q, d, want{max: max, maxBytes: MaxResponseBytes, block: wait > 0})
+	}
 	switch {
 	case errors.Is(err, zkqueue.ErrEmpty), wait > 0 && errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		return resp, nil
 	case err != nil:
 		return nil, b.fail(err)
 	}
-	for _, c := range cs {
+	for i, c := range cs {
+		if !b.claims.sendable(d, c) && a != nil {
+			// Back through the buffer, with the ones behind it, as a
+			// stream's (sendBatch).
+			b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - i))
+			a.putBack(cs[i:])
+			break
+		}
 		if !b.claims.sendable(d, c) {
 			b.claims.unsent(q, c)
 			continue
