@@ -17,7 +17,8 @@ import (
 // visibility timeout and at most aheadMaxPrefetch prefetch: whichever of
 // them gets credit next takes the buffer's first messages (in queue
 // order) without a round trip, while the buffer's filler claims the next
-// ones.
+// ones. Receive calls of at most aheadMaxPrefetch messages that may wait
+// take from it too (receivers, below).
 //
 // The buffer is sized by its streams' recent demand (the messages they
 // took in the last aheadWindow, and the streams waiting) and bounded by

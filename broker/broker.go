@@ -60,8 +60,10 @@ type Config struct {
 	// session tops out well below what ZooKeeper serves.
 	ZKSessions int
 	// ClaimAhead makes at-least-once Consume streams with a prefetch of
-	// at most 16 take their deliveries from a small buffer of messages
-	// the broker claims ahead of their credit (ahead.go). Off by default.
+	// at most 16, and Receive calls of at most 16 messages that may wait,
+	// take their deliveries from a small buffer of messages the broker
+	// claims ahead of their credit (ahead.go). Off in a zero Config;
+	// qbroker serve turns it on unless --claim-ahead=false.
 	ClaimAhead bool
 	// MaxPayload, MaxBatchBytes, MaxBatchCount: publish limits (defaults
 	// 512 KiB, 900 KiB or MaxPayload when larger, 1000). MaxPayload is at

@@ -188,7 +188,7 @@ func serveFlags(fs *flag.FlagSet) *serveOptions {
 	fs.IntVar(&o.maxQueues, "max-queues", e.int("MAX_QUEUES", 10_000), "most queues, at most 20000; creating beyond fails with ResourceExhausted ($QBROKER_MAX_QUEUES)")
 	fs.DurationVar(&o.visibility, "visibility-timeout", e.dur("VISIBILITY_TIMEOUT", 30*time.Second), "default lease of queues created without one ($QBROKER_VISIBILITY_TIMEOUT)")
 	fs.DurationVar(&o.sweep, "sweep-interval", e.dur("SWEEP_INTERVAL", time.Second), "how often the leader releases expired leases ($QBROKER_SWEEP_INTERVAL)")
-	fs.BoolVar(&o.claimAhead, "claim-ahead", e.bool("CLAIM_AHEAD", false), "at-least-once Consume streams with a prefetch of at most 16 take messages claimed ahead of their credit ($QBROKER_CLAIM_AHEAD)")
+	fs.BoolVar(&o.claimAhead, "claim-ahead", e.bool("CLAIM_AHEAD", true), "at-least-once Consume streams with a prefetch of at most 16, and Receive calls of at most 16 messages that may wait, take messages claimed ahead of their credit; --claim-ahead=false: each claims for itself ($QBROKER_CLAIM_AHEAD)")
 	fs.IntVar(&o.zkSessions, "zk-sessions", e.int("ZK_SESSIONS", 0), "ZooKeeper sessions: 1 for watches and registration, the rest split between writes and reads (0: default) ($QBROKER_ZK_SESSIONS)")
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", e.dur("SESSION_TIMEOUT", 10*time.Second), "ZooKeeper session timeout ($QBROKER_SESSION_TIMEOUT)")
 	fs.DurationVar(&o.zkConnect, "zk-connect-timeout", e.dur("ZK_CONNECT_TIMEOUT", 30*time.Second), "at start, give up when no ZooKeeper server of --zk gives a session within this; the wait is reported every few seconds ($QBROKER_ZK_CONNECT_TIMEOUT)")
