@@ -372,6 +372,14 @@ func drainInOrder(t *testing.T, c pb.QueueClient, queue string, n, streams int) 
 	if len(seen) != n {
 		t.Fatalf("%d distinct messages delivered, want %d", len(seen), n)
 	}
+	checkOnceInOrder(t, seen, orders, "stream")
+}
+
+// checkOnceInOrder checks that each message was delivered once (seen
+// counts them) and that each consumer (a stream or a caller: who) received
+// its messages in queue order.
+func checkOnceInOrder(t *testing.T, seen map[string]int, orders [][]string, who string) {
+	t.Helper()
 	for k, times := range seen {
 		if times != 1 {
 			t.Errorf("%s delivered %d times", k, times)
@@ -380,7 +388,7 @@ func drainInOrder(t *testing.T, c pb.QueueClient, queue string, n, streams int) 
 	for i, o := range orders {
 		for j := 1; j < len(o); j++ {
 			if o[j] <= o[j-1] {
-				t.Errorf("stream %d received %s after %s", i, o[j], o[j-1])
+				t.Errorf("%s %d received %s after %s", who, i, o[j], o[j-1])
 			}
 		}
 	}
@@ -437,18 +445,7 @@ func TestReceiveClaimAhead(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	for k, times := range seen {
-		if times != 1 {
-			t.Errorf("%s received %d times", k, times)
-		}
-	}
-	for i, o := range orders {
-		for j := 1; j < len(o); j++ {
-			if o[j] <= o[j-1] {
-				t.Errorf("caller %d received %s after %s", i, o[j], o[j-1])
-			}
-		}
-	}
+	checkOnceInOrder(t, seen, orders, "caller")
 	left := uint64(n - total)
 	zktest.WaitFor(t, 20*time.Second, "the idle buffer given back", func() bool {
 		st := stats(t, other.client, queue)
