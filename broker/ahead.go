@@ -205,10 +205,14 @@ func (r *receivers) linger(ctx context.Context, q *queue) {
 		case <-t.C:
 		}
 		q.aheadMu.Lock()
-		idle := time.Since(r.last)
-		if ctx.Err() == nil && (r.inUse > 0 || idle < aheadMaxHold) {
+		if ctx.Err() == nil && r.inUse > 0 {
 			q.aheadMu.Unlock()
-			t.Reset(max(aheadMaxHold-idle, aheadCheck))
+			t.Reset(aheadMaxHold) // idle at the earliest once the calls in use end
+			continue
+		}
+		if idle := time.Since(r.last); ctx.Err() == nil && idle < aheadMaxHold {
+			q.aheadMu.Unlock()
+			t.Reset(aheadMaxHold - idle)
 			continue
 		}
 		q.recv = nil
