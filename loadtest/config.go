@@ -105,6 +105,7 @@ type Config struct {
 	DrainTimeout time.Duration `json:"-"`
 	JSONPath     string        `json:"-"`
 	HTMLPath     string        `json:"-"`
+	CPUProfile   string        `json:"-"`
 	Progress     bool          `json:"-"`
 }
 
@@ -219,6 +220,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", 60*time.Second, "how long consumers may take to finish after producers stop")
 	fs.StringVar(&c.JSONPath, "json", "", "write the JSON report to this file")
 	fs.StringVar(&c.HTMLPath, "html", "", "write the HTML report to this file")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the load generator's whole run (go tool pprof) to this file")
 	fs.BoolVar(&f.noProgress, "quiet", false, "no live progress line on stderr")
 	c.Security.define(fs)
 	return f

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -37,7 +38,19 @@ func main() {
 		os.Exit(1)
 	})
 	defer watchdog.Stop()
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "loadtest: --cpuprofile: %v\n", err)
+			os.Exit(2)
+		}
+		defer f.Close()
+	}
 	code := run(ctx, cfg, os.Stdout, os.Stderr)
+	pprof.StopCPUProfile()
 	stop()
 	os.Exit(code)
 }
