@@ -577,6 +577,9 @@ func (c *consumer) settle(detached context.Context, settles []*pb.Settle) {
 			acks = append(acks, s.GetAckToken())
 		}
 	}
+	// Nobody waits on a stream ack's commit: it may share a Multi with
+	// later writes (zkqueue.WithDeferredCommit), a few milliseconds on.
+	ctx = zkqueue.WithDeferredCommit(ctx)
 	switch len(acks) {
 	case 0:
 		return

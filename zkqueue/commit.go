@@ -53,6 +53,16 @@ type Committer struct {
 	inflight atomic.Int32 // Multis under way
 	freedMu  sync.Mutex
 	freed    chan struct{} // closed, and replaced, whenever a Multi ends
+
+	// Deferred transactions (WithDeferredCommit), oldest first, and what
+	// makes them go: deferDue is signalled when they reach deferOps or
+	// the oldest has waited deferWait (deferTimer).
+	deferWait  time.Duration // the const deferWait; tests may hold them longer
+	deferMu    sync.Mutex
+	deferred   []*batchReq
+	deferOps   int
+	deferTimer *time.Timer
+	deferDue   chan struct{}
 }
 
 // pipelineOps is the ops a batch needs to go out while every session
@@ -62,6 +72,36 @@ type Committer struct {
 // open loop's p99 was no worse (docs/performance.md), while batches of
 // 100 and more fill it anyway.
 const pipelineOps = 8
+
+// Deferred commit. Some writes have no caller waiting on their latency:
+// an ack a client sent on its Consume stream without asking for the
+// outcome. Sent the moment a session is free, as every write is, a
+// prefetch-1 consumer's acks went out a few at a time, and ZooKeeper pays
+// per Multi: a drain of 16 such consumers took 0.13 Multis per message
+// against 0.06 at prefetch 100 (docs/performance.md). A deferred
+// transaction instead waits, up to deferWait or until deferOps ops of such
+// transactions wait, and goes with the first Multi that leaves meanwhile
+// (a claim round's, say), or in one of its own then.
+const (
+	deferWait = 5 * time.Millisecond
+	deferOps  = 64
+)
+
+type deferKey struct{}
+
+// WithDeferredCommit returns a context whose writes through a Committer
+// may wait to share a Multi with later ones: up to 5 ms, or until 64 ops
+// of such writes wait, unless another Multi leaves first and takes them
+// along. For writes whose callers do not wait on them; the outcome is
+// reported as for any write.
+func WithDeferredCommit(ctx context.Context) context.Context {
+	return context.WithValue(ctx, deferKey{}, true)
+}
+
+func isDeferred(ctx context.Context) bool {
+	v, _ := ctx.Value(deferKey{}).(bool)
+	return v
+}
 
 type batchReq struct {
 	ops   []any
@@ -112,6 +152,8 @@ func NewCommitter(conns []*zk.Conn, cfg CommitterConfig) *Committer {
 		maxBytes: maxBytes,
 		stop:     make(chan struct{}),
 		freed:    make(chan struct{}),
+		deferDue: make(chan struct{}, 1),
+		deferWait: deferWait,
 	}
 	for _, c := range conns {
 		b.conns = append(b.conns, observed{c, obs})
@@ -130,6 +172,11 @@ func (c *Committer) Close() {
 	c.mu.Unlock()
 	c.stopOnce.Do(func() { close(c.stop) })
 	c.wg.Wait()
+	c.deferMu.Lock()
+	if c.deferTimer != nil {
+		c.deferTimer.Stop()
+	}
+	c.deferMu.Unlock()
 }
 
 func opBytes(op any) int {
@@ -174,11 +221,15 @@ func (c *Committer) Do(ctx context.Context, ops ...any) (res []zk.MultiResponse,
 		c.mu.RUnlock()
 		return nil, ErrCommitterClosed
 	}
-	select {
-	case c.reqs <- r: // the workers run until Close, which waits for this send
-	case <-ctx.Done():
-		c.mu.RUnlock()
-		return nil, ctx.Err()
+	if isDeferred(ctx) {
+		c.deferLocked(r) // the workers serve it before they stop
+	} else {
+		select {
+		case c.reqs <- r: // the workers run until Close, which waits for this send
+		case <-ctx.Done():
+			c.mu.RUnlock()
+			return nil, ctx.Err()
+		}
 	}
 	c.mu.RUnlock()
 	select {
@@ -212,22 +263,85 @@ func (c *Committer) run(conn observed) {
 	}
 }
 
-// fill waits for a transaction and adds those queued behind it, up to
-// the bounds. ok is false when the Committer stopped with nothing queued.
-func (c *Committer) fill() (batch []*batchReq, nops int, ok bool) {
-	var first *batchReq
+// deferLocked, called with c.mu held shared, adds r to the deferred
+// transactions and signals deferDue once they are due.
+func (c *Committer) deferLocked(r *batchReq) {
+	c.deferMu.Lock()
+	defer c.deferMu.Unlock()
+	c.deferred = append(c.deferred, r)
+	c.deferOps += len(r.ops)
+	switch {
+	case c.deferOps >= deferOps:
+		c.signalDeferred()
+	case len(c.deferred) > 1:
+	case c.deferTimer == nil:
+		c.deferTimer = time.AfterFunc(c.deferWait, c.signalDeferred)
+	default:
+		c.deferTimer.Reset(c.deferWait)
+	}
+}
+
+func (c *Committer) signalDeferred() {
 	select {
-	case first = <-c.reqs:
-	case <-c.stop:
-		// Serve what is queued, then stop.
+	case c.deferDue <- struct{}{}:
+	default: // already signalled
+	}
+}
+
+// takeDeferred takes the oldest deferred transactions that fit in ops
+// and bytes more; for a batch of their own (first), at least one.
+func (c *Committer) takeDeferred(ops, bytes int, first bool) []*batchReq {
+	c.deferMu.Lock()
+	defer c.deferMu.Unlock()
+	n := 0
+	for _, r := range c.deferred {
+		if (len(r.ops) > ops || r.bytes > bytes) && !(first && n == 0) {
+			break
+		}
+		ops, bytes = ops-len(r.ops), bytes-r.bytes
+		c.deferOps -= len(r.ops)
+		n++
+	}
+	taken := c.deferred[:n:n]
+	c.deferred = c.deferred[n:]
+	switch {
+	case len(c.deferred) == 0:
+		c.deferred = nil
+		if c.deferTimer != nil {
+			c.deferTimer.Stop()
+		}
+	case n > 0:
+		c.signalDeferred() // the rest did not fit: another batch takes them
+	}
+	return taken
+}
+
+// fill waits for a transaction, or deferred ones due, and adds those
+// queued behind it, up to the bounds. ok is false when the Committer
+// stopped with nothing queued.
+func (c *Committer) fill() (batch []*batchReq, nops int, ok bool) {
+	for len(batch) == 0 {
 		select {
-		case first = <-c.reqs:
-		default:
-			return nil, 0, false
+		case r := <-c.reqs:
+			batch = []*batchReq{r}
+		case <-c.deferDue:
+			batch = c.takeDeferred(c.maxOps, c.maxBytes, true)
+		case <-c.stop:
+			// Serve what is queued, then stop.
+			select {
+			case r := <-c.reqs:
+				batch = []*batchReq{r}
+			default:
+				if batch = c.takeDeferred(c.maxOps, c.maxBytes, true); len(batch) == 0 {
+					return nil, 0, false
+				}
+			}
 		}
 	}
-	batch = []*batchReq{first}
-	nops, nbytes := len(first.ops), first.bytes
+	nbytes := 0
+	for _, r := range batch {
+		nops, nbytes = nops+len(r.ops), nbytes+r.bytes
+	}
 fill:
 	for nops < c.maxOps {
 		select {
@@ -242,20 +356,25 @@ fill:
 			break fill
 		}
 	}
-	batch, nops = c.fillWhileBusy(batch, nops, nbytes)
+	batch, nops, nbytes = c.fillWhileBusy(batch, nops, nbytes)
+	// Deferred transactions go along with any batch.
+	for _, r := range c.takeDeferred(c.maxOps-nops, c.maxBytes-nbytes, false) {
+		batch = append(batch, r)
+		nops += len(r.ops)
+	}
 	return batch, nops, true
 }
 
 // fillWhileBusy adds to a small batch while every session has a Multi
 // under way: it returns when the batch reaches pipelineOps (or a bound),
 // or when one of those Multis ends.
-func (c *Committer) fillWhileBusy(batch []*batchReq, nops, nbytes int) ([]*batchReq, int) {
+func (c *Committer) fillWhileBusy(batch []*batchReq, nops, nbytes int) ([]*batchReq, int, int) {
 	for nops < min(pipelineOps, c.maxOps) && nbytes < c.maxBytes {
 		c.freedMu.Lock()
 		freed := c.freed // taken before the check, so no end is missed
 		c.freedMu.Unlock()
 		if int(c.inflight.Load()) < len(c.conns) {
-			return batch, nops
+			return batch, nops, nbytes
 		}
 		select {
 		case r := <-c.reqs:
@@ -265,7 +384,7 @@ func (c *Committer) fillWhileBusy(batch []*batchReq, nops, nbytes int) ([]*batch
 		case <-freed:
 		}
 	}
-	return batch, nops
+	return batch, nops, nbytes
 }
 
 func (c *Committer) commit(conn observed, batch []*batchReq, nops int) {

@@ -1,6 +1,7 @@
 package zkqueue
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -238,5 +239,110 @@ func TestFailStaleOnlyOnItsOwnCheck(t *testing.T) {
 	}
 	if out := <-publish.done; !errors.Is(out.err, zk.ErrBadVersion) {
 		t.Fatalf("publish answered %v", out.err)
+	}
+}
+
+// TestCommitterDeferred: deferred transactions wait for company, go with
+// the next Multi that leaves, go on their own once deferOps ops wait or
+// deferWait passed, and are committed by Close.
+func TestCommitterDeferred(t *testing.T) {
+	conn := zktest.Conn(t)
+	root := zktest.Root(t)
+	if err := zkutil.EnsurePath(conn, root, nil); err != nil {
+		t.Fatal(err)
+	}
+	var multis atomic.Int32
+	b := NewCommitter([]*zk.Conn{conn}, CommitterConfig{Workers: 4, Observer: func(op string, _ time.Duration, _ error) {
+		if op == "multi" {
+			multis.Add(1)
+		}
+	}})
+	defer b.Close()
+	b.deferWait = time.Hour // only company, or deferOps, sends them
+	deferred := WithDeferredCommit(context.Background())
+	create := func(name string) any {
+		return &zk.CreateRequest{Path: root + "/" + name, Acl: zk.WorldACL(zk.PermAll)}
+	}
+	// do runs Do on a goroutine of its own; wait returns its error.
+	do := func(ctx context.Context, ops ...any) (wait func() error) {
+		errc := make(chan error, 1)
+		go func() {
+			_, err := b.Do(ctx, ops...)
+			errc <- err
+		}()
+		return func() error {
+			select {
+			case err := <-errc:
+				return err
+			case <-time.After(20 * time.Second):
+				return errors.New("not committed within 20s")
+			}
+		}
+	}
+	queued := func() int {
+		b.deferMu.Lock()
+		defer b.deferMu.Unlock()
+		return len(b.deferred)
+	}
+
+	// Deferred ones wait, then go with a write nobody deferred.
+	var waits []func() error
+	for i := range 10 {
+		waits = append(waits, do(deferred, create(fmt.Sprintf("d%02d", i))))
+	}
+	zktest.WaitFor(t, 10*time.Second, "10 deferred transactions", func() bool { return queued() == 10 })
+	if n := multis.Load(); n != 0 {
+		t.Fatalf("%d Multis while only deferred transactions waited", n)
+	}
+	if _, err := b.Do(context.Background(), create("plain")); err != nil {
+		t.Fatal(err)
+	}
+	for i, wait := range waits {
+		if err := wait(); err != nil {
+			t.Errorf("deferred %d: %v", i, err)
+		}
+	}
+	if n := multis.Load(); n != 1 {
+		t.Errorf("%d Multis for 11 transactions, want 1 (the deferred ones along with the other)", n)
+	}
+
+	// deferOps ops of them go on their own, in one Multi.
+	waits = waits[:0]
+	for i := range deferOps {
+		waits = append(waits, do(deferred, create(fmt.Sprintf("e%02d", i))))
+	}
+	for i, wait := range waits {
+		if err := wait(); err != nil {
+			t.Errorf("deferred %d: %v", i, err)
+		}
+	}
+	if n := multis.Load(); n != 2 {
+		t.Errorf("%d Multis after %d deferred ops more, want 2", n, deferOps)
+	}
+
+	// A lone one goes after deferWait; its failure is its own.
+	b.deferMu.Lock()
+	b.deferWait = time.Millisecond
+	b.deferMu.Unlock()
+	if _, err := b.Do(deferred, create("d00")); !errors.Is(err, zk.ErrNodeExists) {
+		t.Errorf("deferred create of an existing node: %v, want %v", err, zk.ErrNodeExists)
+	}
+
+	// Close commits what waits.
+	b.deferMu.Lock()
+	b.deferWait = time.Hour
+	b.deferMu.Unlock()
+	wait := do(deferred, create("last"))
+	zktest.WaitFor(t, 10*time.Second, "the deferred transaction", func() bool { return queued() == 1 })
+	b.Close()
+	if err := wait(); err != nil {
+		t.Fatalf("deferred transaction at Close: %v", err)
+	}
+	children, _, err := conn.Children(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(children) != 10+1+deferOps+1 {
+		t.Errorf("%d nodes, want %d", len(children), 10+1+deferOps+1)
 	}
 }
