@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/qbroker/qbroker/api/queuepb"
@@ -211,9 +212,10 @@ func (b *Broker) Consume(stream pb.Queue_ConsumeServer) error {
 		defer st.turn.leave() // after releaseHeld: the next turn waits for no lease
 	}
 	st.addCredit(sub.prefetch + int(first.GetCredit()))
-	c := &consumer{b: b, stream: stream, sub: sub, st: st}
+	c := &consumer{b: b, stream: stream, sub: sub, st: st, out: newOutbox(b, stream.Send)}
+	defer c.out.close()
 	defer c.releaseHeld()
-	c.settle(context.WithoutCancel(ctx), first.GetSettle())
+	c.settle(ctx, context.WithoutCancel(ctx), first.GetSettle())
 	return c.serve(ctx, rx)
 }
 
@@ -224,6 +226,7 @@ type consumer struct {
 	stream pb.Queue_ConsumeServer
 	sub    subscription
 	st     *consumeState
+	out    *outbox[*pb.Delivery] // the stream's sends: deliveries and outcomes of settlements
 }
 
 // subscription is what a Consume stream's first request asked for.
@@ -288,7 +291,7 @@ func (c *consumer) serve(ctx context.Context, rx *receiver[*pb.ConsumeRequest]) 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		detached := context.WithoutCancel(ctx)
-		pool := newSettlePool(func(s []*pb.Settle) { c.settle(detached, s) })
+		pool := newSettlePool(func(s []*pb.Settle) { c.settle(ctx, detached, s) })
 		defer pool.close()
 		return c.receiveRequests(gctx, rx, pool.submit)
 	})
@@ -392,9 +395,7 @@ func (c *consumer) receiveRequests(ctx context.Context, rx *receiver[*pb.Consume
 // if the lease gets within sendMargin of its deadline first, the stream
 // ends, which abandons the send before the message reaches the transport.
 func (c *consumer) deliver(ctx context.Context) error {
-	b, stream, sub, st := c.b, c.stream, c.sub, c.st
-	snd := newOutbox(b, stream.Send)
-	defer snd.close()
+	b, sub, st := c.b, c.sub, c.st
 	for {
 		if st.turn != nil {
 			if err := st.turn.wait(ctx); err != nil {
@@ -437,7 +438,7 @@ func (c *consumer) deliver(ctx context.Context) error {
 				st.hold(c.lease, c.expires)
 			}
 		}
-		if err := c.sendBatch(ctx, snd, cs); err != nil {
+		if err := c.sendBatch(ctx, c.out, cs); err != nil {
 			return err
 		}
 	}
@@ -554,41 +555,59 @@ func tokenLease(tok string) string {
 // once means the ack), bounded by releaseTimeout; one that fails leaves
 // its lease held, so the stream's end releases it for redelivery.
 // detached carries the stream's values without its cancellation
-// (context.WithoutCancel, made once per stream).
+// (context.WithoutCancel, made once per stream). The outcomes of those
+// sent with confirm go back on the stream (stream: its context) in one
+// Delivery.
 //
 // The acks among settles are applied together (ackMany): those of one
 // pack lease share one write and one wait.
-func (c *consumer) settle(detached context.Context, settles []*pb.Settle) {
+func (c *consumer) settle(stream, detached context.Context, settles []*pb.Settle) {
 	b, st := c.b, c.st
 	ctx, cancel := context.WithTimeout(detached, releaseTimeout)
 	defer cancel()
-	done := func(token string, err error) {
+	var outcomes []*pb.Settled
+	done := func(s *pb.Settle, err error) {
+		if s.GetConfirm() {
+			st := status.Convert(b.fail(err))
+			outcomes = append(outcomes, &pb.Settled{AckToken: s.GetAckToken(), Code: int32(st.Code()), Message: st.Message()})
+		}
 		if err != nil && !errors.Is(err, zkqueue.ErrUnknownLease) {
 			b.log.Debug("settle on stream failed", "err", err)
 			return
 		}
-		st.settled(tokenLease(token))
+		st.settled(tokenLease(s.GetAckToken()))
 	}
-	var acks []string
+	var acks []*pb.Settle
+	confirm := false
 	for _, s := range settles {
 		if s.GetNack() {
-			done(s.GetAckToken(), b.acks.nack(ctx, s.GetAckToken(), s.GetDelay().AsDuration()))
+			done(s, b.acks.nack(ctx, s.GetAckToken(), s.GetDelay().AsDuration()))
 		} else {
-			acks = append(acks, s.GetAckToken())
+			acks = append(acks, s)
+			confirm = confirm || s.GetConfirm()
 		}
 	}
-	// Nobody waits on a stream ack's commit: it may share a Multi with
-	// later writes (zkqueue.WithDeferredCommit), a few milliseconds on.
-	ctx = zkqueue.WithDeferredCommit(ctx)
+	if !confirm {
+		// Nobody waits on the commit of these acks: they may share a
+		// Multi with later writes (zkqueue.WithDeferredCommit), a few
+		// milliseconds on.
+		ctx = zkqueue.WithDeferredCommit(ctx)
+	}
 	switch len(acks) {
 	case 0:
-		return
 	case 1:
-		done(acks[0], b.acks.ack(ctx, acks[0]))
-		return
+		done(acks[0], b.acks.ack(ctx, acks[0].GetAckToken()))
+	default:
+		tokens := make([]string, len(acks))
+		for i, s := range acks {
+			tokens[i] = s.GetAckToken()
+		}
+		for i, err := range b.acks.ackMany(ctx, tokens) {
+			done(acks[i], err)
+		}
 	}
-	for i, err := range b.acks.ackMany(ctx, acks) {
-		done(acks[i], err)
+	if len(outcomes) > 0 {
+		_ = c.out.send(stream, &pb.Delivery{Settled: outcomes}) // a failed send ends the stream anyway
 	}
 }
 
@@ -956,18 +975,25 @@ var errStalled = errors.New("consumer did not read a delivery before its lease r
 // does right after the handler returns. Every streaming RPC sends through
 // one, never by calling Send itself. The goroutine ends once the handler
 // has closed the outbox and its last Send came back.
+// Several goroutines may send on one outbox (a Consume stream's
+// deliveries and the outcomes of its settlements); each gets the answer
+// of its own send.
 type outbox[T any] struct {
-	in  chan T
-	out chan error
+	in chan outboxItem[T]
+}
+
+type outboxItem[T any] struct {
+	m   T
+	out chan error // buffered: the goroutine never waits on it
 }
 
 func newOutbox[T any](b *Broker, send func(T) error) *outbox[T] {
-	o := &outbox[T]{in: make(chan T), out: make(chan error, 1)}
+	o := &outbox[T]{in: make(chan outboxItem[T])}
 	b.wg.Add(1) // within the stream's own count, so never from zero
 	go func() {
 		defer b.wg.Done()
-		for m := range o.in {
-			o.out <- send(m)
+		for it := range o.in {
+			it.out <- send(it.m)
 		}
 	}()
 	return o
@@ -981,13 +1007,14 @@ func (o *outbox[T]) send(ctx context.Context, m T) error {
 // sendBy is send that gives up with errStalled when stall fires first
 // (nil: never).
 func (o *outbox[T]) sendBy(ctx context.Context, m T, stall <-chan time.Time) error {
+	out := make(chan error, 1)
 	select {
-	case o.in <- m:
+	case o.in <- outboxItem[T]{m, out}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	select {
-	case err := <-o.out:
+	case err := <-out:
 		return err
 	case <-stall:
 		return errStalled
@@ -997,6 +1024,7 @@ func (o *outbox[T]) sendBy(ctx context.Context, m T, stall <-chan time.Time) err
 }
 
 // close lets the goroutine end once its Send under way, if any, returns.
+// Every sender must be done.
 func (o *outbox[T]) close() { close(o.in) }
 
 // Consumer priority.

@@ -59,6 +59,10 @@ type Config struct {
 	// committed, instead of acking on a Consume stream (sent, not
 	// confirmed).
 	ConfirmAcks bool `json:"confirm_acks,omitempty"`
+	// ConfirmOnStream: at least once, consumers ack on their Consume
+	// stream and each ack waits for the broker's confirmation that it
+	// committed (ConsumeOptions.Confirm).
+	ConfirmOnStream bool `json:"confirm_on_stream,omitempty"`
 	// ZKNoSync: the spawned ZooKeeper does not sync its log before it
 	// applies a transaction (forceSync=no), the durability of JetStream's
 	// default; the report says so.
@@ -200,6 +204,7 @@ func defineFlags(fs *flag.FlagSet, c *Config) *pendingFlags {
 	fs.IntVar(&c.Prefetch, "prefetch", 1, "messages each consumer may have in flight (1..1000)")
 	fs.BoolVar(&c.ZKNoSync, "zk-no-sync", false, "with --spawn-brokers: run ZooKeeper with forceSync=no (transactions applied before their log is synced, as JetStream's default durability; a machine crash loses the last ones), to compare like with like")
 	fs.BoolVar(&c.ConfirmAcks, "confirm-acks", false, "at least once: consumers take up to --prefetch (at most 100) messages with Receive and ack each with the Ack call, which returns once the ack is committed, instead of acking on a Consume stream")
+	fs.BoolVar(&c.ConfirmOnStream, "confirm-on-stream", false, "at least once: consumers ack on their Consume stream and each ack waits for the broker's confirmation that it committed (ConsumeOptions.Confirm)")
 	fs.StringVar(&c.Queue, "queue", "", "queue name (default loadtest-<time>-<random>); created, deleted at the end")
 	fs.IntVar(&c.Tenants, "tenants", 0, "publish for this many tenants (a \"tenant\" header), tenant t0 at --noisy-factor times the others' rate, sharing the open-loop --rate; the report gives each tenant's time in queue")
 	fs.Float64Var(&c.NoisyFactor, "noisy-factor", 1, "with --tenants: tenant t0 publishes this many times the rate of each other tenant")
@@ -368,6 +373,8 @@ func (c *Config) validate() error {
 		return errors.New("--zk-no-sync needs --spawn-brokers (it configures the ZooKeeper the load tester starts)")
 	case c.SingleActive && c.ConfirmAcks:
 		return errors.New("--single-active excludes --confirm-acks (a single-active queue refuses Receive)")
+	case c.ConfirmOnStream && (c.Mode != qbroker.AtLeastOnce || c.ConfirmAcks):
+		return errors.New("--confirm-on-stream needs --mode at-least-once, and excludes --confirm-acks")
 	case c.ConfirmAcks && (c.Mode != qbroker.AtLeastOnce || c.Prefetch > maxReceive):
 		return fmt.Errorf("--confirm-acks needs --mode at-least-once and --prefetch at most %d (a Receive call's limit)", maxReceive)
 	case c.Order != orderStrict && c.Order != orderReport:

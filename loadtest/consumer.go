@@ -37,7 +37,7 @@ func (c *consumer) run(ctx context.Context, stop <-chan struct{}) error {
 		return c.receive(ctx, stop)
 	}
 	defer c.streamEnded() // after Close: the stream's end
-	cons, err := c.client.Consume(ctx, c.cfg.Queue, qbroker.ConsumeOptions{Mode: c.cfg.Mode, Prefetch: c.cfg.Prefetch})
+	cons, err := c.client.Consume(ctx, c.cfg.Queue, qbroker.ConsumeOptions{Mode: c.cfg.Mode, Prefetch: c.cfg.Prefetch, Confirm: c.cfg.ConfirmOnStream})
 	if err != nil {
 		c.errs.add("consume", err)
 		return fmt.Errorf("consumer %d: %w", c.id, err)

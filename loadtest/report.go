@@ -393,9 +393,12 @@ func writeRun(b *strings.Builder, r *Report) {
 		b.WriteString(", closed loop")
 	}
 	if c.Mode == qbroker.AtLeastOnce {
-		if c.ConfirmAcks {
+		switch {
+		case c.ConfirmAcks:
 			b.WriteString(", confirmed acks (Receive, then an Ack call per message)")
-		} else {
+		case c.ConfirmOnStream:
+			b.WriteString(", confirmed acks on the Consume stream (each ack waits for the broker's confirmation)")
+		default:
 			b.WriteString(", acks on the Consume stream (not confirmed)")
 		}
 	}

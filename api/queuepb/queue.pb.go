@@ -188,7 +188,7 @@ func (x SyncEvent_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SyncEvent_State.Descriptor instead.
 func (SyncEvent_State) EnumDescriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{29, 0}
+	return file_api_queue_proto_rawDescGZIP(), []int{30, 0}
 }
 
 type CreateQueueRequest struct {
@@ -1657,7 +1657,13 @@ type Settle struct {
 	Nack bool `protobuf:"varint,2,opt,name=nack,proto3" json:"nack,omitempty"`
 	// Nack only: wait this long before the message is deliverable again
 	// (unset: now, or the queue's retry_backoff step).
-	Delay         *durationpb.Duration `protobuf:"bytes,3,opt,name=delay,proto3" json:"delay,omitempty"`
+	Delay *durationpb.Duration `protobuf:"bytes,3,opt,name=delay,proto3" json:"delay,omitempty"`
+	// Ask for the outcome: the broker commits the settlement at once and
+	// answers on the stream (Delivery.settled) once it committed or
+	// failed, as an Ack or Nack call returns. Unset, nothing answers, and
+	// the broker may hold an ack a few milliseconds to commit it with
+	// others.
+	Confirm       bool `protobuf:"varint,4,opt,name=confirm,proto3" json:"confirm,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1713,6 +1719,79 @@ func (x *Settle) GetDelay() *durationpb.Duration {
 	return nil
 }
 
+func (x *Settle) GetConfirm() bool {
+	if x != nil {
+		return x.Confirm
+	}
+	return false
+}
+
+// The outcome of a settlement sent with confirm.
+type Settled struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The settlement's ack token.
+	AckToken string `protobuf:"bytes,1,opt,name=ack_token,json=ackToken,proto3" json:"ack_token,omitempty"`
+	// 0 (OK): committed. Otherwise the gRPC status code the Ack or Nack
+	// call would have failed with, e.g. FAILED_PRECONDITION when the
+	// lease is no longer held (settled already, or expired).
+	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	// Why it failed; empty when it committed.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Settled) Reset() {
+	*x = Settled{}
+	mi := &file_api_queue_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Settled) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Settled) ProtoMessage() {}
+
+func (x *Settled) ProtoReflect() protoreflect.Message {
+	mi := &file_api_queue_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Settled.ProtoReflect.Descriptor instead.
+func (*Settled) Descriptor() ([]byte, []int) {
+	return file_api_queue_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Settled) GetAckToken() string {
+	if x != nil {
+		return x.AckToken
+	}
+	return ""
+}
+
+func (x *Settled) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *Settled) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type ConsumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// First request only: what to consume.
@@ -1727,7 +1806,7 @@ type ConsumeRequest struct {
 
 func (x *ConsumeRequest) Reset() {
 	*x = ConsumeRequest{}
-	mi := &file_api_queue_proto_msgTypes[18]
+	mi := &file_api_queue_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1818,7 @@ func (x *ConsumeRequest) String() string {
 func (*ConsumeRequest) ProtoMessage() {}
 
 func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[18]
+	mi := &file_api_queue_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1831,7 @@ func (x *ConsumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumeRequest.ProtoReflect.Descriptor instead.
 func (*ConsumeRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{18}
+	return file_api_queue_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ConsumeRequest) GetSubscribe() *Subscribe {
@@ -1783,17 +1862,21 @@ func (x *ConsumeRequest) GetSettle() []*Settle {
 // lease deadline and fencing token and is settled on its own.
 type Delivery struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The delivered message (the first one).
+	// The delivered message (the first one); unset in a Delivery that
+	// carries only outcomes of settlements (settled).
 	Message *Message `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
 	// The messages delivered after message, in order.
-	More          []*Message `protobuf:"bytes,2,rep,name=more,proto3" json:"more,omitempty"`
+	More []*Message `protobuf:"bytes,2,rep,name=more,proto3" json:"more,omitempty"`
+	// Outcomes of settlements the stream sent with confirm, in the order
+	// they were decided. Only streams that ask for outcomes get them.
+	Settled       []*Settled `protobuf:"bytes,3,rep,name=settled,proto3" json:"settled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_api_queue_proto_msgTypes[19]
+	mi := &file_api_queue_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1888,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[19]
+	mi := &file_api_queue_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1901,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{19}
+	return file_api_queue_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Delivery) GetMessage() *Message {
@@ -1831,6 +1914,13 @@ func (x *Delivery) GetMessage() *Message {
 func (x *Delivery) GetMore() []*Message {
 	if x != nil {
 		return x.More
+	}
+	return nil
+}
+
+func (x *Delivery) GetSettled() []*Settled {
+	if x != nil {
+		return x.Settled
 	}
 	return nil
 }
@@ -1854,7 +1944,7 @@ type ReceiveRequest struct {
 
 func (x *ReceiveRequest) Reset() {
 	*x = ReceiveRequest{}
-	mi := &file_api_queue_proto_msgTypes[20]
+	mi := &file_api_queue_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +1956,7 @@ func (x *ReceiveRequest) String() string {
 func (*ReceiveRequest) ProtoMessage() {}
 
 func (x *ReceiveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[20]
+	mi := &file_api_queue_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +1969,7 @@ func (x *ReceiveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveRequest.ProtoReflect.Descriptor instead.
 func (*ReceiveRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{20}
+	return file_api_queue_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReceiveRequest) GetQueue() string {
@@ -1929,7 +2019,7 @@ type ReceiveResponse struct {
 
 func (x *ReceiveResponse) Reset() {
 	*x = ReceiveResponse{}
-	mi := &file_api_queue_proto_msgTypes[21]
+	mi := &file_api_queue_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2031,7 @@ func (x *ReceiveResponse) String() string {
 func (*ReceiveResponse) ProtoMessage() {}
 
 func (x *ReceiveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[21]
+	mi := &file_api_queue_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2044,7 @@ func (x *ReceiveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResponse.ProtoReflect.Descriptor instead.
 func (*ReceiveResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{21}
+	return file_api_queue_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReceiveResponse) GetMessages() []*Message {
@@ -1974,7 +2064,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_api_queue_proto_msgTypes[22]
+	mi := &file_api_queue_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2076,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[22]
+	mi := &file_api_queue_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2089,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{22}
+	return file_api_queue_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AckRequest) GetAckToken() string {
@@ -2017,7 +2107,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_api_queue_proto_msgTypes[23]
+	mi := &file_api_queue_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2119,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[23]
+	mi := &file_api_queue_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2132,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{23}
+	return file_api_queue_proto_rawDescGZIP(), []int{24}
 }
 
 type NackRequest struct {
@@ -2058,7 +2148,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_api_queue_proto_msgTypes[24]
+	mi := &file_api_queue_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2070,7 +2160,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[24]
+	mi := &file_api_queue_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2083,7 +2173,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{24}
+	return file_api_queue_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NackRequest) GetAckToken() string {
@@ -2108,7 +2198,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_api_queue_proto_msgTypes[25]
+	mi := &file_api_queue_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2210,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[25]
+	mi := &file_api_queue_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2223,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{25}
+	return file_api_queue_proto_rawDescGZIP(), []int{26}
 }
 
 type ExtendLeaseRequest struct {
@@ -2148,7 +2238,7 @@ type ExtendLeaseRequest struct {
 
 func (x *ExtendLeaseRequest) Reset() {
 	*x = ExtendLeaseRequest{}
-	mi := &file_api_queue_proto_msgTypes[26]
+	mi := &file_api_queue_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2250,7 @@ func (x *ExtendLeaseRequest) String() string {
 func (*ExtendLeaseRequest) ProtoMessage() {}
 
 func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[26]
+	mi := &file_api_queue_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2263,7 @@ func (x *ExtendLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseRequest.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{26}
+	return file_api_queue_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExtendLeaseRequest) GetAckToken() string {
@@ -2200,7 +2290,7 @@ type ExtendLeaseResponse struct {
 
 func (x *ExtendLeaseResponse) Reset() {
 	*x = ExtendLeaseResponse{}
-	mi := &file_api_queue_proto_msgTypes[27]
+	mi := &file_api_queue_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2302,7 @@ func (x *ExtendLeaseResponse) String() string {
 func (*ExtendLeaseResponse) ProtoMessage() {}
 
 func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[27]
+	mi := &file_api_queue_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2315,7 @@ func (x *ExtendLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExtendLeaseResponse.ProtoReflect.Descriptor instead.
 func (*ExtendLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{27}
+	return file_api_queue_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExtendLeaseResponse) GetLeaseDeadline() *timestamppb.Timestamp {
@@ -2247,7 +2337,7 @@ type JoinSyncRequest struct {
 
 func (x *JoinSyncRequest) Reset() {
 	*x = JoinSyncRequest{}
-	mi := &file_api_queue_proto_msgTypes[28]
+	mi := &file_api_queue_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2259,7 +2349,7 @@ func (x *JoinSyncRequest) String() string {
 func (*JoinSyncRequest) ProtoMessage() {}
 
 func (x *JoinSyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[28]
+	mi := &file_api_queue_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2272,7 +2362,7 @@ func (x *JoinSyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinSyncRequest.ProtoReflect.Descriptor instead.
 func (*JoinSyncRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{28}
+	return file_api_queue_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *JoinSyncRequest) GetQueue() string {
@@ -2304,7 +2394,7 @@ type SyncEvent struct {
 
 func (x *SyncEvent) Reset() {
 	*x = SyncEvent{}
-	mi := &file_api_queue_proto_msgTypes[29]
+	mi := &file_api_queue_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2316,7 +2406,7 @@ func (x *SyncEvent) String() string {
 func (*SyncEvent) ProtoMessage() {}
 
 func (x *SyncEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[29]
+	mi := &file_api_queue_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2329,7 +2419,7 @@ func (x *SyncEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncEvent.ProtoReflect.Descriptor instead.
 func (*SyncEvent) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{29}
+	return file_api_queue_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SyncEvent) GetState() SyncEvent_State {
@@ -2369,7 +2459,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_queue_proto_msgTypes[30]
+	mi := &file_api_queue_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2471,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[30]
+	mi := &file_api_queue_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2484,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{30}
+	return file_api_queue_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListDeadLettersRequest) GetQueue() string {
@@ -2430,7 +2520,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_queue_proto_msgTypes[31]
+	mi := &file_api_queue_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2532,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[31]
+	mi := &file_api_queue_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2545,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{31}
+	return file_api_queue_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListDeadLettersResponse) GetMessages() []*Message {
@@ -2484,7 +2574,7 @@ type RedriveRequest struct {
 
 func (x *RedriveRequest) Reset() {
 	*x = RedriveRequest{}
-	mi := &file_api_queue_proto_msgTypes[32]
+	mi := &file_api_queue_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2586,7 @@ func (x *RedriveRequest) String() string {
 func (*RedriveRequest) ProtoMessage() {}
 
 func (x *RedriveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[32]
+	mi := &file_api_queue_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2599,7 @@ func (x *RedriveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveRequest.ProtoReflect.Descriptor instead.
 func (*RedriveRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{32}
+	return file_api_queue_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RedriveRequest) GetQueue() string {
@@ -2536,7 +2626,7 @@ type RedriveResponse struct {
 
 func (x *RedriveResponse) Reset() {
 	*x = RedriveResponse{}
-	mi := &file_api_queue_proto_msgTypes[33]
+	mi := &file_api_queue_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2548,7 +2638,7 @@ func (x *RedriveResponse) String() string {
 func (*RedriveResponse) ProtoMessage() {}
 
 func (x *RedriveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[33]
+	mi := &file_api_queue_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2561,7 +2651,7 @@ func (x *RedriveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveResponse.ProtoReflect.Descriptor instead.
 func (*RedriveResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{33}
+	return file_api_queue_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RedriveResponse) GetRedriven() uint64 {
@@ -2587,7 +2677,7 @@ type BrowseRequest struct {
 
 func (x *BrowseRequest) Reset() {
 	*x = BrowseRequest{}
-	mi := &file_api_queue_proto_msgTypes[34]
+	mi := &file_api_queue_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +2689,7 @@ func (x *BrowseRequest) String() string {
 func (*BrowseRequest) ProtoMessage() {}
 
 func (x *BrowseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[34]
+	mi := &file_api_queue_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +2702,7 @@ func (x *BrowseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrowseRequest.ProtoReflect.Descriptor instead.
 func (*BrowseRequest) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{34}
+	return file_api_queue_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BrowseRequest) GetQueue() string {
@@ -2649,7 +2739,7 @@ type BrowseResponse struct {
 
 func (x *BrowseResponse) Reset() {
 	*x = BrowseResponse{}
-	mi := &file_api_queue_proto_msgTypes[35]
+	mi := &file_api_queue_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2751,7 @@ func (x *BrowseResponse) String() string {
 func (*BrowseResponse) ProtoMessage() {}
 
 func (x *BrowseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[35]
+	mi := &file_api_queue_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2764,7 @@ func (x *BrowseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrowseResponse.ProtoReflect.Descriptor instead.
 func (*BrowseResponse) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{35}
+	return file_api_queue_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BrowseResponse) GetMessages() []*Message {
@@ -2720,7 +2810,7 @@ type RetryBackoff struct {
 
 func (x *RetryBackoff) Reset() {
 	*x = RetryBackoff{}
-	mi := &file_api_queue_proto_msgTypes[36]
+	mi := &file_api_queue_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +2822,7 @@ func (x *RetryBackoff) String() string {
 func (*RetryBackoff) ProtoMessage() {}
 
 func (x *RetryBackoff) ProtoReflect() protoreflect.Message {
-	mi := &file_api_queue_proto_msgTypes[36]
+	mi := &file_api_queue_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +2835,7 @@ func (x *RetryBackoff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryBackoff.ProtoReflect.Descriptor instead.
 func (*RetryBackoff) Descriptor() ([]byte, []int) {
-	return file_api_queue_proto_rawDescGZIP(), []int{36}
+	return file_api_queue_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RetryBackoff) GetSteps() []*durationpb.Duration {
@@ -2907,18 +2997,24 @@ const file_api_queue_proto_rawDesc = "" +
 	"\x12visibility_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x11visibilityTimeout\x12\x1a\n" +
 	"\bprefetch\x18\x04 \x01(\rR\bprefetch\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x05R\bpriority\x12\x1b\n" +
-	"\tmax_batch\x18\x06 \x01(\rR\bmaxBatch\"j\n" +
+	"\tmax_batch\x18\x06 \x01(\rR\bmaxBatch\"\x84\x01\n" +
 	"\x06Settle\x12\x1b\n" +
 	"\tack_token\x18\x01 \x01(\tR\backToken\x12\x12\n" +
 	"\x04nack\x18\x02 \x01(\bR\x04nack\x12/\n" +
-	"\x05delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05delay\"\x89\x01\n" +
+	"\x05delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x18\n" +
+	"\aconfirm\x18\x04 \x01(\bR\aconfirm\"T\n" +
+	"\aSettled\x12\x1b\n" +
+	"\tack_token\x18\x01 \x01(\tR\backToken\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x89\x01\n" +
 	"\x0eConsumeRequest\x123\n" +
 	"\tsubscribe\x18\x01 \x01(\v2\x15.qbroker.v1.SubscribeR\tsubscribe\x12\x16\n" +
 	"\x06credit\x18\x02 \x01(\rR\x06credit\x12*\n" +
-	"\x06settle\x18\x03 \x03(\v2\x12.qbroker.v1.SettleR\x06settle\"b\n" +
+	"\x06settle\x18\x03 \x03(\v2\x12.qbroker.v1.SettleR\x06settle\"\x91\x01\n" +
 	"\bDelivery\x12-\n" +
 	"\amessage\x18\x01 \x01(\v2\x13.qbroker.v1.MessageR\amessage\x12'\n" +
-	"\x04more\x18\x02 \x03(\v2\x13.qbroker.v1.MessageR\x04more\"\xf0\x01\n" +
+	"\x04more\x18\x02 \x03(\v2\x13.qbroker.v1.MessageR\x04more\x12-\n" +
+	"\asettled\x18\x03 \x03(\v2\x13.qbroker.v1.SettledR\asettled\"\xf0\x01\n" +
 	"\x0eReceiveRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12!\n" +
 	"\fmax_messages\x18\x02 \x01(\rR\vmaxMessages\x12-\n" +
@@ -3021,7 +3117,7 @@ func file_api_queue_proto_rawDescGZIP() []byte {
 }
 
 var file_api_queue_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_api_queue_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_api_queue_proto_goTypes = []any{
 	(QueueKind)(0),                  // 0: qbroker.v1.QueueKind
 	(DeliveryMode)(0),               // 1: qbroker.v1.DeliveryMode
@@ -3044,112 +3140,114 @@ var file_api_queue_proto_goTypes = []any{
 	(*Message)(nil),                 // 18: qbroker.v1.Message
 	(*Subscribe)(nil),               // 19: qbroker.v1.Subscribe
 	(*Settle)(nil),                  // 20: qbroker.v1.Settle
-	(*ConsumeRequest)(nil),          // 21: qbroker.v1.ConsumeRequest
-	(*Delivery)(nil),                // 22: qbroker.v1.Delivery
-	(*ReceiveRequest)(nil),          // 23: qbroker.v1.ReceiveRequest
-	(*ReceiveResponse)(nil),         // 24: qbroker.v1.ReceiveResponse
-	(*AckRequest)(nil),              // 25: qbroker.v1.AckRequest
-	(*AckResponse)(nil),             // 26: qbroker.v1.AckResponse
-	(*NackRequest)(nil),             // 27: qbroker.v1.NackRequest
-	(*NackResponse)(nil),            // 28: qbroker.v1.NackResponse
-	(*ExtendLeaseRequest)(nil),      // 29: qbroker.v1.ExtendLeaseRequest
-	(*ExtendLeaseResponse)(nil),     // 30: qbroker.v1.ExtendLeaseResponse
-	(*JoinSyncRequest)(nil),         // 31: qbroker.v1.JoinSyncRequest
-	(*SyncEvent)(nil),               // 32: qbroker.v1.SyncEvent
-	(*ListDeadLettersRequest)(nil),  // 33: qbroker.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil), // 34: qbroker.v1.ListDeadLettersResponse
-	(*RedriveRequest)(nil),          // 35: qbroker.v1.RedriveRequest
-	(*RedriveResponse)(nil),         // 36: qbroker.v1.RedriveResponse
-	(*BrowseRequest)(nil),           // 37: qbroker.v1.BrowseRequest
-	(*BrowseResponse)(nil),          // 38: qbroker.v1.BrowseResponse
-	(*RetryBackoff)(nil),            // 39: qbroker.v1.RetryBackoff
-	nil,                             // 40: qbroker.v1.Fairness.WeightsEntry
-	nil,                             // 41: qbroker.v1.OutMessage.HeadersEntry
-	nil,                             // 42: qbroker.v1.Message.HeadersEntry
-	(*durationpb.Duration)(nil),     // 43: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 44: google.protobuf.Timestamp
+	(*Settled)(nil),                 // 21: qbroker.v1.Settled
+	(*ConsumeRequest)(nil),          // 22: qbroker.v1.ConsumeRequest
+	(*Delivery)(nil),                // 23: qbroker.v1.Delivery
+	(*ReceiveRequest)(nil),          // 24: qbroker.v1.ReceiveRequest
+	(*ReceiveResponse)(nil),         // 25: qbroker.v1.ReceiveResponse
+	(*AckRequest)(nil),              // 26: qbroker.v1.AckRequest
+	(*AckResponse)(nil),             // 27: qbroker.v1.AckResponse
+	(*NackRequest)(nil),             // 28: qbroker.v1.NackRequest
+	(*NackResponse)(nil),            // 29: qbroker.v1.NackResponse
+	(*ExtendLeaseRequest)(nil),      // 30: qbroker.v1.ExtendLeaseRequest
+	(*ExtendLeaseResponse)(nil),     // 31: qbroker.v1.ExtendLeaseResponse
+	(*JoinSyncRequest)(nil),         // 32: qbroker.v1.JoinSyncRequest
+	(*SyncEvent)(nil),               // 33: qbroker.v1.SyncEvent
+	(*ListDeadLettersRequest)(nil),  // 34: qbroker.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil), // 35: qbroker.v1.ListDeadLettersResponse
+	(*RedriveRequest)(nil),          // 36: qbroker.v1.RedriveRequest
+	(*RedriveResponse)(nil),         // 37: qbroker.v1.RedriveResponse
+	(*BrowseRequest)(nil),           // 38: qbroker.v1.BrowseRequest
+	(*BrowseResponse)(nil),          // 39: qbroker.v1.BrowseResponse
+	(*RetryBackoff)(nil),            // 40: qbroker.v1.RetryBackoff
+	nil,                             // 41: qbroker.v1.Fairness.WeightsEntry
+	nil,                             // 42: qbroker.v1.OutMessage.HeadersEntry
+	nil,                             // 43: qbroker.v1.Message.HeadersEntry
+	(*durationpb.Duration)(nil),     // 44: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 45: google.protobuf.Timestamp
 }
 var file_api_queue_proto_depIdxs = []int32{
 	0,  // 0: qbroker.v1.CreateQueueRequest.kind:type_name -> qbroker.v1.QueueKind
-	43, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	43, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
-	43, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
-	39, // 4: qbroker.v1.CreateQueueRequest.retry_backoff:type_name -> qbroker.v1.RetryBackoff
+	44, // 1: qbroker.v1.CreateQueueRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	44, // 2: qbroker.v1.CreateQueueRequest.dedup_window:type_name -> google.protobuf.Duration
+	44, // 3: qbroker.v1.CreateQueueRequest.message_ttl:type_name -> google.protobuf.Duration
+	40, // 4: qbroker.v1.CreateQueueRequest.retry_backoff:type_name -> qbroker.v1.RetryBackoff
 	4,  // 5: qbroker.v1.CreateQueueRequest.fairness:type_name -> qbroker.v1.Fairness
-	40, // 6: qbroker.v1.Fairness.weights:type_name -> qbroker.v1.Fairness.WeightsEntry
+	41, // 6: qbroker.v1.Fairness.weights:type_name -> qbroker.v1.Fairness.WeightsEntry
 	0,  // 7: qbroker.v1.QueueInfo.kind:type_name -> qbroker.v1.QueueKind
-	43, // 8: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
-	44, // 9: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
-	43, // 10: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
-	43, // 11: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
-	39, // 12: qbroker.v1.QueueInfo.retry_backoff:type_name -> qbroker.v1.RetryBackoff
+	44, // 8: qbroker.v1.QueueInfo.visibility_timeout:type_name -> google.protobuf.Duration
+	45, // 9: qbroker.v1.QueueInfo.created_at:type_name -> google.protobuf.Timestamp
+	44, // 10: qbroker.v1.QueueInfo.dedup_window:type_name -> google.protobuf.Duration
+	44, // 11: qbroker.v1.QueueInfo.message_ttl:type_name -> google.protobuf.Duration
+	40, // 12: qbroker.v1.QueueInfo.retry_backoff:type_name -> qbroker.v1.RetryBackoff
 	4,  // 13: qbroker.v1.QueueInfo.fairness:type_name -> qbroker.v1.Fairness
 	5,  // 14: qbroker.v1.ListQueuesResponse.queues:type_name -> qbroker.v1.QueueInfo
-	43, // 15: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
-	43, // 16: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
-	44, // 17: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
-	41, // 18: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
+	44, // 15: qbroker.v1.QueueStats.oldest_age:type_name -> google.protobuf.Duration
+	44, // 16: qbroker.v1.OutMessage.delay:type_name -> google.protobuf.Duration
+	45, // 17: qbroker.v1.OutMessage.deliver_at:type_name -> google.protobuf.Timestamp
+	42, // 18: qbroker.v1.OutMessage.headers:type_name -> qbroker.v1.OutMessage.HeadersEntry
 	15, // 19: qbroker.v1.PublishRequest.messages:type_name -> qbroker.v1.OutMessage
-	44, // 20: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
-	44, // 21: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
-	42, // 22: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
+	45, // 20: qbroker.v1.Message.published_at:type_name -> google.protobuf.Timestamp
+	45, // 21: qbroker.v1.Message.lease_deadline:type_name -> google.protobuf.Timestamp
+	43, // 22: qbroker.v1.Message.headers:type_name -> qbroker.v1.Message.HeadersEntry
 	1,  // 23: qbroker.v1.Subscribe.mode:type_name -> qbroker.v1.DeliveryMode
-	43, // 24: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
-	43, // 25: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
+	44, // 24: qbroker.v1.Subscribe.visibility_timeout:type_name -> google.protobuf.Duration
+	44, // 25: qbroker.v1.Settle.delay:type_name -> google.protobuf.Duration
 	19, // 26: qbroker.v1.ConsumeRequest.subscribe:type_name -> qbroker.v1.Subscribe
 	20, // 27: qbroker.v1.ConsumeRequest.settle:type_name -> qbroker.v1.Settle
 	18, // 28: qbroker.v1.Delivery.message:type_name -> qbroker.v1.Message
 	18, // 29: qbroker.v1.Delivery.more:type_name -> qbroker.v1.Message
-	43, // 30: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 31: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
-	43, // 32: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	18, // 33: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
-	43, // 34: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
-	43, // 35: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
-	44, // 36: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	2,  // 37: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
-	18, // 38: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
-	18, // 39: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
-	43, // 40: qbroker.v1.RetryBackoff.steps:type_name -> google.protobuf.Duration
-	43, // 41: qbroker.v1.RetryBackoff.initial:type_name -> google.protobuf.Duration
-	43, // 42: qbroker.v1.RetryBackoff.max:type_name -> google.protobuf.Duration
-	3,  // 43: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
-	6,  // 44: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
-	7,  // 45: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
-	9,  // 46: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
-	11, // 47: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
-	13, // 48: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
-	16, // 49: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
-	21, // 50: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
-	23, // 51: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
-	25, // 52: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
-	27, // 53: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
-	29, // 54: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
-	31, // 55: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
-	33, // 56: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
-	35, // 57: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
-	37, // 58: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
-	5,  // 59: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
-	5,  // 60: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
-	8,  // 61: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
-	10, // 62: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
-	12, // 63: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
-	14, // 64: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
-	17, // 65: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
-	22, // 66: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
-	24, // 67: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
-	26, // 68: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
-	28, // 69: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
-	30, // 70: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
-	32, // 71: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
-	34, // 72: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
-	36, // 73: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
-	38, // 74: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
-	59, // [59:75] is the sub-list for method output_type
-	43, // [43:59] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	21, // 30: qbroker.v1.Delivery.settled:type_name -> qbroker.v1.Settled
+	44, // 31: qbroker.v1.ReceiveRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 32: qbroker.v1.ReceiveRequest.mode:type_name -> qbroker.v1.DeliveryMode
+	44, // 33: qbroker.v1.ReceiveRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	18, // 34: qbroker.v1.ReceiveResponse.messages:type_name -> qbroker.v1.Message
+	44, // 35: qbroker.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	44, // 36: qbroker.v1.ExtendLeaseRequest.visibility_timeout:type_name -> google.protobuf.Duration
+	45, // 37: qbroker.v1.ExtendLeaseResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	2,  // 38: qbroker.v1.SyncEvent.state:type_name -> qbroker.v1.SyncEvent.State
+	18, // 39: qbroker.v1.ListDeadLettersResponse.messages:type_name -> qbroker.v1.Message
+	18, // 40: qbroker.v1.BrowseResponse.messages:type_name -> qbroker.v1.Message
+	44, // 41: qbroker.v1.RetryBackoff.steps:type_name -> google.protobuf.Duration
+	44, // 42: qbroker.v1.RetryBackoff.initial:type_name -> google.protobuf.Duration
+	44, // 43: qbroker.v1.RetryBackoff.max:type_name -> google.protobuf.Duration
+	3,  // 44: qbroker.v1.Queue.CreateQueue:input_type -> qbroker.v1.CreateQueueRequest
+	6,  // 45: qbroker.v1.Queue.GetQueue:input_type -> qbroker.v1.GetQueueRequest
+	7,  // 46: qbroker.v1.Queue.ListQueues:input_type -> qbroker.v1.ListQueuesRequest
+	9,  // 47: qbroker.v1.Queue.DeleteQueue:input_type -> qbroker.v1.DeleteQueueRequest
+	11, // 48: qbroker.v1.Queue.Purge:input_type -> qbroker.v1.PurgeRequest
+	13, // 49: qbroker.v1.Queue.Stats:input_type -> qbroker.v1.StatsRequest
+	16, // 50: qbroker.v1.Queue.Publish:input_type -> qbroker.v1.PublishRequest
+	22, // 51: qbroker.v1.Queue.Consume:input_type -> qbroker.v1.ConsumeRequest
+	24, // 52: qbroker.v1.Queue.Receive:input_type -> qbroker.v1.ReceiveRequest
+	26, // 53: qbroker.v1.Queue.Ack:input_type -> qbroker.v1.AckRequest
+	28, // 54: qbroker.v1.Queue.Nack:input_type -> qbroker.v1.NackRequest
+	30, // 55: qbroker.v1.Queue.ExtendLease:input_type -> qbroker.v1.ExtendLeaseRequest
+	32, // 56: qbroker.v1.Queue.JoinSync:input_type -> qbroker.v1.JoinSyncRequest
+	34, // 57: qbroker.v1.Queue.ListDeadLetters:input_type -> qbroker.v1.ListDeadLettersRequest
+	36, // 58: qbroker.v1.Queue.Redrive:input_type -> qbroker.v1.RedriveRequest
+	38, // 59: qbroker.v1.Queue.Browse:input_type -> qbroker.v1.BrowseRequest
+	5,  // 60: qbroker.v1.Queue.CreateQueue:output_type -> qbroker.v1.QueueInfo
+	5,  // 61: qbroker.v1.Queue.GetQueue:output_type -> qbroker.v1.QueueInfo
+	8,  // 62: qbroker.v1.Queue.ListQueues:output_type -> qbroker.v1.ListQueuesResponse
+	10, // 63: qbroker.v1.Queue.DeleteQueue:output_type -> qbroker.v1.DeleteQueueResponse
+	12, // 64: qbroker.v1.Queue.Purge:output_type -> qbroker.v1.PurgeResponse
+	14, // 65: qbroker.v1.Queue.Stats:output_type -> qbroker.v1.QueueStats
+	17, // 66: qbroker.v1.Queue.Publish:output_type -> qbroker.v1.PublishResponse
+	23, // 67: qbroker.v1.Queue.Consume:output_type -> qbroker.v1.Delivery
+	25, // 68: qbroker.v1.Queue.Receive:output_type -> qbroker.v1.ReceiveResponse
+	27, // 69: qbroker.v1.Queue.Ack:output_type -> qbroker.v1.AckResponse
+	29, // 70: qbroker.v1.Queue.Nack:output_type -> qbroker.v1.NackResponse
+	31, // 71: qbroker.v1.Queue.ExtendLease:output_type -> qbroker.v1.ExtendLeaseResponse
+	33, // 72: qbroker.v1.Queue.JoinSync:output_type -> qbroker.v1.SyncEvent
+	35, // 73: qbroker.v1.Queue.ListDeadLetters:output_type -> qbroker.v1.ListDeadLettersResponse
+	37, // 74: qbroker.v1.Queue.Redrive:output_type -> qbroker.v1.RedriveResponse
+	39, // 75: qbroker.v1.Queue.Browse:output_type -> qbroker.v1.BrowseResponse
+	60, // [60:76] is the sub-list for method output_type
+	44, // [44:60] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_api_queue_proto_init() }
@@ -3163,7 +3261,7 @@ func file_api_queue_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_queue_proto_rawDesc), len(file_api_queue_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -3,6 +3,7 @@ package qbroker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"sync"
@@ -47,6 +48,16 @@ type ConsumeOptions struct {
 	// of higher priority has credit. On a single-active queue, the
 	// broker's waiting stream of highest priority is the next active one.
 	Priority int
+	// Confirm makes a message's Ack and Nack wait for the broker's answer
+	// that the settlement committed, or why it failed, as the Ack and
+	// Nack calls do; they still travel on the stream, and the credit
+	// they give back goes at once, so the next message is on its way
+	// while the settlement commits. Without it they return once handed
+	// to the stream, and the broker may hold an ack a few milliseconds to
+	// commit it with others. If the stream breaks before the answer,
+	// they fail with ErrUnavailable: the settlement may or may not have
+	// committed. At least once only.
+	Confirm bool
 }
 
 // Stream priorities (ConsumeOptions.Priority).
@@ -91,11 +102,16 @@ type Consumer struct {
 }
 
 type settleReq struct {
-	m     *Message
-	nack  bool
-	delay time.Duration
-	reply chan bool // true: sent on the stream
+	m       *Message
+	nack    bool
+	delay   time.Duration
+	reply   chan bool  // true: sent on the stream
+	outcome chan error // with Confirm: the broker's answer, once sent
 }
+
+// errUnconfirmed answers a settlement sent with Confirm whose stream
+// ended before the broker's answer came.
+var errUnconfirmed = fmt.Errorf("the stream ended before the broker confirmed the settlement, which may or may not have committed: %w", ErrUnavailable)
 
 // Consume subscribes to a queue and returns a running Consumer. It checks
 // that the queue exists first. The consumer runs until Close, until ctx
@@ -112,6 +128,9 @@ func (c *Client) Consume(ctx context.Context, queue string, opts ConsumeOptions)
 	if opts.Prefetch < 0 || opts.Prefetch > maxPrefetch || opts.Max < 0 || opts.Visibility < 0 || opts.ExhaustedTimeout < 0 {
 		return nil, errorf("qbroker: consume %s: prefetch %d not in [0, %d], or negative option: %w",
 			queue, opts.Prefetch, maxPrefetch, ErrInvalidArgument)
+	}
+	if opts.Confirm && opts.Mode != AtLeastOnce {
+		return nil, errorf("qbroker: consume %s: Confirm needs at-least-once delivery: %w", queue, ErrInvalidArgument)
 	}
 	if opts.Priority < MinConsumerPriority || opts.Priority > MaxConsumerPriority {
 		return nil, errorf("qbroker: consume %s: priority %d not in [%d, %d]: %w",
@@ -202,6 +221,9 @@ func (k *Consumer) Close() error {
 // it was sent on the stream; false means: call the broker.
 func (k *Consumer) settle(ctx context.Context, m *Message, nack bool, delay time.Duration) (bool, error) {
 	r := settleReq{m: m, nack: nack, delay: delay, reply: make(chan bool, 1)}
+	if k.opts.Confirm {
+		r.outcome = make(chan error, 1)
+	}
 	select {
 	case k.settles <- r:
 	case <-k.done:
@@ -209,13 +231,22 @@ func (k *Consumer) settle(ctx context.Context, m *Message, nack bool, delay time
 	case <-ctx.Done():
 		return false, ctx.Err()
 	}
+	var sent bool
 	select {
-	case sent := <-r.reply:
-		return sent, nil
+	case sent = <-r.reply:
 	case <-ctx.Done():
 		// The owner has it and replies at once; the settlement may
 		// still go out.
 		return false, ctx.Err()
+	}
+	if !sent || r.outcome == nil {
+		return sent, nil
+	}
+	select {
+	case err := <-r.outcome:
+		return true, err
+	case <-ctx.Done():
+		return true, ctx.Err()
 	}
 }
 
@@ -249,10 +280,11 @@ func (k *Consumer) run(ctx context.Context) {
 
 // streamEvent is what a stream's receiving goroutine reports.
 type streamEvent struct {
-	gen    uint64
-	opened pb.Queue_ConsumeClient // the subscribe request was sent
-	msgs   []*pb.Message          // one Delivery's messages, in order
-	err    error                  // the stream ended
+	gen     uint64
+	opened  pb.Queue_ConsumeClient // the subscribe request was sent
+	msgs    []*pb.Message          // one Delivery's messages, in order
+	settled []*pb.Settled          // one Delivery's outcomes of settlements
+	err     error                  // the stream ended
 }
 
 // consumeLoop is the state of the owner goroutine; only it touches it.
@@ -296,6 +328,8 @@ type consumeLoop struct {
 	settleCred int
 	flushTimer *time.Timer
 	flushAt    <-chan time.Time
+	// With Confirm: the settlements sent and not answered yet, by token.
+	confirming map[string]chan error
 }
 
 func (l *consumeLoop) atLeastOnce() bool { return l.k.opts.Mode == AtLeastOnce }
@@ -455,6 +489,7 @@ func (l *consumeLoop) drain(ctx context.Context) {
 			if ev.err != nil {
 				return
 			}
+			l.confirmed(ev.settled)
 			// A late delivery: at least once it is released with the
 			// stream; at most once it is lost, as documented.
 		case r := <-l.k.settles:
@@ -478,6 +513,10 @@ func (l *consumeLoop) endStream() {
 	// Settlements not sent die with the stream, like those sent and not
 	// yet applied: the broker releases the stream's leases.
 	l.settles, l.settleCred, l.flushAt = nil, 0, nil
+	for _, c := range l.confirming {
+		c <- errUnconfirmed
+	}
+	clear(l.confirming)
 	if l.atLeastOnce() {
 		// The broker releases the stream's leases: these will be
 		// redelivered, so the application must not get them.
@@ -497,6 +536,8 @@ func (l *consumeLoop) onEvent(ev streamEvent) error {
 			_ = l.stream.Send(&pb.ConsumeRequest{Credit: uint32(l.owed)})
 			l.owed = 0
 		}
+	case ev.settled != nil:
+		l.confirmed(ev.settled)
 	case len(ev.msgs) > 0:
 		l.credit = max(l.credit-len(ev.msgs), 0)
 		l.gotMessage = true
@@ -562,20 +603,33 @@ func (l *consumeLoop) grant(n int) {
 // carries up to a quarter of the prefetch of them, so the broker does not
 // receive a stream message per ack. They go at once when the application
 // has nothing left to take (it waits for the credit they give back), else
-// within settleDelay.
+// within settleDelay; with Confirm, the settlements go at once (their
+// callers wait for the answers) and the credit as without it.
 func (l *consumeLoop) onSettle(r settleReq) bool {
 	if l.stream == nil || r.m.gen != l.gen {
 		return false
 	}
-	l.settles = append(l.settles, &pb.Settle{AckToken: r.m.token, Nack: r.nack, Delay: durationOrNil(r.delay)})
+	l.settles = append(l.settles, &pb.Settle{AckToken: r.m.token, Nack: r.nack, Delay: durationOrNil(r.delay), Confirm: r.outcome != nil})
 	l.unsettled = max(l.unsettled-1, 0)
 	if n := min(1, l.budget()); n > 0 {
 		l.settleCred += n
 		l.credit += n
 	}
+	if r.outcome != nil {
+		if l.confirming == nil {
+			l.confirming = make(map[string]chan error)
+		}
+		l.confirming[r.m.token] = r.outcome
+	}
+	quarter := max(l.k.opts.Prefetch/4, 1)
 	switch {
-	case len(l.settles) >= max(l.k.opts.Prefetch/4, 1) || len(l.pending) == 0:
+	case len(l.settles) >= quarter || l.settleCred >= quarter || len(l.pending) == 0:
 		return l.flush()
+	case r.outcome != nil:
+		// Its caller waits for the answer; the credit waits for a
+		// quarter of the prefetch, so the broker claims for the
+		// stream in batches as it does without Confirm.
+		return l.flushSettles()
 	case l.flushAt == nil:
 		if l.flushTimer == nil {
 			l.flushTimer = time.NewTimer(settleDelay)
@@ -587,8 +641,35 @@ func (l *consumeLoop) onSettle(r settleReq) bool {
 	return true
 }
 
+// confirmed answers the settlements the broker confirmed.
+func (l *consumeLoop) confirmed(outcomes []*pb.Settled) {
+	for _, o := range outcomes {
+		c, ok := l.confirming[o.GetAckToken()]
+		if !ok {
+			continue
+		}
+		delete(l.confirming, o.GetAckToken())
+		var err error
+		if code := codes.Code(o.GetCode()); code != codes.OK {
+			err = convErr(status.Error(code, o.GetMessage()))
+		}
+		c <- err
+	}
+}
+
 // settleDelay bounds how long a gathered settlement waits for others.
 const settleDelay = time.Millisecond
+
+// flushSettles sends the gathered settlements without their credit.
+func (l *consumeLoop) flushSettles() bool {
+	req := &pb.ConsumeRequest{Settle: l.settles}
+	l.settles = nil
+	if l.flushAt != nil {
+		l.flushTimer.Stop()
+		l.flushAt = nil
+	}
+	return l.stream.Send(req) == nil // a failure ends the stream
+}
 
 // flush sends the gathered settlements and their credit in one request.
 func (l *consumeLoop) flush() bool {
@@ -643,10 +724,10 @@ func (k *Consumer) receive(ctx context.Context, gen uint64, first *pb.ConsumeReq
 			msgs = append(msgs, m)
 		}
 		msgs = append(msgs, d.GetMore()...)
-		if len(msgs) == 0 {
-			continue
+		if len(d.GetSettled()) > 0 && !report(streamEvent{settled: d.GetSettled()}) {
+			return
 		}
-		if !report(streamEvent{msgs: msgs}) {
+		if len(msgs) > 0 && !report(streamEvent{msgs: msgs}) {
 			return
 		}
 	}

@@ -142,9 +142,12 @@ func (c *Client) message(m *pb.Message, cons *Consumer, gen uint64) *Message {
 // the stream and Ack returns once the stream took it: it goes with the
 // stream's next request, within a millisecond (the broker reports no
 // outcome; an ack the stream's end leaves unsent is like one sent and not
-// applied: the message is redelivered); otherwise Ack calls the broker. Errors: ErrNoLease (delivered
-// at most once), ErrFailedPrecondition (the lease is unknown or expired,
-// for example already acked or past its visibility timeout).
+// applied: the message is redelivered), or, with ConsumeOptions.Confirm,
+// once the broker answered that it committed; otherwise Ack calls the
+// broker, and returns once the ack committed. Errors: ErrNoLease
+// (delivered at most once), ErrFailedPrecondition (the lease is unknown
+// or expired, for example already acked or past its visibility timeout),
+// with Confirm ErrUnavailable when the stream broke before the answer.
 func (m *Message) Ack(ctx context.Context) error {
 	return m.settle(ctx, false, 0)
 }
@@ -169,12 +172,14 @@ func (m *Message) settle(ctx context.Context, nack bool, delay time.Duration) er
 	}
 	if m.consumer != nil && m.settled.CompareAndSwap(false, true) {
 		sent, err := m.consumer.settle(ctx, m, nack, delay)
-		if err != nil {
+		switch {
+		case sent && err != nil: // the broker's answer (ConsumeOptions.Confirm)
+			return errorf("qbroker: %s %s/%s: %w", op, m.Queue, m.ID, err)
+		case sent:
+			return nil
+		case err != nil:
 			m.settled.Store(false) // not handed over: may be settled again
 			return err
-		}
-		if sent {
-			return nil
 		}
 	}
 	ctx, cancel := m.client.callCtx(ctx, 0)
