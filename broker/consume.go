@@ -568,8 +568,8 @@ func (c *consumer) settle(stream, detached context.Context, settles []*pb.Settle
 	var outcomes []*pb.Settled
 	done := func(s *pb.Settle, err error) {
 		if s.GetConfirm() {
-			st := status.Convert(b.fail(err))
-			outcomes = append(outcomes, &pb.Settled{AckToken: s.GetAckToken(), Code: int32(st.Code()), Message: st.Message()})
+			answer := status.Convert(b.fail(err))
+			outcomes = append(outcomes, &pb.Settled{AckToken: s.GetAckToken(), Code: int32(answer.Code()), Message: answer.Message()})
 		}
 		if err != nil && !errors.Is(err, zkqueue.ErrUnknownLease) {
 			b.log.Debug("settle on stream failed", "err", err)
@@ -974,10 +974,9 @@ var errStalled = errors.New("consumer did not read a delivery before its lease r
 // returns only when the client reads again or the stream ends, which gRPC
 // does right after the handler returns. Every streaming RPC sends through
 // one, never by calling Send itself. The goroutine ends once the handler
-// has closed the outbox and its last Send came back.
-// Several goroutines may send on one outbox (a Consume stream's
-// deliveries and the outcomes of its settlements); each gets the answer
-// of its own send.
+// has closed the outbox and its last Send came back. Several goroutines
+// may send on one outbox (a Consume stream's deliveries and the outcomes
+// of its settlements); each gets the answer of its own send.
 type outbox[T any] struct {
 	in chan outboxItem[T]
 }
