@@ -259,12 +259,6 @@ func (a *ahead) detach() {
 // filler's error when a claim failed and nothing is buffered.
 func (a *ahead) get(ctx context.Context, max, maxBytes int) ([]claimed, error) {
 	a.mu.Lock()
-	a.waiters++
-	defer func() {
-		a.mu.Lock()
-		a.waiters--
-		a.mu.Unlock()
-	}()
 	for {
 		now := time.Now()
 		var out []claimed
@@ -280,21 +274,35 @@ func (a *ahead) get(ctx context.Context, max, maxBytes int) ([]claimed, error) {
 		}
 		a.roll(now)
 		a.served[1] += len(out)
-		err, ready := a.err, a.ready
-		a.mu.Unlock()
-		a.poke()
 		if len(out) > 0 {
+			// The filler is woken only when it may have a claim to
+			// begin, not for every message taken.
+			low := len(a.buf)+a.pending <= a.target()/2
+			a.mu.Unlock()
+			if low {
+				a.poke()
+			}
 			return out, nil
 		}
+		err, ready := a.err, a.ready
+		if err == nil {
+			a.waiters++
+		}
+		a.mu.Unlock()
+		a.poke()
 		if err != nil {
 			return nil, err
 		}
 		select {
 		case <-ready:
 		case <-ctx.Done():
-			return nil, ctx.Err()
 		}
 		a.mu.Lock()
+		a.waiters--
+		if ctx.Err() != nil {
+			a.mu.Unlock()
+			return nil, ctx.Err()
+		}
 	}
 }
 
@@ -352,6 +360,13 @@ func (a *ahead) poke() {
 	}
 }
 
+// target is how many messages the buffer holds or claims for its streams
+// (see need); a.mu is held.
+func (a *ahead) target() int {
+	demand := max(a.served[0], a.served[1])
+	return min(aheadMaxCount, a.waiters+(demand+1)/2)
+}
+
 // need reserves the messages, and bytes, the filler claims next, and
 // whether the claim waits for the first: only when a stream waits,
 // nothing is buffered and no other claim is under way (underway). The
@@ -363,8 +378,7 @@ func (a *ahead) need(underway int) (n, bytes int, block bool, done func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.roll(time.Now())
-	demand := max(a.served[0], a.served[1])
-	target := min(aheadMaxCount, a.waiters+(demand+1)/2)
+	target := a.target()
 	have := len(a.buf) + a.pending
 	n = min(target-have, aheadMaxClaim)
 	if n > 0 && underway > 0 {
