@@ -49,8 +49,11 @@
 // by one, as any other. Settlements go back the same way: the Consumer
 // gathers them, with the credit they give back, into one stream message
 // (up to a quarter of Prefetch, for at most a millisecond, at once when
-// the application has nothing left to take). Receive is the
-// request/response alternative: a long poll for up to 100 messages.
+// the application has nothing left to take). Ack then returns once its
+// settlement is on its way; with ConsumeOptions.Confirm it returns once
+// the broker answered that the ack committed, as the Ack call does, while
+// the credit it gives back brings the next message meanwhile. Receive is
+// the request/response alternative: a long poll for up to 100 messages.
 //
 // # Locks and elections
 //
