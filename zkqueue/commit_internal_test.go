@@ -164,13 +164,7 @@ func TestCommitterPipelinesSmallBatches(t *testing.T) {
 	if err := zkutil.EnsurePath(zktest.Conn(t), root, nil); err != nil {
 		t.Fatal(err)
 	}
-	var multis atomic.Int32
-	b := NewCommitter([]*zk.Conn{conn}, CommitterConfig{Workers: 4, Observer: func(op string, _ time.Duration, _ error) {
-		if op == "multi" {
-			multis.Add(1)
-		}
-	}})
-	defer b.Close()
+	b, multis := countedCommitter(t, conn, 4)
 	txn := func(name string) *batchReq {
 		return &batchReq{done: make(chan batchResult, 1), ops: []any{&zk.CreateRequest{Path: root + "/" + name, Acl: zk.WorldACL(zk.PermAll)}}}
 	}
@@ -197,16 +191,25 @@ func TestCommitterPipelinesSmallBatches(t *testing.T) {
 	}
 }
 
-// commitOnce hands txns to one commit of a Committer of one worker, as one
-// batch, and returns their requests (answered) and the Multis it took.
-func commitOnce(t *testing.T, conn *zk.Conn, txns [][]any) ([]*batchReq, int32) {
+// countedCommitter returns a Committer of workers per session on conn,
+// closed when the test ends, and the count of the Multis it sent.
+func countedCommitter(t *testing.T, conn *zk.Conn, workers int) (*Committer, *atomic.Int32) {
 	t.Helper()
-	var multis atomic.Int32
-	b := NewCommitter([]*zk.Conn{conn}, CommitterConfig{Workers: 1, Observer: func(op string, _ time.Duration, _ error) {
+	multis := new(atomic.Int32)
+	b := NewCommitter([]*zk.Conn{conn}, CommitterConfig{Workers: workers, Observer: func(op string, _ time.Duration, _ error) {
 		if op == "multi" {
 			multis.Add(1)
 		}
 	}})
+	t.Cleanup(b.Close)
+	return b, multis
+}
+
+// commitOnce hands txns to one commit of a Committer of one worker, as one
+// batch, and returns their requests (answered) and the Multis it took.
+func commitOnce(t *testing.T, conn *zk.Conn, txns [][]any) ([]*batchReq, int32) {
+	t.Helper()
+	b, multis := countedCommitter(t, conn, 1)
 	defer b.Close()
 	batch := make([]*batchReq, len(txns))
 	nops := 0
@@ -251,13 +254,7 @@ func TestCommitterDeferred(t *testing.T) {
 	if err := zkutil.EnsurePath(conn, root, nil); err != nil {
 		t.Fatal(err)
 	}
-	var multis atomic.Int32
-	b := NewCommitter([]*zk.Conn{conn}, CommitterConfig{Workers: 4, Observer: func(op string, _ time.Duration, _ error) {
-		if op == "multi" {
-			multis.Add(1)
-		}
-	}})
-	defer b.Close()
+	b, multis := countedCommitter(t, conn, 4)
 	b.deferWait = time.Hour // only company, or deferOps, sends them
 	deferred := WithDeferredCommit(context.Background())
 	create := func(name string) any {
