@@ -146,13 +146,13 @@ func NewCommitter(conns []*zk.Conn, cfg CommitterConfig) *Committer {
 	}
 	workers, maxOps, maxBytes, obs := cfg.Workers, cfg.MaxOps, cfg.MaxBytes, cfg.Observer
 	b := &Committer{
-		obs:      obs,
-		reqs:     make(chan *batchReq, 4*maxOps),
-		maxOps:   maxOps,
-		maxBytes: maxBytes,
-		stop:     make(chan struct{}),
-		freed:    make(chan struct{}),
-		deferDue: make(chan struct{}, 1),
+		obs:       obs,
+		reqs:      make(chan *batchReq, 4*maxOps),
+		maxOps:    maxOps,
+		maxBytes:  maxBytes,
+		stop:      make(chan struct{}),
+		freed:     make(chan struct{}),
+		deferDue:  make(chan struct{}, 1),
 		deferWait: deferWait,
 	}
 	for _, c := range conns {
