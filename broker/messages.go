@@ -203,14 +203,14 @@ func (b *Broker) Receive(ctx context.Context, req *pb.ReceiveRequest) (*pb.Recei
 		return nil, b.fail(err)
 	}
 	for i, c := range cs {
-		if !b.claims.sendable(d, c) && a != nil {
-			// Back through the buffer, with the ones behind it, as a
-			// stream's (sendBatch).
-			b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - i))
-			a.putBack(cs[i:])
-			break
-		}
 		if !b.claims.sendable(d, c) {
+			if a != nil {
+				// Back through the buffer, with the ones behind it,
+				// as a stream's (sendBatch).
+				b.metrics.expiredUnsent.WithLabelValues(q.label).Add(float64(len(cs) - i))
+				a.putBack(cs[i:])
+				break
+			}
 			b.claims.unsent(q, c)
 			continue
 		}

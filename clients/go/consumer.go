@@ -629,7 +629,7 @@ func (l *consumeLoop) onSettle(r settleReq) bool {
 		// Its caller waits for the answer; the credit waits for a
 		// quarter of the prefetch, so the broker claims for the
 		// stream in batches as it does without Confirm.
-		return l.flushSettles()
+		return l.send(false)
 	case l.flushAt == nil:
 		if l.flushTimer == nil {
 			l.flushTimer = time.NewTimer(settleDelay)
@@ -660,24 +660,20 @@ func (l *consumeLoop) confirmed(outcomes []*pb.Settled) {
 // settleDelay bounds how long a gathered settlement waits for others.
 const settleDelay = time.Millisecond
 
-// flushSettles sends the gathered settlements without their credit.
-func (l *consumeLoop) flushSettles() bool {
-	req := &pb.ConsumeRequest{Settle: l.settles}
-	l.settles = nil
-	if l.flushAt != nil {
-		l.flushTimer.Stop()
-		l.flushAt = nil
-	}
-	return l.stream.Send(req) == nil // a failure ends the stream
-}
-
 // flush sends the gathered settlements and their credit in one request.
-func (l *consumeLoop) flush() bool {
+func (l *consumeLoop) flush() bool { return l.send(true) }
+
+// send sends the gathered settlements, with their credit or (withCredit
+// false) keeping it for a later request.
+func (l *consumeLoop) send(withCredit bool) bool {
 	if len(l.settles) == 0 || l.stream == nil {
 		return true
 	}
-	req := &pb.ConsumeRequest{Settle: l.settles, Credit: uint32(l.settleCred)}
-	l.settles, l.settleCred = nil, 0
+	req := &pb.ConsumeRequest{Settle: l.settles}
+	l.settles = nil
+	if withCredit {
+		req.Credit, l.settleCred = uint32(l.settleCred), 0
+	}
 	if l.flushAt != nil {
 		l.flushTimer.Stop()
 		l.flushAt = nil
