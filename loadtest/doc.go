@@ -36,7 +36,9 @@
 // ZooKeeper JVM is still compiling its hot paths for the first seconds,
 // so with a spawned ZooKeeper the warmup goes on, in runs of 5 s, until
 // its JIT compilers used under 0.05 cores in the last one (at most
-// --warmup-max more; warm.go).
+// --warmup-max more; warm.go). With --backlog, each warm run also takes
+// the measured run's readings of ZooKeeper and starts its cold broker,
+// whose first run makes ZooKeeper compile anew.
 //
 // --backlog N publishes N messages before any consumer starts, then starts
 // the consumers and measures how fast they drain the queue: the delivered
@@ -166,8 +168,9 @@
 // lost claims per delivered message (qbroker_claim_conflicts_total over
 // qbroker_messages_delivered_total of the queue, scraped from every
 // broker before and after), errors by gRPC code and by call, the
-// baselines and ratios, CPU seconds per 1,000 messages of the brokers and
-// of ZooKeeper (spawned topologies only, from /proc/<pid>/stat), ZooKeeper's
+// baselines and ratios, CPU seconds per 1,000 messages of the brokers, of
+// ZooKeeper and of the load test itself (spawned topologies only, from
+// /proc/<pid>/stat; with --backlog also over the drain alone), ZooKeeper's
 // transactions over the run per message delivered and how long a leader's
 // zxid counter (2^32 transactions, then an election) lasts at their rate
 // (from the zxid srvr reports before and after; when ZooKeeper is known

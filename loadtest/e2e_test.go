@@ -173,10 +173,8 @@ type jsonReport struct {
 		Broker       brokerCounters `json:"broker"`
 		PerDelivered float64        `json:"per_delivered"`
 	} `json:"conflicts"`
-	CPU *struct {
-		BrokerPer1k    float64 `json:"broker_seconds_per_1k"`
-		ZooKeeperPer1k float64 `json:"zookeeper_seconds_per_1k"`
-	} `json:"cpu"`
+	CPU      *CPUStats `json:"cpu"`
+	DrainCPU *CPUStats `json:"drain_cpu"`
 	ZooKeeper *ZKTxnStats      `json:"zookeeper"`
 	ZKCost    *ZKCost          `json:"zk_cost"`
 	Baselines []BaselineResult `json:"baselines"`
@@ -232,6 +230,16 @@ func checkReport(t *testing.T, cfg Config, baselines []string) {
 	}
 	if cfg.Backlog > 0 && (r.DrainSeconds <= 0 || r.PublishSeconds+r.DrainSeconds > r.Seconds*1.01) {
 		t.Errorf("backlog: published in %vs, drained in %vs, run %vs", r.PublishSeconds, r.DrainSeconds, r.Seconds)
+	}
+	// The drain's CPU is part of the run's, which holds the publishing too.
+	switch d := r.DrainCPU; {
+	case cfg.Backlog == 0 && d != nil:
+		t.Errorf("drain cpu without a backlog: %+v", d)
+	case cfg.Backlog > 0 && (d == nil || r.CPU == nil):
+		t.Errorf("drain cpu %+v, run cpu %+v", d, r.CPU)
+	case cfg.Backlog > 0 && (d.BrokerSeconds <= 0 || d.BrokerSeconds > r.CPU.BrokerSeconds || d.ZooKeeperSeconds <= 0 ||
+		d.ZooKeeperSeconds > r.CPU.ZooKeeperSeconds || d.LoadtestPer1k <= 0 || d.LoadtestSeconds > r.CPU.LoadtestSeconds):
+		t.Errorf("drain cpu %+v not within the run's %+v", d, r.CPU)
 	}
 	if cfg.Backlog > 0 {
 		d := r.Deep

@@ -153,7 +153,7 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	var failures []string
 	var warm *WarmupReport
 	if cfg.Warmup > 0 {
-		w, err := warmup(ctx, cfg, topo, admin, pool, progress)
+		w, err := warmup(ctx, cfg, topo, admin, pool, opts, progress)
 		if err != nil {
 			failures = append(failures, err.Error())
 		}
@@ -276,6 +276,17 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 			}
 		}
 	}
+	// The drain's own CPU: the run's holds the publishing too.
+	var drain0, drain1 cpuSample
+	var drainOK bool
+	if cfg.Backlog > 0 {
+		hooks.drainStarts = func() { drain0, drainOK = topo.cpu() }
+		hooks.drainEnds = func() {
+			var ok bool
+			drain1, ok = topo.cpu()
+			drainOK = drainOK && ok
+		}
+	}
 	zxid0, zxidErr := readZxid(topo.ZooKeeper)
 	w, err := runWorkload(ctx, cfg, pool, progress, hooks)
 	if err != nil {
@@ -283,6 +294,10 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 	}
 	cpu1, cpu1OK := topo.cpu()
 	in := reportInput{Config: *cfg, Topology: topo, Workload: w, BacklogZK: backlogZK}
+	if drainOK && !w.DrainStart.IsZero() {
+		d := drain1.sub(drain0)
+		in.DrainCPU = &d
+	}
 	if topo.ZooKeeper != "" {
 		zxid1, err := readZxid(topo.ZooKeeper)
 		// An external ZooKeeper may not allow srvr: then no figure.

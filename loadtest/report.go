@@ -46,6 +46,9 @@ type Report struct {
 	Errors    ErrorStats     `json:"errors"`
 	Conflicts *ConflictStats `json:"conflicts,omitempty"`
 	CPU       *CPUStats      `json:"cpu,omitempty"`
+	// DrainCPU: with a backlog, the CPU time of the drain alone, per
+	// message drained.
+	DrainCPU *CPUStats `json:"drain_cpu,omitempty"`
 	// ZooKeeper: its transactions over the run (from its zxid), when
 	// ZooKeeper is known and no leader election came in between.
 	ZooKeeper *ZKTxnStats `json:"zookeeper,omitempty"`
@@ -129,6 +132,7 @@ type CPUStats struct {
 	// The load test's own producers and consumers share the machine.
 	LoadtestSeconds float64 `json:"loadtest_seconds"`
 	LoadtestCores   float64 `json:"loadtest_cores"`
+	LoadtestPer1k   float64 `json:"loadtest_seconds_per_1k"`
 }
 
 // reportInput is everything a report is assembled from.
@@ -139,6 +143,7 @@ type reportInput struct {
 	Workload  *workloadResult
 	Counters  *brokerCounters // broker counters' delta; nil when not scraped
 	CPU       *cpuSample      // spawned processes' CPU delta; nil when unknown
+	DrainCPU  *cpuSample      // the same over a backlog's drain; nil when none
 	Zxids     *[2]int64       // ZooKeeper's last zxid before and after; nil when unknown
 	BacklogZK *[2]zkReading   // with a backlog: ZooKeeper before and after its publishing
 	Baselines []BaselineResult
@@ -199,6 +204,9 @@ func buildReport(in reportInput) *Report {
 	}
 	if in.CPU != nil && r.Seconds > 0 {
 		r.CPU = cpuStats(*in.CPU, r.Seconds, delivered)
+	}
+	if in.DrainCPU != nil && r.DrainSeconds > 0 {
+		r.DrainCPU = cpuStats(*in.DrainCPU, r.DrainSeconds, delivered)
 	}
 	if z := in.Zxids; z != nil {
 		if st, ok := zkTxnStats(z[0], z[1], delivered, r.Seconds); ok {
@@ -264,6 +272,7 @@ func cpuStats(cpu cpuSample, seconds float64, delivered int64) *CPUStats {
 	if delivered > 0 {
 		st.BrokerPer1k = st.BrokerSeconds / float64(delivered) * 1000
 		st.ZooKeeperPer1k = st.ZooKeeperSeconds / float64(delivered) * 1000
+		st.LoadtestPer1k = st.LoadtestSeconds / float64(delivered) * 1000
 	}
 	return st
 }
@@ -323,6 +332,11 @@ func writeSummary(out io.Writer, r *Report) {
 		fmt.Fprintf(&b, "cpu          brokers %.2fs (%.2f cores) = %.3fs per 1k msgs; ZooKeeper %.2fs (%.2f cores) = %.3fs per 1k msgs; servers together %.3fs per 1k msgs; load test %.2f cores\n",
 			r.CPU.BrokerSeconds, r.CPU.BrokerCores, r.CPU.BrokerPer1k, r.CPU.ZooKeeperSeconds, r.CPU.ZooKeeperCores, r.CPU.ZooKeeperPer1k,
 			r.CPU.BrokerPer1k+r.CPU.ZooKeeperPer1k, r.CPU.LoadtestCores)
+	}
+	if d := r.DrainCPU; d != nil {
+		fmt.Fprintf(&b, "cpu drain    brokers %.2f cores, ZooKeeper %.2f, load test %.2f, together %.2f; per 1k msgs brokers %.3fs, ZooKeeper %.3fs, load test %.3fs, together %.3fs\n",
+			d.BrokerCores, d.ZooKeeperCores, d.LoadtestCores, d.BrokerCores+d.ZooKeeperCores+d.LoadtestCores,
+			d.BrokerPer1k, d.ZooKeeperPer1k, d.LoadtestPer1k, d.BrokerPer1k+d.ZooKeeperPer1k+d.LoadtestPer1k)
 	}
 	if z := r.ZooKeeper; z != nil {
 		fmt.Fprintf(&b, "zk txns      %d transactions = %.2f per message, %.0f/s: the zxid counter of a leader (2^32) lasts %.1f days at this rate\n",

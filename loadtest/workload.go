@@ -120,6 +120,9 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 			<-s.done
 			return nil, err
 		}
+		if hooks.drainStarts != nil {
+			hooks.drainStarts()
+		}
 		res.DrainStart = time.Now()
 		consumers = startConsumers(ctx, sh, clients)
 	}
@@ -129,6 +132,9 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	}
 	res.Interrupted = ctx.Err() != nil
 	res.End = time.Now()
+	if cfg.Backlog > 0 && hooks.drainEnds != nil {
+		hooks.drainEnds()
+	}
 	res.Problems = append(res.Problems, consumers.close()...)
 	stopSampler()
 	<-s.done
@@ -145,6 +151,9 @@ type workloadHooks struct {
 	// whilePublishing starts what runs beside the producers; the
 	// function it returns stops it when the last producer finished.
 	whilePublishing func(context.Context) (stop func())
+	// drainStarts and drainEnds, with a backlog, run as the drain's
+	// clock starts and stops.
+	drainStarts, drainEnds func()
 }
 
 // runProducers runs the producers until their quota or deadline and
