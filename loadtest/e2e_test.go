@@ -173,8 +173,8 @@ type jsonReport struct {
 		Broker       brokerCounters `json:"broker"`
 		PerDelivered float64        `json:"per_delivered"`
 	} `json:"conflicts"`
-	CPU      *CPUStats `json:"cpu"`
-	DrainCPU *CPUStats `json:"drain_cpu"`
+	CPU       *CPUStats        `json:"cpu"`
+	DrainCPU  *CPUStats        `json:"drain_cpu"`
 	ZooKeeper *ZKTxnStats      `json:"zookeeper"`
 	ZKCost    *ZKCost          `json:"zk_cost"`
 	Baselines []BaselineResult `json:"baselines"`
