@@ -358,28 +358,26 @@ func (p *settlePool) close() {
 // each waits only for its own.
 func (c *consumer) receiveRequests(ctx context.Context, rx *receiver[*pb.ConsumeRequest], settle func([]*pb.Settle)) error {
 	st := c.st
-	for {
-		select {
-		case req, ok := <-rx.reqs:
-			if !ok {
-				return errStreamDone
+	rx.handleWith(func(req *pb.ConsumeRequest) {
+		st.addCredit(int(req.GetCredit()))
+		var members []*pb.Settle
+		for _, s := range req.GetSettle() {
+			if !s.GetNack() && strings.Contains(s.GetAckToken(), zkqueue.MemberSep) {
+				members = append(members, s)
+			} else {
+				settle([]*pb.Settle{s})
 			}
-			st.addCredit(int(req.GetCredit()))
-			var members []*pb.Settle
-			for _, s := range req.GetSettle() {
-				if !s.GetNack() && strings.Contains(s.GetAckToken(), zkqueue.MemberSep) {
-					members = append(members, s)
-				} else {
-					settle([]*pb.Settle{s})
-				}
-			}
-			if len(members) > 0 {
-				settle(members)
-			}
-		case <-ctx.Done():
-			return errStreamDone
 		}
+		if len(members) > 0 {
+			settle(members)
+		}
+	})
+	defer rx.detach()
+	select {
+	case <-rx.ended.Done(): // Recv failed: the client left or half-closed
+	case <-ctx.Done():
 	}
+	return errStreamDone
 }
 
 // deliver claims and sends deliveries while the stream has credit, until
@@ -880,6 +878,10 @@ type receiver[T any] struct {
 	once  sync.Once       // closes stop
 	ended context.Context // ends with the client's last word, or with ctx
 	said  atomic.Bool     // the client's last word, or its half-close, came
+
+	handlers chan func(T) // buffered: handleWith's handler, for the goroutine to take
+	mu       sync.Mutex   // held while the goroutine runs the handler
+	detached bool         // the handler runs no more; under mu
 }
 
 // newReceiver starts the receiver of a stream whose requests recv reads,
@@ -887,12 +889,13 @@ type receiver[T any] struct {
 // the only end.
 func newReceiver[T any](b *Broker, ctx context.Context, recv func() (T, error), last func(T) bool) *receiver[T] {
 	ended, end := context.WithCancel(ctx)
-	r := &receiver[T]{reqs: make(chan T), stop: make(chan struct{}), ended: ended}
+	r := &receiver[T]{reqs: make(chan T), stop: make(chan struct{}), ended: ended, handlers: make(chan func(T), 1)}
 	b.wg.Add(1) // within the stream's own count, so never from zero
 	go func() {
 		defer b.wg.Done()
 		defer end()
 		forward := true
+		var handle func(T)
 		for {
 			req, err := recv()
 			if err != nil {
@@ -901,12 +904,16 @@ func newReceiver[T any](b *Broker, ctx context.Context, recv func() (T, error), 
 				close(r.reqs)
 				return
 			}
-			if forward {
+			if forward && handle == nil {
 				select {
 				case r.reqs <- req:
+				case handle = <-r.handlers:
 				case <-r.stop:
 					forward = false
 				}
+			}
+			if handle != nil && !r.run(handle, req) {
+				handle, forward = nil, false
 			}
 			if last != nil && last(req) {
 				r.said.Store(true)
@@ -920,6 +927,34 @@ func newReceiver[T any](b *Broker, ctx context.Context, recv func() (T, error), 
 // close tells the receiver that the handler reads no more requests. It
 // may be called more than once.
 func (r *receiver[T]) close() { r.once.Do(func() { close(r.stop) }) }
+
+// handleWith has the receiving goroutine run handle on every request
+// from the next one on, instead of forwarding it on reqs: a request then
+// costs no hand-off between goroutines. The handler stops reading reqs;
+// it learns that Recv failed from ended (a receiver without last) and
+// must call detach before what handle uses goes away. handle may block:
+// that holds up the stream's requests, as a handler that does not read
+// them does.
+func (r *receiver[T]) handleWith(handle func(T)) { r.handlers <- handle }
+
+// detach stops the requests' handler: it waits for a handle call under
+// way, and none starts after it.
+func (r *receiver[T]) detach() {
+	r.mu.Lock()
+	r.detached = true
+	r.mu.Unlock()
+}
+
+// run runs handle on req unless detached.
+func (r *receiver[T]) run(handle func(T), req T) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.detached {
+		return false
+	}
+	handle(req)
+	return true
+}
 
 // saidLast reports, once ended is done, whether the client ended the
 // stream deliberately: its last word (last) or a half-close, rather than
