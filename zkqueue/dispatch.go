@@ -1315,7 +1315,7 @@ func (c *claims) read(ctx context.Context, p string, n Name) (data []byte, versi
 			return data, 0, nil
 		}
 	}
-	r := c.reads.read(p)
+	r := c.reads.read(p, n)
 	return r.data, r.version, r.err
 }
 

@@ -154,3 +154,47 @@ func TestReadAheadOwnMessages(t *testing.T) {
 		t.Errorf("queued for reading ahead %v, want %v", queued, want)
 	}
 }
+
+// A claim's read drops the candidates queued for reading ahead up to its
+// own: claims take candidates in queue order, so a read ahead of those
+// would find them claimed, or read what their claim reads anyway. The
+// ones after it fill the claim's request, as before.
+func TestClaimReadDropsReadsAheadBehindIt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q, err := New(zktest.Conn(t), zktest.Root(t)+"/items")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []Name
+	for i := range 5 {
+		id, err := q.Publish(ctx, fmt.Appendf(nil, "m%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, mustName(t, id))
+	}
+	q.recent.forget()   // published while nobody consumed here: not remembered
+	q.recent.taking(+1) // a consumer now: what is read ahead is remembered
+	if n := q.reads.readAhead(names, q.pubs.mark()); n != len(names) {
+		t.Fatalf("queued %d of %d for reading ahead", n, len(names))
+	}
+	r := q.reads.read(itemPath(q.path, names[2]), names[2])
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if m, err := DecodeData(r.data); err != nil || string(m.Payload) != "m2" {
+		t.Fatalf("read %s: %q, %v; want m2", names[2].Raw, m.Payload, err)
+	}
+	for i, n := range names {
+		want := i > 2 // read ahead with the claim's read
+		if got := q.recent.has(n.Raw); got != want {
+			t.Errorf("%s (message %d) remembered %v after the claim read message 2, want %v", n.Raw, i, got, want)
+		}
+	}
+	q.reads.mu.Lock()
+	defer q.reads.mu.Unlock()
+	if len(q.reads.ahead) != 0 || len(q.reads.aheadSet) != 0 {
+		t.Errorf("still queued for reading ahead: %v (set %v)", q.reads.ahead, q.reads.aheadSet)
+	}
+}

@@ -855,11 +855,19 @@ type readCall struct {
 	turn chan struct{}
 }
 
-// read reads the data of p, sharing a request with concurrent reads
-// of the Queue.
-func (g *readGroup) read(p string) readResult {
+// read reads the data of p, the node of candidate n, sharing a request
+// with concurrent reads of the Queue. The candidates queued for reading
+// ahead up to n are dropped: claims take candidates in queue order, so
+// those are claimed or being claimed already, and a read ahead of them
+// would find them gone or read what a claim reads anyway.
+func (g *readGroup) read(p string, n Name) readResult {
 	c := &readCall{path: p, done: make(chan struct{}), turn: make(chan struct{}, 1)}
 	g.mu.Lock()
+	for len(g.ahead) > 0 && Compare(g.ahead[0], n) <= 0 {
+		delete(g.aheadSet, g.ahead[0].Raw)
+		g.ahead[0] = Name{}
+		g.ahead = g.ahead[1:]
+	}
 	g.queued = append(g.queued, c)
 	g.sendLocked()
 	for {
