@@ -778,7 +778,8 @@ func (o observed) Exists(p string) (bool, *zk.Stat, error) {
 // what they read is remembered as if this process had published it
 // (producer.go, within the same memory budget). The claims then find their
 // data at hand, as on a shallow queue, and a deep backlog drains without
-// waiting for reads.
+// waiting for reads. Claims take candidates in queue order, so a claim that
+// reads its message itself drops the reads ahead still queued up to it.
 //
 // The reads are not atomic with the claims: a claim still deletes (or
 // leases) at the version it read, so a message claimed elsewhere in
