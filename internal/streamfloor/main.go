@@ -179,11 +179,7 @@ func consume(ctx context.Context, c pb.QueueClient, pid, prefetch int, d time.Du
 		}
 		ss = append(ss, s)
 	}
-	server0, err := proccpu.Process(pid)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	client0, err := proccpu.Process(os.Getpid())
+	server0, client0, err := cpu(pid)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -195,15 +191,21 @@ func consume(ctx context.Context, c pb.QueueClient, pid, prefetch int, d time.Du
 		wg.Go(func() { errs[i] = stream(s, prefetch, end, &n) })
 	}
 	wg.Wait()
-	server1, err := proccpu.Process(pid)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	client1, err := proccpu.Process(os.Getpid())
+	server1, client1, err := cpu(pid)
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	return n.Load(), server1 - server0, client1 - client0, errors.Join(errs...)
+}
+
+// cpu returns the CPU time used so far by the server pid and by this
+// process.
+func cpu(pid int) (server, client time.Duration, err error) {
+	if server, err = proccpu.Process(pid); err != nil {
+		return 0, 0, err
+	}
+	client, err = proccpu.Process(os.Getpid())
+	return server, client, err
 }
 
 // stream subscribes, then reads deliveries and acks them, a quarter of
