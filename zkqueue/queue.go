@@ -581,8 +581,9 @@ func (c *Catalog) Open(name string, cfg OpenConfig, opts ...Option) (*Handles, e
 // (zk.EventNotWatching) is armed again when the queue's node is still the
 // one Open read (same creation and version), and the Handles serve on: a
 // process keeps one set of Handles per queue through session changes,
-// and with them one dispatcher and one pack buffer. That takes one read;
-// when it fails (ZooKeeper away, the queue gone), the Handles are stale.
+// and with them one dispatcher and one pack buffer. That takes one read,
+// tried again for up to a second while the connection is down; when it
+// fails (ZooKeeper away, the queue gone), the Handles are stale.
 func (h *Handles) Stale() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -612,15 +613,30 @@ func (h *Handles) fired(w <-chan zk.Event, ev zk.Event, ok bool) bool {
 	case h.stale || w != h.watch:
 		return h.stale // decided when the event was taken
 	case ok && ev.Type == zk.EventNotWatching:
-		_, stat, watch, err := h.catalog.load(h.Name)
-		if err == nil && stat.Czxid == h.meta.Czxid && stat.Version == h.meta.Version {
-			h.watch = watch
-			return false
+		// The read can fail while the client replaces the lost session
+		// (requests of the old one end with it): try again, briefly.
+		for try := 0; ; try++ {
+			_, stat, watch, err := h.catalog.load(h.Name)
+			if err == nil && stat.Czxid == h.meta.Czxid && stat.Version == h.meta.Version {
+				h.watch = watch
+				return false
+			}
+			if err == nil || !connectionLoss(err) || errors.Is(err, zk.ErrClosing) || try == staleRetries {
+				break
+			}
+			time.Sleep(staleRetryWait)
 		}
 	}
 	h.stale = true
 	return true
 }
+
+// A lost session's metadata watch is armed again with up to staleRetries
+// more reads, staleRetryWait apart, while the connection is down.
+const (
+	staleRetries   = 10
+	staleRetryWait = 100 * time.Millisecond
+)
 
 // Run runs the queue's jobs of this process until ctx ends or the Handles
 // go stale, and returns once they stopped: the mover of due delayed
