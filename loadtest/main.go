@@ -294,7 +294,7 @@ func measureWorkload(ctx context.Context, cfg *Config, topo *Topology, pool *con
 	}
 	cpu1, cpu1OK := topo.cpu()
 	in := reportInput{Config: *cfg, Topology: topo, Workload: w, BacklogZK: backlogZK}
-	if drainOK && !w.DrainStart.IsZero() {
+	if drainOK {
 		d := drain1.sub(drain0)
 		in.DrainCPU = &d
 	}

@@ -132,7 +132,7 @@ func runWorkload(ctx context.Context, cfg *Config, pool *connPool, progress io.W
 	}
 	res.Interrupted = ctx.Err() != nil
 	res.End = time.Now()
-	if cfg.Backlog > 0 && hooks.drainEnds != nil {
+	if hooks.drainEnds != nil {
 		hooks.drainEnds()
 	}
 	res.Problems = append(res.Problems, consumers.close()...)
@@ -151,8 +151,8 @@ type workloadHooks struct {
 	// whilePublishing starts what runs beside the producers; the
 	// function it returns stops it when the last producer finished.
 	whilePublishing func(context.Context) (stop func())
-	// drainStarts and drainEnds, with a backlog, run as the drain's
-	// clock starts and stops.
+	// drainStarts, with a backlog, runs as the drain's clock starts;
+	// drainEnds as the run's clock stops (the drain's end).
 	drainStarts, drainEnds func()
 }
 
