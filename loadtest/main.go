@@ -153,7 +153,8 @@ func execute(ctx context.Context, cfg Config, topo *Topology, progress io.Writer
 	var failures []string
 	var warm *WarmupReport
 	if cfg.Warmup > 0 {
-		w, err := warmup(ctx, cfg, topo, admin, pool, opts, progress)
+		w, cleanup, err := warmup(ctx, cfg, topo, admin, pool, opts, progress)
+		defer cleanup() // after the measured run (warmup)
 		if err != nil {
 			failures = append(failures, err.Error())
 		}
