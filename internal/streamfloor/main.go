@@ -11,7 +11,15 @@
 // (grpc-go's defaults, no interceptors); the client's CPU is this
 // process's. Each setting runs 3 s warm, then 10 s measured.
 //
+// Unpaced, the streams run as fast as the two processes allow, where
+// each write carries many stream messages. -rate1 and -rate100 pace the
+// streams of a prefetch to a total rate (a stream takes a token per
+// message before it acks it, tokens released every millisecond), to
+// measure the floor at the rate a real drain runs, where a stream
+// message has fewer others to share a write or a wake-up with.
+//
 //	go run ./internal/streamfloor -rounds 2
+//	go run ./internal/streamfloor -rounds 3 -rate1 13000 -rate100 16500
 package main
 
 import (
@@ -48,11 +56,13 @@ const (
 func main() {
 	serve := flag.String("serve", "", "internal: serve on this address")
 	rounds := flag.Int("rounds", 2, "rounds over the prefetches")
+	rate1 := flag.Int("rate1", 0, "messages per second of all streams together at prefetch 1; 0: unpaced")
+	rate100 := flag.Int("rate100", 0, "messages per second of all streams together at prefetch 100; 0: unpaced")
 	flag.Parse()
 	if *serve != "" {
 		log.Fatal(serveFloor(*serve))
 	}
-	if err := measure(*rounds); err != nil {
+	if err := measure(*rounds, map[int]int{1: *rate1, 100: *rate100}); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -116,7 +126,7 @@ func serveFloor(addr string) error {
 	return g.Serve(ln)
 }
 
-func measure(rounds int) error {
+func measure(rounds int, rates map[int]int) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
@@ -148,10 +158,10 @@ func measure(rounds int) error {
 	for r := 1; r <= rounds; r++ {
 		var per [2]float64
 		for i, prefetch := range []int{1, 100} {
-			if _, _, _, err := consume(ctx, c, cmd.Process.Pid, prefetch, warm); err != nil {
+			if _, _, _, err := consume(ctx, c, cmd.Process.Pid, prefetch, rates[prefetch], warm); err != nil {
 				return err
 			}
-			n, server, client, err := consume(ctx, c, cmd.Process.Pid, prefetch, window)
+			n, server, client, err := consume(ctx, c, cmd.Process.Pid, prefetch, rates[prefetch], window)
 			if err != nil {
 				return err
 			}
@@ -166,11 +176,21 @@ func measure(rounds int) error {
 	return nil
 }
 
-// consume runs the streams at prefetch for d and returns the messages
-// they received and the CPU the server and this process used meanwhile.
-func consume(ctx context.Context, c pb.QueueClient, pid, prefetch int, d time.Duration) (int64, time.Duration, time.Duration, error) {
+// consume runs the streams at prefetch for d, paced to rate messages per
+// second (0: unpaced), and returns the messages they received and the CPU
+// the server and this process used meanwhile.
+func consume(ctx context.Context, c pb.QueueClient, pid, prefetch, rate int, d time.Duration) (int64, time.Duration, time.Duration, error) {
 	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	var tokens chan struct{}
+	var pacing sync.WaitGroup
+	defer func() {
+		cancel()
+		pacing.Wait()
+	}()
+	if rate > 0 {
+		tokens = make(chan struct{}, max(rate/100, prefetch))
+		pacing.Go(func() { pace(sctx, rate, tokens) })
+	}
 	var ss []pb.Queue_ConsumeClient
 	for range streams {
 		s, err := c.Consume(sctx, grpc.WaitForReady(true))
@@ -188,7 +208,7 @@ func consume(ctx context.Context, c pb.QueueClient, pid, prefetch int, d time.Du
 	errs := make([]error, streams)
 	end := time.Now().Add(d)
 	for i, s := range ss {
-		wg.Go(func() { errs[i] = stream(s, prefetch, end, &n) })
+		wg.Go(func() { errs[i] = stream(sctx, s, prefetch, end, tokens, &n) })
 	}
 	wg.Wait()
 	server1, client1, err := cpu(pid)
@@ -208,10 +228,34 @@ func cpu(pid int) (server, client time.Duration, err error) {
 	return server, client, err
 }
 
+// pace releases rate tokens per second into tokens, a share every
+// millisecond, until ctx ends; tokens no stream takes are dropped once
+// the channel is full, so that a stream late for its turn does not make
+// up for it in a burst.
+func pace(ctx context.Context, rate int, tokens chan<- struct{}) {
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	start, released := time.Now(), 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			due := int(now.Sub(start).Seconds() * float64(rate))
+			for ; released < due; released++ {
+				select {
+				case tokens <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+}
+
 // stream subscribes, then reads deliveries and acks them, a quarter of
 // the prefetch (at least 1) per request with the credit they give back,
-// until end.
-func stream(s pb.Queue_ConsumeClient, prefetch int, end time.Time, n *atomic.Int64) error {
+// until end. With tokens, it takes one per message before acking it.
+func stream(ctx context.Context, s pb.Queue_ConsumeClient, prefetch int, end time.Time, tokens <-chan struct{}, n *atomic.Int64) error {
 	err := s.Send(&pb.ConsumeRequest{Subscribe: &pb.Subscribe{Queue: "q", Mode: pb.DeliveryMode_DELIVERY_MODE_AT_LEAST_ONCE,
 		Prefetch: uint32(prefetch), MaxBatch: uint32(prefetch)}})
 	if err != nil {
@@ -225,6 +269,13 @@ func stream(s pb.Queue_ConsumeClient, prefetch int, end time.Time, n *atomic.Int
 			return err
 		}
 		for _, m := range append([]*pb.Message{d.GetMessage()}, d.GetMore()...) {
+			if tokens != nil {
+				select {
+				case <-tokens:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
 			n.Add(1)
 			settles = append(settles, &pb.Settle{AckToken: m.GetAckToken()})
 			if len(settles) >= quarter {
