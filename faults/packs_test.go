@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	"google.golang.org/grpc/codes"
 
 	qbroker "github.com/qbroker/qbroker/clients/go"
@@ -274,6 +276,13 @@ func (l *load) receiveKeys(cl *qbroker.Client, who string, want []faults.Key, ma
 			}
 		}
 		l.check.Fail("%s: %s did not receive %s within 30s", l.queue, who, strings.Join(missing, " "))
+		// What ZooKeeper holds of the queue, and where the missing went.
+		logTree(l.s.t, l.s.zk, l.s.c.root+"/queues/"+l.queue, 0)
+		for _, k := range want {
+			if got[k] == nil {
+				l.s.t.Logf("%v: deliveries so far: %s", k, describe(l.check.Deliveries(k)))
+			}
+		}
 	}
 	return got
 }
@@ -503,4 +512,34 @@ func describe(ds []faults.Delivery) string {
 		parts = append(parts, fmt.Sprintf("#%d %s to %s", d.Count, d.ID, d.Consumer))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// logTree logs the nodes under path, with their data's size and mtime,
+// and the entries of pack leases (index and deadline).
+func logTree(t *testing.T, c *zk.Conn, path string, depth int) {
+	data, st, err := c.Get(path)
+	if err != nil {
+		t.Logf("%s: %v", path, err)
+		return
+	}
+	extra := ""
+	if len(data) >= 3 && data[0] == 0xCB && data[1] == 'L' {
+		r := data[3:]
+		n, k := binary.Uvarint(r)
+		r = r[k:]
+		extra = fmt.Sprintf(" packlease %d:", n)
+		for range n {
+			idx, k1 := binary.Uvarint(r)
+			r = r[k1:]
+			dl, k2 := binary.Varint(r)
+			r = r[k2:]
+			extra += fmt.Sprintf(" %d@%s", idx, time.Unix(0, dl).Format("15:04:05.000"))
+		}
+	}
+	t.Logf("%*s%s len=%d mtime=%s%s", depth*2, "", path[strings.LastIndexByte(path, '/')+1:], len(data), time.UnixMilli(st.Mtime).Format("15:04:05.000"), extra)
+	kids, _, _ := c.Children(path)
+	slices.Sort(kids)
+	for _, k := range kids {
+		logTree(t, c, path+"/"+k, depth+1)
+	}
 }

@@ -337,6 +337,9 @@ func (c *Catalog) Info(name string) (Spec, error) {
 		return Spec{}, err
 	}
 	data, _, err := c.zk.Get(c.Path(name))
+	if errors.Is(err, zk.ErrNoNode) && c.synced() {
+		data, _, err = c.zk.Get(c.Path(name))
+	}
 	if errors.Is(err, zk.ErrNoNode) {
 		return Spec{}, fmt.Errorf("%w: %s", ErrQueueNotFound, name)
 	}
@@ -351,6 +354,17 @@ func (c *Catalog) Info(name string) (Spec, error) {
 		return Spec{}, fmt.Errorf("%w: %s", ErrQueueNotFound, name)
 	}
 	return s, nil
+}
+
+// synced brings the ZooKeeper server of c's session up to date with the
+// leader (sync), and reports whether it did. A queue another process just
+// created may not have reached that server yet: ZooKeeper's reads are
+// only as fresh as the server's, so a queue found missing is looked for
+// again once synced before it is reported missing (a client that created
+// a queue through one broker and publishes through another must find it).
+func (c *Catalog) synced() bool {
+	_, err := c.conn.Sync(c.path)
+	return err == nil
 }
 
 // Load is Info with a watch of the queue's metadata, which fires when the
@@ -368,6 +382,9 @@ func (c *Catalog) load(name string) (Spec, *zk.Stat, <-chan zk.Event, error) {
 	}
 	p := c.Path(name)
 	data, stat, watch, err := c.zk.GetW(p)
+	if errors.Is(err, zk.ErrNoNode) && c.synced() {
+		data, stat, watch, err = c.zk.GetW(p)
+	}
 	if errors.Is(err, zk.ErrNoNode) {
 		return Spec{}, nil, nil, fmt.Errorf("%w: %s", ErrQueueNotFound, name)
 	}
