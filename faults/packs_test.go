@@ -1,7 +1,6 @@
 package faults_test
 
 import (
-	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -514,29 +513,14 @@ func describe(ds []faults.Delivery) string {
 	return strings.Join(parts, ", ")
 }
 
-// logTree logs the nodes under path, with their data's size and mtime,
-// and the entries of pack leases (index and deadline).
+// logTree logs the nodes under path, with their data's size and mtime.
 func logTree(t *testing.T, c *zk.Conn, path string, depth int) {
 	data, st, err := c.Get(path)
 	if err != nil {
 		t.Logf("%s: %v", path, err)
 		return
 	}
-	extra := ""
-	if len(data) >= 3 && data[0] == 0xCB && data[1] == 'L' {
-		r := data[3:]
-		n, k := binary.Uvarint(r)
-		r = r[k:]
-		extra = fmt.Sprintf(" packlease %d:", n)
-		for range n {
-			idx, k1 := binary.Uvarint(r)
-			r = r[k1:]
-			dl, k2 := binary.Varint(r)
-			r = r[k2:]
-			extra += fmt.Sprintf(" %d@%s", idx, time.Unix(0, dl).Format("15:04:05.000"))
-		}
-	}
-	t.Logf("%*s%s len=%d mtime=%s%s", depth*2, "", path[strings.LastIndexByte(path, '/')+1:], len(data), time.UnixMilli(st.Mtime).Format("15:04:05.000"), extra)
+	t.Logf("%*s%s len=%d mtime=%s", depth*2, "", path[strings.LastIndexByte(path, '/')+1:], len(data), time.UnixMilli(st.Mtime).Format("15:04:05.000"))
 	kids, _, _ := c.Children(path)
 	slices.Sort(kids)
 	for _, k := range kids {

@@ -363,7 +363,7 @@ func (c *Catalog) Info(name string) (Spec, error) {
 // again once synced before it is reported missing (a client that created
 // a queue through one broker and publishes through another must find it).
 func (c *Catalog) synced() bool {
-	_, err := c.conn.Sync(c.path)
+	_, err := c.zk.Sync(c.path)
 	return err == nil
 }
 

@@ -411,7 +411,7 @@ func (gr *groups) gate(m Message) (entry string, err error) {
 		// m's entry is missing from a listing that may predate it
 		// (shared, or from a server behind the one m was read from):
 		// list again after a sync, which catches this server up.
-		if _, err = gr.conn.Sync(gr.groupPath(g)); err == nil || errors.Is(err, zk.ErrNoNode) {
+		if _, err = gr.zk.Sync(gr.groupPath(g)); err == nil || errors.Is(err, zk.ErrNoNode) {
 			children, w, err = gr.children(g, w != nil)
 			head, inflight, mine = groupHead(children, token)
 		}

@@ -691,7 +691,7 @@ func (h *Handles) Run(ctx context.Context, onErr func(error)) {
 
 // Observer receives the latency and outcome of every ZooKeeper request a
 // Queue makes (op is "get", "create", "delete", "multi", "children",
-// "exists" or "set"), for metrics. A Committer also reports each
+// "exists", "set" or "sync"), for metrics. A Committer also reports each
 // transaction given to Do as op "commit": from Do's call to its answer,
 // the wait for a batch and a session included.
 type Observer func(op string, d time.Duration, err error)
@@ -762,6 +762,13 @@ func (o observed) ChildrenW(p string) ([]string, *zk.Stat, <-chan zk.Event, erro
 	c, stat, w, err := o.conn.ChildrenW(p)
 	o.done("children", start, err)
 	return c, stat, w, err
+}
+
+func (o observed) Sync(p string) (string, error) {
+	start := time.Now()
+	s, err := o.conn.Sync(p)
+	o.done("sync", start, err)
+	return s, err
 }
 
 func (o observed) Exists(p string) (bool, *zk.Stat, error) {
